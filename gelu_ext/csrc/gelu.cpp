@@ -1,0 +1,117 @@
+// GELU, tanh approximation: the op schema (registered once, here) and its CPU kernels.
+//
+//   y     = 0.5 x (1 + tanh(u)),  u = k (x + c x^3),  k = sqrt(2/pi), c = 0.044715
+//   dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2),  t = tanh(u)
+//
+// Both are evaluated through the identity 0.5 (1 + tanh(u)) = s = 1 / (1 + exp(-2u)), so that
+// 1 - t^2 = 4 s (1 - s):  y = x s,  dy/dx = s + 2 x s (1 - s) k (1 + 3 c x^2).
+// One exp and one division per element, no cancellation in 1 + tanh(u) for negative x, and
+// +-inf / nan come out exactly as in ATen's formula (inf -> inf, -inf -> nan, nan -> nan).
+#include <Python.h>  // only for the empty module init below, so `import gelu_ext._C` loads the ops
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace gelu_ext {
+
+constexpr double kBeta = 0.7978845608028654;   // sqrt(2 / pi)
+constexpr double kKappa = 0.044715;
+constexpr int64_t kGrain = 32768;  // elements per parallel task (ATen uses the same)
+
+// Works on at::vec::Vectorized<float> and <double> alike (half and bfloat16 are widened to float).
+// s = 1 / (1 + exp(-2u)) = 0.5 (1 + tanh(u)); x2 = x * x is passed in because backward reuses it.
+template <typename Vec>
+inline Vec sigmoid_2u(const Vec& x, const Vec& x2) {
+  using T = typename Vec::value_type;
+  const Vec one{T(1)}, c{T(kKappa)}, minus_2k{T(-2 * kBeta)};
+  return one / (one + (minus_2k * x * (one + c * x2)).exp());
+}
+
+template <typename Vec>
+inline Vec gelu_vec(const Vec& x) {
+  return x * sigmoid_2u(x, x * x);
+}
+
+template <typename Vec>
+inline Vec gelu_grad_vec(const Vec& grad, const Vec& x) {
+  using T = typename Vec::value_type;
+  const Vec one{T(1)}, two{T(2)}, k{T(kBeta)}, c3{T(3 * kKappa)};
+  Vec x2 = x * x;
+  Vec s = sigmoid_2u(x, x2);
+  return grad * (s + (two * x * s * (one - s)) * (k * (one + c3 * x2)));
+}
+
+at::Tensor gelu_forward_cpu(const at::Tensor& x) {
+  TORCH_CHECK(x.is_floating_point(), "gelu_ext.gelu: expected a floating-point tensor, got ", x.scalar_type());
+  TORCH_INTERNAL_ASSERT(x.device().is_cpu());
+  at::Tensor xc = x.contiguous();  // the kernels walk flat memory; views are copied once
+  at::Tensor y = at::empty_like(xc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_forward_cpu", [&] {
+    using Vec = at::vec::Vectorized<at::opmath_type<scalar_t>>;  // half/bfloat16 computed in float
+    const scalar_t* in = xc.const_data_ptr<scalar_t>();
+    scalar_t* out = y.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, xc.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      // at::vec::map widens half/bfloat16 to float vectors and handles the ragged tail.
+      at::vec::map([](Vec v) { return gelu_vec(v); }, out + begin, in + begin, end - begin);
+    });
+  });
+  return y;
+}
+
+at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
+  TORCH_CHECK(grad.sizes() == x.sizes(), "gelu_ext.gelu_backward: grad shape ", grad.sizes(),
+              " differs from input shape ", x.sizes());
+  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "gelu_ext.gelu_backward: grad dtype ",
+              grad.scalar_type(), " differs from input dtype ", x.scalar_type());
+  TORCH_CHECK(x.is_floating_point(), "gelu_ext.gelu_backward: expected a floating-point tensor, got ",
+              x.scalar_type());
+  TORCH_INTERNAL_ASSERT(x.device().is_cpu() && grad.device().is_cpu());
+  at::Tensor gc = grad.contiguous(), xc = x.contiguous();
+  at::Tensor dx = at::empty_like(xc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_backward_cpu", [&] {
+    using Vec = at::vec::Vectorized<at::opmath_type<scalar_t>>;
+    const scalar_t* g = gc.const_data_ptr<scalar_t>();
+    const scalar_t* in = xc.const_data_ptr<scalar_t>();
+    scalar_t* out = dx.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, xc.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      at::vec::map2([](Vec gv, Vec xv) { return gelu_grad_vec(gv, xv); }, out + begin, g + begin,
+                    in + begin, end - begin);
+    });
+  });
+  return dx;
+}
+
+// The schema is defined once, here; CPU and CUDA (csrc/cuda/gelu.cu) each register their kernel.
+TORCH_LIBRARY(gelu_ext, m) {
+  m.def("gelu_forward(Tensor x) -> Tensor");
+  m.def("gelu_backward(Tensor grad, Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(gelu_ext, CPU, m) {
+  m.impl("gelu_forward", &gelu_forward_cpu);
+  m.impl("gelu_backward", &gelu_backward_cpu);
+}
+
+}  // namespace gelu_ext
+
+extern "C" {
+// `from . import _C` needs a module init; the module itself only carries the build flag.
+PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  PyObject* module = PyModule_Create(&module_def);
+#ifdef WITH_CUDA
+  PyModule_AddIntConstant(module, "with_cuda", 1);
+#else
+  PyModule_AddIntConstant(module, "with_cuda", 0);
+#endif
+  return module;
+}
+}
