@@ -18,6 +18,7 @@ import os
 import struct
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -128,15 +129,21 @@ def make_loader(dataset, batch_size, shuffle, seed=0):
 
 # ----------------------------------------------------------------------------- model
 
-def make_gelu(act):
+def make_gelu(act, device):
     """The GELU (tanh approximation) implementation chosen by --act."""
     if act == "torch":
         return nn.GELU(approximate="tanh")
     try:
         import gelu_ext
+        if act == "python":
+            return gelu_ext.PythonGELU()
+        module = gelu_ext.GELU()  # raises ExtensionNotBuilt, with the build command, if needed
     except ImportError as e:
-        raise DataError(f"--act {act} needs the gelu_ext package ({e}); see gelu_ext/README.md") from e
-    return gelu_ext.PythonGELU() if act == "python" else gelu_ext.GELU()
+        raise DataError(f"--act {act}: {e}") from e
+    if device.type == "cuda" and not gelu_ext.built_with_cuda():
+        raise DataError("--act cpp on a GPU: gelu_ext was built without its CUDA kernel; rebuild it where "
+                        "nvcc is found (see gelu_ext/README.md)")
+    return module
 
 
 class LeNet5(nn.Module):
@@ -259,21 +266,21 @@ def positive(kind):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LAB5_DATA", REPO / "data")),
-                   help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA")
+                   help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA (default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download missing files")
     p.add_argument("--act", choices=["torch", "python", "cpp"], default="torch",
-                   help="GELU implementation: F.gelu(tanh), the Python autograd.Function, the C++/CUDA op")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--epochs", type=positive(int), default=4)
-    p.add_argument("--batch-size", type=positive(int), default=128)
-    p.add_argument("--lr", type=positive(float), default=3e-3, help="peak learning rate of the one-cycle schedule")
-    p.add_argument("--seed", type=int, default=0)
+                   help="GELU: F.gelu(tanh) | the Python autograd.Function | the C++/CUDA op (default: %(default)s)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto = cuda if available, else cpu (default: %(default)s)")
+    p.add_argument("--epochs", type=positive(int), default=4, help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=positive(int), default=128, help="(default: %(default)s)")
+    p.add_argument("--lr", type=positive(float), default=3e-3, help="peak AdamW learning rate of the one-cycle schedule (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="weights and shuffling (default: %(default)s)")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="this run's TensorBoard logs and outputs (default: a new runs/lenet5/<time>-<act>/)")
-    p.add_argument("--log-every", type=positive(int), default=50, help="steps between train-loss points")
+    p.add_argument("--log-every", type=positive(int), default=50, help="steps between train-loss points (default: %(default)s)")
     p.add_argument("--save", type=Path, default=None, help="write the trained state_dict here")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
     return p.parse_args(argv)
@@ -289,12 +296,13 @@ def main(argv=None):
 
 def run(args):
     torch.manual_seed(args.seed)
+    torch.set_flush_denormal(True)
     device = pick_device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest conv
     paths = find_mnist(args.data_dir, download=not args.no_download)
     train_set, test_set = (MNIST(*paths[split]).to(device) for split in ("train", "test"))
-    model = LeNet5(make_gelu(args.act)).to(device)
+    model = LeNet5(make_gelu(args.act, device)).to(device)
     params = sum(p.numel() for p in model.parameters())
     out_dir = new_run_dir(args.out_dir, args.act)
     print(f"LeNet-5 ({params:,} parameters), act={args.act}, device={device}, "
@@ -309,7 +317,9 @@ def run(args):
     writer = SummaryWriter(out_dir)
     write_json(out_dir / "args.json", {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
     digits = test_set[list(range(8))][0]  # a fixed set of test digits for the feature-map images
-    writer.add_graph(model, digits)
+    with warnings.catch_warnings():  # add_graph traces with torch.jit, which warns it is deprecated
+        warnings.simplefilter("ignore")
+        writer.add_graph(model, digits)
 
     step, train_seconds, history = 0, 0.0, []
     for epoch in range(1, args.epochs + 1):

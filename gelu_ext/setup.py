@@ -22,7 +22,9 @@ HERE = Path(__file__).resolve().parent
 cpu_only = os.environ.get("GELU_EXT_CPU_ONLY", "0") == "1"
 with_cuda = not cpu_only and CUDA_HOME is not None and (Path(CUDA_HOME) / "bin" / "nvcc").exists()
 
-cxx_flags = ["-O3"]
+# -fopenmp: at::parallel_for is inline in ATen's headers and without it runs on one thread. Only
+# compiled with it, not linked: the OpenMP runtime is the one torch already loaded (libgomp).
+cxx_flags = ["-O3", "-fopenmp"]
 if platform.machine() in ("x86_64", "AMD64"):
     # ATen's Vectorized<float> uses AVX2 + Sleef only when told to; every x86 cluster node since
     # 2013 has AVX2. (ATen itself compiles each kernel three times and picks one at run time.)

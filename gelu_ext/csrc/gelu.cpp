@@ -4,7 +4,7 @@
 //   dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2),  t = tanh(u)
 //
 // Both are evaluated through the identity 0.5 (1 + tanh(u)) = s = 1 / (1 + exp(-2u)), so that
-// 1 - t^2 = 4 s (1 - s):  y = x s,  dy/dx = s + 2 x s (1 - s) k (1 + 3 c x^2).
+// 1 - t^2 = 4 s (1 - s):  y = x s,  dy/dx = s + 2 x s (1 - s) k (1 + 3 c x^2),  s = 1 / (1 + exp(-2u)).
 // One exp and one division per element, no cancellation in 1 + tanh(u) for negative x, and
 // +-inf / nan come out exactly as in ATen's formula (inf -> inf, -inf -> nan, nan -> nan).
 #include <Python.h>  // only for the empty module init below, so `import gelu_ext._C` loads the ops
@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 
 namespace gelu_ext {
 
@@ -27,26 +28,32 @@ constexpr double kKappa = 0.044715;
 constexpr int64_t kGrain = 32768;  // elements per parallel task (ATen uses the same)
 
 // Works on at::vec::Vectorized<float> and <double> alike (half and bfloat16 are widened to float).
-// s = 1 / (1 + exp(-2u)) = 0.5 (1 + tanh(u)); x2 = x * x is passed in because backward reuses it.
+// e = exp(-2u), s = 1 / (1 + e) = 0.5 (1 + tanh(u)).
 template <typename Vec>
-inline Vec sigmoid_2u(const Vec& x, const Vec& x2) {
+inline Vec exp_minus_2u(const Vec& x, const Vec& x2) {
   using T = typename Vec::value_type;
   const Vec one{T(1)}, c{T(kKappa)}, minus_2k{T(-2 * kBeta)};
-  return one / (one + (minus_2k * x * (one + c * x2)).exp());
+  return (minus_2k * x * (one + c * x2)).exp();
 }
 
 template <typename Vec>
 inline Vec gelu_vec(const Vec& x) {
-  return x * sigmoid_2u(x, x * x);
+  using T = typename Vec::value_type;
+  const Vec one{T(1)};
+  return x / (one + exp_minus_2u(x, x * x));
 }
 
 template <typename Vec>
 inline Vec gelu_grad_vec(const Vec& grad, const Vec& x) {
   using T = typename Vec::value_type;
-  const Vec one{T(1)}, two{T(2)}, k{T(kBeta)}, c3{T(3 * kKappa)};
+  const Vec one{T(1)}, two{T(2)}, k{T(kBeta)}, c3{T(3 * kKappa)}, big{std::numeric_limits<T>::max()};
   Vec x2 = x * x;
-  Vec s = sigmoid_2u(x, x2);
-  return grad * (s + (two * x * s * (one - s)) * (k * (one + c3 * x2)));
+  Vec e = exp_minus_2u(x, x2);
+  Vec s = one / (one + e);
+  // 1 - s = e s, without the cancellation of 1 - s for s near 1; e is capped so that e = inf
+  // (x < -11 in float) gives 1 - s = 0 rather than inf * 0.
+  Vec s_one_minus_s = at::vec::minimum(e, big) * s * s;
+  return grad * (s + (two * x * s_one_minus_s) * (k * (one + c3 * x2)));
 }
 
 at::Tensor gelu_forward_cpu(const at::Tensor& x) {

@@ -7,10 +7,12 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <limits>
 
 namespace gelu_ext {
 namespace {
@@ -20,25 +22,27 @@ constexpr double kKappa = 0.044715;
 constexpr int kThreads = 256;
 
 template <typename T>
-__device__ __forceinline__ T sigmoid_2u(T x, T x2) {  // 1 / (1 + exp(-2u)) = 0.5 (1 + tanh(u))
-  return T(1) / (T(1) + exp(T(-2 * kBeta) * x * (T(1) + T(kKappa) * x2)));
+__device__ __forceinline__ T exp_minus_2u(T x, T x2) {  // s = 1 / (1 + exp(-2u)) = 0.5 (1 + tanh(u))
+  return exp(T(-2 * kBeta) * x * (T(1) + T(kKappa) * x2));
 }
 
 struct Forward {  // out = gelu(x)
   static constexpr bool kBinary = false;
   template <typename T>
   __device__ __forceinline__ T operator()(T /*grad*/, T x) const {
-    return x * sigmoid_2u(x, x * x);
+    return x / (T(1) + exp_minus_2u(x, x * x));
   }
 };
 
-struct Backward {  // out = grad * gelu'(x)
+struct Backward {  // out = grad * gelu'(x); 1 - s = e s with e capped, as in ../gelu.cpp
   static constexpr bool kBinary = true;
   template <typename T>
   __device__ __forceinline__ T operator()(T grad, T x) const {
     T x2 = x * x;
-    T s = sigmoid_2u(x, x2);
-    return grad * (s + (T(2) * x * s * (T(1) - s)) * (T(kBeta) * (T(1) + T(3 * kKappa) * x2)));
+    T e = exp_minus_2u(x, x2);
+    T s = T(1) / (T(1) + e);
+    T s_one_minus_s = fmin(e, std::numeric_limits<T>::max()) * s * s;
+    return grad * (s + (T(2) * x * s_one_minus_s) * (T(kBeta) * (T(1) + T(3 * kKappa) * x2)));
   }
 };
 
@@ -81,9 +85,12 @@ void launch(const scalar_t* a, const scalar_t* b, scalar_t* out, int64_t n, Op o
   const bool vectorise = (!Op::kBinary || aligned(a)) && aligned(b) && aligned(out);
   const int64_t work = vectorise ? n / kVec : n;
   // Enough blocks to fill every SM several times over; the grid-stride loop covers the rest.
-  const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 8;
+  int device = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t max_blocks = int64_t(sms) * 8;
   const int blocks = int(std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, max_blocks)));
-  auto stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (vectorise) {
     elementwise_kernel<kVec><<<blocks, kThreads, 0, stream>>>(a, b, out, n, op);
   } else {

@@ -1,0 +1,125 @@
+"""GELU forward+backward: ATen, the lab's composite formula, the Python Function, the C++/CUDA op.
+
+    python benchmarks/gelu_bench.py --metrics-out report/results/gelu_bench_cpu.json
+    python benchmarks/gelu_bench.py --device cuda      # adds a device-to-device copy of the same bytes
+
+One process, the same inputs, the median of --repeats runs per cell. Bytes moved per element
+and pass: forward reads x and writes y, backward reads grad and x and writes dx: 5 x itemsize.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import gelu_ext  # noqa: E402
+
+
+class SeedGELU(torch.autograd.Function):
+    """The lab's starting point: the formula as ~ten separate ATen calls, rounded constants."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x.pow(3))))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        t = torch.tanh(0.797885 * x + 0.0356774 * x.pow(3))
+        return grad * (0.5 * x * ((1 - t * t) * (0.797885 + 0.107032 * x * x)) + 0.5 * (1 + t))
+
+
+IMPLS = {
+    "aten": lambda x: F.gelu(x, approximate="tanh"),
+    "seed": SeedGELU.apply,
+    "python": gelu_ext.gelu_python,
+    "ext": gelu_ext.gelu,
+}
+
+
+def timed(fn, device, repeats):
+    times = []
+    for _ in range(repeats + 1):  # the first run warms up caches and the allocator
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # sync point: the GPU work is what is timed
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]) * 1e3
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="(default: %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
+                   help="(default: %(default)s)")
+    p.add_argument("--min-log2", type=int, default=16, help="(default: %(default)s)")
+    p.add_argument("--max-log2", type=int, default=24, help="(default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=0, help="runs per cell (default: 7 on CPU, 50 on GPU)")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="implementations to leave out")
+    p.add_argument("--metrics-out", type=Path, default=None, help="write the table here as JSON")
+    args = p.parse_args(argv)
+    if not gelu_ext.is_built():
+        sys.exit(f"error: {gelu_ext.BUILD_HINT}")
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: --device cuda, but torch sees no CUDA GPU")
+    repeats = args.repeats or (50 if device.type == "cuda" else 7)
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    impls = {k: v for k, v in IMPLS.items() if k not in args.skip}
+
+    rows = []
+    print(f"{device_name}, {args.dtype}, forward+backward, median of {repeats}")
+    header = f"{'n':>10} " + " ".join(f"{name + ' ms':>11}" for name in impls)
+    header += f" {'copy ms':>9} {'ext GB/s':>9} {'ext/aten':>9}" + (" ext/copy" if device.type == "cuda" else "")
+    print(header)
+    for log2 in range(args.min_log2, args.max_log2 + 1, 2):
+        n = 2**log2
+        x = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
+        grad = torch.randn(n, device=device, dtype=dtype)
+        row = {"n": n}
+        for name, fn in impls.items():
+            def step(fn=fn):
+                x.grad = None
+                fn(x).backward(grad)
+            row[f"{name}_ms"] = timed(step, device, repeats)
+        bytes_moved = 5 * n * x.element_size()
+        if device.type == "cuda":  # the same bytes as one read + one write of 2.5 n elements
+            src = torch.empty(bytes_moved // 2, device=device, dtype=torch.uint8)
+            dst = torch.empty_like(src)
+            row["copy_ms"] = timed(lambda: dst.copy_(src), device, repeats)
+            row["ext_vs_copy"] = row["copy_ms"] / row["ext_ms"]
+        row["ext_GBps"] = bytes_moved / row["ext_ms"] / 1e6
+        row["ext_vs_aten"] = row["aten_ms"] / row["ext_ms"]
+        if "seed_ms" in row:
+            row["ext_vs_seed"] = row["seed_ms"] / row["ext_ms"]
+        rows.append(row)
+        line = f"{n:>10} " + " ".join(f"{row[name + '_ms']:>11.3f}" for name in impls)
+        line += f" {row.get('copy_ms', float('nan')):>9.3f} {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>9.2f}"
+        print(line + (f" {row['ext_vs_copy']:>8.2f}" if device.type == "cuda" else ""), flush=True)
+
+    last = rows[-1]
+    result = {"device_name": device_name, "dtype": args.dtype, "n": last["n"],
+              **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
+                                      "copy_ms", "ext_vs_copy") if k in last},
+              "rows": rows}
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
+    if args.metrics_out:
+        args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+        args.metrics_out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

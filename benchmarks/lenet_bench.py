@@ -1,0 +1,99 @@
+"""LeNet-5: this repository's default run against the lab's original recipe, side by side.
+
+    python benchmarks/lenet_bench.py --data-dir ../shared/data --metrics-out report/results/lenet_bench_cpu.json
+
+The original recipe: batch 64, Adam 1e-3, torchvision's MNIST Dataset with the ToTensor
+transform (one PIL image per sample), --baseline-epochs epochs. The default run is
+`lenet5.py` with its default flags. Same process, same device, same model.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import lenet5  # noqa: E402
+
+
+def original_recipe(data_dir, device, epochs, seed):
+    """The lab handout's loop, timed per epoch; returns (seconds per epoch, accuracy after each epoch)."""
+    torch.manual_seed(seed)
+    to_tensor = transforms.ToTensor()
+    train = datasets.MNIST(data_dir, train=True, transform=to_tensor)
+    test = datasets.MNIST(data_dir, train=False, transform=to_tensor)
+    train_loader = DataLoader(train, batch_size=64, shuffle=True)
+    test_loader = DataLoader(test, batch_size=1000)
+    model = lenet5.LeNet5(lenet5.make_gelu("torch", device)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    seconds, accuracies = [], []
+    for _ in range(epochs):
+        model.train()
+        t0 = time.perf_counter()
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t0)
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for x, y in test_loader:
+                correct += (model(x.to(device)).argmax(1) == y.to(device)).sum().item()
+        accuracies.append(correct / len(test))
+    return seconds, accuracies
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LAB5_DATA", REPO / "data")),
+                   help="MNIST root with MNIST/raw/ (default: %(default)s)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: %(default)s)")
+    p.add_argument("--baseline-epochs", type=int, default=1, help="(default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--metrics-out", type=Path, default=None, help="write the comparison here as JSON")
+    args = p.parse_args(argv)
+    try:
+        device = lenet5.pick_device(args.device)
+        lenet5.find_mnist(args.data_dir, download=False)  # one clear line if the files are missing
+    except lenet5.DataError as e:
+        sys.exit(f"error: {e}")
+
+    base_seconds, base_acc = original_recipe(args.data_dir, device, args.baseline_epochs, args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = lenet5.main(["--data-dir", str(args.data_dir), "--no-download", "--device", args.device,
+                            "--seed", str(args.seed), "--out-dir", tmp])
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    result = {
+        "device_name": device_name,
+        "baseline_epoch_seconds": [round(s, 3) for s in base_seconds],
+        "baseline_accuracy": base_acc,
+        "default_train_seconds": ours["train_seconds"],
+        "default_epochs": ours["epochs"],
+        "default_accuracy": ours["test_accuracy"],
+        "ratio_to_one_baseline_epoch": ours["train_seconds"] / base_seconds[0],
+    }
+    print(f"\n{device_name}")
+    for i, (s, a) in enumerate(zip(base_seconds, base_acc), 1):
+        print(f"  original recipe, epoch {i}: {s:6.2f} s, test accuracy {a:.2%}")
+    print(f"  default lenet5.py, {ours['epochs']} epochs: {ours['train_seconds']:6.2f} s, "
+          f"test accuracy {ours['test_accuracy']:.2%}")
+    print(f"  default training time = {result['ratio_to_one_baseline_epoch']:.2f} x one original epoch")
+    if args.metrics_out:
+        lenet5.write_json(args.metrics_out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

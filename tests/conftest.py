@@ -1,0 +1,57 @@
+"""Shared test fixtures: the repository on sys.path, the real data under ../shared/data, tiny MNIST files."""
+import gzip
+import os
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SHARED_DATA = Path(os.environ.get("LAB5_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture
+def shared_data():
+    """The read-only real data; CI sets LAB5_REQUIRE_DATA=1 so its absence fails instead of skipping."""
+    if not SHARED_DATA.is_dir():
+        if os.environ.get("LAB5_REQUIRE_DATA") == "1":
+            pytest.fail(f"real data expected at {SHARED_DATA} (LAB5_SHARED_DATA)")
+        pytest.skip(f"no real data at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def write_idx(path, tensor, gz=False, magic=None):
+    """Write a uint8 tensor as an IDX file (optionally gzipped, optionally with a wrong magic)."""
+    dims = tuple(tensor.shape)
+    header = magic if magic is not None else bytes([0, 0, 0x08, len(dims)])
+    payload = header + struct.pack(f">{len(dims)}I", *dims) + tensor.contiguous().numpy().tobytes()
+    path = Path(str(path) + ".gz") if gz else Path(path)
+    path.write_bytes(gzip.compress(payload) if gz else payload)
+    return path
+
+
+def synthetic_digits(n, seed):
+    """n 28x28 uint8 images of 10 learnable classes: a fixed random blob per class plus noise."""
+    g = torch.Generator().manual_seed(1234)  # same class templates for train and test
+    templates = (torch.rand(10, 28, 28, generator=g) > 0.7).float() * 255
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 10
+    noise = torch.rand(n, 28, 28, generator=g) * 120
+    images = (templates[labels] * 0.6 + noise).clamp(0, 255).to(torch.uint8)
+    return images, labels.to(torch.uint8)
+
+
+@pytest.fixture
+def tiny_mnist(tmp_path):
+    """A data dir with 600 train / 200 test synthetic digits in the real file names."""
+    root = tmp_path / "mnist"
+    root.mkdir()
+    for (images_name, labels_name), n, seed in ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), 600, 1),
+                                                (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), 200, 2)):
+        images, labels = synthetic_digits(n, seed)
+        write_idx(root / images_name, images, gz=(n == 600))  # train gzipped, test plain: both paths
+        write_idx(root / labels_name, labels)
+    return root

@@ -1,0 +1,179 @@
+"""gelu_ext against F.gelu(approximate="tanh"): values, gradients, dtypes, shapes, registration."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import gelu_ext
+import lenet5
+
+built = pytest.mark.skipif(not gelu_ext.is_built(), reason=gelu_ext.BUILD_HINT)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+SHAPES = [(), (0,), (0, 3), (1,), (7,), (3, 5, 7), (1_000_003,)]  # 0-d, empty, ragged, > 2^20 (parallel)
+IMPLS = {"cpp": gelu_ext.gelu, "python": gelu_ext.gelu_python}
+
+
+def reference(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def tolerance(dtype):
+    # Against ATen in the same dtype. float32: ATen's own error is up to ~4e-6 (1 + tanh(u) cancels
+    # for x < 0), so 1e-5; the 1e-6 accuracy is checked against float64 in test_float32_accuracy.
+    # half/bfloat16: two roundings of a float32 result apart at most.
+    return {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12),
+            torch.float16: dict(rtol=2**-9, atol=2**-9), torch.bfloat16: dict(rtol=2**-6, atol=2**-6)}[dtype]
+
+
+def sample(shape, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(device=device, dtype=dtype)
+
+
+def check_against_reference(impl, x, loose=False):
+    x1 = x.detach().clone().requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    y1, y2 = impl(x1), reference(x2)
+    assert y1.shape == x.shape and y1.dtype == x.dtype and y1.device == x.device
+    tol = tolerance(x.dtype)
+    if loose and x.dtype == torch.float32:  # the literal formula: 1 - t^2 cancels for |x| ~ 4..6
+        tol = dict(rtol=1e-5, atol=5e-5)
+    assert_close(y1, y2, **tol)
+    grad = sample(x.shape, x.dtype, x.device, seed=1)
+    y1.backward(grad)
+    y2.backward(grad)
+    assert_close(x1.grad, x2.grad, **tol)
+
+
+@pytest.mark.parametrize("impl", [pytest.param("cpp", marks=built), "python"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_aten_forward_and_backward(impl, dtype, shape):
+    check_against_reference(IMPLS[impl], sample(shape, dtype), loose=impl == "python")
+
+
+@pytest.mark.parametrize("impl", [pytest.param("cpp", marks=built), "python"])
+def test_non_contiguous_inputs(impl):
+    base = sample((64, 48), torch.float32)
+    for view in (base.t(), base[::2, 1::3], base[:, 5], base.unsqueeze(0).expand(3, 64, 48)):
+        assert not view.is_contiguous()
+        check_against_reference(IMPLS[impl], view, loose=impl == "python")
+
+
+def forward_backward(impl, x, grad):
+    x = x.detach().clone().requires_grad_()
+    y = impl(x)
+    y.backward(grad)
+    return y.detach(), x.grad
+
+
+@built
+def test_float32_accuracy_against_float64():
+    """Within 1e-6 of the exact (float64) values on a million inputs, and no worse than ATen's float32."""
+    x, grad = sample((1_000_000,), torch.float64), sample((1_000_000,), torch.float64, seed=1)
+    y_true, dx_true = forward_backward(reference, x, grad)
+    y, dx = forward_backward(gelu_ext.gelu, x.float(), grad.float())
+    assert_close(y.double(), y_true, rtol=1e-6, atol=1e-6)
+    assert_close(dx.double(), dx_true, rtol=1e-6, atol=1e-6)
+    y_aten, dx_aten = forward_backward(reference, x.float(), grad.float())
+    assert (dx.double() - dx_true).abs().max() <= (dx_aten.double() - dx_true).abs().max()
+
+
+@built
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_inf_and_nan_propagate_like_aten(dtype):
+    x = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1.0, -30.0], dtype=dtype)
+    check = dict(rtol=0, atol=0, equal_nan=True)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = gelu_ext.gelu(xa), reference(xb)
+    assert_close(ya, yb, **check)
+    ya.sum().backward()
+    yb.sum().backward()
+    assert_close(xa.grad, xb.grad, **check)
+
+
+@built
+def test_gradcheck_float64():
+    x = sample((4, 5), torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(gelu_ext.gelu, (x,))
+    assert torch.autograd.gradcheck(gelu_ext.gelu_python, (x,))
+    assert torch.autograd.gradgradcheck(gelu_ext.gelu_python, (x,))
+
+
+@built
+def test_labs_own_check_gradient_mse_is_zero():
+    """The handout's check: MSE between the gradients of the custom op and of PyTorch's GELU."""
+    x = torch.randn(10_000, requires_grad=True)
+    gelu_ext.gelu(x).sum().backward()
+    ours = x.grad.clone()
+    x.grad = None
+    reference(x).sum().backward()
+    assert F.mse_loss(ours, x.grad).item() < 1e-12
+
+
+@built
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck(dtype):
+    for shape in [(3, 4), (0,), ()]:
+        x = sample(shape, dtype).requires_grad_()
+        torch.library.opcheck(torch.ops.gelu_ext.gelu_forward.default, (x,))
+        torch.library.opcheck(torch.ops.gelu_ext.gelu_backward.default, (sample(shape, dtype, seed=1), x.detach()))
+
+
+@built
+def test_torch_compile_fullgraph():
+    def f(x):
+        return gelu_ext.gelu(x * 2 + 1).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
+    x = sample((256,), torch.float32).requires_grad_()
+    x_ref = x.detach().clone().requires_grad_()
+    out = compiled(x)
+    out.backward()
+    reference(x_ref * 2 + 1).sum().backward()
+    assert_close(out, reference(x_ref.detach() * 2 + 1).sum())
+    assert_close(x.grad, x_ref.grad, **tolerance(torch.float32))
+
+
+@built
+def test_rejects_integer_tensors():
+    with pytest.raises(RuntimeError, match="floating-point"):
+        gelu_ext.gelu(torch.arange(5))
+
+
+@built
+def test_cuda_kernel_registered_when_built_with_nvcc():
+    has_cuda_kernel = torch._C._dispatch_has_kernel_for_dispatch_key("gelu_ext::gelu_forward", "CUDA")
+    assert has_cuda_kernel == gelu_ext.built_with_cuda()
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("gelu_ext::gelu_backward", "CUDA") == has_cuda_kernel
+    if os.environ.get("GELU_EXT_EXPECT_CUDA") == "1":  # CI builds with nvcc: the kernel must be there
+        assert has_cuda_kernel, "the build found no nvcc; set CUDA_HOME"
+
+
+@built
+@cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES + [(2**20 + 3,)])
+def test_cuda_matches_aten(dtype, shape):
+    check_against_reference(gelu_ext.gelu, sample(shape, dtype, "cuda"))
+    x = sample((4099,), dtype, "cuda")
+    check_against_reference(gelu_ext.gelu, x[1:])  # misaligned start: the scalar path
+
+
+# ------------------------------------------------------------------ used to train LeNet-5
+
+@pytest.mark.parametrize("act", [pytest.param("cpp", marks=built), "python"])
+def test_lenet5_trains_with_own_gelu(act, tiny_mnist, tmp_path):
+    metrics = lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--epochs", "2", "--batch-size", "32",
+                           "--act", act, "--device", "cpu", "--out-dir", str(tmp_path / "run")])
+    assert metrics["act"] == act and metrics["test_accuracy"] > 0.8
+
+
+def test_lenet5_says_how_to_build_when_extension_missing(tiny_mnist, tmp_path, monkeypatch):
+    monkeypatch.setattr(gelu_ext.ops, "_C", None)
+    monkeypatch.setattr(gelu_ext.ops, "_IMPORT_ERROR", ImportError("simulated"), raising=False)
+    with pytest.raises(SystemExit, match="pip install --no-build-isolation -e ./gelu_ext"):
+        lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--act", "cpp", "--out-dir", str(tmp_path / "r")])

@@ -1,0 +1,198 @@
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+import lenet5
+from conftest import REPO, synthetic_digits, write_idx
+
+
+# --------------------------------------------------------------------- IDX parsing
+
+def test_read_idx_plain_and_gz(tmp_path):
+    images, labels = synthetic_digits(20, seed=0)
+    for gz in (False, True):
+        path = write_idx(tmp_path / f"img{gz}", images, gz=gz)
+        assert torch.equal(lenet5.read_idx(path), images)
+    assert torch.equal(lenet5.read_idx(write_idx(tmp_path / "lab", labels)), labels)
+
+
+@pytest.mark.parametrize("magic, message", [(b"\x01\x00\x08\x03", "bad magic"), (b"\x00\x00\x0d\x03", "dtype 0x0d")])
+def test_read_idx_rejects_bad_header(tmp_path, magic, message):
+    path = write_idx(tmp_path / "bad", torch.zeros(2, 28, 28, dtype=torch.uint8), magic=magic)
+    with pytest.raises(lenet5.DataError, match=message):
+        lenet5.read_idx(path)
+
+
+def test_read_idx_rejects_truncated_and_trailing(tmp_path):
+    path = write_idx(tmp_path / "img", torch.zeros(3, 28, 28, dtype=torch.uint8))
+    raw = path.read_bytes()
+    for broken in (raw[:-1], raw[:10], raw + b"\x00"):
+        path.write_bytes(broken)
+        with pytest.raises(lenet5.DataError, match="truncated"):
+            lenet5.read_idx(path)
+
+
+def test_dataset_rejects_count_mismatch_and_bad_labels(tmp_path):
+    images, labels = synthetic_digits(10, seed=0)
+    img = write_idx(tmp_path / "img", images)
+    with pytest.raises(lenet5.DataError, match="10 images but .* 9 labels"):
+        lenet5.MNIST(img, write_idx(tmp_path / "lab9", labels[:9]))
+    with pytest.raises(lenet5.DataError, match="outside 0..9"):
+        lenet5.MNIST(img, write_idx(tmp_path / "lab", labels + 5))
+
+
+def test_dataset_batches_are_normalised_gathers(tiny_mnist):
+    paths = lenet5.find_mnist(tiny_mnist, download=False)
+    ds = lenet5.MNIST(*paths["test"])
+    x, y = ds[[3, 1, 4]]
+    assert x.shape == (3, 1, 28, 28) and x.dtype == torch.float32
+    assert torch.equal(y, ds.labels[[3, 1, 4]])
+    expected = (ds.images[1].float() / 255 - lenet5.MEAN) / lenet5.STD
+    assert torch.allclose(x[1, 0], expected)
+    loader = lenet5.make_loader(ds, 64, shuffle=True, seed=3)
+    seen = torch.cat([yb for _, yb in loader])
+    assert len(seen) == len(ds) and sorted(seen.tolist()) == sorted(ds.labels.tolist())
+    assert [b.tolist() for _, b in lenet5.make_loader(ds, 64, True, 3)] == \
+           [b.tolist() for _, b in lenet5.make_loader(ds, 64, True, 3)]  # seeded order
+
+
+# --------------------------------------------------------------------- model
+
+def test_model_shapes_and_parameter_count():
+    model = lenet5.LeNet5(lenet5.make_gelu("torch", torch.device("cpu")))
+    x = torch.randn(5, 1, 28, 28)
+    c1, c2 = model.features(x)
+    assert c1.shape == (5, 6, 24, 24) and c2.shape == (5, 16, 8, 8)
+    assert model(x).shape == (5, 10)
+    # conv 6*25+6, conv 16*6*25+16, fc 256*120+120, 120*84+84, 84*10+10
+    assert sum(p.numel() for p in model.parameters()) == 156 + 2416 + 30840 + 10164 + 850
+
+
+# --------------------------------------------------------------------- training runs
+
+def test_training_on_tiny_set_learns_and_writes_metrics(tiny_mnist, tmp_path):
+    out = tmp_path / "metrics.json"
+    metrics = lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--epochs", "3", "--batch-size", "32",
+                           "--out-dir", str(tmp_path / "run"), "--metrics-out", str(out), "--save",
+                           str(tmp_path / "model.pt"), "--device", "cpu"])
+    written = json.loads(out.read_text())
+    assert written == json.loads((tmp_path / "run" / "metrics.json").read_text())
+    for key in ("test_accuracy", "test_loss", "epochs", "train_seconds", "device", "act", "params"):
+        assert key in written
+    assert written["epochs"] == 3 and written["device"] == "cpu" and written["act"] == "torch"
+    assert written["params"] == 44426 and 0 <= written["test_accuracy"] <= 1
+    history = metrics["history"]
+    assert history[-1]["test_loss"] < 0.5 < 2.3  # chance level is ln(10) = 2.30
+    assert written["test_accuracy"] > 0.9
+    state = torch.load(tmp_path / "model.pt")
+    assert state["conv1.weight"].shape == (6, 1, 5, 5)
+    assert json.loads((tmp_path / "run" / "args.json").read_text())["epochs"] == 3
+
+
+def test_real_mnist_one_epoch_reaches_98_percent(shared_data, tmp_path):
+    metrics = lenet5.main(["--data-dir", str(shared_data), "--no-download", "--epochs", "1",
+                           "--out-dir", str(tmp_path / "run"), "--device", "cpu"])
+    assert metrics["test_accuracy"] >= 0.98, metrics
+
+
+def test_out_dir_is_never_overwritten(tiny_mnist, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "keep.txt").write_text("old")
+    with pytest.raises(SystemExit, match="not empty"):
+        lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(run)])
+    assert (run / "keep.txt").read_text() == "old"
+
+
+# --------------------------------------------------------------------- TensorBoard, really served
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url, timeout=60):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.loads(r.read())
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_tensorboard_serves_scalars_and_images(tiny_mnist, tmp_path):
+    logdir = tmp_path / "runs"
+    lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--epochs", "2", "--batch-size", "50",
+                 "--log-every", "2", "--out-dir", str(logdir / "tiny"), "--device", "cpu"])
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
+                               "127.0.0.1", "--port", str(port), "--reload_interval", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}/data/plugin"
+        deadline = time.time() + 60
+        while (scalars := get_json(f"{base}/scalars/tags")).get("tiny") is None and time.time() < deadline:
+            time.sleep(0.5)
+        tags = scalars["tiny"]
+        assert {"train/loss", "train/lr", "test/loss", "test/accuracy"} <= set(tags)
+        images = get_json(f"{base}/images/tags")["tiny"]
+        assert {"layers/conv1_filters", "layers/conv1_feature_maps", "layers/conv2_feature_maps"} <= set(images)
+        accuracy = get_json(f"{base}/scalars/scalars?run=tiny&tag=test/accuracy")
+        assert len(accuracy) == 2 and all(0 <= point[2] <= 1 for point in accuracy)  # [time, step, value]
+        graph_runs = get_json(f"http://127.0.0.1:{port}/data/runs")
+        assert "tiny" in graph_runs
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+# --------------------------------------------------------------------- errors a user can cause
+
+def run_script(*args):
+    return subprocess.run([sys.executable, str(REPO / "lenet5.py"), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [(["--epochs", "0"], "must be > 0"),
+                                           (["--act", "relu"], "invalid choice"),
+                                           (["--lr", "fast"], "invalid")])
+def test_bad_flags_exit_2_with_message(args, message):
+    result = run_script(*args)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_missing_data_is_one_clear_line(tmp_path):
+    result = run_script("--data-dir", str(tmp_path), "--no-download", "--out-dir", str(tmp_path / "run"))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # a single line, no traceback
+    assert "MNIST files missing" in result.stderr and "train-images-idx3-ubyte" in result.stderr
+
+
+def test_corrupt_data_is_one_clear_line(tiny_mnist, tmp_path):
+    labels = tiny_mnist / "t10k-labels-idx1-ubyte"
+    labels.write_bytes(labels.read_bytes()[:-5])
+    result = run_script("--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(tmp_path / "run"))
+    assert result.returncode == 1 and result.stderr.startswith("error: ") and "truncated" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_help_shows_defaults():
+    result = run_script("--help")
+    assert result.returncode == 0 and "(default: 4)" in result.stdout
+
+
+def test_sbatch_scripts_parse():
+    scripts = sorted((REPO / "slurm").glob("*.sh"))
+    assert scripts
+    for script in scripts:
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
