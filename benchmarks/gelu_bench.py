@@ -45,17 +45,27 @@ IMPLS = {
 }
 
 
-def timed(fn, device, repeats):
-    times = []
-    for _ in range(repeats + 1):  # the first run warms up caches and the allocator
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # sync point: the GPU work is what is timed
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:]) * 1e3
+def forward_backward(fn, x, grad):
+    def run():
+        x.grad = None
+        fn(x).backward(grad)
+    return run
+
+
+def timed_round_robin(fns, device, repeats):
+    """Median ms of each fn; the fns take turns, so drift on a noisy machine hits them alike."""
+    times = {name: [] for name in fns}
+    for r in range(repeats + 1):  # round 0 warms up caches and the allocator
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # sync point: the GPU work is what is timed
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
 def main(argv=None):
@@ -88,17 +98,14 @@ def main(argv=None):
         n = 2**log2
         x = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
         grad = torch.randn(n, device=device, dtype=dtype)
-        row = {"n": n}
-        for name, fn in impls.items():
-            def step(fn=fn):
-                x.grad = None
-                fn(x).backward(grad)
-            row[f"{name}_ms"] = timed(step, device, repeats)
+        fns = {name: forward_backward(fn, x, grad) for name, fn in impls.items()}
         bytes_moved = 5 * n * x.element_size()
         if device.type == "cuda":  # the same bytes as one read + one write of 2.5 n elements
             src = torch.empty(bytes_moved // 2, device=device, dtype=torch.uint8)
             dst = torch.empty_like(src)
-            row["copy_ms"] = timed(lambda: dst.copy_(src), device, repeats)
+            fns["copy"] = lambda: dst.copy_(src)
+        row = {"n": n, **{f"{name}_ms": ms for name, ms in timed_round_robin(fns, device, repeats).items()}}
+        if device.type == "cuda":
             row["ext_vs_copy"] = row["copy_ms"] / row["ext_ms"]
         row["ext_GBps"] = bytes_moved / row["ext_ms"] / 1e6
         row["ext_vs_aten"] = row["aten_ms"] / row["ext_ms"]

@@ -6,19 +6,35 @@
 -e keeps the package importable from the repository, where the scripts and tests import it.
 Environment:
     GELU_EXT_CPU_ONLY=1         skip the CUDA kernels even where nvcc exists
-    CUDA_HOME=/usr/local/cuda   where nvcc lives, if torch does not find it by itself
+    CUDA_HOME=/usr/local/cuda   where nvcc and the CUDA headers live (found by itself if unset)
     TORCH_CUDA_ARCH_LIST        GPU architectures; default: the visible GPU's, or, on a machine
                                 without one (a login node), 7.5;8.0;9.0+PTX (2080Ti, A100, H100/H200)
 """
 import os
 import platform
+import shutil
 from pathlib import Path
 
-import torch
-from setuptools import setup
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-HERE = Path(__file__).resolve().parent
+def find_cuda_home():
+    """torch guesses CUDA_HOME as the folder above the nvcc on PATH, which is wrong when that nvcc is
+    a wrapper script (/usr/local/bin/nvcc on the course machines): take the first candidate that has
+    the CUDA headers. Set before torch.utils.cpp_extension reads it."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    for home in ([Path(nvcc).resolve().parents[1]] if nvcc else []) + [Path("/usr/local/cuda")]:
+        if (home / "include" / "cuda_runtime.h").exists() and (home / "bin" / "nvcc").exists():
+            os.environ["CUDA_HOME"] = str(home)
+            return
+
+
+find_cuda_home()
+
+import torch  # noqa: E402
+from setuptools import setup  # noqa: E402
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
 cpu_only = os.environ.get("GELU_EXT_CPU_ONLY", "0") == "1"
 with_cuda = not cpu_only and CUDA_HOME is not None and (Path(CUDA_HOME) / "bin" / "nvcc").exists()
 

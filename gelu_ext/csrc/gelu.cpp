@@ -56,11 +56,28 @@ inline Vec gelu_grad_vec(const Vec& grad, const Vec& x) {
   return grad * (s + (two * x * s_one_minus_s) * (k * (one + c3 * x2)));
 }
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
+// A large fresh output is first touched by the kernel, and at 4 KiB per page fault that costs more
+// than the arithmetic (2^24 floats: ~30 ms of faults against ~5 ms of math on 2 cores). Asking for
+// transparent huge pages on it turns 512 faults into one. A hint only: a no-op where THP is off.
+void advise_huge_pages(const at::Tensor& t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = (begin + t.nbytes()) & ~(kHuge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#endif
+}
+
 at::Tensor gelu_forward_cpu(const at::Tensor& x) {
   TORCH_CHECK(x.is_floating_point(), "gelu_ext.gelu: expected a floating-point tensor, got ", x.scalar_type());
   TORCH_INTERNAL_ASSERT(x.device().is_cpu());
   at::Tensor xc = x.contiguous();  // the kernels walk flat memory; views are copied once
   at::Tensor y = at::empty_like(xc);
+  advise_huge_pages(y);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_forward_cpu", [&] {
     using Vec = at::vec::Vectorized<at::opmath_type<scalar_t>>;  // half/bfloat16 computed in float
     const scalar_t* in = xc.const_data_ptr<scalar_t>();
@@ -83,6 +100,7 @@ at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
   TORCH_INTERNAL_ASSERT(x.device().is_cpu() && grad.device().is_cpu());
   at::Tensor gc = grad.contiguous(), xc = x.contiguous();
   at::Tensor dx = at::empty_like(xc);
+  advise_huge_pages(dx);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gelu_backward_cpu", [&] {
     using Vec = at::vec::Vectorized<at::opmath_type<scalar_t>>;
     const scalar_t* g = gc.const_data_ptr<scalar_t>();
