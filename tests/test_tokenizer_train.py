@@ -1,0 +1,210 @@
+"""The WOS text pipeline (data/wos.py) and tokenizer_train.py."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from accelerate.data_loader import prepare_data_loader, skip_first_batches
+from transformers import PreTrainedTokenizerFast
+
+import tokenizer_train
+from conftest import REPO
+from data import wos
+
+SYLLABLES = ["ka", "lo", "mi", "nu", "pe", "ra", "si", "to", "ve", "zu", "qua", "ther", "ing", "ment"]
+
+
+def generated_docs(n, seed=0):
+    rng = random.Random(seed)
+    words = ["".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(300)]
+    return [" ".join(rng.choices(words, k=rng.randint(20, 60))).capitalize() + "." for _ in range(n)]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "X.txt"
+    path.write_text("\n".join(generated_docs(400)) + "\n")
+    return path
+
+
+@pytest.fixture
+def small_tokenizer(corpus):
+    return tokenizer_train.train_bpe(generated_docs(400), vocab_size=512)
+
+
+def splits_of(path, tmp_path, **kw):
+    return wos.load_splits(path, cache_dir=tmp_path / "cache", **kw)
+
+
+# ------------------------------------------------------------------ tokenizer
+
+def test_bpe_round_trip_and_load_through_transformers(small_tokenizer, tmp_path):
+    path = tmp_path / "tok" / "tokenizer.json"
+    tokenizer_train.save_atomic(small_tokenizer, path)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=wos.EOT)
+    assert tok.vocab_size == 512 and tok.eos_token_id == small_tokenizer.token_to_id(wos.EOT)
+    for text in ["Kalomi nupe ratoving.", "Ünïcödé — 中文字符, emoji 🚀, tabs\tand  spaces", "  leading space"]:
+        ids = tok(text)["input_ids"]
+        assert tok.decode(ids) == text
+    assert tokenizer_train.round_trip_failures(small_tokenizer, generated_docs(50, seed=9)) == 0
+
+
+def test_bytes_per_token_counts_utf8_bytes(small_tokenizer):
+    docs = generated_docs(20, seed=3)
+    n_tokens = sum(len(small_tokenizer.encode(d).ids) for d in docs)
+    expected = sum(len(d.encode()) for d in docs) / n_tokens
+    assert tokenizer_train.bytes_per_token(small_tokenizer, docs) == pytest.approx(expected)
+    assert expected > 1.5  # BPE merges do compress the generated syllables
+
+
+# ------------------------------------------------------------------ reading and splitting
+
+def test_split_is_by_document_disjoint_and_stable(corpus, tmp_path):
+    a = splits_of(corpus, tmp_path, val_fraction=0.05, seed=1)
+    b = splits_of(corpus, tmp_path / "other", val_fraction=0.05, seed=1)
+    train, val = list(a["train"]["text"]), list(a["validation"]["text"])
+    assert len(val) == 20 and len(train) == 380
+    assert set(train).isdisjoint(val) and sorted(train + val) == sorted(generated_docs(400))
+    assert list(b["validation"]["text"]) == val  # same file, same seed: the same documents, in a new cache
+    assert list(splits_of(corpus, tmp_path, val_fraction=0.05, seed=2)["validation"]["text"]) != val
+
+
+def test_blank_lines_skipped_and_invalid_utf8_replaced_with_warning(tmp_path, capsys):
+    path = tmp_path / "X.txt"
+    path.write_bytes(b"first doc\n\n   \nsecond \xff\xfe doc\r\nthird doc\n\n")
+    splits = splits_of(path, tmp_path, val_fraction=0.34)
+    docs = sorted(list(splits["train"]["text"]) + list(splits["validation"]["text"]))
+    assert docs == ["first doc", "second \ufffd\ufffd doc", "third doc"]
+    assert "1 lines of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [(b"", "is empty"), (b"\n  \n\n", "is empty"),
+                                              (b"just one line\n\n", "1 usable line")])
+def test_unusable_files_are_rejected(tmp_path, content, message):
+    path = tmp_path / "X.txt"
+    path.write_bytes(content)
+    with pytest.raises(wos.TextError, match=message):
+        splits_of(path, tmp_path)
+
+
+def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
+    with pytest.raises(wos.TextError, match="no such file"):
+        wos.resolve_text(tmp_path / "nope.txt")
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path))
+    with pytest.raises(wos.TextError, match=r"WebOfScience/WOS46985/X.txt not found: download WebOfScience.zip"):
+        wos.resolve_text(None, download=False)
+
+
+# ------------------------------------------------------------------ blocks and the cache
+
+def test_blocks_have_the_right_length_and_content(corpus, small_tokenizer, tmp_path):
+    splits = splits_of(corpus, tmp_path, val_fraction=0.1)
+    blocks, stats = wos.tokenize_blocks(splits, small_tokenizer, block_size=64)
+    joined = "".join(d + wos.EOT for d in list(splits["train"]["text"]))
+    for row in blocks["train"].select(range(0, len(blocks["train"]), 7)):
+        assert len(row["input_ids"]) == 64
+        assert small_tokenizer.decode(row["input_ids"], skip_special_tokens=False) in joined
+    first = small_tokenizer.decode(blocks["train"][0]["input_ids"], skip_special_tokens=False)
+    assert joined.startswith(first)  # block 0 is the start of the first document
+    total = stats["train"]["tokens"] + stats["train"]["docs"]  # + one end-of-text per document
+    assert total - 64 * len(blocks["train"]) < 64 * ((stats["train"]["docs"] + 999) // 1000)
+    assert stats["train"]["bytes"] == sum(len(d.encode()) for d in list(splits["train"]["text"]))
+
+
+def cache_state(blocks):
+    return {f["filename"]: os.path.getmtime(f["filename"]) for f in blocks["train"].cache_files}
+
+
+def test_cache_is_reused_and_invalidated(corpus, small_tokenizer, tmp_path):
+    first, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 64)
+    assert not stats["train"]["from_cache"]
+    again, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 64)
+    assert stats["train"]["from_cache"] and cache_state(again) == cache_state(first)  # loaded, not rebuilt
+
+    other_tokenizer = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
+    retok, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), other_tokenizer, 64)
+    assert not stats["train"]["from_cache"] and set(cache_state(retok)).isdisjoint(cache_state(first))
+
+    reblock, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 32)
+    assert not stats["train"]["from_cache"] and len(reblock["train"][0]["input_ids"]) == 32
+
+    corpus.write_text(corpus.read_text() + "A new document about kalo.\n")
+    changed, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 64)
+    assert not stats["train"]["from_cache"] and set(cache_state(changed)).isdisjoint(cache_state(first))
+
+
+# ------------------------------------------------------------------ batches
+
+@pytest.fixture
+def blocks(corpus, small_tokenizer, tmp_path):
+    return wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 32)[0]["train"]
+
+
+def batches(loader):
+    return [b.tolist() for b in loader]
+
+
+def test_batch_order_is_seeded_per_epoch(blocks):
+    a0 = batches(wos.epoch_loader(blocks, 4, seed=0, epoch=0))
+    assert a0 == batches(wos.epoch_loader(blocks, 4, seed=0, epoch=0))
+    assert a0 != batches(wos.epoch_loader(blocks, 4, seed=0, epoch=1))
+    assert a0 != batches(wos.epoch_loader(blocks, 4, seed=1, epoch=0))
+    assert len(a0) == len(blocks) // 4 and all(len(b) == 4 and len(b[0]) == 32 for b in a0)
+    assert torch.is_tensor(next(iter(wos.epoch_loader(blocks, 4, 0, 0))))
+
+
+@pytest.mark.parametrize("epoch", [0, 3])  # past the first epoch too
+def test_resume_sees_exactly_the_remaining_batches(blocks, epoch):
+    full = batches(wos.epoch_loader(blocks, 4, seed=5, epoch=epoch))
+    resumed = batches(skip_first_batches(wos.epoch_loader(blocks, 4, seed=5, epoch=epoch), 7))
+    assert resumed == full[7:]
+
+
+def test_rank_shards_do_not_overlap(blocks):
+    loader = wos.epoch_loader(blocks, 4, seed=0, epoch=0)
+    shards = [batches(prepare_data_loader(wos.epoch_loader(blocks, 4, seed=0, epoch=0), num_processes=2,
+                                          process_index=rank, put_on_device=False)) for rank in (0, 1)]
+    rows = [tuple(row) for shard in shards for batch in shard for row in batch]
+    whole = [tuple(row) for batch in batches(loader) for row in batch]
+    assert len(shards[0]) == len(shards[1]) == len(whole) // 8
+    assert len(set(rows)) == len(rows) and set(rows) <= set(whole)
+
+
+# ------------------------------------------------------------------ the script
+
+def test_script_on_standin_corpus(shared_data, tmp_path):
+    out, metrics_path = tmp_path / "tokenizer.json", tmp_path / "metrics.json"
+    args = ["--text", str(shared_data / "wos-standin" / "X.txt"), "--vocab-size", "4096", "--out", str(out),
+            "--cache-dir", str(tmp_path / "cache"), "--compare", "none", "--metrics-out", str(metrics_path)]
+    metrics = tokenizer_train.main(args)
+    assert json.loads(metrics_path.read_text()) == metrics
+    assert metrics["vocab_size"] == 4096 and metrics["val_round_trip_failures"] == 0
+    assert metrics["num_train_docs"] + metrics["num_val_docs"] == 6925 and metrics["num_val_docs"] == 35
+    assert 3.0 < metrics["val_bytes_per_token"] < 6.0  # English prose: ~4 bytes per token
+    assert metrics["gpt2_val_bytes_per_token"] is None and not metrics["tokenize_from_cache"]
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(out))
+    assert tok.decode(tok("The kernel's PCI host bridge.")["input_ids"]) == "The kernel's PCI host bridge."
+    with pytest.raises(SystemExit, match="exists; pass --force"):
+        tokenizer_train.main(args)
+    assert tokenizer_train.main(args + ["--force"])["tokenize_from_cache"]  # same tokenizer: cache reused
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, str(REPO / "tokenizer_train.py"), *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [(["--vocab-size", "1000"], "multiple of 64"),
+                                           (["--val-fraction", "0.9"], "--val-fraction"),
+                                           (["--vocab-size", "many"], "invalid int")])
+def test_bad_flags(args, message):
+    result = run_script(*args)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_missing_text_is_one_line(tmp_path):
+    result = run_script("--text", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "t.json"))
+    assert result.returncode == 1 and result.stderr.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"

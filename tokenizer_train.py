@@ -1,0 +1,154 @@
+"""Train an own byte-level BPE tokenizer on the Web of Science abstracts (WOS46985/X.txt).
+
+    python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt
+    python tokenizer_train.py --text ../shared/data/wos-standin/X.txt --metrics-out tok.json
+    python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
+
+Trained on the training split only (the validation documents stay unseen), saved as one
+tokenizer.json that `transformers.PreTrainedTokenizerFast(tokenizer_file=...)` loads. Reports
+bytes per token on the validation split (and GPT-2's, where its tokenizer can be loaded), checks
+decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from data import wos
+
+REPO = Path(__file__).resolve().parent
+
+
+def train_bpe(docs, vocab_size, min_frequency=2):
+    """Byte-level BPE, GPT-2 style: any byte sequence encodes, nothing is ever unknown."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[wos.EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
+    tokenizer.train_from_iterator(docs, trainer=trainer, length=len(docs))
+    return tokenizer
+
+
+def bytes_per_token(tokenizer, docs):
+    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    n_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(docs, add_special_tokens=False))
+    return n_bytes / n_tokens
+
+
+def round_trip_failures(tokenizer, docs):
+    encoded = tokenizer.encode_batch(docs, add_special_tokens=False)
+    decoded = tokenizer.decode_batch([e.ids for e in encoded], skip_special_tokens=False)
+    return sum(d != t for d, t in zip(decoded, docs))
+
+
+def load_comparison(name):
+    """GPT-2's tokenizer (or another) for comparison, or None where it cannot be loaded (offline)."""
+    if name == "none":
+        return None
+    try:
+        return wos.load_tokenizer(name).backend_tokenizer
+    except wos.TextError as e:
+        print(f"note: no comparison: {e}", file=sys.stderr)
+        return None
+
+
+def save_atomic(tokenizer, path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tokenizer.save(str(tmp))
+    tmp.replace(path)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--text", type=Path, default=None,
+                   help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt, "
+                        "downloaded if missing)")
+    p.add_argument("--vocab-size", type=int, default=16384,
+                   help="a multiple of 64; see README for the choice (default: %(default)s)")
+    p.add_argument("--min-frequency", type=int, default=2, help="merges seen fewer times are not learned "
+                                                                "(default: %(default)s)")
+    p.add_argument("--out", type=Path, default=REPO / "data" / "tokenizer" / "tokenizer.json",
+                   help="where tokenizer.json goes (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument("--val-fraction", type=float, default=0.005, help="held-out documents (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="of the train/validation split (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=1024,
+                   help="also tokenise the corpus into blocks of this many tokens for gpt_train.py; 0 = skip "
+                        "(default: %(default)s)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="datasets cache (default: data/cache)")
+    p.add_argument("--compare", default="gpt2", help="tokenizer to compare with, or 'none' (default: %(default)s)")
+    p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
+    p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
+    args = p.parse_args(argv)
+    if args.vocab_size < 512 or args.vocab_size % 64:
+        p.error(f"--vocab-size must be a multiple of 64 and >= 512, got {args.vocab_size}")
+    if not 0 < args.val_fraction < 0.5:
+        p.error(f"--val-fraction must be in (0, 0.5), got {args.val_fraction}")
+    if args.block_size < 0:
+        p.error("--block-size must be >= 0")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except wos.TextError as e:
+        sys.exit(f"error: {e}")
+
+
+def run(args):
+    if args.out.exists() and not args.force:
+        raise wos.TextError(f"{args.out} exists; pass --force to replace it (or another --out)")
+    text = wos.resolve_text(args.text, download=not args.no_download)
+    splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
+    train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
+    print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
+
+    t0 = time.perf_counter()
+    tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
+    train_seconds = time.perf_counter() - t0
+    save_atomic(tokenizer, args.out)
+
+    metrics = {"vocab_size": tokenizer.get_vocab_size(), "train_seconds": round(train_seconds, 3),
+               "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
+               "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
+               "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
+               "text": str(text), "text_sha256_16": wos.corpus_fingerprint(text), "out": str(args.out)}
+    gpt2 = load_comparison(args.compare)
+    metrics["compare"] = args.compare
+    metrics["gpt2_val_bytes_per_token"] = bytes_per_token(gpt2, val_docs) if gpt2 else None
+
+    if args.block_size:  # the tokenised corpus gpt_train.py will read from the cache
+        t0 = time.perf_counter()
+        _, stats = wos.tokenize_blocks(splits, tokenizer, args.block_size)
+        seconds = time.perf_counter() - t0
+        tokens = stats["train"]["tokens"] + stats["validation"]["tokens"]
+        from_cache = stats["train"]["from_cache"]
+        metrics.update(tokenize_seconds=round(seconds, 3), num_train_tokens=stats["train"]["tokens"],
+                       num_val_tokens=stats["validation"]["tokens"], tokenize_from_cache=from_cache,
+                       tokenize_tokens_per_second=round(tokens / seconds))
+        print(f"{'loaded' if from_cache else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
+              f"({tokens / seconds:,.0f} tokens/s{', from the cache' if from_cache else ''})")
+
+    print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
+    print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
+          + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if gpt2 else "")
+          + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
+    if args.metrics_out:
+        args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.metrics_out.with_name(args.metrics_out.name + ".tmp")
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+        tmp.replace(args.metrics_out)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
