@@ -219,7 +219,7 @@ def corpus_fingerprint(path):
 
 # ----------------------------------------------------------------------------- batches
 
-def epoch_loader(blocks, batch_size, seed, epoch, **loader_kwargs):
+def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, **loader_kwargs):
     """A DataLoader over one epoch: the permutation of epoch `epoch` is fixed by (seed, epoch).
 
     A new loader per epoch, instead of a sampler with hidden epoch state, makes the position in
@@ -231,7 +231,7 @@ def epoch_loader(blocks, batch_size, seed, epoch, **loader_kwargs):
 
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(blocks), generator=g).tolist()
-    return DataLoader(blocks.with_format("torch"), batch_size=batch_size, sampler=order, drop_last=True,
+    return DataLoader(blocks.with_format("torch"), batch_size=batch_size, sampler=order, drop_last=drop_last,
                       collate_fn=collate, **loader_kwargs)
 
 

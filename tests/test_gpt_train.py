@@ -1,0 +1,210 @@
+"""gpt_train.py: the model against transformers' GPT-2, budgets, resume, signals, 2-process DDP."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import gpt_train
+import tokenizer_train
+from conftest import REPO
+from test_tokenizer_train import generated_docs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Generated text and a 512-token BPE trained on it: small enough for seconds-long runs."""
+    root = tmp_path_factory.mktemp("gpt")
+    text = root / "X.txt"
+    text.write_text("\n".join(generated_docs(300)) + "\n")
+    tokenizer_train.save_atomic(tokenizer_train.train_bpe(generated_docs(300), vocab_size=512), root / "tok.json")
+    return root
+
+
+def tiny_args(corpus, out_dir, *extra):
+    return ["--preset", "tiny", "--text", str(corpus / "X.txt"), "--tokenizer", str(corpus / "tok.json"),
+            "--cache-dir", str(corpus / "cache"), "--out-dir", str(out_dir), "--n-embd", "32", "--seq-len", "32",
+            "--micro-batch", "4", "--global-batch", "8", "--compile", "off", "--precision", "fp32",
+            "--eval-every", "1000", "--val-batches", "2", "--log-every", "2", *extra]
+
+
+# ------------------------------------------------------------------ the model
+
+def test_lab_parameter_count_matches_transformers_gpt2():
+    cfg = gpt_train.model_config(gpt_train.PRESETS["lab"], vocab_size=50257, eot_id=50256)
+    assert cfg.vocab_size == 50304 and (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions) == (12, 12, 768, 1024)
+    ours = sum(p.numel() for p in gpt_train.GPT(cfg).parameters())
+    theirs = sum(p.numel() for p in GPT2LMHeadModel(cfg).parameters())
+    assert ours == theirs == 124_439_808 + 47 * 768  # GPT-2 small (124.4M), plus 47 padding rows
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_forward_equals_transformers_gpt2_with_the_same_weights(attention):
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=128, n_positions=32, n_embd=48, n_layer=2, n_head=4,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    hf = GPT2LMHeadModel(cfg).eval()
+    ours = gpt_train.GPT(cfg, attention).eval()
+    state = {}
+    for name, tensor in hf.state_dict().items():
+        if name.endswith("attn.bias") or name.endswith("masked_bias") or name == "lm_head.weight":
+            continue
+        key = name.removeprefix("transformer.").replace("mlp.c_fc", "mlp.0").replace("mlp.c_proj", "mlp.2")
+        is_conv1d = any(part in name for part in ("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+        state[key] = tensor.t() if is_conv1d else tensor  # HF's Conv1D stores (in, out)
+    ours.load_state_dict(state, strict=False)
+    idx = torch.randint(0, 128, (3, 32))
+    with torch.no_grad():
+        expected = hf(idx, labels=idx).loss  # HF shifts the labels itself
+        got = ours(idx[:, :-1], idx[:, 1:])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_flops_per_token_is_6n_plus_attention():
+    cfg = gpt_train.model_config(gpt_train.PRESETS["lab"], 16384, 0)
+    assert gpt_train.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
+
+
+# ------------------------------------------------------------------ device decisions
+
+@pytest.mark.parametrize("requested, device, bf16, compiled, expected", [
+    ("auto", "cuda", True, True, "bf16"),     # A100 / H100
+    ("auto", "cuda", False, False, "fp16"),   # 2080Ti (Turing): fp16 + GradScaler
+    ("auto", "cpu", False, True, "bf16"),     # CPU with torch.compile
+    ("auto", "cpu", False, False, "fp32"),    # eager CPU: bf16 autocast would be slower
+    ("fp32", "cuda", True, True, "fp32"),
+])
+def test_precision_auto(requested, device, bf16, compiled, expected):
+    assert gpt_train.resolve_precision(requested, device, bf16, compiled) == expected
+
+
+def test_precision_impossible_requests_are_errors():
+    with pytest.raises(gpt_train.UserError, match="needs a GPU"):
+        gpt_train.resolve_precision("fp16", "cpu", False, False)
+    with pytest.raises(gpt_train.UserError, match="no bfloat16"):
+        gpt_train.resolve_precision("bf16", "cuda", False, False)
+
+
+def test_compile_auto_skips_turing():
+    assert gpt_train.resolve_compile("auto", "cuda", (7, 5))[0] is False
+    assert "sm75" in gpt_train.resolve_compile("auto", "cuda", (7, 5))[1]
+    assert gpt_train.resolve_compile("auto", "cuda", (9, 0)) == (True, "")
+    assert gpt_train.resolve_compile("auto", "cpu", (0, 0)) == (True, "")
+    assert gpt_train.resolve_compile("off", "cuda", (9, 0))[0] is False
+
+
+def test_mfu_peak_table():
+    assert gpt_train.peak_flops("NVIDIA H200", "bf16") == 989e12
+    assert gpt_train.peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp16") == 53.8e12
+    assert gpt_train.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 156e12
+    assert gpt_train.peak_flops("Some Unknown GPU", "bf16") is None
+
+
+# ------------------------------------------------------------------ training runs
+
+def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path):
+    metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "20000",
+                                       "--metrics-out", str(tmp_path / "m.json")))
+    assert json.loads((tmp_path / "m.json").read_text()) == json.loads((tmp_path / "run" / "metrics.json").read_text())
+    per_micro = 4 * 32
+    assert metrics["tokens_seen"] == math.ceil(20000 / per_micro) * per_micro  # whole micro-batches, < 1 over
+    assert metrics["steps"] == math.ceil(math.ceil(20000 / per_micro) / 2)  # last step: 1 of 2 micro-batches
+    curve = [loss for _, loss in metrics["loss_curve"]]
+    assert curve[0] > 5.5 and metrics["final_train_loss"] < curve[0] - 1.0  # from ~ln(512) = 6.2 downwards
+    assert metrics["success"] and metrics["final_val_loss"] < 6 and metrics["val_bits_per_byte"] > 0
+    for key in ("train_seconds", "total_seconds", "tokens_per_second", "mfu", "precision", "world_size",
+                "device_name", "params", "vocab_size"):
+        assert key in metrics
+    assert metrics["mfu"] is None and metrics["world_size"] == 1 and metrics["vocab_size"] == 512
+    assert list((tmp_path / "run").glob("ckpt-*"))  # the final checkpoint
+    with pytest.raises(SystemExit, match="finished run"):  # never overwritten
+        gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "20000"))
+
+
+def test_lab_preset_runs_a_step_on_cpu(corpus, tmp_path):
+    metrics = gpt_train.main(["--preset", "lab", "--text", str(corpus / "X.txt"), "--tokenizer",
+                              str(corpus / "tok.json"), "--cache-dir", str(corpus / "cache"), "--out-dir",
+                              str(tmp_path / "lab"), "--seq-len", "256", "--micro-batch", "1", "--global-batch", "1",
+                              "--tokens", "256", "--compile", "off", "--val-batches", "1", "--ckpt-every", "0",
+                              "--val-fraction", "0.05"])
+    assert metrics["steps"] == 1 and metrics["tokens_seen"] == 256
+    assert 85e6 < metrics["params"] < 87e6  # 124M structure with a 512-token vocabulary
+    assert math.isfinite(metrics["final_train_loss"])
+
+
+def run_script(*args, env=None, **kw):
+    return subprocess.Popen([sys.executable, str(REPO / "gpt_train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def test_sigterm_checkpoints_and_resume_equals_uninterrupted(corpus, tmp_path):
+    # 300 docs make ~115 blocks: 28 micro-batches per epoch; 60 steps x 2 = 120 micro-batches = 4+ epochs.
+    common = ["--tokens", str(60 * 8 * 32), "--ckpt-every", "20", "--log-every", "1"]
+    reference = gpt_train.main(tiny_args(corpus, tmp_path / "ref", *common))
+
+    proc = run_script(*tiny_args(corpus, tmp_path / "cut", *common))
+    deadline = time.time() + 120
+    while not list((tmp_path / "cut").glob("ckpt-0000020")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)  # past the first epoch: step 20 = micro-batch 40 of 28 per epoch
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == gpt_train.STOP_EXIT_CODE, err
+    ckpt = gpt_train.latest_checkpoint(tmp_path / "cut")
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert 20 <= state["step"] < 60 and not (tmp_path / "cut" / "metrics.json").exists()
+    assert not list((tmp_path / "cut").glob("*.tmp"))
+
+    resumed = gpt_train.main(tiny_args(corpus, tmp_path / "cut", *common))
+    assert resumed["resumed"] and resumed["tokens_seen"] == reference["tokens_seen"]
+    ref_curve = dict((step, loss) for step, loss in reference["loss_curve"])
+    cut_curve = dict((step, loss) for step, loss in resumed["loss_curve"])
+    common_steps = sorted(set(ref_curve) & set(cut_curve))
+    assert 60 in common_steps and len(common_steps) >= 25
+    for step in common_steps:  # same data, same RNG, same optimizer state: the same losses
+        assert cut_curve[step] == pytest.approx(ref_curve[step], rel=1e-6), step
+    assert resumed["final_val_loss"] == pytest.approx(reference["final_val_loss"], rel=1e-6)
+
+
+def test_two_processes_match_one_for_the_same_global_batch(corpus, tmp_path):
+    args = tiny_args(corpus, tmp_path / "one", "--tokens", str(12 * 8 * 32), "--fused-adamw", "off")
+    single = gpt_train.main(args)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    two = tiny_args(corpus, tmp_path / "two", "--tokens", str(12 * 8 * 32), "--fused-adamw", "off",
+                    "--metrics-out", str(tmp_path / "two.json"))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_port", "29517", str(REPO / "gpt_train.py"), *two],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    double = json.loads((tmp_path / "two.json").read_text())
+    assert double["world_size"] == 2 and double["tokens_seen"] == single["tokens_seen"]
+    for (s1, l1), (s2, l2) in zip(single["loss_curve"], double["loss_curve"]):
+        assert s1 == s2 and l2 == pytest.approx(l1, rel=1e-4)
+
+
+# ------------------------------------------------------------------ errors a user can cause
+
+@pytest.mark.parametrize("args, message", [
+    (["--seq-len", "2048"], "exceeds GPT-2's 1024"),
+    (["--tokens", "0"], "--tokens must be > 0"),
+    (["--n-embd", "100", "--n-head", "3"], "not divisible"),
+    (["--precision", "fp8"], "invalid choice"),
+])
+def test_bad_flags(args, message):
+    result = subprocess.run([sys.executable, str(REPO / "gpt_train.py"), *args], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_user_errors_are_one_line(corpus, tmp_path):
+    proc = run_script(*tiny_args(corpus, tmp_path / "x", "--global-batch", "6"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err.strip().splitlines()[-1].startswith("error: --global-batch 6")
+    proc = run_script("--text", str(tmp_path / "missing.txt"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"
