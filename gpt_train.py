@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from accelerate.utils import set_seed
 from torch.utils.tensorboard import SummaryWriter
@@ -135,13 +136,13 @@ def flops_per_token(cfg, seq_len, params):
 
 # ----------------------------------------------------------------------------- device decisions
 
-def resolve_precision(requested, device_type, bf16_supported, compiled):
-    """auto: bf16 where the GPU has it, fp16 + GradScaler on older GPUs (2080Ti: Turing, no bf16);
-    on CPU bf16 only with torch.compile (eager bf16 autocast on CPU is slower than fp32)."""
+def resolve_precision(requested, device_type, bf16_supported):
+    """auto: bf16 where the hardware has it (sm80+ GPUs; CPUs with AVX512-BF16/AMX), fp16 + GradScaler
+    on older GPUs (2080Ti: Turing, no bf16), fp32 on other CPUs (emulated bf16 is slow)."""
     if requested == "auto":
         if device_type == "cuda":
             return "bf16" if bf16_supported else "fp16"
-        return "bf16" if compiled else "fp32"
+        return "bf16" if bf16_supported else "fp32"
     if requested == "fp16" and device_type != "cuda":
         raise UserError("--precision fp16 needs a GPU (use bf16 or fp32 on CPU)")
     if requested == "bf16" and device_type == "cuda" and not bf16_supported:
@@ -149,11 +150,23 @@ def resolve_precision(requested, device_type, bf16_supported, compiled):
     return requested
 
 
+def cpu_has_bf16():
+    """Native bf16 math (AVX512-BF16 or AMX, from /proc/cpuinfo); elsewhere bf16 autocast is emulated."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
 def resolve_compile(requested, device_type, capability):
-    """auto: on for CPU and sm80+ GPUs; recent Triton no longer generates code for Turing (sm75)."""
+    """auto: on for sm80+ GPUs. Off on Turing (sm75), which recent Triton no longer targets, and on
+    CPU, where it measured no faster (benchmarks/gpt_bench.py) and costs a minute of compiling."""
     if requested != "auto":
         return requested == "on", ""
-    if device_type == "cuda" and capability < (8, 0):
+    if device_type == "cpu":
+        return False, "torch.compile off on CPU (no gain measured; --compile on to force)"
+    if capability < (8, 0):
         return False, f"torch.compile skipped: Triton does not target sm{capability[0]}{capability[1]}"
     return True, ""
 
@@ -331,6 +344,9 @@ def train(args):
         return _train(args, stop, t_start)
     finally:
         stop.restore()
+        # accelerate's state is a per-process singleton: reset it so that main() can run again in
+        # the same process (tests, notebooks) with other settings
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _train(args, stop, t_start):
@@ -339,11 +355,11 @@ def _train(args, stop, t_start):
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     compiled, compile_note = resolve_compile(args.compile, "cuda" if cuda else "cpu", capability)
     precision = resolve_precision(args.precision, "cuda" if cuda else "cpu",
-                                  cuda and torch.cuda.is_bf16_supported(), compiled)
+                                  torch.cuda.is_bf16_supported() if cuda else cpu_has_bf16())
     # cpu=True where there is no GPU: only then does accelerate turn torchrun's processes into gloo ranks
     accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(precision, precision), cpu=not cuda)
     device = accelerator.device
-    if args.tf32 == "on":
+    if cuda and args.tf32 == "on":
         torch.set_float32_matmul_precision("high")  # TF32 tensor cores for whatever stays in fp32
     set_seed(args.seed)
     main_proc = accelerator.is_main_process

@@ -276,7 +276,7 @@ def parse_args(argv):
                    help="auto = cuda if available, else cpu (default: %(default)s)")
     p.add_argument("--epochs", type=positive(int), default=4, help="(default: %(default)s)")
     p.add_argument("--batch-size", type=positive(int), default=128, help="(default: %(default)s)")
-    p.add_argument("--lr", type=positive(float), default=3e-3, help="peak AdamW learning rate of the one-cycle schedule (default: %(default)s)")
+    p.add_argument("--lr", type=positive(float), default=8e-3, help="peak AdamW learning rate of the one-cycle schedule (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="weights and shuffling (default: %(default)s)")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="this run's TensorBoard logs and outputs (default: a new runs/lenet5/<time>-<act>/)")
@@ -310,10 +310,15 @@ def run(args):
 
     train_loader = make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
     test_loader = make_loader(test_set, 1000, shuffle=False)
-    # One-cycle: a short warm-up, then annealing to ~0; converges in a few epochs at a high peak rate.
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, pct_start=0.2,
-                                                    total_steps=args.epochs * len(train_loader))
+    total, warmup = args.epochs * len(train_loader), max(1, args.epochs * len(train_loader) // 5)
+
+    def one_cycle(step):  # linear warm-up over 20% of the steps, then cosine annealing to 0:
+        if step < warmup:  # a high peak rate that way converges in a few epochs
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle)
     writer = SummaryWriter(out_dir)
     write_json(out_dir / "args.json", {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
     digits = test_set[list(range(8))][0]  # a fixed set of test digits for the feature-map images

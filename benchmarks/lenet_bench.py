@@ -8,6 +8,7 @@ transform (one PIL image per sample), --baseline-epochs epochs. The default run 
 """
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -62,6 +63,8 @@ def main(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: %(default)s)")
     p.add_argument("--baseline-epochs", type=int, default=1, help="(default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="alternating pairs of runs; medians are reported, "
+                                                          "since a shared VM is noisy (default: %(default)s)")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the comparison here as JSON")
     args = p.parse_args(argv)
     try:
@@ -70,10 +73,15 @@ def main(argv=None):
     except lenet5.DataError as e:
         sys.exit(f"error: {e}")
 
-    base_seconds, base_acc = original_recipe(args.data_dir, device, args.baseline_epochs, args.seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        ours = lenet5.main(["--data-dir", str(args.data_dir), "--no-download", "--device", args.device,
-                            "--seed", str(args.seed), "--out-dir", tmp])
+    base_runs, ours_runs = [], []
+    for _ in range(args.repeats):  # alternate, so that drift on the machine hits both alike
+        base_runs.append(original_recipe(args.data_dir, device, args.baseline_epochs, args.seed))
+        with tempfile.TemporaryDirectory() as tmp:
+            ours_runs.append(lenet5.main(["--data-dir", str(args.data_dir), "--no-download", "--device", args.device,
+                                          "--seed", str(args.seed), "--out-dir", tmp]))
+    base_seconds = [statistics.median(run[0][i] for run in base_runs) for i in range(args.baseline_epochs)]
+    base_acc = base_runs[0][1]  # seeded: the same in every repeat
+    ours = ours_runs[0] | {"train_seconds": statistics.median(run["train_seconds"] for run in ours_runs)}
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
     result = {
         "device_name": device_name,
@@ -83,8 +91,11 @@ def main(argv=None):
         "default_epochs": ours["epochs"],
         "default_accuracy": ours["test_accuracy"],
         "ratio_to_one_baseline_epoch": ours["train_seconds"] / base_seconds[0],
+        "repeats": args.repeats,
+        "all_baseline_first_epoch_seconds": [round(run[0][0], 3) for run in base_runs],
+        "all_default_train_seconds": [run["train_seconds"] for run in ours_runs],
     }
-    print(f"\n{device_name}")
+    print(f"\n{device_name}, medians of {args.repeats} alternating repeats")
     for i, (s, a) in enumerate(zip(base_seconds, base_acc), 1):
         print(f"  original recipe, epoch {i}: {s:6.2f} s, test accuracy {a:.2%}")
     print(f"  default lenet5.py, {ours['epochs']} epochs: {ours['train_seconds']:6.2f} s, "

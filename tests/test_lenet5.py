@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -196,3 +197,14 @@ def test_sbatch_scripts_parse():
     assert scripts
     for script in scripts:
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
+
+
+def test_sbatch_script_runs_without_slurm_and_forwards_flags(tiny_mnist, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(["bash", str(REPO / "slurm" / "lenet.sh"), "--data-dir", str(tiny_mnist), "--no-download",
+                             "--epochs", "1", "--device", "cpu", "--out-dir", str(tmp_path / "run"),
+                             "--metrics-out", str(tmp_path / "m.json")],
+                            cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "m.json").read_text())["epochs"] == 1
+    assert "job none" in result.stdout

@@ -1,0 +1,151 @@
+"""The acceleration ladder: GPT-2 124M training steps, adding one acceleration at a time.
+
+    python benchmarks/gpt_bench.py --metrics-out report/results/gpt_bench_cpu.json     # CPU: ~15 min
+    python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out report/results/gpt_bench_h200.json
+
+From the naive baseline — transformers' GPT2LMHeadModel as GPT2Config makes it (dropout 0.1,
+eager attention), fp32, plain AdamW — each rung keeps everything above it and adds one thing;
+the last rung is gpt_train.py's default on this device. Same shapes, same random batch, one
+process; steady-state steps after warm-up (compilation happens in the warm-up steps).
+"""
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import gpt_train  # noqa: E402
+
+
+def ladder(cuda, bf16_supported, capability):
+    """(name, settings) per rung; each rung's settings extend the previous rung's."""
+    half = "bf16" if bf16_supported else "fp16" if cuda else "fp32"
+    compile_ok, _ = gpt_train.resolve_compile("auto", "cuda" if cuda else "cpu", capability)
+    rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
+              dict(model="hf", dropout=0.1, attention="eager", precision="fp32", compile=False, fused=False,
+                   tf32=False)),
+             ("+ dropout 0 (GPT-2 pretraining used 0.1; 12M tokens do not overfit)", dict(dropout=0.0)),
+             ("+ SDPA attention (flash / memory-efficient kernel)", dict(attention="sdpa")),
+             ("+ own GPT module from the same GPT2Config", dict(model="own"))]
+    if cuda:
+        rungs.append(("+ TF32 matmuls", dict(tf32=True)))
+    if half != "fp32":  # as gpt_train.py's --precision auto: only where the hardware has 16-bit math
+        rungs.append((f"+ {half} autocast" + (" + GradScaler" if half == "fp16" else ""), dict(precision=half)))
+    if compile_ok:  # as gpt_train.py's --compile auto: off on Turing and on CPU
+        rungs.append(("+ torch.compile", dict(compile=True)))
+    rungs.append(("+ fused AdamW (= gpt_train.py default)", dict(fused=True)))
+    settings, out = {}, []
+    for name, change in rungs:
+        settings = {**settings, **change}
+        out.append((name, dict(settings)))
+    return out
+
+
+def build(settings, vocab_size, seq_len, device):
+    cfg = gpt_train.model_config(dict(gpt_train.PRESETS["lab"], seq_len=seq_len), vocab_size, eot_id=0)
+    if settings["model"] == "hf":
+        cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = settings["dropout"]
+        hf = GPT2LMHeadModel._from_config(cfg, attn_implementation=settings["attention"]).to(device)
+
+        def loss_fn(x, y):
+            logits = hf(input_ids=x).logits
+            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        model, forward = hf, loss_fn
+    else:
+        model = gpt_train.GPT(cfg, settings["attention"]).to(device)
+        forward = model
+    if settings["compile"]:
+        forward = torch.compile(forward)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=settings["fused"] or None)
+    return cfg, model, forward, optimizer
+
+
+def measure(settings, args, device):
+    cuda = device.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = settings["tf32"]
+    torch.backends.cudnn.allow_tf32 = settings["tf32"]
+    torch.manual_seed(0)
+    cfg, model, forward, optimizer = build(settings, args.vocab_size, args.seq_len, device)
+    params = sum(p.numel() for p in model.parameters())
+    precision = settings["precision"]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+    scaler = torch.amp.GradScaler(enabled=precision == "fp16")
+    batch = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1), device=device)
+    model.train()
+    times = []
+    for step in range(args.warmup + args.steps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with autocast:
+            loss = forward(batch[:, :-1], batch[:, 1:])
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()  # sync point: the step's GPU work is what is timed
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    tps = args.micro_batch * args.seq_len / seconds
+    peak = gpt_train.peak_flops(torch.cuda.get_device_name(device), precision) if cuda else None
+    fpt = gpt_train.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
+    del model, forward, optimizer
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "mfu": fpt * tps / peak if peak else None,
+            "loss": loss.item()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    cuda = torch.cuda.is_available()
+    p.add_argument("--micro-batch", type=int, default=16 if cuda else 2, help="sequences per step "
+                                                                              "(default: 16 on GPU, 2 on CPU)")
+    p.add_argument("--seq-len", type=int, default=1024, help="(default: %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=16384, help="own tokenizer's (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=3 if cuda else 2, help="untimed steps, compilation included "
+                                                                        "(default: 3 on GPU, 2 on CPU)")
+    p.add_argument("--steps", type=int, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
+    p.add_argument("--only", type=str, default=None, help="comma-separated rung numbers to run (1 = naive)")
+    p.add_argument("--metrics-out", type=Path, default=None, help="write the ladder here as JSON")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if cuda else "cpu")
+    device_name = torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)"
+    rungs = ladder(cuda, torch.cuda.is_bf16_supported() if cuda else gpt_train.cpu_has_bf16(),
+                   torch.cuda.get_device_capability() if cuda else (0, 0))
+    chosen = {int(i) for i in args.only.split(",")} if args.only else set(range(1, len(rungs) + 1))
+    print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
+          f"median of {args.steps} steps after {args.warmup} warm-up")
+    results, base = [], None
+    for i, (name, settings) in enumerate(rungs, 1):
+        if i not in chosen:
+            continue
+        r = measure(settings, args, device)
+        base = base or r["tokens_per_second"]
+        results.append({"name": name, **r, "speedup": r["tokens_per_second"] / base})
+        mfu = f"{r['mfu']:6.1%}" if r["mfu"] else "     -"
+        print(f"{i:2d} {name:72s} {r['tokens_per_second']:10,.0f} tok/s {r['ms_per_step']:9.1f} ms  MFU {mfu}"
+              f"  x{results[-1]['speedup']:.2f}", flush=True)
+    out = {"device_name": device_name, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+           "vocab_size": args.vocab_size, "rungs": results}
+    if args.metrics_out:
+        args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+        args.metrics_out.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""report/make_report.py on runs the tests make: figures, tables that match the inputs, missing and corrupt inputs."""
+import json
+import sys
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+import gpt_train
+import lenet5
+from conftest import REPO
+from test_gpt_train import tiny_args
+
+sys.path.insert(0, str(REPO / "report"))
+import make_report  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, request):
+    """A real tiny LeNet-5 run and a real tiny GPT run, plus a benchmark JSON, in a runs/ layout."""
+    root = tmp_path_factory.mktemp("report")
+    mnist = request.getfixturevalue("tiny_mnist_module")
+    lenet5.main(["--data-dir", str(mnist), "--no-download", "--epochs", "2", "--batch-size", "50",
+                 "--log-every", "2", "--device", "cpu", "--out-dir", str(root / "runs" / "lenet5" / "a")])
+    corpus = request.getfixturevalue("corpus")
+    gpt_train.main(tiny_args(corpus, root / "runs" / "gpt" / "b", "--tokens", str(20 * 8 * 32)))
+    results = root / "results"
+    results.mkdir()
+    (results / "gpt_bench_test.json").write_text(json.dumps({
+        "device_name": "test cpu", "micro_batch": 2, "seq_len": 64, "vocab_size": 512,
+        "rungs": [{"name": "naive", "tokens_per_second": 100.0, "ms_per_step": 1280.0, "mfu": None, "speedup": 1.0},
+                  {"name": "+ everything", "tokens_per_second": 450.0, "ms_per_step": 284.4, "mfu": None,
+                   "speedup": 4.5}]}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist_module(tmp_path_factory):
+    from conftest import synthetic_digits, write_idx
+    root = tmp_path_factory.mktemp("mnist")
+    for names, n, seed in ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), 300, 1),
+                           (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), 100, 2)):
+        images, labels = synthetic_digits(n, seed)
+        write_idx(root / names[0], images)
+        write_idx(root / names[1], labels)
+    return root
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    import tokenizer_train
+    from test_tokenizer_train import generated_docs
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "X.txt").write_text("\n".join(generated_docs(300)) + "\n")
+    tokenizer_train.save_atomic(tokenizer_train.train_bpe(generated_docs(300), vocab_size=512), root / "tok.json")
+    return root
+
+
+def test_figures_and_tables_match_the_runs(runs, tmp_path):
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out)])
+    for figure in ("lenet_curves.png", "lenet_conv1_filters.png", "lenet_conv1_feature_maps.png",
+                   "lenet_conv2_feature_maps.png", "gpt_curves.png", "gpt_bench_test.png"):
+        data = (out / figure).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 500, figure
+    text = (out / "results.md").read_text()
+    lenet = json.loads((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
+    gpt = json.loads((runs / "runs" / "gpt" / "b" / "metrics.json").read_text())
+    assert f"| {lenet['test_accuracy']:.2%} | {lenet['test_loss']:.4f} | 2 |" in text
+    assert f"| {gpt['tokens_seen']:,} | {gpt['steps']} | {gpt['final_train_loss']:.3f} | {gpt['final_val_loss']:.3f} |" \
+        in text
+    assert "| 2 | + everything | 450 | 284.4 | — | 4.50× |" in text
+    assert "no GPU utilisation recorded" in text  # CPU runs: said, not drawn
+    assert "no GELU benchmark found" in text and "no tokenizer metrics found" in text
+
+
+def test_missing_runs_are_named_and_exit_0(tmp_path):
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "runs"), "--results", str(tmp_path / "none"), "--out", str(out)])
+    text = (out / "results.md").read_text()
+    assert f"no LeNet-5 run found under {tmp_path / 'runs' / 'lenet5'}" in text
+    assert f"no GPT run found under {tmp_path / 'runs' / 'gpt'}" in text
+    assert "no acceleration ladder found" in text and not list(out.glob("*.png"))
+
+
+def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
+    run = tmp_path / "lenet"
+    run.mkdir()
+    (run / "metrics.json").write_text((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
+    writer = SummaryWriter(run)
+    writer.add_scalar("test/accuracy", 0.5, 1)
+    writer.close()
+    (run / "events.out.tfevents.0.broken").write_bytes(b"\x00garbage, not a record" * 10)
+    out = tmp_path / "out"
+    make_report.main([str(run), "--results", str(tmp_path / "none"), "--out", str(out)])
+    text = (out / "results.md").read_text()
+    assert "corrupt event file" in text and "events.out.tfevents.0.broken" in text
+    assert (out / "lenet_curves.png").exists()
+    assert "corrupt event file" in capsys.readouterr().err
