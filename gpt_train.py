@@ -417,7 +417,7 @@ def _train(args, stop, t_start):
     if ckpt:
         accelerator.load_state(str(ckpt))
         state = json.loads((ckpt / "trainer_state.json").read_text())
-    device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    device_name = torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)"
     peak = peak_flops(device_name, precision) if cuda else None
     fpt = flops_per_token(cfg, shape["seq_len"], params - cfg.n_positions * cfg.n_embd)
     if main_proc:
@@ -488,13 +488,15 @@ def _train(args, stop, t_start):
                     for k, v in scalars.items():
                         writer.add_scalar(k, v, state["step"])
                     bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps:,.0f}")
-            state["train_seconds"] += time.perf_counter() - t0
+            t_aside = time.perf_counter()  # evaluation and checkpoints are not training: kept out of tokens/s
+            state["train_seconds"] += t_aside - t0
             if state["step"] % args.eval_every == 0 and not last:
                 val = evaluate(train_model, blocks["validation"], accelerator, shape["micro_batch"], args.val_batches)
                 if main_proc:
                     writer.add_scalar("val/loss", val, state["step"])
             if stopping or last or (args.ckpt_every and state["step"] % args.ckpt_every == 0):
                 save_checkpoint(accelerator, out_dir, state)
+            t_log += time.perf_counter() - t_aside
             if stopping and not last:
                 if main_proc:
                     print(f"\n{stop.signal or 'signal'}: checkpointed at step {state['step']}; "

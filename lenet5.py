@@ -344,7 +344,7 @@ def run(args):
 
     metrics = {"test_accuracy": test_acc, "test_loss": test_loss, "epochs": args.epochs,
                "train_seconds": round(train_seconds, 3), "device": str(device),
-               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
                "act": args.act, "params": params, "batch_size": args.batch_size, "lr": args.lr,
                "seed": args.seed, "history": history, "out_dir": str(out_dir)}
     write_json(out_dir / "metrics.json", metrics)

@@ -9,6 +9,7 @@ missing is named in results.md ("no GPT run found under runs/gpt"), never filled
 """
 import argparse
 import json
+import struct
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,11 +39,27 @@ def run_kind(run_dir, metrics):
     return None
 
 
+def check_event_file(path):
+    """Walk the TFRecord framing (length, CRC, payload, CRC): tensorboard's reader stops silently at
+    corruption, which would make a broken file look like a short run."""
+    data, pos = path.read_bytes(), 0
+    while pos < len(data):
+        header, crc = data[pos:pos + 8], data[pos + 8:pos + 12]
+        if len(crc) < 4 or struct.pack("<I", masked_crc32c(header)) != crc:
+            raise ValueError(f"bad record header at byte {pos}")
+        end = pos + 12 + struct.unpack("<Q", header)[0]
+        payload, crc = data[pos + 12:end], data[end:end + 4]
+        if len(crc) < 4 or struct.pack("<I", masked_crc32c(payload)) != crc:
+            raise ValueError(f"bad or truncated record at byte {pos}")
+        pos = end + 4
+
+
 def load_events(run_dir, problems):
     """{tag: [(step, value)]} and {image tag: last PNG bytes}; a corrupt file becomes a problem line."""
     scalars, images = {}, {}
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
         try:
+            check_event_file(path)
             acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "images": 0})
             acc.Reload()
             tags = acc.Tags()
@@ -89,7 +107,8 @@ def plot_lines(path, panels, title):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -141,7 +160,7 @@ def ladder_figure(name, bench, out, lines):
     rungs = bench["rungs"]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rungs) + 1.2))
     ax.barh(range(len(rungs)), [r["tokens_per_second"] for r in rungs], color="tab:blue")
-    ax.set_yticks(range(len(rungs)), [r["name"][:60] for r in rungs], fontsize=7)
+    ax.set_yticks(range(len(rungs)), [r["name"].split(" (")[0].split(":")[0] for r in rungs], fontsize=8)
     ax.invert_yaxis()
     for i, r in enumerate(rungs):
         ax.text(r["tokens_per_second"], i, f" x{r['speedup']:.2f}", va="center", fontsize=7)
@@ -154,6 +173,18 @@ def ladder_figure(name, bench, out, lines):
 
 
 # ----------------------------------------------------------------------------- tables
+
+def rel(path):
+    """Paths inside the repository as repository-relative, so results.md reads the same on any machine."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def corpus_label(text):
+    return " — **stand-in corpus, not WOS**" if text and "standin" in str(text) else ""
+
 
 def fmt(value, spec=".4g"):
     return "—" if value is None else format(value, spec) if isinstance(value, (int, float)) else str(value)
@@ -174,8 +205,8 @@ def gpt_table(m):
             f"{m['val_bits_per_byte']:.3f} | {'yes' if m['success'] else 'no'} | {m['train_seconds']:.1f} | "
             f"{m['total_seconds']:.1f} | {m['tokens_per_second']:,.0f} | {fmt(m['mfu'], '.1%')} | {m['precision']} | "
             f"{m['world_size']} | {m['device_name']} |",
-            "", f"Text: `{m.get('text')}`, tokenizer: `{m.get('tokenizer')}`, vocabulary {m['vocab_size']:,}, "
-                f"{m['params']:,} parameters, preset `{m.get('preset')}`."]
+            "", f"Text: `{rel(m.get('text'))}`{corpus_label(m.get('text'))}; tokenizer: `{rel(m.get('tokenizer'))}`, "
+                f"vocabulary {m['vocab_size']:,}, {m['params']:,} parameters, preset `{m.get('preset')}`."]
 
 
 def ladder_table(bench):
@@ -211,7 +242,7 @@ def tokenizer_table(t):
             "train docs | val docs | text |", "|---|---|---|---|---|---|---|---|",
             f"| {t['vocab_size']:,} | {t['train_seconds']:.1f} | {t['val_bytes_per_token']:.3f} | "
             f"{fmt(t.get('gpt2_val_bytes_per_token'), '.3f')} | {t['val_round_trip_failures']} | "
-            f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{t.get('text')}` |"]
+            f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t.get('text'))} |"]
 
 
 def result_sections(results, prefix, table, what, results_dir):
@@ -246,10 +277,12 @@ def main(argv=None):
     lines += ["## LeNet-5", ""]
     if "lenet5" in by_kind:
         run = by_kind["lenet5"]
-        lines += [f"Run `{run['dir']}`:", ""] + lenet_table(run["metrics"]) + [""]
+        lines += [f"Run `{rel(run['dir'])}`:", ""] + lenet_table(run["metrics"]) + [""]
         lenet_figures(run, args.out, lines)
     else:
         lines.append(f"- no LeNet-5 run found under {args.runs_root / 'lenet5'}")
+    lines += ["", "Runs whose metrics were kept in report/results:", ""]
+    lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results)
     lines += ["", "Speed against the lab's original recipe:", ""]
     lines += result_sections(results, "lenet_bench", lenet_bench_table, "LeNet-5 benchmark", args.results)
     lines += ["", "## GELU operator", ""]
@@ -260,7 +293,7 @@ def main(argv=None):
     lines += ["", "## GPT-2", ""]
     if "gpt" in by_kind:
         run = by_kind["gpt"]
-        lines += [f"Run `{run['dir']}`:", ""] + gpt_table(run["metrics"]) + [""]
+        lines += [f"Run `{rel(run['dir'])}`:", ""] + gpt_table(run["metrics"]) + [""]
         gpt_figures(run, args.out, lines)
     else:
         lines.append(f"- no GPT run found under {args.runs_root / 'gpt'}")
