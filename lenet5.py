@@ -45,7 +45,10 @@ class DataError(Exception):
 def read_idx(path):
     """Parse one IDX file (http://yann.lecun.com/exdb/mnist/) into a uint8 tensor, checking every field."""
     path = Path(path)
-    raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+    try:
+        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
+        raise DataError(f"{path}: cannot read ({e})") from e
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise DataError(f"{path}: not an IDX file (bad magic number)")
     if raw[2] != 0x08:  # MNIST is unsigned bytes; other IDX dtypes are valid files but not MNIST

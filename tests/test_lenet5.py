@@ -39,6 +39,13 @@ def test_read_idx_rejects_truncated_and_trailing(tmp_path):
             lenet5.read_idx(path)
 
 
+def test_read_idx_rejects_damaged_gzip(tmp_path):
+    path = write_idx(tmp_path / "img", torch.zeros(3, 28, 28, dtype=torch.uint8), gz=True)
+    path.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(lenet5.DataError, match="cannot read"):
+        lenet5.read_idx(path)
+
+
 def test_dataset_rejects_count_mismatch_and_bad_labels(tmp_path):
     images, labels = synthetic_digits(10, seed=0)
     img = write_idx(tmp_path / "img", images)
