@@ -246,7 +246,9 @@ def save_checkpoint(accelerator, out_dir, state, keep=2):
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # model, optimizer, GradScaler, every process's RNG states
+    # model, optimizer, GradScaler, every process's RNG states; torch.save format because safetensors
+    # cannot hold the tied lm_head/wte weight and says so at every save
+    accelerator.save_state(str(tmp), safe_serialization=False)
     if accelerator.is_main_process:
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
         os.replace(tmp, final)
@@ -288,8 +290,10 @@ def parse_args(argv):
     a("--tokens", type=int, default=12_000_000, help="training budget in tokens, all processes "
                                                      "(default: %(default)s)")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "micro_batch", "global_batch"):
-        a(f"--{name.replace('_', '-')}", type=int, default=None, help="override the preset")
-    a("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
+        a(f"--{name.replace('_', '-')}", type=int, default=None,
+          help=f"override the preset (lab: {PRESETS['lab'][name]}, tiny: {PRESETS['tiny'][name]})")
+    a("--lr", type=float, default=None, help=f"peak learning rate (lab: {PRESETS['lab']['lr']}, "
+                                               f"tiny: {PRESETS['tiny']['lr']})")
     a("--min-lr-ratio", type=float, default=0.1, help="cosine decay ends at lr x this (default: %(default)s)")
     a("--warmup", type=float, default=0.1, help="warm-up, fraction of the steps (default: %(default)s)")
     a("--weight-decay", type=float, default=0.1, help="on matrices only (default: %(default)s)")

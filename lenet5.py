@@ -82,7 +82,8 @@ def find_mnist(data_dir, download):
             for train in (True, False):
                 TorchvisionMNIST(root=data_dir, train=train, download=True)
         except Exception as e:  # offline, proxy, full disk: the message below says what to do instead
-            print(f"warning: MNIST download failed ({type(e).__name__}: {e})", file=sys.stderr)
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            print(f"warning: MNIST download failed ({type(e).__name__}: {reason})", file=sys.stderr)
     missing = [n for n in names if lookup(n) is None]
     if missing:
         raise DataError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "

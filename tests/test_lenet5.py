@@ -157,8 +157,8 @@ def test_tensorboard_serves_scalars_and_images(tiny_mnist, tmp_path):
         assert {"layers/conv1_filters", "layers/conv1_feature_maps", "layers/conv2_feature_maps"} <= set(images)
         accuracy = get_json(f"{base}/scalars/scalars?run=tiny&tag=test/accuracy")
         assert len(accuracy) == 2 and all(0 <= point[2] <= 1 for point in accuracy)  # [time, step, value]
-        graph_runs = get_json(f"http://127.0.0.1:{port}/data/runs")
-        assert "tiny" in graph_runs
+        graphs = get_json(f"{base}/graphs/info")
+        assert graphs["tiny"]["run_graph"] is True  # the model graph from add_graph
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -215,3 +215,12 @@ def test_sbatch_script_runs_without_slurm_and_forwards_flags(tiny_mnist, tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "m.json").read_text())["epochs"] == 1
     assert "job none" in result.stdout
+
+
+def test_failed_download_falls_back_to_the_clear_message(tmp_path, monkeypatch, capsys):
+    from torchvision.datasets import MNIST
+    monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])  # nothing listens there: fails at once
+    with pytest.raises(lenet5.DataError, match="MNIST files missing"):
+        lenet5.find_mnist(tmp_path, download=True)
+    warning = capsys.readouterr().err.strip()
+    assert warning.startswith("warning: MNIST download failed") and len(warning.splitlines()) == 1

@@ -208,3 +208,35 @@ def test_bad_flags(args, message):
 def test_missing_text_is_one_line(tmp_path):
     result = run_script("--text", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "t.json"))
     assert result.returncode == 1 and result.stderr.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"
+
+
+def test_wos_download_unpacks_x_txt(tmp_path, monkeypatch):
+    """The download path against a local HTTP server serving a WebOfScience.zip of the real layout."""
+    import http.server
+    import threading
+    import zipfile
+    archive = tmp_path / "served" / "WebOfScience.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("WebOfScience/WOS46985/X.txt", "first abstract\nsecond abstract\n")
+        z.writestr("WebOfScience/WOS11967/X.txt", "not this one\n")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(archive.parent))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(wos, "WOS_ZIP_URL", f"http://127.0.0.1:{server.server_port}/WebOfScience.zip")
+        monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))
+        path = wos.resolve_text(None, download=True)
+    finally:
+        server.shutdown()
+    assert path == tmp_path / "data" / "WebOfScience" / "WOS46985" / "X.txt"
+    assert path.read_text() == "first abstract\nsecond abstract\n"
+    assert not list((tmp_path / "data").rglob("*.part"))
+
+
+def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(wos, "WOS_ZIP_URL", "http://127.0.0.1:9/WebOfScience.zip")
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path))
+    with pytest.raises(wos.TextError, match="not found: download WebOfScience.zip from https://data.mendeley.com"):
+        wos.resolve_text(None, download=True)
+    assert "warning: WOS download failed" in capsys.readouterr().err
