@@ -245,6 +245,15 @@ def tokenizer_table(t):
             f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t.get('text'))} |"]
 
 
+def run_section(run, table, figures, out, missing):
+    """The table and figures of one run directory, or the line saying there is none."""
+    if run is None:
+        return [missing]
+    lines = [f"Run `{rel(run['dir'])}`:", ""] + table(run["metrics"]) + [""]
+    figures(run, out, lines)
+    return lines
+
+
 def result_sections(results, prefix, table, what, results_dir):
     """One table per report/results/<prefix>*.json, or the line saying there is none."""
     lines = []
@@ -275,12 +284,8 @@ def main(argv=None):
     results = load_results(args.results, problems)
 
     lines += ["## LeNet-5", ""]
-    if "lenet5" in by_kind:
-        run = by_kind["lenet5"]
-        lines += [f"Run `{rel(run['dir'])}`:", ""] + lenet_table(run["metrics"]) + [""]
-        lenet_figures(run, args.out, lines)
-    else:
-        lines.append(f"- no LeNet-5 run found under {args.runs_root / 'lenet5'}")
+    lines += run_section(by_kind.get("lenet5"), lenet_table, lenet_figures, args.out,
+                         f"- no LeNet-5 run found under {args.runs_root / 'lenet5'}")
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
     lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results)
     lines += ["", "Speed against the lab's original recipe:", ""]
@@ -291,12 +296,8 @@ def main(argv=None):
     lines += result_sections(results, "tokenizer", tokenizer_table, "tokenizer metrics", args.results)
 
     lines += ["", "## GPT-2", ""]
-    if "gpt" in by_kind:
-        run = by_kind["gpt"]
-        lines += [f"Run `{rel(run['dir'])}`:", ""] + gpt_table(run["metrics"]) + [""]
-        gpt_figures(run, args.out, lines)
-    else:
-        lines.append(f"- no GPT run found under {args.runs_root / 'gpt'}")
+    lines += run_section(by_kind.get("gpt"), gpt_table, gpt_figures, args.out,
+                         f"- no GPT run found under {args.runs_root / 'gpt'}")
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
     lines += result_sections(results, "gpt_run", gpt_table, "GPT run metrics", args.results)
     lines += ["", "## Acceleration ladder", ""]
