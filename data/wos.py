@@ -13,12 +13,18 @@ data/cache/: a second run loads the blocks instead of tokenising again, and a ch
 """
 import hashlib
 import os
+import socket
 import sys
 import time
 import urllib.request
 import zipfile
 from itertools import chain
 from pathlib import Path
+
+import datasets
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -118,8 +124,6 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None):
     The split is datasets' seeded `train_test_split`, so the same file and seed always give the
     same documents in each part; its indices are cached with the rest.
     """
-    import datasets
-
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
     raw = datasets.load_dataset("text", data_files={"documents": str(Path(path).resolve())}, split="documents",
@@ -141,8 +145,6 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     of the map, so a new tokenizer means a new cache. As in HF's run_clm, each map batch of 1000
     documents drops its last partial block (< 0.5% of the tokens).
     """
-    import datasets
-
     eot = tokenizer.token_to_id(EOT)
     if eot is None:
         raise TextError(f"the tokenizer has no {EOT} token")
@@ -179,7 +181,6 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
 
 def hub_reachable(host="huggingface.co", timeout=3.0):
     """Whether the HF hub answers at all: offline, its client would retry for half a minute."""
-    import socket
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
         return True
@@ -189,12 +190,13 @@ def hub_reachable(host="huggingface.co", timeout=3.0):
 
 def load_tokenizer(spec):
     """A `PreTrainedTokenizerFast` from a tokenizer.json path, or a hub name such as "gpt2"."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if spec.endswith(".json") or Path(spec).exists():
         if not Path(spec).is_file():
             raise TextError(f"tokenizer {spec}: no such file (train one with tokenizer_train.py)")
-        return PreTrainedTokenizerFast(tokenizer_file=str(spec), eos_token=EOT)
+        try:
+            return PreTrainedTokenizerFast(tokenizer_file=str(spec), eos_token=EOT)
+        except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
+            raise TextError(f"tokenizer {spec}: not a tokenizer.json ({str(e).splitlines()[0][:200]})") from e
     try:  # a local copy in the HF cache first; the hub only if it can be reached
         return AutoTokenizer.from_pretrained(spec, local_files_only=True)
     except OSError:
@@ -226,9 +228,6 @@ def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, **loader_kwarg
     the data two integers (epoch, batch): resuming is `skip_first_batches(loader, batch)` on the
     loader of that epoch, exact past the first epoch too. accelerate's `prepare` shards it.
     """
-    import torch
-    from torch.utils.data import DataLoader
-
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(blocks), generator=g).tolist()
     return DataLoader(blocks.with_format("torch"), batch_size=batch_size, sampler=order, drop_last=drop_last,
@@ -236,5 +235,4 @@ def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, **loader_kwarg
 
 
 def collate(rows):
-    import torch
     return torch.stack([row["input_ids"] for row in rows]).long()

@@ -240,3 +240,15 @@ def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
     with pytest.raises(wos.TextError, match="not found: download WebOfScience.zip from https://data.mendeley.com"):
         wos.resolve_text(None, download=True)
     assert "warning: WOS download failed" in capsys.readouterr().err
+
+
+def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer):
+    with pytest.raises(wos.TextError, match="no such file"):
+        wos.load_tokenizer(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(wos.TextError, match="not a tokenizer.json"):
+        wos.load_tokenizer(str(bad))
+    good = tmp_path / "good.json"
+    tokenizer_train.save_atomic(small_tokenizer, good)
+    assert wos.load_tokenizer(str(good)).eos_token == wos.EOT
