@@ -216,7 +216,7 @@ def batch_stream(blocks, accelerator, micro_batch, seed, consumed):
 
 @torch.no_grad()
 def evaluate(model, blocks, accelerator, micro_batch, max_batches):
-    """Mean validation loss over the first max_batches micro-batches of each process's shard."""
+    """Mean validation loss per token over the first max_batches micro-batches of each process's shard."""
     model.eval()
     loader = prepare_data_loader(wos.epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
                                  accelerator.device, num_processes=accelerator.num_processes,
@@ -226,7 +226,8 @@ def evaluate(model, blocks, accelerator, micro_batch, max_batches):
         if i == max_batches:
             break
         with accelerator.autocast():
-            total += torch.stack([model(batch[:, :-1], batch[:, 1:]).float(), torch.ones((), device=total.device)])
+            loss = model(batch[:, :-1], batch[:, 1:]).float()
+        total += torch.stack([loss * len(batch), torch.tensor(float(len(batch)), device=total.device)])
     total = accelerator.reduce(total, reduction="sum")
     model.train()
     return (total[0] / total[1]).item() if total[1] else float("nan")
@@ -251,6 +252,8 @@ def save_checkpoint(accelerator, out_dir, state, keep=2):
     accelerator.save_state(str(tmp), safe_serialization=False)
     if accelerator.is_main_process:
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        if final.exists():  # the same step saved before (a resumed run stopped again at once)
+            shutil.rmtree(final)
         os.replace(tmp, final)
         for old in sorted(out_dir.glob("ckpt-*[0-9]"))[:-keep]:
             shutil.rmtree(old)
