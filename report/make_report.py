@@ -117,11 +117,11 @@ def plot_lines(path, panels, title):
 
 def lenet_figures(run, out, lines):
     s, m = run["scalars"], run["metrics"]
-    name = f"LeNet-5 ({m['device_name'] if 'device_name' in m else m['device']}, act={m['act']})"
+    name = f"LeNet-5 ({m.get('device_name', m['device'])}, act={m['act']})"
     plot_lines(out / "lenet_curves.png",
-               [("loss", {"train (every 50 steps)": s.get("train/loss", []), "test": s.get("test/loss", [])}, "step"),
+               [("loss", {"train": s.get("train/loss", []), "test": s.get("test/loss", [])}, "step"),
                 ("test accuracy", {"test": s.get("test/accuracy", [])}, "step")], name)
-    lines.append(f"![LeNet-5 curves](lenet_curves.png)")
+    lines.append("![LeNet-5 curves](lenet_curves.png)")
     for tag, file in (("layers/conv1_filters", "lenet_conv1_filters.png"),
                       ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png"),
                       ("layers/conv2_feature_maps", "lenet_conv2_feature_maps.png")):
