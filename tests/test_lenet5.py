@@ -200,7 +200,7 @@ def test_help_shows_defaults():
 
 
 def test_sbatch_scripts_parse():
-    scripts = sorted((REPO / "slurm").glob("*.sh"))
+    scripts = sorted((REPO / "slurm").glob("*.sh")) + sorted((REPO / "benchmarks").glob("*.sh"))
     assert scripts
     for script in scripts:
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
