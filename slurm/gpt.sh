@@ -24,9 +24,9 @@ echo "host $(hostname), job ${SLURM_JOB_ID:-none} (restart ${SLURM_RESTART_COUNT
 
 # The batch shell gets USR1 90 s before the limit (B: above) and passes it on to Python, which
 # checkpoints and exits with 3; the job then requeues itself and the next start resumes.
+trap 'echo "USR1: checkpointing"; kill -USR1 $PID' USR1  # set first: USR1 would otherwise kill this shell
 python gpt_train.py --out-dir "$OUT_DIR" "${MICRO[@]}" "$@" &
 PID=$!
-trap 'echo "USR1: checkpointing"; kill -USR1 $PID' USR1
 wait $PID; rc=$?
 while kill -0 $PID 2>/dev/null; do wait $PID; rc=$?; done  # wait returns early when the trap fires
 if [ "$rc" -eq 3 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
