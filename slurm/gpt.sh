@@ -24,7 +24,8 @@ echo "host $(hostname), job ${SLURM_JOB_ID:-none} (restart ${SLURM_RESTART_COUNT
 
 # The batch shell gets USR1 90 s before the limit (B: above) and passes it on to Python, which
 # checkpoints and exits with 3; the job then requeues itself and the next start resumes.
-trap 'echo "USR1: checkpointing"; kill -USR1 $PID' USR1  # set first: USR1 would otherwise kill this shell
+PID=""
+trap 'echo "USR1: checkpointing"; [ -n "$PID" ] && kill -USR1 $PID' USR1  # set first: USR1 would otherwise kill this shell
 python gpt_train.py --out-dir "$OUT_DIR" "${MICRO[@]}" "$@" &
 PID=$!
 wait $PID; rc=$?
