@@ -14,6 +14,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import gpt_train
 import tokenizer_train
 from conftest import REPO
+from test_lenet5 import free_port
 from test_tokenizer_train import generated_docs
 
 
@@ -178,7 +179,7 @@ def test_two_processes_match_one_for_the_same_global_batch(corpus, tmp_path):
     two = tiny_args(corpus, tmp_path / "two", "--tokens", str(12 * 8 * 32), "--fused-adamw", "off",
                     "--metrics-out", str(tmp_path / "two.json"))
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", "29517", str(REPO / "gpt_train.py"), *two],
+                             "--master_port", str(free_port()), str(REPO / "gpt_train.py"), *two],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     double = json.loads((tmp_path / "two.json").read_text())
