@@ -11,7 +11,6 @@ decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.
 """
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path

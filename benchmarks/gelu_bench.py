@@ -8,7 +8,6 @@ and pass: forward reads x and writes y, backward reads grad and x and writes dx:
 """
 import argparse
 import json
-import os
 import statistics
 import sys
 import time

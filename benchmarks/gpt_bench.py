@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -1,6 +1,8 @@
 """Shared test fixtures: the repository on sys.path, the real data under ../shared/data, tiny MNIST files."""
 import gzip
 import os
+import random
+import socket
 import struct
 import sys
 from pathlib import Path
@@ -55,3 +57,18 @@ def tiny_mnist(tmp_path):
         write_idx(root / images_name, images, gz=(n == 600))  # train gzipped, test plain: both paths
         write_idx(root / labels_name, labels)
     return root
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SYLLABLES = ["ka", "lo", "mi", "nu", "pe", "ra", "si", "to", "ve", "zu", "qua", "ther", "ing", "ment"]
+
+
+def generated_docs(n, seed=0):
+    rng = random.Random(seed)
+    words = ["".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(300)]
+    return [" ".join(rng.choices(words, k=rng.randint(20, 60))).capitalize() + "." for _ in range(n)]

@@ -13,9 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpt_train
 import tokenizer_train
-from conftest import REPO
-from test_lenet5 import free_port
-from test_tokenizer_train import generated_docs
+from conftest import REPO, free_port, generated_docs
 
 
 @pytest.fixture(scope="module")

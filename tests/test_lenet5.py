@@ -1,6 +1,5 @@
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import lenet5
-from conftest import REPO, synthetic_digits, write_idx
+from conftest import REPO, free_port, synthetic_digits, write_idx
 
 
 # --------------------------------------------------------------------- IDX parsing
@@ -119,12 +118,6 @@ def test_out_dir_is_never_overwritten(tiny_mnist, tmp_path):
 
 
 # --------------------------------------------------------------------- TensorBoard, really served
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def get_json(url, timeout=60):
     deadline = time.time() + timeout

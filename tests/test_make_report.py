@@ -48,7 +48,7 @@ def tiny_mnist_module(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     import tokenizer_train
-    from test_tokenizer_train import generated_docs
+    from conftest import generated_docs
     root = tmp_path_factory.mktemp("corpus")
     (root / "X.txt").write_text("\n".join(generated_docs(300)) + "\n")
     tokenizer_train.save_atomic(tokenizer_train.train_bpe(generated_docs(300), vocab_size=512), root / "tok.json")

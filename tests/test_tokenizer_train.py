@@ -1,7 +1,6 @@
 """The WOS text pipeline (data/wos.py) and tokenizer_train.py."""
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -11,17 +10,8 @@ from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from transformers import PreTrainedTokenizerFast
 
 import tokenizer_train
-from conftest import REPO
+from conftest import REPO, generated_docs
 from data import wos
-
-SYLLABLES = ["ka", "lo", "mi", "nu", "pe", "ra", "si", "to", "ve", "zu", "qua", "ther", "ing", "ment"]
-
-
-def generated_docs(n, seed=0):
-    rng = random.Random(seed)
-    words = ["".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(300)]
-    return [" ".join(rng.choices(words, k=rng.randint(20, 60))).capitalize() + "." for _ in range(n)]
-
 
 @pytest.fixture
 def corpus(tmp_path):
