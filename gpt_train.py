@@ -373,8 +373,7 @@ def _train(args, stop, t_start):
 
     # ---- data (tokenised once, on the main process first; the others then read the cache)
     text = wos.resolve_text(args.text, download=not args.no_download and main_proc)
-    tok_spec = args.tokenizer or (str(REPO / "data" / "tokenizer" / "tokenizer.json")
-                                  if (REPO / "data" / "tokenizer" / "tokenizer.json").exists() else "gpt2")
+    tok_spec = args.tokenizer or (str(wos.OWN_TOKENIZER) if wos.OWN_TOKENIZER.exists() else "gpt2")
     tokenizer = wos.load_tokenizer(tok_spec)
     with accelerator.main_process_first():
         splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
@@ -515,7 +514,7 @@ def _train(args, stop, t_start):
     # ---- the end: validation, metrics
     val_loss = evaluate(train_model, blocks["validation"], accelerator, shape["micro_batch"], args.val_batches)
     v = stats["validation"]
-    tail = [loss for _, loss in state["losses"][-max(1, min(5, len(state["losses"]))):]]
+    tail = [loss for _, loss in state["losses"][-5:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
     tps = state["tokens_seen"] / state["train_seconds"]
     metrics = {

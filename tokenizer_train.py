@@ -17,8 +17,6 @@ from pathlib import Path
 
 from data import wos
 
-REPO = Path(__file__).resolve().parent
-
 
 def train_bpe(docs, vocab_size, min_frequency=2):
     """Byte-level BPE, GPT-2 style: any byte sequence encodes, nothing is ever unknown."""
@@ -73,7 +71,7 @@ def parse_args(argv):
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
     p.add_argument("--min-frequency", type=int, default=2, help="merges seen fewer times are not learned "
                                                                 "(default: %(default)s)")
-    p.add_argument("--out", type=Path, default=REPO / "data" / "tokenizer" / "tokenizer.json",
+    p.add_argument("--out", type=Path, default=wos.OWN_TOKENIZER,
                    help="where tokenizer.json goes (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--val-fraction", type=float, default=0.005, help="held-out documents (default: %(default)s)")

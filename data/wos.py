@@ -28,6 +28,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
+OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
