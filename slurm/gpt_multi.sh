@@ -1,37 +1,51 @@
 #!/bin/bash
-# GPT-2 on WOS, data parallel over N nodes x G GPUs (DDP via accelerate; one launcher per node).
+# GPT-2 on WOS, data parallel over N nodes x G GPUs (DDP: torchrun per node, accelerate inside).
 #   sbatch --nodes=2 --gres=gpu:4 slurm/gpt_multi.sh [gpt_train.py flags]
-#   bash slurm/gpt_multi.sh ...        (without Slurm: all GPUs of this machine)
+#   sbatch --nodes=2 --gres=none slurm/gpt_multi.sh --preset tiny    CPU-only nodes: one process each (gloo)
+#   bash slurm/gpt_multi.sh ...          without Slurm: all GPUs of this machine (one process on a CPU)
+# Each node runs one process per allocated GPU; the global batch is kept by accumulation.
+# Submit from the repository root (log in runs/slurm/, appended across restarts); elsewhere add -o %x-%j.out.
 #SBATCH --job-name=gpt-multi
-#SBATCH --partition=2080Ti
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --gres=gpu:4
 #SBATCH --cpus-per-task=16
 #SBATCH --time=00:20:00
-#SBATCH --signal=TERM@90
+#SBATCH --signal=B:USR1@90
 #SBATCH --requeue
 #SBATCH --output=runs/slurm/%x-%j.out
-set -euo pipefail
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
-mkdir -p runs/slurm
-OUT_DIR="runs/gpt/${SLURM_JOB_NAME:-gpt-multi}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
-GPUS_PER_NODE=$(nvidia-smi -L 2>/dev/null | wc -l)
-GPUS_PER_NODE=${GPUS_PER_NODE:-1}
+#SBATCH --open-mode=append
+set -uo pipefail
+SCRIPT=$0  # under sbatch a spool copy: Slurm knows the submitted path
+[ "${0##*/}" = slurm_script ] && SCRIPT=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'Command=[^ ]*' | cut -d= -f2-)
+REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
+source "$REPO/slurm/common.sh"
+OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt-multi}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+GPUS=${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+NPROC=$(( GPUS > 0 ? GPUS : 1 ))  # CPU-only nodes: one gloo process per node
 
 if [ -z "${SLURM_JOB_ID:-}" ]; then  # one machine, no Slurm
-    exec accelerate launch --multi_gpu --num_processes "$GPUS_PER_NODE" gpt_train.py --out-dir "$OUT_DIR" "$@"
+    exec torchrun --standalone --nproc_per_node "$NPROC" "$REPO/gpt_train.py" --out-dir "$OUT_DIR" "$@"
 fi
 
-# The rendezvous comes from Slurm: the first node of the allocation is the master.
+# The rendezvous: the first node of the allocation, by the name Slurm gives it.
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
-echo "nodes $SLURM_JOB_NODELIST, $GPUS_PER_NODE GPUs each, master $MASTER_ADDR:$MASTER_PORT, out $OUT_DIR"
-# srun starts one accelerate launcher per node; each starts one process per GPU. Slurm's TERM
-# (90 s before the limit, and at scancel) reaches every rank: gpt_train.py checkpoints and exits.
-ARGS=$(printf ' %q' "$@")  # quoted again for the inner shell
-srun --kill-on-bad-exit=1 bash -c "accelerate launch --multi_gpu \
-    --num_machines $SLURM_NNODES --machine_rank \$SLURM_NODEID \
-    --num_processes $((SLURM_NNODES * GPUS_PER_NODE)) \
-    --main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT \
-    gpt_train.py --out-dir $OUT_DIR$ARGS"
+echo "nodes $SLURM_JOB_NODELIST x $NPROC processes, master $MASTER_ADDR:$MASTER_PORT, out $OUT_DIR"
+
+# USR1 (90 s before the limit) comes to this shell only; it sends TERM to the torchrun agents,
+# which pass it to every rank and give them 30 s: gpt_train.py agrees on the stop at the next
+# step, checkpoints, exits. Then this job requeues itself; a plain scancel does not requeue.
+STOP=""
+trap 'STOP=USR1; echo "USR1: checkpointing"; scancel --signal=TERM "$SLURM_JOB_ID"' USR1
+trap 'echo "TERM: the ranks checkpoint"' TERM
+srun --kill-on-bad-exit=1 bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --node_rank "$SLURM_NODEID" \
+    --nproc_per_node "$0" --master_addr "$1" --master_port "$2" "${@:3}"' \
+    "$NPROC" "$MASTER_ADDR" "$MASTER_PORT" "$REPO/gpt_train.py" --out-dir "$OUT_DIR" "$@" &
+wait_for $!; rc=$?
+if [ "$STOP" = USR1 ] && [ ! -e "$OUT_DIR/metrics.json" ]; then
+    echo "[$(date '+%F %T')] checkpointed; requeueing job $SLURM_JOB_ID (the restart appends to this log)"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 3
+fi
+exit $rc

@@ -1,12 +1,16 @@
 #!/bin/bash
 # Own BPE tokenizer + tokenised-corpus cache (CPU only; run once before slurm/gpt.sh).
-#   sbatch slurm/tokenizer.sh [tokenizer_train.py flags]     (or: bash slurm/tokenizer.sh ...)
+#   sbatch slurm/tokenizer.sh [tokenizer_train.py flags]    the default partition (fits debug and normal)
+#   bash slurm/tokenizer.sh ...                             the same without Slurm
+# Submit from the repository root (the log goes to runs/slurm/); from elsewhere add -o %x-%j.out.
 #SBATCH --job-name=tokenizer
-#SBATCH --partition=2080Ti
 #SBATCH --cpus-per-task=8
-#SBATCH --time=00:15:00
+#SBATCH --time=00:05:00
 #SBATCH --output=runs/slurm/%x-%j.out
+#SBATCH --open-mode=append
 set -euo pipefail
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
-mkdir -p runs/slurm
-exec python tokenizer_train.py "$@"
+SCRIPT=$0  # under sbatch a spool copy: Slurm knows the submitted path
+[ "${0##*/}" = slurm_script ] && SCRIPT=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'Command=[^ ]*' | cut -d= -f2-)
+REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
+source "$REPO/slurm/common.sh"
+exec python "$REPO/tokenizer_train.py" "$@"

@@ -1,4 +1,5 @@
-"""Shared test fixtures: the repository on sys.path, the real data under ../shared/data, tiny MNIST files."""
+"""Shared test fixtures: the repository on sys.path, the real data under ../shared/data, tiny MNIST files,
+a generated corpus with its tokenizer, and a private Slurm cluster."""
 import gzip
 import os
 import random
@@ -72,3 +73,37 @@ def generated_docs(n, seed=0):
     rng = random.Random(seed)
     words = ["".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(300)]
     return [" ".join(rng.choices(words, k=rng.randint(20, 60))).capitalize() + "." for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """Generated text and a 512-token BPE trained on it: small enough for seconds-long GPT runs."""
+    import tokenizer_train
+    root = tmp_path_factory.mktemp("gpt")
+    text = root / "X.txt"
+    text.write_text("\n".join(generated_docs(300)) + "\n")
+    tokenizer_train.save_atomic(tokenizer_train.train_bpe(generated_docs(300), vocab_size=512), root / "tok.json")
+    return root
+
+
+def tiny_args(corpus, out_dir, *extra):
+    """gpt_train.py flags for a seconds-long fp32 run on `corpus` (later flags override earlier ones)."""
+    return ["--preset", "tiny", "--text", str(corpus / "X.txt"), "--tokenizer", str(corpus / "tok.json"),
+            "--cache-dir", str(corpus / "cache"), "--out-dir", str(out_dir), "--n-embd", "32", "--seq-len", "32",
+            "--micro-batch", "4", "--global-batch", "8", "--compile", "off", "--precision", "fp32",
+            "--eval-every", "1000", "--val-batches", "2", "--log-every", "2", *extra]
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real two-node Slurm cluster (tests/slurm_cluster.py); CI sets LAB5_REQUIRE_SLURM=1 so that
+    a machine without one fails instead of skipping."""
+    import slurm_cluster
+    reason = slurm_cluster.unavailable()
+    if reason:
+        if os.environ.get("LAB5_REQUIRE_SLURM") == "1":
+            pytest.fail(f"Slurm required (LAB5_REQUIRE_SLURM=1): {reason}")
+        pytest.skip(reason)
+    cluster = slurm_cluster.SlurmCluster().start()
+    yield cluster
+    cluster.stop()

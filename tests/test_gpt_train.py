@@ -12,25 +12,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpt_train
-import tokenizer_train
-from conftest import REPO, free_port, generated_docs
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """Generated text and a 512-token BPE trained on it: small enough for seconds-long runs."""
-    root = tmp_path_factory.mktemp("gpt")
-    text = root / "X.txt"
-    text.write_text("\n".join(generated_docs(300)) + "\n")
-    tokenizer_train.save_atomic(tokenizer_train.train_bpe(generated_docs(300), vocab_size=512), root / "tok.json")
-    return root
-
-
-def tiny_args(corpus, out_dir, *extra):
-    return ["--preset", "tiny", "--text", str(corpus / "X.txt"), "--tokenizer", str(corpus / "tok.json"),
-            "--cache-dir", str(corpus / "cache"), "--out-dir", str(out_dir), "--n-embd", "32", "--seq-len", "32",
-            "--micro-batch", "4", "--global-batch", "8", "--compile", "off", "--precision", "fp32",
-            "--eval-every", "1000", "--val-batches", "2", "--log-every", "2", *extra]
+from conftest import REPO, free_port, tiny_args
 
 
 # ------------------------------------------------------------------ the model

@@ -7,8 +7,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import gpt_train
 import lenet5
-from conftest import REPO
-from test_gpt_train import tiny_args
+from conftest import REPO, tiny_args
 
 sys.path.insert(0, str(REPO / "report"))
 import make_report  # noqa: E402
@@ -42,16 +41,6 @@ def tiny_mnist_module(tmp_path_factory):
         images, labels = synthetic_digits(n, seed)
         write_idx(root / names[0], images)
         write_idx(root / names[1], labels)
-    return root
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    import tokenizer_train
-    from conftest import generated_docs
-    root = tmp_path_factory.mktemp("corpus")
-    (root / "X.txt").write_text("\n".join(generated_docs(300)) + "\n")
-    tokenizer_train.save_atomic(tokenizer_train.train_bpe(generated_docs(300), vocab_size=512), root / "tok.json")
     return root
 
 

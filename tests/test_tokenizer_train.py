@@ -14,14 +14,14 @@ from conftest import REPO, generated_docs
 from data import wos
 
 @pytest.fixture
-def corpus(tmp_path):
+def text_file(tmp_path):
     path = tmp_path / "X.txt"
     path.write_text("\n".join(generated_docs(400)) + "\n")
     return path
 
 
 @pytest.fixture
-def small_tokenizer(corpus):
+def small_tokenizer(text_file):
     return tokenizer_train.train_bpe(generated_docs(400), vocab_size=512)
 
 
@@ -52,14 +52,14 @@ def test_bytes_per_token_counts_utf8_bytes(small_tokenizer):
 
 # ------------------------------------------------------------------ reading and splitting
 
-def test_split_is_by_document_disjoint_and_stable(corpus, tmp_path):
-    a = splits_of(corpus, tmp_path, val_fraction=0.05, seed=1)
-    b = splits_of(corpus, tmp_path / "other", val_fraction=0.05, seed=1)
+def test_split_is_by_document_disjoint_and_stable(text_file, tmp_path):
+    a = splits_of(text_file, tmp_path, val_fraction=0.05, seed=1)
+    b = splits_of(text_file, tmp_path / "other", val_fraction=0.05, seed=1)
     train, val = list(a["train"]["text"]), list(a["validation"]["text"])
     assert len(val) == 20 and len(train) == 380
     assert set(train).isdisjoint(val) and sorted(train + val) == sorted(generated_docs(400))
     assert list(b["validation"]["text"]) == val  # same file, same seed: the same documents, in a new cache
-    assert list(splits_of(corpus, tmp_path, val_fraction=0.05, seed=2)["validation"]["text"]) != val
+    assert list(splits_of(text_file, tmp_path, val_fraction=0.05, seed=2)["validation"]["text"]) != val
 
 
 def test_blank_lines_skipped_and_invalid_utf8_replaced_with_warning(tmp_path, capsys):
@@ -90,8 +90,8 @@ def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ blocks and the cache
 
-def test_blocks_have_the_right_length_and_content(corpus, small_tokenizer, tmp_path):
-    splits = splits_of(corpus, tmp_path, val_fraction=0.1)
+def test_blocks_have_the_right_length_and_content(text_file, small_tokenizer, tmp_path):
+    splits = splits_of(text_file, tmp_path, val_fraction=0.1)
     blocks, stats = wos.tokenize_blocks(splits, small_tokenizer, block_size=64)
     joined = "".join(d + wos.EOT for d in list(splits["train"]["text"]))
     for row in blocks["train"].select(range(0, len(blocks["train"]), 7)):
@@ -108,29 +108,29 @@ def cache_state(blocks):
     return {f["filename"]: os.path.getmtime(f["filename"]) for f in blocks["train"].cache_files}
 
 
-def test_cache_is_reused_and_invalidated(corpus, small_tokenizer, tmp_path):
-    first, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 64)
+def test_cache_is_reused_and_invalidated(text_file, small_tokenizer, tmp_path):
+    first, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
     assert not stats["train"]["from_cache"]
-    again, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 64)
+    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
     assert stats["train"]["from_cache"] and cache_state(again) == cache_state(first)  # loaded, not rebuilt
 
     other_tokenizer = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
-    retok, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), other_tokenizer, 64)
+    retok, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), other_tokenizer, 64)
     assert not stats["train"]["from_cache"] and set(cache_state(retok)).isdisjoint(cache_state(first))
 
-    reblock, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 32)
+    reblock, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)
     assert not stats["train"]["from_cache"] and len(reblock["train"][0]["input_ids"]) == 32
 
-    corpus.write_text(corpus.read_text() + "A new document about kalo.\n")
-    changed, stats = wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 64)
+    text_file.write_text(text_file.read_text() + "A new document about kalo.\n")
+    changed, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
     assert not stats["train"]["from_cache"] and set(cache_state(changed)).isdisjoint(cache_state(first))
 
 
 # ------------------------------------------------------------------ batches
 
 @pytest.fixture
-def blocks(corpus, small_tokenizer, tmp_path):
-    return wos.tokenize_blocks(splits_of(corpus, tmp_path), small_tokenizer, 32)[0]["train"]
+def blocks(text_file, small_tokenizer, tmp_path):
+    return wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)[0]["train"]
 
 
 def batches(loader):

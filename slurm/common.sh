@@ -1,0 +1,16 @@
+# Sourced by the launchers in this folder (not a job itself), once they know the repository ($REPO).
+#
+# Paths: the working directory stays the folder the job was submitted from (plain bash: the
+# caller's), so relative paths in the flags mean what the user typed; the scripts themselves
+# and the default outputs (runs/) are the repository's.
+mkdir -p "$REPO/runs/slurm"
+echo "[$(date '+%F %T')] host $(hostname), job ${SLURM_JOB_ID:-none} (restart ${SLURM_RESTART_COUNT:-0})," \
+     "partition ${SLURM_JOB_PARTITION:-none}, GPUs ${CUDA_VISIBLE_DEVICES:-none}, cwd $PWD"
+
+# wait_for PID: its exit status. `wait` also returns (with 128+n) whenever a trapped signal
+# arrives, so wait again while the process lives; bash keeps the status of a finished child.
+wait_for() {
+    wait "$1"
+    while kill -0 "$1" 2>/dev/null; do wait "$1"; done
+    wait "$1"
+}

@@ -1,0 +1,95 @@
+"""The launchers under a real Slurm cluster (tests/slurm_cluster.py): sbatch as a student types it.
+
+The test cluster has no GPUs, so `--gres=none` on the command line overrides the scripts' GPU
+request, as a student would on a CPU partition. Everything else is the scripts as committed.
+"""
+import json
+import time
+
+import pytest
+
+import gpt_train
+from conftest import REPO, tiny_args
+
+
+def log_of(job):
+    return open(job["StdOut"]).read()
+
+
+def wait_for_file(pattern_dir, pattern, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = sorted(pattern_dir.glob(pattern))
+        if found:
+            return found
+        time.sleep(0.05)
+    raise TimeoutError(f"no {pattern} in {pattern_dir} after {timeout} s")
+
+
+def test_plain_sbatch_lenet_runs_on_the_default_partition(slurm, tiny_mnist, tmp_path):
+    job_id = slurm.sbatch("--gres=none", "slurm/lenet.sh", "--epochs", "1", "--data-dir", tiny_mnist,
+                          "--no-download", "--out-dir", tmp_path / "run", "--metrics-out", tmp_path / "m.json",
+                          cwd=REPO)
+    job = slurm.wait(job_id)
+    try:
+        assert job["JobState"] == "COMPLETED" and job["Partition"] == "normal", log_of(job)
+        assert job["StdOut"] == str(REPO / "runs" / "slurm" / f"lenet5-{job_id}.out")
+        metrics = json.loads((tmp_path / "m.json").read_text())
+        assert metrics["epochs"] == 1 and metrics["test_accuracy"] > 0.5
+    finally:
+        (REPO / "runs" / "slurm" / f"lenet5-{job_id}.out").unlink(missing_ok=True)
+
+
+def test_paths_are_read_from_the_submit_folder_on_the_debug_queue(slurm, tiny_mnist, tmp_path):
+    assert tiny_mnist == tmp_path / "mnist"  # relative paths below, from a folder that is not the repo
+    job_id = slurm.sbatch("-p", "debug", "--gres=none", "-o", "%x-%j.out", REPO / "slurm" / "lenet.sh",
+                          "--epochs", "1", "--data-dir", "mnist", "--no-download", "--out-dir", "run",
+                          "--metrics-out", "out/m.json", cwd=tmp_path)
+    job = slurm.wait(job_id)
+    assert job["JobState"] == "COMPLETED" and job["Partition"] == "debug", log_of(job)
+    assert (tmp_path / "out" / "m.json").exists() and (tmp_path / "run" / "metrics.json").exists()
+    assert f"cwd {tmp_path}" in log_of(job)
+
+
+def test_usr1_checkpoints_requeues_resumes_and_keeps_one_log(slurm, corpus, tmp_path):
+    common = ["--tokens", str(2000 * 8 * 32), "--ckpt-every", "5", "--log-every", "1"]
+    job_id = slurm.sbatch("--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt.sh",
+                          *tiny_args(corpus, tmp_path / "cut", *common), cwd=REPO)
+    wait_for_file(tmp_path / "cut", "ckpt-*[0-9]")
+    slurm.run("scancel", "--batch", "--signal=USR1", str(job_id))  # what --signal=B:USR1@90 delivers
+    job = slurm.wait(job_id, timeout=600)
+    log = log_of(job)
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", log
+    assert "USR1: checkpointing" in log and "requeueing job" in log
+    assert "(restart 0)" in log and "(restart 1)" in log  # both parts in the one file
+
+    cut = json.loads((tmp_path / "cut" / "metrics.json").read_text())
+    reference = gpt_train.main(tiny_args(corpus, tmp_path / "ref", *common))
+    assert cut["resumed"] and cut["tokens_seen"] == reference["tokens_seen"]
+    assert cut["final_train_loss"] == pytest.approx(reference["final_train_loss"], abs=1e-3)
+
+
+def test_scancel_leaves_a_resumable_checkpoint(slurm, corpus, tmp_path):
+    args = tiny_args(corpus, tmp_path / "run", "--tokens", str(4000 * 8 * 32), "--ckpt-every", "0")
+    job_id = slurm.sbatch("--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt.sh", *args, cwd=REPO)
+    wait_for_file(tmp_path / "run", "events.out.tfevents.*")  # the loop has started
+    time.sleep(1)
+    slurm.run("scancel", str(job_id))  # TERM to every process of the job
+    job = slurm.wait(job_id)
+    assert job["JobState"] == "CANCELLED" and job["Restarts"] == "0", log_of(job)
+    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run") / "trainer_state.json").read_text())
+    assert 0 < state["step"] < 4000  # --ckpt-every 0: only the signal wrote it
+    resumed = gpt_train.main(args)
+    assert resumed["resumed"] and resumed["steps"] == 4000
+
+
+def test_two_nodes_one_cpu_process_each_match_one_process(slurm, corpus, tmp_path):
+    common = ["--tokens", str(12 * 8 * 32), "--fused-adamw", "off"]
+    job_id = slurm.sbatch("--nodes=2", "--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt_multi.sh",
+                          *tiny_args(corpus, tmp_path / "two", *common), cwd=REPO)
+    job = slurm.wait(job_id)
+    assert job["JobState"] == "COMPLETED", log_of(job)
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    one = gpt_train.main(tiny_args(corpus, tmp_path / "one", *common))
+    assert two["world_size"] == 2 and job["NumNodes"] == "2" and two["tokens_seen"] == one["tokens_seen"]
+    assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], abs=1e-3)
