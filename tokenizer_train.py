@@ -49,7 +49,7 @@ def load_comparison(name):
     if name == "none":
         return None
     try:
-        return wos.load_tokenizer(name).backend_tokenizer
+        return wos.load_tokenizer(name)
     except wos.TextError as e:
         print(f"note: no comparison: {e}", file=sys.stderr)
         return None

@@ -16,6 +16,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +27,10 @@ sys.path.insert(0, str(REPO))
 import gpt_train  # noqa: E402
 
 
-def ladder(cuda, bf16_supported, capability):
+def ladder(cuda, capability):
     """(name, settings) per rung; each rung's settings extend the previous rung's."""
-    half = "bf16" if bf16_supported else "fp16" if cuda else "fp32"
-    compile_ok, _ = gpt_train.resolve_compile("auto", "cuda" if cuda else "cpu", capability)
+    half = gpt_train.resolve_precision("auto", "cuda" if cuda else "cpu", capability, gpt_train.cpu_has_bf16())
+    compile_ok = gpt_train.resolve_compile("auto", "cuda" if cuda else "cpu", capability)[0] != "off"
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
               dict(model="hf", dropout=0.1, attention="eager", precision="fp32", compile=False, fused=False,
                    tf32=False)),
@@ -51,7 +52,7 @@ def ladder(cuda, bf16_supported, capability):
 
 
 def build(settings, vocab_size, seq_len, device):
-    cfg = gpt_train.model_config(dict(gpt_train.PRESETS["lab"], seq_len=seq_len), vocab_size, eot_id=0)
+    cfg = gpt_train.model_config(SimpleNamespace(**{**gpt_train.PRESETS["lab"], "seq_len": seq_len}), vocab_size, 0)
     if settings["model"] == "hf":
         cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = settings["dropout"]
         hf = GPT2LMHeadModel._from_config(cfg, attn_implementation=settings["attention"]).to(device)
@@ -124,8 +125,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     device_name = torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)"
-    rungs = ladder(cuda, torch.cuda.is_bf16_supported() if cuda else gpt_train.cpu_has_bf16(),
-                   torch.cuda.get_device_capability() if cuda else (0, 0))
+    rungs = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0))
     chosen = {int(i) for i in args.only.split(",")} if args.only else set(range(1, len(rungs) + 1))
     print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
           f"median of {args.steps} steps after {args.warmup} warm-up")

@@ -24,7 +24,8 @@ from pathlib import Path
 import datasets
 import torch
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -141,8 +142,8 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None):
 def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     """(DatasetDict of {"input_ids": block_size token ids}, {split: {docs, tokens, bytes, from_cache}}).
 
-    Documents are joined by <|endoftext|>. `tokenizer` is a `tokenizers.Tokenizer` (the fast
-    backend, also `PreTrainedTokenizerFast.backend_tokenizer`); it is part of datasets' fingerprint
+    Documents are joined by <|endoftext|>. `tokenizer` is a `tokenizers.Tokenizer` (load_tokenizer);
+    it is part of datasets' fingerprint
     of the map, so a new tokenizer means a new cache. As in HF's run_clm, each map batch of 1000
     documents drops its last partial block (< 0.5% of the tokens).
     """
@@ -190,23 +191,27 @@ def hub_reachable(host="huggingface.co", timeout=3.0):
 
 
 def load_tokenizer(spec):
-    """A `PreTrainedTokenizerFast` from a tokenizer.json path, or a hub name such as "gpt2"."""
+    """A `tokenizers.Tokenizer` (the one tokenizer type of this module) from a tokenizer.json path, or
+    the fast backend of a hub tokenizer such as "gpt2"."""
     if spec.endswith(".json") or Path(spec).exists():
         if not Path(spec).is_file():
             raise TextError(f"tokenizer {spec}: no such file (train one with tokenizer_train.py)")
         try:
-            return PreTrainedTokenizerFast(tokenizer_file=str(spec), eos_token=EOT)
+            tokenizer = Tokenizer.from_file(str(spec))
         except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
             raise TextError(f"tokenizer {spec}: not a tokenizer.json ({str(e).splitlines()[0][:200]})") from e
+        if tokenizer.token_to_id(EOT) is None:
+            raise TextError(f"tokenizer {spec} has no {EOT} token")
+        return tokenizer
     try:  # a local copy in the HF cache first; the hub only if it can be reached
-        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True).backend_tokenizer
     except OSError:
         pass
     if not hub_reachable():
         raise TextError(f"tokenizer {spec!r}: not in the local HF cache and the hub is unreachable; "
                         f"use an own tokenizer.json (tokenizer_train.py)")
     try:
-        return AutoTokenizer.from_pretrained(spec)
+        return AutoTokenizer.from_pretrained(spec).backend_tokenizer
     except OSError as e:
         raise TextError(f"tokenizer {spec!r}: {e}") from e
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,8 +18,12 @@ from conftest import REPO, free_port, tiny_args
 
 # ------------------------------------------------------------------ the model
 
+def lab_shape(**overrides):
+    return SimpleNamespace(**{**gpt_train.PRESETS["lab"], **overrides})
+
+
 def test_lab_parameter_count_matches_transformers_gpt2():
-    cfg = gpt_train.model_config(gpt_train.PRESETS["lab"], vocab_size=50257, eot_id=50256)
+    cfg = gpt_train.model_config(lab_shape(), vocab_size=50257, eot_id=50256)
     assert cfg.vocab_size == 50304 and (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions) == (12, 12, 768, 1024)
     ours = sum(p.numel() for p in gpt_train.GPT(cfg).parameters())
     theirs = sum(p.numel() for p in GPT2LMHeadModel(cfg).parameters())
@@ -34,12 +39,13 @@ def test_forward_equals_transformers_gpt2_with_the_same_weights(attention):
     ours = gpt_train.GPT(cfg, attention).eval()
     state = {}
     for name, tensor in hf.state_dict().items():
-        if name.endswith("attn.bias") or name.endswith("masked_bias") or name == "lm_head.weight":
+        if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":  # causal-mask buffers
             continue
-        key = name.removeprefix("transformer.").replace("mlp.c_fc", "mlp.0").replace("mlp.c_proj", "mlp.2")
+        key = name.removeprefix("transformer.")  # the same names, one to one
         is_conv1d = any(part in name for part in ("c_attn.weight", "c_proj.weight", "c_fc.weight"))
         state[key] = tensor.t() if is_conv1d else tensor  # HF's Conv1D stores (in, out)
-    ours.load_state_dict(state, strict=False)
+    missing, unexpected = ours.load_state_dict(state, strict=False)
+    assert missing == ["lm_head.weight"] and unexpected == []  # tied to wte
     idx = torch.randint(0, 128, (3, 32))
     with torch.no_grad():
         expected = hf(idx, labels=idx).loss  # HF shifts the labels itself
@@ -48,36 +54,37 @@ def test_forward_equals_transformers_gpt2_with_the_same_weights(attention):
 
 
 def test_flops_per_token_is_6n_plus_attention():
-    cfg = gpt_train.model_config(gpt_train.PRESETS["lab"], 16384, 0)
+    cfg = gpt_train.model_config(lab_shape(), 16384, 0)
     assert gpt_train.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
 
 
 # ------------------------------------------------------------------ device decisions
 
-@pytest.mark.parametrize("requested, device, bf16, expected", [
-    ("auto", "cuda", True, "bf16"),     # A100 / H100
-    ("auto", "cuda", False, "fp16"),    # 2080Ti (Turing): fp16 + GradScaler
-    ("auto", "cpu", True, "bf16"),      # CPU with AVX512-BF16 / AMX
-    ("auto", "cpu", False, "fp32"),     # other CPUs: emulated bf16 would be slower
-    ("fp32", "cuda", True, "fp32"),
+@pytest.mark.parametrize("requested, device, capability, cpu_bf16, expected", [
+    ("auto", "cuda", (9, 0), False, "bf16"),    # H100 / H200
+    ("auto", "cuda", (8, 0), False, "bf16"),    # A100
+    ("auto", "cuda", (7, 5), False, "fp16"),    # 2080Ti: torch would emulate bf16 there (no tensor cores)
+    ("auto", "cpu", (0, 0), True, "bf16"),      # CPU with AVX512-BF16 / AMX
+    ("auto", "cpu", (0, 0), False, "fp32"),     # other CPUs: emulated bf16 would be slower
+    ("fp32", "cuda", (9, 0), False, "fp32"),
 ])
-def test_precision_auto(requested, device, bf16, expected):
-    assert gpt_train.resolve_precision(requested, device, bf16) == expected
+def test_precision_auto_by_compute_capability(requested, device, capability, cpu_bf16, expected):
+    assert gpt_train.resolve_precision(requested, device, capability, cpu_bf16) == expected
 
 
 def test_precision_impossible_requests_are_errors():
     with pytest.raises(gpt_train.UserError, match="needs a GPU"):
-        gpt_train.resolve_precision("fp16", "cpu", False)
-    with pytest.raises(gpt_train.UserError, match="no bfloat16"):
-        gpt_train.resolve_precision("bf16", "cuda", False)
+        gpt_train.resolve_precision("fp16", "cpu", (0, 0))
+    with pytest.raises(gpt_train.UserError, match="sm75 has no bf16"):
+        gpt_train.resolve_precision("bf16", "cuda", (7, 5))
 
 
-def test_compile_auto_skips_turing():
-    assert gpt_train.resolve_compile("auto", "cuda", (7, 5))[0] is False
+def test_compile_auto_is_regional_on_sm80_and_off_on_turing_and_cpu():
+    assert gpt_train.resolve_compile("auto", "cuda", (7, 5))[0] == "off"
     assert "sm75" in gpt_train.resolve_compile("auto", "cuda", (7, 5))[1]
-    assert gpt_train.resolve_compile("auto", "cuda", (9, 0)) == (True, "")
-    assert gpt_train.resolve_compile("auto", "cpu", (0, 0))[0] is False
-    assert gpt_train.resolve_compile("off", "cuda", (9, 0))[0] is False
+    assert gpt_train.resolve_compile("auto", "cuda", (9, 0)) == ("regional", "")
+    assert gpt_train.resolve_compile("auto", "cpu", (0, 0))[0] == "off"
+    assert gpt_train.resolve_compile("whole", "cuda", (9, 0))[0] == "whole"
 
 
 def test_mfu_peak_table():
@@ -136,7 +143,8 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(corpus, tmp_path):
     proc.send_signal(signal.SIGTERM)  # past the first epoch: step 20 = micro-batch 40 of 28 per epoch
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == gpt_train.STOP_EXIT_CODE, err
-    ckpt = gpt_train.latest_checkpoint(tmp_path / "cut")
+    ckpt, skipped = gpt_train.latest_checkpoint(tmp_path / "cut")
+    assert skipped == []
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert 20 <= state["step"] < 60 and not (tmp_path / "cut" / "metrics.json").exists()
     assert not list((tmp_path / "cut").glob("*.tmp"))
@@ -206,5 +214,5 @@ def test_slurm_script_forwards_flags_and_usr1_checkpoints(corpus, tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == gpt_train.STOP_EXIT_CODE, err[-2000:]
     assert "USR1: checkpointing" in out and "run again with --out-dir" in err
-    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run") / "trainer_state.json").read_text())
+    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert 0 < state["step"] < 400
