@@ -694,14 +694,11 @@ def open_run_dir(args, accelerator, stack):
     return out_dir, ckpt
 
 
-def load_data(args, accelerator):
+def load_blocks(args, accelerator, text, tokenizer):
     """Text -> split -> token blocks, tokenised once on the main process (the others read the cache)."""
-    text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
-    tokenizer = wos.load_tokenizer(args.tokenizer)
     with accelerator.main_process_first():
         splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
-        blocks, stats = wos.tokenize_blocks(splits, tokenizer, args.seq_len + 1)
-    return text, tokenizer, blocks, stats
+        return wos.tokenize_blocks(splits, tokenizer, args.seq_len + 1)
 
 
 def build_model(args, tokenizer, accelerator, precision, saved_run):
@@ -726,14 +723,14 @@ def build_model(args, tokenizer, accelerator, precision, saved_run):
     return cfg, model, optimizer, budget, how
 
 
-def run_identity(args, cfg, budget, tokenizer_spec):
-    """What a checkpoint's run depends on: a resume with anything else is refused."""
-    tokenizer_file = Path(tokenizer_spec)
-    return {"n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd, "seq_len": args.seq_len,
-            "vocab_size": cfg.vocab_size, "tokenizer": files.sha256_file(tokenizer_file)[:16]
-            if tokenizer_file.is_file() else tokenizer_spec, "tokens": args.tokens,
-            "global_batch": args.global_batch, "micro_batch": budget.micro_batch, "world_size": budget.world,
-            "seed": args.seed}
+def run_identity(args, tokenizer, world):
+    """What a checkpoint's run depends on (the micro-batch is added once chosen): a resume with
+    anything else is refused before any work."""
+    tokenizer_file = Path(args.tokenizer)
+    return {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "seq_len": args.seq_len,
+            "vocab_size": tokenizer.get_vocab_size(), "tokenizer": files.sha256_file(tokenizer_file)[:16]
+            if tokenizer_file.is_file() else args.tokenizer, "tokens": args.tokens,
+            "global_batch": args.global_batch, "world_size": world, "seed": args.seed}
 
 
 def startup_line(params, tokenizer, cfg, device_name, world, precision, compile_mode, args, budget, micro_how):
@@ -775,20 +772,23 @@ def train(args):
         stop = stack.enter_context(StopFlag())  # from the start: a signal during set-up must not kill the job
         stack.callback(AcceleratorState._reset_state, True)  # so that main() can run again in this process
 
-        # ---- device decisions, run directory (checked before any work), data
+        # ---- device decisions, run directory and inputs (checked before any work), data
         accelerator, precision, compile_mode, compile_note = decide_device(args)
         out_dir, ckpt = open_run_dir(args, accelerator, stack)
         main_proc, world = accelerator.is_main_process, accelerator.num_processes
-        set_seed(args.seed)
-        text, tokenizer, blocks, stats = load_data(args, accelerator)
-
-        # ---- model, optimizer, budget; a resume must continue the same run
+        text = wos.resolve_text(args.text, download=not args.no_download and main_proc)
+        tokenizer = wos.load_tokenizer(args.tokenizer)
         saved = json.loads((ckpt / "trainer_state.json").read_text()) if ckpt else None
+        run = Run(args, out_dir, run_identity(args, tokenizer, world))
+        if saved:  # a resume must continue the same run
+            check_same_run(saved["run"], run.identity)
+        set_seed(args.seed)
+        blocks, stats = load_blocks(args, accelerator, text, tokenizer)
+
+        # ---- model, optimizer, budget
         cfg, model, optimizer, budget, micro_how = build_model(args, tokenizer, accelerator, precision,
-                                                               saved and saved.get("run"))
-        run = Run(args, out_dir, run_identity(args, cfg, budget, args.tokenizer))
-        if saved:
-            check_same_run(saved.get("run", {}), run.identity)
+                                                               saved and saved["run"])
+        run.identity["micro_batch"] = budget.micro_batch
         params = sum(p.numel() for p in model.parameters())
         model, optimizer = accelerator.prepare(model, optimizer)
         train_model = compile_model(model, compile_mode)

@@ -216,3 +216,250 @@ def test_slurm_script_forwards_flags_and_usr1_checkpoints(corpus, tmp_path):
     assert "USR1: checkpointing" in out and "run again with --out-dir" in err
     state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert 0 < state["step"] < 400
+
+
+# ------------------------------------------------------------------ budget, micro-batch, throughput
+
+def test_budget_rounds_up_to_whole_micro_batches_and_shortens_only_the_last_step():
+    budget = gpt_train.plan_budget(tokens=1000, global_batch=8, micro_batch=2, world=2, seq_len=32)
+    assert (budget.accum, budget.tokens_per_micro, budget.total_micro, budget.total_steps) == (2, 128, 8, 4)
+    budget = gpt_train.plan_budget(tokens=1100, global_batch=8, micro_batch=2, world=2, seq_len=32)
+    assert budget.total_micro == 9 and budget.total_steps == 5
+    assert [budget.micro_in_step(done) for done in (0, 2, 4, 6, 8)] == [2, 2, 2, 2, 1]
+    with pytest.raises(gpt_train.UserError, match="not a multiple"):
+        gpt_train.plan_budget(1000, global_batch=6, micro_batch=4, world=1, seq_len=32)
+
+
+def test_multi_node_micro_batch_fits_the_global_batch():
+    # 2 nodes x 4 GPUs with the lab's global batch 64: 8 sequences per GPU, not the preset's 16
+    assert gpt_train.fit_micro_batch(64, world=8, limit=16) == 8
+    assert gpt_train.fit_micro_batch(64, world=1, limit=16) == 16
+    assert gpt_train.fit_micro_batch(48, world=2, limit=16) == 12
+    with pytest.raises(gpt_train.UserError, match="cannot be split over 3"):
+        gpt_train.fit_micro_batch(64, world=3, limit=16)
+
+
+def test_micro_batch_search_backs_off_on_out_of_memory():
+    tried = []
+
+    def try_step(m):  # a GPU where 6 sequences of the model fit, 8 do not
+        tried.append(m)
+        if m > 6:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+
+    assert gpt_train.find_micro_batch(try_step, share=64) == 4  # largest divisor of 64 that fits
+    assert tried == [64, 32, 16, 8, 4]
+    with pytest.raises(gpt_train.UserError, match="not even a micro-batch of 1"):
+        gpt_train.find_micro_batch(lambda m: (_ for _ in ()).throw(torch.OutOfMemoryError("fake")), share=4)
+
+
+def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
+    state = {"train_seconds": 0.0, "steady_seconds": 0.0, "steady_tokens": 0, "compile_seconds": 0.0}
+    perf = gpt_train.Throughput(state)
+    perf.step_done(31.0, 1000, first=True)  # compilation
+    for _ in range(4):
+        perf.step_done(1.0, 1000, first=False)
+    perf.close(steady_steps=4)
+    assert perf.tokens_per_second() == 1000 and state["compile_seconds"] == 30.0 and state["train_seconds"] == 35.0
+    # MFU: the achieved FLOP/s over the peak of all GPUs, not one
+    assert gpt_train.mfu(1000, 6e6, 1e12, world=1) == pytest.approx(6e-3)
+    assert gpt_train.mfu(1000, 6e6, 1e12, world=8) == pytest.approx(6e-3 / 8)
+    assert gpt_train.mfu(1000, 6e6, None, world=1) is None
+
+
+def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path):
+    metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(4 * 8 * 32), "--micro-batch", "auto",
+                                       "--global-batch", "4"))
+    assert metrics["micro_batch"] == 4 and metrics["global_batch"] == 4  # preset 8, share only 4
+
+
+def test_batches_come_without_worker_processes(corpus, tmp_path, monkeypatch):
+    seen = []
+    original = gpt_train.wos.epoch_loader
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("num_workers", 0))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gpt_train.wos, "epoch_loader", spy)
+    # 300 docs ~ 115 blocks ~ 28 micro-batches per epoch: 40 steps x 2 cross 2 epoch boundaries
+    gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(40 * 8 * 32)))
+    assert len(seen) >= 3 and set(seen) == {0}
+
+
+def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
+    from accelerate import Accelerator
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    cfg = GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    model = gpt_train.compile_model(gpt_train.GPT(cfg), "regional", backend="eager")
+    batch = torch.randint(0, 512, (4, 33))
+    model(batch[:, :-1], batch[:, 1:]).backward()  # the training graph: one, shared by both blocks
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    tok = gpt_train.wos.load_tokenizer(str(corpus / "tok.json"))
+    splits = gpt_train.wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
+    blocks, _ = gpt_train.wos.tokenize_blocks(splits, tok, 33)
+    try:
+        val = gpt_train.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
+    finally:
+        gpt_train.AcceleratorState._reset_state(True)
+    assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
+
+
+# ------------------------------------------------------------------ never lose a run
+
+def start_run(args, **kw):
+    return subprocess.Popen([sys.executable, str(REPO / "gpt_train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def wait_for_events(run_dir, n, timeout=120):
+    """Until the run's n-th TensorBoard file exists (one per start), then a moment: the loop is running."""
+    deadline = time.time() + timeout
+    while len(list(run_dir.glob("events.out.tfevents.*"))) < n and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+
+
+def test_ctrl_c_checkpoints_and_a_second_one_aborts(corpus, tmp_path):
+    args = tiny_args(corpus, tmp_path / "run", "--tokens", str(3000 * 8 * 32), "--ckpt-every", "0", "--log-every", "1")
+    proc = start_run(args)
+    wait_for_events(tmp_path / "run", 1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == gpt_train.STOP_EXIT_CODE and "Traceback" not in err, err[-2000:]
+    assert "Ctrl-C: checkpointing" in err and f"--out-dir {tmp_path / 'run'} to resume" in err
+    assert gpt_train.latest_checkpoint(tmp_path / "run")[0] is not None
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    previous = signal.getsignal(signal.SIGINT)
+    with gpt_train.StopFlag() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs between bytecodes
+        assert stop.signal == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # TERM and USR1 never abort: they only ask to stop
+        time.sleep(0.01)
+        assert stop.signal == "SIGTERM"
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
+def test_ctrl_c_through_the_slurm_script_without_slurm(corpus, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.Popen(["bash", str(REPO / "slurm" / "gpt.sh"),
+                             *tiny_args(corpus, tmp_path / "run", "--tokens", str(3000 * 8 * 32), "--ckpt-every", "0")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    wait_for_events(tmp_path / "run", 1)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == gpt_train.STOP_EXIT_CODE, err[-2000:]
+    assert gpt_train.latest_checkpoint(tmp_path / "run")[0] is not None
+
+
+def test_usr1_during_start_up_is_not_lost(corpus, tmp_path):
+    proc = start_run(tiny_args(corpus, tmp_path / "run", "--tokens", str(400 * 8 * 32)))
+    time.sleep(0.3)  # Python is still importing torch
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == gpt_train.STOP_EXIT_CODE, (proc.returncode, err[-2000:])  # not killed (-10)
+    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    assert state["step"] == 1
+
+
+def unfinished_run(corpus, run_dir, *extra):
+    """A run stopped at its last checkpoint: the finished run minus its metrics (as if cut just before)."""
+    common = ["--tokens", str(12 * 8 * 32), "--ckpt-every", "4", "--log-every", "1", *extra]
+    reference = gpt_train.main(tiny_args(corpus, run_dir, *common))
+    (run_dir / "metrics.json").unlink()
+    return reference, common
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(corpus, tmp_path, capsys):
+    reference, common = unfinished_run(corpus, tmp_path / "run")
+    newest, previous = sorted((tmp_path / "run").glob("ckpt-*[0-9]"), reverse=True)
+    model_file = next(newest.glob("pytorch_model*.bin"))
+    model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated
+    resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common))
+    err = capsys.readouterr().err
+    assert f"skipping checkpoint {newest.name}: {model_file.name} has 1000 bytes" in err
+    assert f"resuming at step 8 from {previous}" in capsys.readouterr().out or resumed["resumed"]
+    assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
+
+
+def test_a_damaged_trainer_state_is_skipped(corpus, tmp_path):
+    reference, common = unfinished_run(corpus, tmp_path / "run")
+    newest = sorted((tmp_path / "run").glob("ckpt-*[0-9]"))[-1]
+    (newest / "trainer_state.json").write_text('{"step": 1')
+    resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common))
+    assert resumed["resumed"] and resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--tokens", str(13 * 8 * 32)], "tokens = 3072"),
+    (["--n-embd", "64"], "n_embd = 32"),
+    (["--global-batch", "16"], "global_batch = 8"),
+    (["--tokenizer", "OTHER"], "tokenizer = "),
+])
+def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, change, message):
+    _, common = unfinished_run(corpus, tmp_path / "run")
+    if change[-1] == "OTHER":  # another tokenizer with the same vocabulary size
+        import tokenizer_train
+        from conftest import generated_docs
+        other = tokenizer_train.train_bpe(generated_docs(300, seed=7), vocab_size=512)
+        tokenizer_train.save_atomic(other, tmp_path / "other.json")
+        change = ["--tokenizer", str(tmp_path / "other.json")]
+    result = subprocess.run([sys.executable, str(REPO / "gpt_train.py"), *tiny_args(corpus, tmp_path / "run", *common),
+                             *change], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+    assert result.stderr.startswith("error: the checkpoint was made with " + message)
+
+
+def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path):
+    from data.files import RunLock
+    with RunLock(tmp_path / "run"):  # the first run, still going
+        result = subprocess.run([sys.executable, str(REPO / "gpt_train.py"), *tiny_args(corpus, tmp_path / "run")],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and f"{tmp_path / 'run'} is in use by another run (pid {os.getpid()})" in result.stderr
+    assert not list((tmp_path / "run").glob("ckpt-*"))
+
+
+@pytest.mark.parametrize("flag, make, message", [
+    ("--metrics-out", lambda p: (p / "file").write_text("x") and p / "file" / "m.json", "cannot be written"),
+    ("--metrics-out", lambda p: (p / "folder").mkdir() or p / "folder", "is a folder"),
+    ("--out-dir", lambda p: (p / "file").write_text("x") and p / "file", "is a file, not a folder"),
+])
+def test_unwritable_outputs_fail_before_any_work(corpus, tmp_path, flag, make, message):
+    target = make(tmp_path)
+    args = tiny_args(corpus, tmp_path / "run", "--text", str(tmp_path / "not-read-yet.txt"), flag, str(target))
+    result = subprocess.run([sys.executable, str(REPO / "gpt_train.py"), *args], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_float_flags_reject_non_finite_values(value):
+    result = subprocess.run([sys.executable, str(REPO / "gpt_train.py"), f"--lr={value}"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "expected a finite number" in result.stderr
+
+
+def test_stop_reaches_every_rank_within_one_step(corpus, tmp_path):
+    import psutil
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = tiny_args(corpus, tmp_path / "run", "--tokens", str(3000 * 8 * 32), "--ckpt-every", "0",
+                     "--log-every", "1000")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                             str(free_port()), str(REPO / "gpt_train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    wait_for_events(tmp_path / "run", 1)
+    workers = psutil.Process(proc.pid).children()
+    assert len(workers) == 2
+    workers[-1].send_signal(signal.SIGTERM)  # one rank only: the other must learn of it at the next step
+    out, err = proc.communicate(timeout=120)
+    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    assert 0 < state["step"] < 3000 and "checkpointed at step" in err
