@@ -12,7 +12,7 @@ torchvision (md5-checked) where there is internet.
 """
 import argparse
 import gzip
-import json
+import logging
 import math
 import os
 import struct
@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
+
+from data import files
 
 REPO = Path(__file__).resolve().parent
 FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
@@ -36,8 +38,8 @@ FILES = {  # split -> (images, labels), the official names (torchvision's layout
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisation
 
 
-class DataError(Exception):
-    """Missing or malformed data: reported as one line, never as a traceback."""
+class UserError(Exception):
+    """What a user can get wrong (data, flags, device, outputs): one line on stderr, never a traceback."""
 
 
 # ----------------------------------------------------------------------------- data
@@ -48,19 +50,19 @@ def read_idx(path):
     try:
         raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
-        raise DataError(f"{path}: cannot read ({e})") from e
+        raise UserError(f"{path}: cannot read ({e})") from e
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise DataError(f"{path}: not an IDX file (bad magic number)")
+        raise UserError(f"{path}: not an IDX file (bad magic number)")
     if raw[2] != 0x08:  # MNIST is unsigned bytes; other IDX dtypes are valid files but not MNIST
-        raise DataError(f"{path}: IDX dtype 0x{raw[2]:02x}, expected 0x08 (unsigned byte)")
+        raise UserError(f"{path}: IDX dtype 0x{raw[2]:02x}, expected 0x08 (unsigned byte)")
     ndim = raw[3]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise DataError(f"{path}: truncated header")
+        raise UserError(f"{path}: truncated header")
     dims = struct.unpack(f">{ndim}I", raw[4:header])
     expected = header + math.prod(dims)
     if len(raw) != expected:
-        raise DataError(f"{path}: {len(raw)} bytes, header {dims} says {expected} (truncated or corrupt)")
+        raise UserError(f"{path}: {len(raw)} bytes, header {dims} says {expected} (truncated or corrupt)")
     return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(dims)
 
 
@@ -86,7 +88,7 @@ def find_mnist(data_dir, download):
             print(f"warning: MNIST download failed ({type(e).__name__}: {reason})", file=sys.stderr)
     missing = [n for n in names if lookup(n) is None]
     if missing:
-        raise DataError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "
+        raise UserError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "
                         f"(from https://ossci-datasets.s3.amazonaws.com/mnist/), or pass --data-dir")
     return {split: tuple(lookup(n) for n in pair) for split, pair in FILES.items()}
 
@@ -101,13 +103,13 @@ class MNIST(Dataset):
     def __init__(self, images_path, labels_path):
         images, labels = read_idx(images_path), read_idx(labels_path)
         if images.dim() != 3 or images.shape[1:] != (28, 28):
-            raise DataError(f"{images_path}: shape {tuple(images.shape)}, expected (N, 28, 28)")
+            raise UserError(f"{images_path}: shape {tuple(images.shape)}, expected (N, 28, 28)")
         if labels.dim() != 1:
-            raise DataError(f"{labels_path}: shape {tuple(labels.shape)}, expected (N,)")
+            raise UserError(f"{labels_path}: shape {tuple(labels.shape)}, expected (N,)")
         if len(images) != len(labels):
-            raise DataError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+            raise UserError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
         if len(labels) and labels.max() > 9:
-            raise DataError(f"{labels_path}: label {labels.max().item()} outside 0..9")
+            raise UserError(f"{labels_path}: label {labels.max().item()} outside 0..9")
         self.images, self.labels = images, labels.long()
 
     def to(self, device):
@@ -122,13 +124,32 @@ class MNIST(Dataset):
         return x, self.labels[index]
 
 
+class Batches:
+    """The batches of one pass over `dataset`, gathered where the data lives: a permutation (seeded,
+    drawn on the CPU, a new one each pass as RandomSampler would) is copied to the device once per
+    epoch and sliced, so a GPU batch needs no host-to-device copy of its indices."""
+
+    def __init__(self, dataset, batch_size, shuffle, seed=0):
+        self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self):
+        return math.ceil(len(self.dataset) / self.batch_size)
+
+    def __iter__(self):
+        n, device = len(self.dataset), self.dataset.labels.device
+        if self.shuffle:  # two draws per pass, as RandomSampler makes: the same orders as torch's sampler
+            order = torch.randperm(n, generator=self.generator)
+            torch.randperm(n, generator=self.generator)
+        else:
+            order = torch.arange(n)
+        order = order.to(device)
+        for i in range(0, n, self.batch_size):
+            yield self.dataset[order[i:i + self.batch_size]]
+
+
 def make_loader(dataset, batch_size, shuffle, seed=0):
-    # batch_size=None turns off per-sample collation: the sampler yields index lists, the dataset gathers.
-    if shuffle:
-        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
-    else:
-        sampler = SequentialSampler(dataset)
-    return DataLoader(dataset, sampler=BatchSampler(sampler, batch_size, drop_last=False), batch_size=None)
+    return Batches(dataset, batch_size, shuffle, seed)
 
 
 # ----------------------------------------------------------------------------- model
@@ -143,9 +164,9 @@ def make_gelu(act, device):
             return gelu_ext.PythonGELU()
         module = gelu_ext.GELU()  # raises ExtensionNotBuilt, with the build command, if needed
     except ImportError as e:
-        raise DataError(f"--act {act}: {e}") from e
+        raise UserError(f"--act {act}: {e}") from e
     if device.type == "cuda" and not gelu_ext.built_with_cuda():
-        raise DataError("--act cpp on a GPU: gelu_ext was built without its CUDA kernel; rebuild it where "
+        raise UserError("--act cpp on a GPU: gelu_ext was built without its CUDA kernel; rebuild it where "
                         "nvcc is found (see gelu_ext/README.md)")
     return module
 
@@ -176,7 +197,8 @@ class LeNet5(nn.Module):
 
 # ----------------------------------------------------------------------------- training
 
-def train(model, loader, optimizer, scheduler, writer, step, log_every, epoch):
+def train_epoch(model, loader, optimizer, scheduler, writer, step, log_every, epoch):
+    """One pass over the training set; the global step after it."""
     model.train()
     for x, y in tqdm(loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0):
         loss = F.cross_entropy(model(x), y)
@@ -186,9 +208,17 @@ def train(model, loader, optimizer, scheduler, writer, step, log_every, epoch):
         scheduler.step()
         step += 1
         if step % log_every == 0:  # .item() is a CPU-GPU sync point: only every log_every steps
-            writer.add_scalar("train/loss", loss.item(), step)
+            value = loss.item()
+            check_finite(value, f"training loss at step {step}")
+            writer.add_scalar("train/loss", value, step)
             writer.add_scalar("train/lr", scheduler.get_last_lr()[0], step)
     return step
+
+
+def check_finite(value, what):
+    """A diverged run stops with one line (and a non-zero exit), not with 10% accuracy and exit 0."""
+    if not math.isfinite(value):
+        raise UserError(f"{what} is {value}: training diverged; try a lower --lr")
 
 
 @torch.no_grad()
@@ -236,35 +266,48 @@ def pick_device(name):
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise DataError("--device cuda, but torch sees no CUDA GPU")
+        raise UserError("--device cuda, but torch sees no CUDA GPU")
     return torch.device(name)
 
 
-def new_run_dir(out_dir, act):
+def new_run_dir(out_dir, act, engine):
     if out_dir is None:
-        out_dir = REPO / "runs" / "lenet5" / f"{time.strftime('%Y%m%d-%H%M%S')}-{act}"
+        suffix = f"-{engine}" if engine != "plain" else ""
+        out_dir = REPO / "runs" / "lenet5" / f"{time.strftime('%Y%m%d-%H%M%S')}-{act}{suffix}"
         while out_dir.exists():
             out_dir = out_dir.with_name(out_dir.name + "+")
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise DataError(f"--out-dir {out_dir} is not empty; pick a new one (runs are never overwritten)")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    files.check_output_dir(out_dir, "--out-dir")
+    if any(out_dir.iterdir()):
+        raise UserError(f"--out-dir {out_dir} is not empty; pick a new one (runs are never overwritten)")
     return out_dir
 
 
-def write_json(path, obj):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    tmp.replace(path)  # atomic: a reader never sees half a file
+def check_outputs(args):
+    """Every file the run will write, checked before any training: none of the work is lost at the end."""
+    if args.metrics_out:
+        files.check_output(args.metrics_out, "--metrics-out")
+    if args.save:
+        files.check_output(args.save, "--save")
+
+
+def one_cycle(total, warmup_fraction=0.2):
+    """LR multiplier per step: linear warm-up over 20% of the steps, then cosine annealing to 0 —
+    a high peak rate that way converges in a few epochs."""
+    warmup = max(1, int(total * warmup_fraction))
+
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+    return factor
 
 
 def positive(kind):
     def parse(text):
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not math.isfinite(value) or value <= 0:  # float("nan") <= 0 is False: check finiteness first
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
         return value
     return parse
 
@@ -276,14 +319,18 @@ def parse_args(argv):
     p.add_argument("--no-download", action="store_true", help="never try to download missing files")
     p.add_argument("--act", choices=["torch", "python", "cpp"], default="torch",
                    help="GELU: F.gelu(tanh) | the Python autograd.Function | the C++/CUDA op (default: %(default)s)")
+    p.add_argument("--engine", choices=["plain", "lightning"], default="plain",
+                   help="the training loop below, or the same model, data and schedule driven by PyTorch "
+                        "Lightning's Trainer (default: %(default)s)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto = cuda if available, else cpu (default: %(default)s)")
     p.add_argument("--epochs", type=positive(int), default=4, help="(default: %(default)s)")
     p.add_argument("--batch-size", type=positive(int), default=128, help="(default: %(default)s)")
-    p.add_argument("--lr", type=positive(float), default=8e-3, help="peak AdamW learning rate of the one-cycle schedule (default: %(default)s)")
+    p.add_argument("--lr", type=positive(float), default=8e-3, help="peak AdamW learning rate of the warm-up + "
+                                                                    "cosine schedule (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="weights and shuffling (default: %(default)s)")
     p.add_argument("--out-dir", type=Path, default=None,
-                   help="this run's TensorBoard logs and outputs (default: a new runs/lenet5/<time>-<act>/)")
+                   help="this run's TensorBoard logs and outputs (default: a new runs/lenet5/<time>-<act>[-lightning]/)")
     p.add_argument("--log-every", type=positive(int), default=50, help="steps between train-loss points (default: %(default)s)")
     p.add_argument("--save", type=Path, default=None, help="write the trained state_dict here")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
@@ -294,71 +341,178 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         return run(args)
-    except DataError as e:
+    except (UserError, files.OutputError) as e:
         sys.exit(f"error: {e}")
 
 
 def run(args):
     torch.manual_seed(args.seed)
-    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(True)  # tiny activations late in training would otherwise hit slow denormal math on CPU
     device = pick_device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest conv
+    out_dir = new_run_dir(args.out_dir, args.act, args.engine)
+    check_outputs(args)
     paths = find_mnist(args.data_dir, download=not args.no_download)
     train_set, test_set = (MNIST(*paths[split]).to(device) for split in ("train", "test"))
     model = LeNet5(make_gelu(args.act, device)).to(device)
     params = sum(p.numel() for p in model.parameters())
-    out_dir = new_run_dir(args.out_dir, args.act)
-    print(f"LeNet-5 ({params:,} parameters), act={args.act}, device={device}, "
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"LeNet-5 ({params:,} parameters), act={args.act}, engine={args.engine}, device={device}, "
           f"{len(train_set):,} train / {len(test_set):,} test images, logs in {out_dir}")
+    files.write_json(out_dir / "args.json", vars(args))
+    digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
+    fit = fit_lightning if args.engine == "lightning" else fit_plain
+    history, train_seconds = fit(args, model, train_set, test_set, digits, out_dir, device)
 
-    train_loader = make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
-    test_loader = make_loader(test_set, 1000, shuffle=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    total, warmup = args.epochs * len(train_loader), max(1, args.epochs * len(train_loader) // 5)
+    last = history[-1]
+    metrics = {"test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
+               "train_seconds": round(train_seconds, 3), "device": str(device), "device_name": device_name(device),
+               "act": args.act, "engine": args.engine, "params": params, "batch_size": args.batch_size,
+               "lr": args.lr, "seed": args.seed, "torch": torch.__version__, "history": history,
+               "out_dir": str(out_dir)}
+    files.write_json(out_dir / "metrics.json", metrics)
+    if args.metrics_out:
+        files.write_json(args.metrics_out, metrics)
+    if args.save:
+        torch.save(model.state_dict(), args.save)
+    print(f"test accuracy {last['test_accuracy']:.2%}, test loss {last['test_loss']:.4f}, "
+          f"{train_seconds:.1f} s training on {device}")
+    return metrics
 
-    def one_cycle(step):  # linear warm-up over 20% of the steps, then cosine annealing to 0:
-        if step < warmup:  # a high peak rate that way converges in a few epochs
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle)
-    writer = SummaryWriter(out_dir)
-    write_json(out_dir / "args.json", {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
-    digits = test_set[list(range(8))][0]  # a fixed set of test digits for the feature-map images
+def device_name(device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+
+
+def epoch_done(writer, model, digits, device, history, epoch, step, test_loss, test_acc, train_seconds):
+    """What both engines do after an epoch: the test figures in TensorBoard, images, GPU use, a line."""
+    check_finite(test_loss, f"test loss after epoch {epoch}")
+    history.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
+    writer.add_scalar("test/loss", test_loss, step)
+    writer.add_scalar("test/accuracy", test_acc, step)
+    log_images(writer, model, digits, epoch)
+    log_gpu(writer, device, step)
+    print(f"epoch {epoch}: test loss {test_loss:.4f}, accuracy {test_acc:.2%} ({train_seconds:.1f} s training)")
+
+
+def add_graph(writer, model, digits):
     with warnings.catch_warnings():  # add_graph traces with torch.jit, which warns it is deprecated
         warnings.simplefilter("ignore")
         writer.add_graph(model, digits)
 
+
+# ----------------------------------------------------------------------------- the plain loop (--engine plain)
+
+def fit_plain(args, model, train_set, test_set, digits, out_dir, device):
+    """(history, train_seconds): AdamW with warm-up + cosine, one test pass after every epoch."""
+    train_loader = make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
+    test_loader = make_loader(test_set, 1000, shuffle=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle(args.epochs * len(train_loader)))
+    writer = SummaryWriter(out_dir)
+    add_graph(writer, model, digits)
     step, train_seconds, history = 0, 0.0, []
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
-        step = train(model, train_loader, optimizer, scheduler, writer, step, args.log_every, epoch)
+        step = train_epoch(model, train_loader, optimizer, scheduler, writer, step, args.log_every, epoch)
         if device.type == "cuda":
             torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
         train_seconds += time.perf_counter() - t0
         test_loss, test_acc = test(model, test_loader)
-        history.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
-        writer.add_scalar("test/loss", test_loss, step)
-        writer.add_scalar("test/accuracy", test_acc, step)
-        log_images(writer, model, digits, epoch)
-        log_gpu(writer, device, step)
-        print(f"epoch {epoch}: test loss {test_loss:.4f}, accuracy {test_acc:.2%} ({train_seconds:.1f} s training)")
+        epoch_done(writer, model, digits, device, history, epoch, step, test_loss, test_acc, train_seconds)
     writer.close()
+    return history, train_seconds
 
-    metrics = {"test_accuracy": test_acc, "test_loss": test_loss, "epochs": args.epochs,
-               "train_seconds": round(train_seconds, 3), "device": str(device),
-               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
-               "act": args.act, "params": params, "batch_size": args.batch_size, "lr": args.lr,
-               "seed": args.seed, "history": history, "out_dir": str(out_dir)}
-    write_json(out_dir / "metrics.json", metrics)
-    if args.metrics_out:
-        write_json(args.metrics_out, metrics)
-    if args.save:
-        args.save.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), args.save)
-    print(f"test accuracy {test_acc:.2%}, test loss {test_loss:.4f}, {train_seconds:.1f} s training on {device}")
-    return metrics
+
+# ----------------------------------------------------------------------------- Lightning (--engine lightning)
+
+def fit_lightning(args, model, train_set, test_set, digits, out_dir, device):
+    """The same model, batches, optimizer, schedule and test pass, driven by lightning.Trainer: it runs
+    the loop, steps optimizer and scheduler, runs the test pass and the callbacks. The data already
+    lives on the device, so it moves nothing. Returns (history, train_seconds) as fit_plain does."""
+    try:
+        import lightning as L  # here, not at the top: the import takes ~4 s the plain loop need not pay
+    except ImportError as e:
+        raise UserError("--engine lightning needs the lightning package: pip install -r requirements.txt") from e
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "TPU available: ..."
+    warnings.filterwarnings("ignore", message=".*(srun. command is available|LeafSpec)")  # hints not for us
+    train_loader = make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
+    logger = L.pytorch.loggers.TensorBoardLogger(out_dir, name="", version="", default_hp_metric=False)
+    add_graph(logger.experiment, model, digits)
+    lit = lightning_module(L)(model, args, args.epochs * len(train_loader))
+    epochs = epoch_callback(L)(digits, device)
+    trainer = L.Trainer(accelerator=device.type, devices=1, max_epochs=args.epochs, logger=logger,
+                        callbacks=[epochs], enable_checkpointing=False, enable_progress_bar=False,
+                        num_sanity_val_steps=0, log_every_n_steps=args.log_every)
+    trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=make_loader(test_set, 1000, shuffle=False))
+    logger.experiment.close()
+    return epochs.history, epochs.train_seconds
+
+
+def lightning_module(L):
+    """LeNet-5 as a LightningModule (the class is made on first use, with lightning imported)."""
+
+    class LitLeNet5(L.LightningModule):
+        def __init__(self, model, args, total_steps):
+            super().__init__()
+            self.model, self.args, self.total_steps = model, args, total_steps
+            self.test_result = None
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.cross_entropy(self.model(x), y)
+            step = self.global_step + 1  # optimizer steps after this one, as the plain loop counts
+            if step % self.args.log_every == 0:  # a sync point: only every log_every steps
+                value = loss.item()
+                check_finite(value, f"training loss at step {step}")
+                self.logger.experiment.add_scalar("train/loss", value, step)
+                self.logger.experiment.add_scalar("train/lr", self.lr_schedulers().get_last_lr()[0], step)
+            return loss
+
+        def on_validation_epoch_start(self):
+            self.sums = torch.zeros(2, device=self.device)  # summed loss, correct predictions
+
+        def validation_step(self, batch, batch_idx):  # the test set, after every epoch (as the plain loop)
+            x, y = batch
+            logits = self.model(x)
+            self.sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum()])
+
+        def on_validation_epoch_end(self):
+            n = len(self.trainer.val_dataloaders.dataset)
+            loss_sum, correct = self.sums.tolist()
+            self.test_result = (loss_sum / n, correct / n)
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.args.lr, weight_decay=1e-4)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle(self.total_steps))
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    return LitLeNet5
+
+
+def epoch_callback(L):
+    """A Callback that times the training part of each epoch (the plain loop's train_seconds) and then
+    does what the plain loop does after an epoch (epoch_done)."""
+
+    class EpochEnd(L.Callback):
+        def __init__(self, digits, device):
+            self.digits, self.device, self.history, self.train_seconds = digits, device, [], 0.0
+
+        def on_train_epoch_start(self, trainer, lit):
+            self.t0 = time.perf_counter()
+
+        def on_validation_epoch_start(self, trainer, lit):  # the epoch's training batches are done
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.train_seconds += time.perf_counter() - self.t0
+
+        def on_validation_end(self, trainer, lit):  # after the module's on_validation_epoch_end
+            test_loss, test_acc = lit.test_result
+            epoch_done(trainer.logger.experiment, lit.model, self.digits, self.device, self.history,
+                       trainer.current_epoch + 1, trainer.global_step, test_loss, test_acc, self.train_seconds)
+
+    return EpochEnd
 
 
 if __name__ == "__main__":

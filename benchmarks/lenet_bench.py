@@ -4,10 +4,13 @@
 
 The original recipe: batch 64, Adam 1e-3, torchvision's MNIST Dataset with the ToTensor
 transform (one PIL image per sample), --baseline-epochs epochs. The default run is
-`lenet5.py` with its default flags. Same process, same device, same model.
+`lenet5.py` with its default flags, once with its own loop and once with `--engine lightning`
+(the same model, data and schedule driven by PyTorch Lightning). Same process, same device,
+same model; the three alternate within each repeat, and medians are reported.
 """
 import argparse
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -22,6 +25,18 @@ from torchvision import datasets, transforms
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import lenet5  # noqa: E402
+from data import files  # noqa: E402
+
+
+def cpu_model():
+    """The CPU's name (from /proc/cpuinfo), recorded with every measurement."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def original_recipe(data_dir, device, epochs, seed):
@@ -70,19 +85,21 @@ def main(argv=None):
     try:
         device = lenet5.pick_device(args.device)
         lenet5.find_mnist(args.data_dir, download=False)  # one clear line if the files are missing
-    except lenet5.DataError as e:
+    except lenet5.UserError as e:
         sys.exit(f"error: {e}")
 
-    base_runs, ours_runs = [], []
-    for _ in range(args.repeats):  # alternate, so that drift on the machine hits both alike
+    base_runs, ours_runs, lit_runs = [], [], []
+    for _ in range(args.repeats):  # alternate, so that drift on the machine hits all alike
         base_runs.append(original_recipe(args.data_dir, device, args.baseline_epochs, args.seed))
-        with tempfile.TemporaryDirectory() as tmp:
-            ours_runs.append(lenet5.main(["--data-dir", str(args.data_dir), "--no-download", "--device", args.device,
-                                          "--seed", str(args.seed), "--out-dir", tmp]))
+        for engine, runs in (("plain", ours_runs), ("lightning", lit_runs)):
+            with tempfile.TemporaryDirectory() as tmp:
+                runs.append(lenet5.main(["--data-dir", str(args.data_dir), "--no-download", "--device", args.device,
+                                         "--seed", str(args.seed), "--engine", engine, "--out-dir", tmp]))
     base_seconds = [statistics.median(run[0][i] for run in base_runs) for i in range(args.baseline_epochs)]
     base_acc = base_runs[0][1]  # seeded: the same in every repeat
     ours = ours_runs[0] | {"train_seconds": statistics.median(run["train_seconds"] for run in ours_runs)}
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    lit = lit_runs[0] | {"train_seconds": statistics.median(run["train_seconds"] for run in lit_runs)}
+    device_name = lenet5.device_name(device)
     result = {
         "device_name": device_name,
         "baseline_epoch_seconds": [round(s, 3) for s in base_seconds],
@@ -92,17 +109,28 @@ def main(argv=None):
         "default_accuracy": ours["test_accuracy"],
         "ratio_to_one_baseline_epoch": ours["train_seconds"] / base_seconds[0],
         "repeats": args.repeats,
+        "lightning_train_seconds": lit["train_seconds"],
+        "lightning_accuracy": lit["test_accuracy"],
+        "lightning_to_plain": lit["train_seconds"] / ours["train_seconds"],
         "all_baseline_first_epoch_seconds": [round(run[0][0], 3) for run in base_runs],
         "all_default_train_seconds": [run["train_seconds"] for run in ours_runs],
+        "all_lightning_train_seconds": [run["train_seconds"] for run in lit_runs],
+        "all_lightning_to_plain": [b["train_seconds"] / a["train_seconds"] for a, b in zip(ours_runs, lit_runs)],
+        "cpu_model": cpu_model(), "torch": torch.__version__,
+        "command": "python " + " ".join(sys.argv),
     }
     print(f"\n{device_name}, medians of {args.repeats} alternating repeats")
     for i, (s, a) in enumerate(zip(base_seconds, base_acc), 1):
         print(f"  original recipe, epoch {i}: {s:6.2f} s, test accuracy {a:.2%}")
     print(f"  default lenet5.py, {ours['epochs']} epochs: {ours['train_seconds']:6.2f} s, "
           f"test accuracy {ours['test_accuracy']:.2%}")
-    print(f"  default training time = {result['ratio_to_one_baseline_epoch']:.2f} x one original epoch")
+    print(f"  --engine lightning, {lit['epochs']} epochs: {lit['train_seconds']:6.2f} s, "
+          f"test accuracy {lit['test_accuracy']:.2%}")
+    print(f"  default training time = {result['ratio_to_one_baseline_epoch']:.2f} x one original epoch; "
+          f"Lightning / plain = {result['lightning_to_plain']:.2f} "
+          f"(per repeat {', '.join(f'{r:.2f}' for r in result['all_lightning_to_plain'])})")
     if args.metrics_out:
-        lenet5.write_json(args.metrics_out, result)
+        files.write_json(args.metrics_out, result)
     return result
 
 
