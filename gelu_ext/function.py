@@ -1,7 +1,15 @@
 """GELU (tanh approximation) as a plain `torch.autograd.Function`: the readable reference.
 
 The lab's first step: forward and backward written out with tensor ops, exactly as the formulas
-read. The compiled op in ops.py computes the same thing in one pass over memory.
+read. With u = K (x + C x^3) and t = tanh(u):
+
+    y    = 0.5 x (1 + t)
+    y'   = 0.5 (1 + t) + 0.5 x (1 - t^2) u'                 u'  = K (1 + 3 C x^2)
+    y''  = (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))          u'' = 6 K C x
+
+The backward is itself made of differentiable tensor ops, so second derivatives (a gradient
+penalty, gradgradcheck) work; y'' serves the compiled op's double backward (ops.py). The
+compiled op in ops.py computes the same thing in one pass over memory.
 """
 import math
 
@@ -12,21 +20,42 @@ K = math.sqrt(2.0 / math.pi)
 C = 0.044715
 
 
+def check_floating(x):
+    """Integers are refused, with the compiled op's own message."""
+    if not x.is_floating_point():
+        name = torch.empty(0, dtype=x.dtype).type().removeprefix("torch.").removesuffix("Tensor")  # "Long", as ATen
+        raise RuntimeError(f"gelu_ext.gelu: expected a floating-point tensor, got {name}")
+
+
+def _upcast_tanh(x):
+    """(x in the precision of the math, t = tanh(u)): 16-bit inputs are computed in fp32."""
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return xf, torch.tanh(K * (xf + C * xf**3))
+
+
+def gelu_derivative(x):
+    xf, t = _upcast_tanh(x)
+    return 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * K * (1 + 3 * C * xf * xf)
+
+
+def gelu_second_derivative(x):
+    xf, t = _upcast_tanh(x)
+    du = K * (1 + 3 * C * xf * xf)
+    return (1 - t * t) * (du + 0.5 * xf * (6 * K * C * xf - 2 * t * du * du))
+
+
 class GELUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
+        check_floating(x)
         ctx.save_for_backward(x)
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # low precision: math in fp32
-        t = torch.tanh(K * (xf + C * xf**3))
+        xf, t = _upcast_tanh(x)
         return (0.5 * xf * (1 + t)).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        t = torch.tanh(K * (xf + C * xf**3))
-        dydx = 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * K * (1 + 3 * C * xf * xf)
-        return (grad * dydx).to(x.dtype)
+        return (grad * gelu_derivative(x)).to(x.dtype)
 
 
 def gelu_python(x):

@@ -3,10 +3,13 @@
 The C++ side only defines the two ops and their kernels; what the dispatcher needs beyond that
 is registered here, in Python:
   - register_fake: output shape/dtype without running a kernel, so torch.compile can trace it;
-  - register_autograd: backward = gelu_backward(grad, x), so gelu() is differentiable.
+  - register_autograd: backward = gelu_backward(grad, x), so gelu() is differentiable; and
+    gelu_backward's own derivative (y'' from function.py), so second derivatives are right too.
 """
 import torch
 import torch.nn as nn
+
+from .function import gelu_second_derivative
 
 try:
     from . import _C  # loading the library registers torch.ops.gelu_ext.*
@@ -60,6 +63,20 @@ if _C is not None:
         return torch.ops.gelu_ext.gelu_backward.default(grad, x)
 
     torch.library.register_autograd("gelu_ext::gelu_forward", _backward, setup_context=_setup_context)
+
+    def _setup_context_backward(ctx, inputs, output):
+        grad, x = inputs
+        ctx.save_for_backward(grad, x)
+
+    def _double_backward(ctx, grad_of_dx):
+        # dx = grad * y'(x): its derivative is y'(x) for grad and grad * y''(x) for x
+        grad, x = ctx.saved_tensors
+        d_grad = torch.ops.gelu_ext.gelu_backward.default(grad_of_dx, x)
+        d_x = (grad_of_dx * grad * gelu_second_derivative(x)).to(x.dtype)
+        return d_grad, d_x
+
+    torch.library.register_autograd("gelu_ext::gelu_backward", _double_backward,
+                                    setup_context=_setup_context_backward)
 
 
 class GELU(nn.Module):
