@@ -10,12 +10,11 @@ bytes per token on the validation split (and GPT-2's, where its tokenizer can be
 decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads.
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-from data import wos
+from data import files, wos
 
 
 def train_bpe(docs, vocab_size, min_frequency=2):
@@ -97,13 +96,21 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         return run(args)
-    except wos.TextError as e:
+    except (wos.TextError, files.OutputError) as e:
         sys.exit(f"error: {e}")
 
 
-def run(args):
-    if args.out.exists() and not args.force:
+def check_outputs(args):
+    """Before any work: --out may be written (and is not replaced without --force), --metrics-out too."""
+    if args.out.exists() and not args.out.is_dir() and not args.force:
         raise wos.TextError(f"{args.out} exists; pass --force to replace it (or another --out)")
+    files.check_output(args.out, "--out")
+    if args.metrics_out:
+        files.check_output(args.metrics_out, "--metrics-out")
+
+
+def run(args):
+    check_outputs(args)
     text = wos.resolve_text(args.text, download=not args.no_download)
     splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
     train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
@@ -112,7 +119,6 @@ def run(args):
     t0 = time.perf_counter()
     tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
     train_seconds = time.perf_counter() - t0
-    save_atomic(tokenizer, args.out)
 
     metrics = {"vocab_size": tokenizer.get_vocab_size(), "train_seconds": round(train_seconds, 3),
                "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
@@ -135,15 +141,13 @@ def run(args):
         print(f"{'loaded' if from_cache else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
               f"({tokens / seconds:,.0f} tokens/s{', from the cache' if from_cache else ''})")
 
+    save_atomic(tokenizer, args.out)  # last: a run that fails on the way leaves nothing to --force over
     print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
     print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
           + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if gpt2 else "")
           + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
     if args.metrics_out:
-        args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.metrics_out.with_name(args.metrics_out.name + ".tmp")
-        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
-        tmp.replace(args.metrics_out)
+        files.write_json(args.metrics_out, metrics)
     return metrics
 
 

@@ -96,14 +96,22 @@ def resolve_text(path=None, download=True):
     return path
 
 
+MAX_DOC_BYTES = 1_000_000  # an abstract is ~1-2 KB; a megabyte on one line is not one document
+
+
 def check_text(path):
-    """Validate X.txt before datasets reads it: not empty, >= 2 usable lines; invalid UTF-8 is
-    counted in one warning (datasets decodes it with replacement characters). Returns the count."""
+    """Validate X.txt before datasets reads it: not empty, >= 2 usable lines, no line over
+    MAX_DOC_BYTES (one document per line: a file without line breaks would exhaust the memory of
+    BPE training and tokenisation); invalid UTF-8 is counted in one warning (datasets decodes it
+    with replacement characters). Returns the count of usable lines."""
     raw = Path(path).read_bytes()
     if not raw.strip():
         raise TextError(f"{path} is empty")
     usable = invalid = 0
-    for line in raw.splitlines():  # \n, \r\n and \r, like datasets' universal newlines
+    for number, line in enumerate(raw.splitlines(), 1):  # \n, \r\n and \r, like datasets' universal newlines
+        if len(line) > MAX_DOC_BYTES:
+            raise TextError(f"{path}: line {number} has {len(line):,} bytes; expected one document (an abstract) per "
+                            f"line, at most {MAX_DOC_BYTES:,} bytes")
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:

@@ -25,10 +25,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- inputs
 
-def newest_run(root):
-    """The most recent finished run (one with metrics.json) under root, or None."""
-    runs = [p.parent for p in root.glob("*/metrics.json")]
-    return max(runs, key=lambda p: (p / "metrics.json").stat().st_mtime) if runs else None
+def newest_run(root, problems):
+    """The most recent run under root whose metrics.json reads; each newer run that was passed over
+    (crashed, still running, metrics broken) is named in `problems`, never skipped silently."""
+    runs = sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
+                  key=lambda d: (d / "args.json").stat().st_mtime, reverse=True)
+    for run_dir in runs:
+        try:
+            json.loads((run_dir / "metrics.json").read_text())
+            return run_dir
+        except FileNotFoundError:
+            problems.append(f"skipped the newer run {run_dir}: no metrics.json (crashed, stopped or still running)")
+        except (OSError, json.JSONDecodeError) as e:
+            problems.append(f"skipped the newer run {run_dir}: unreadable metrics.json ({e})")
+    return None
 
 
 def run_kind(run_dir, metrics):
@@ -276,7 +286,8 @@ def main(argv=None):
     problems, lines = [], ["# Generated results", "",
                            "Written by `python report/make_report.py`; every number is read from the files named.",
                            ""]
-    dirs = args.runs or [d for d in (newest_run(args.runs_root / "lenet5"), newest_run(args.runs_root / "gpt")) if d]
+    dirs = args.runs or [d for d in (newest_run(args.runs_root / "lenet5", problems),
+                                     newest_run(args.runs_root / "gpt", problems)) if d]
     runs = [r for r in (load_run(d, problems) for d in dirs) if r]
     by_kind = {}
     for run in runs:

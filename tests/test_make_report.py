@@ -85,3 +85,22 @@ def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     assert "corrupt event file" in text and "events.out.tfevents.0.broken" in text
     assert (out / "lenet_curves.png").exists()
     assert "corrupt event file" in capsys.readouterr().err
+
+
+def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsys):
+    import os
+    import shutil
+    root = tmp_path / "runs"
+    shutil.copytree(runs / "runs", root)
+    broken = root / "lenet5" / "z-newer"
+    broken.mkdir()
+    (broken / "args.json").write_text("{}")
+    (broken / "metrics.json").write_text('{"test_accuracy": 0.9')  # cut off mid-write
+    older = root / "lenet5" / "a" / "args.json"
+    os.utime(older, (older.stat().st_mtime - 100, older.stat().st_mtime - 100))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(root), "--results", str(tmp_path / "none"), "--out", str(out)])
+    text = (out / "results.md").read_text()
+    assert f"skipped the newer run {broken}: unreadable metrics.json" in text
+    assert f"Run `{root / 'lenet5' / 'a'}`" in text  # the older, readable run is the one reported
+    assert "skipped the newer run" in capsys.readouterr().err

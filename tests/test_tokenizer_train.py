@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -242,3 +243,37 @@ def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer):
     good = tmp_path / "good.json"
     tokenizer_train.save_atomic(small_tokenizer, good)
     assert wos.load_tokenizer(str(good)).token_to_id(wos.EOT) is not None
+
+
+def test_a_corpus_without_line_breaks_is_refused_before_training(tmp_path):
+    text = tmp_path / "X.txt"
+    text.write_bytes(b"word " * 400_000 + b"\nA short second document.\n")  # 2 MB on one line
+    started = time.perf_counter()
+    result = run_script("--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none")
+    assert result.returncode == 1 and time.perf_counter() - started < 60
+    assert result.stderr.strip() == (f"error: {text}: line 1 has 2,000,000 bytes; expected one document (an abstract) "
+                                     f"per line, at most 1,000,000 bytes")
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_failing_corpus_writes_no_tokenizer(tmp_path):
+    text = tmp_path / "X.txt"
+    text.write_text("\n".join(generated_docs(40)) + "\n")  # too little validation text for 1024-token blocks
+    result = run_script("--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
+                        "--cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 1 and "split has fewer than 1024 tokens" in result.stderr, result.stderr[-500:]
+    assert not (tmp_path / "t.json").exists()  # so the rerun needs no --force
+    result = run_script("--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
+                        "--cache-dir", str(tmp_path / "cache"), "--block-size", "16")
+    assert result.returncode == 0 and (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("flag, make, message", [
+    ("--out", lambda p: (p / "folder").mkdir() or p / "folder", "is a folder"),
+    ("--metrics-out", lambda p: (p / "file").write_text("x") and p / "file" / "m.json", "cannot be written"),
+])
+def test_unwritable_outputs_fail_before_training(text_file, tmp_path, flag, make, message):
+    args = ["--text", str(text_file), "--compare", "none", "--out", str(tmp_path / "t.json"), flag, str(make(tmp_path))]
+    result = run_script(*args)
+    assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert "training" not in result.stdout and not (tmp_path / "t.json").exists()
