@@ -19,6 +19,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import gelu_ext  # noqa: E402
+from data import files  # noqa: E402
 
 
 class SeedGELU(torch.autograd.Function):
@@ -51,20 +52,31 @@ def forward_backward(fn, x, grad):
     return run
 
 
+def time_once(fn, device):
+    """Seconds of one call: on a GPU between two CUDA events (the kernels' time, not the launch
+    overhead of the host), on a CPU by the wall clock."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()  # sync point
+    return start.elapsed_time(end) / 1e3
+
+
 def timed_round_robin(fns, device, repeats):
-    """Median ms of each fn; the fns take turns, so drift on a noisy machine hits them alike."""
+    """Median ms of each fn and its spread (min, max); the fns take turns, so drift on a noisy
+    machine hits them alike."""
     times = {name: [] for name in fns}
     for r in range(repeats + 1):  # round 0 warms up caches and the allocator
         for name, fn in fns.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()  # sync point: the GPU work is what is timed
+            seconds = time_once(fn, device)
             if r:
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+                times[name].append(seconds)
+    return {name: (statistics.median(ts) * 1e3, min(ts) * 1e3, max(ts) * 1e3) for name, ts in times.items()}
 
 
 def main(argv=None):
@@ -74,7 +86,8 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
                    help="(default: %(default)s)")
     p.add_argument("--min-log2", type=int, default=16, help="(default: %(default)s)")
-    p.add_argument("--max-log2", type=int, default=24, help="(default: %(default)s)")
+    p.add_argument("--max-log2", type=int, default=None, help="(default: 28 on GPU, where 2^24 elements are still "
+                                                               "launch-bound; 24 on CPU)")
     p.add_argument("--repeats", type=int, default=0, help="runs per cell (default: 7 on CPU, 50 on GPU)")
     p.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="implementations to leave out")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the table here as JSON")
@@ -85,6 +98,7 @@ def main(argv=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
     repeats = args.repeats or (50 if device.type == "cuda" else 7)
+    max_log2 = args.max_log2 or (28 if device.type == "cuda" else 24)
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     impls = {k: v for k, v in IMPLS.items() if k not in args.skip}
 
@@ -93,7 +107,7 @@ def main(argv=None):
     header = f"{'n':>10} " + " ".join(f"{name + ' ms':>11}" for name in impls)
     header += f" {'copy ms':>9} {'ext GB/s':>9} {'ext/aten':>9}" + (" ext/copy" if device.type == "cuda" else "")
     print(header)
-    for log2 in range(args.min_log2, args.max_log2 + 1, 2):
+    for log2 in range(args.min_log2, max_log2 + 1, 2):
         n = 2**log2
         x = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
         grad = torch.randn(n, device=device, dtype=dtype)
@@ -103,7 +117,9 @@ def main(argv=None):
             src = torch.empty(bytes_moved // 2, device=device, dtype=torch.uint8)
             dst = torch.empty_like(src)
             fns["copy"] = lambda: dst.copy_(src)
-        row = {"n": n, **{f"{name}_ms": ms for name, ms in timed_round_robin(fns, device, repeats).items()}}
+        timed = timed_round_robin(fns, device, repeats)
+        row = {"n": n, **{f"{name}_ms": ms for name, (ms, _, _) in timed.items()},
+               **{f"{name}_ms_range": [lo, hi] for name, (_, lo, hi) in timed.items()}}
         if device.type == "cuda":
             row["ext_vs_copy"] = row["copy_ms"] / row["ext_ms"]
         row["ext_GBps"] = bytes_moved / row["ext_ms"] / 1e6
@@ -116,14 +132,14 @@ def main(argv=None):
         print(line + (f" {row['ext_vs_copy']:>8.2f}" if device.type == "cuda" else ""), flush=True)
 
     last = rows[-1]
-    result = {"device_name": device_name, "dtype": args.dtype, "n": last["n"],
+    result = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
+              "dtype": args.dtype, "n": last["n"],
               **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
                                       "copy_ms", "ext_vs_copy") if k in last},
               "rows": rows}
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if args.metrics_out:
-        args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
-        args.metrics_out.write_text(json.dumps(result, indent=2) + "\n")
+        files.write_json(args.metrics_out, result)
     return result
 
 

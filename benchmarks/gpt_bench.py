@@ -2,6 +2,7 @@
 
     python benchmarks/gpt_bench.py --metrics-out report/results/gpt_bench_cpu.json     # CPU: ~15 min
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out report/results/gpt_bench_h200.json
+    python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
 From the naive baseline — transformers' GPT2LMHeadModel as GPT2Config makes it (dropout 0.1,
 eager attention), fp32, plain AdamW — each rung keeps everything above it and adds one thing;
@@ -11,8 +12,11 @@ process; steady-state steps after warm-up (compilation happens in the warm-up st
 import argparse
 import gc
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -25,14 +29,15 @@ from transformers import GPT2LMHeadModel
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import gpt_train  # noqa: E402
+from data import files  # noqa: E402
 
 
-def ladder(cuda, capability):
+def ladder(cuda, capability, with_compile=False):
     """(name, settings) per rung; each rung's settings extend the previous rung's."""
     half = gpt_train.resolve_precision("auto", "cuda" if cuda else "cpu", capability, gpt_train.cpu_has_bf16())
     compile_ok = gpt_train.resolve_compile("auto", "cuda" if cuda else "cpu", capability)[0] != "off"
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
-              dict(model="hf", dropout=0.1, attention="eager", precision="fp32", compile=False, fused=False,
+              dict(model="hf", dropout=0.1, attention="eager", precision="fp32", compile="off", fused=False,
                    tf32=False)),
              ("+ dropout 0 (GPT-2 pretraining used 0.1; 12M tokens do not overfit)", dict(dropout=0.0)),
              ("+ SDPA attention (flash / memory-efficient kernel)", dict(attention="sdpa")),
@@ -41,13 +46,16 @@ def ladder(cuda, capability):
         rungs.append(("+ TF32 matmuls", dict(tf32=True)))
     if half != "fp32":  # as gpt_train.py's --precision auto: only where the hardware has 16-bit math
         rungs.append((f"+ {half} autocast" + (" + GradScaler" if half == "fp16" else ""), dict(precision=half)))
-    if compile_ok:  # as gpt_train.py's --compile auto: off on Turing and on CPU
-        rungs.append(("+ torch.compile", dict(compile=True)))
-    rungs.append(("+ fused AdamW (= gpt_train.py default)", dict(fused=True)))
+    if compile_ok or with_compile:  # as gpt_train.py's --compile auto: regional; off on Turing and on CPU
+        rungs.append(("+ torch.compile, each block on its own (regional)", dict(compile="regional")))
+    rungs.append(("+ fused AdamW" + (" (= gpt_train.py default)" if not with_compile or compile_ok else ""),
+                  dict(fused=True)))
     settings, out = {}, []
     for name, change in rungs:
         settings = {**settings, **change}
         out.append((name, dict(settings)))
+    if compile_ok or with_compile:  # not a rung: the last one with the whole model compiled instead
+        out.append(("  (instead of regional: whole-model torch.compile)", {**settings, "compile": "whole"}))
     return out
 
 
@@ -64,8 +72,9 @@ def build(settings, vocab_size, seq_len, device):
     else:
         model = gpt_train.GPT(cfg, settings["attention"]).to(device)
         forward = model
-    if settings["compile"]:
-        forward = torch.compile(forward)
+    if settings["compile"] != "off":
+        forward = gpt_train.compile_model(model, settings["compile"]) if settings["model"] == "own" \
+            else torch.compile(forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=settings["fused"] or None)
     return cfg, model, forward, optimizer
 
@@ -84,6 +93,7 @@ def measure(settings, args, device):
     batch = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1), device=device)
     model.train()
     times = []
+    torch._dynamo.reset()  # each rung compiles from scratch (inductor's cache may still help)
     for step in range(args.warmup + args.steps):
         if cuda:
             torch.cuda.synchronize()
@@ -96,8 +106,8 @@ def measure(settings, args, device):
         optimizer.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize()  # sync point: the step's GPU work is what is timed
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
+    first, times = times[0], times[args.warmup:]
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
     peak = gpt_train.peak_flops(torch.cuda.get_device_name(device), precision) if cuda else None
@@ -107,6 +117,8 @@ def measure(settings, args, device):
     if cuda:
         torch.cuda.empty_cache()
     return {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "mfu": fpt * tps / peak if peak else None,
+            "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
+            "first_step_extra_seconds": first - seconds,  # compilation (and warm-up) of the first step
             "loss": loss.item()}
 
 
@@ -121,11 +133,19 @@ def main(argv=None):
                                                                         "(default: 3 on GPU, 2 on CPU)")
     p.add_argument("--steps", type=int, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
     p.add_argument("--only", type=str, default=None, help="comma-separated rung numbers to run (1 = naive)")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the ladder here as JSON")
+    p.add_argument("--with-compile", action="store_true", help="add the compile rungs where auto leaves them out (CPU)")
+    p.add_argument("--compile-cost", action="store_true", help="instead of the ladder: cold and warm compile seconds "
+                   "of gpt_train.py, regional vs whole model, each in a fresh process with a fresh cache")
+    p.add_argument("--text", type=Path, default=None, help="--compile-cost: corpus (default: gpt_train.py's)")
+    p.add_argument("--tokenizer", default=None, help="--compile-cost: tokenizer.json (default: gpt_train.py's)")
+    p.add_argument("--repeats", type=int, default=2, help="--compile-cost: interleaved repeats (default: %(default)s)")
+    p.add_argument("--metrics-out", type=Path, default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     device_name = torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)"
-    rungs = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0))
+    if args.compile_cost:
+        return compile_cost(args)
+    rungs = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0), args.with_compile)
     chosen = {int(i) for i in args.only.split(",")} if args.only else set(range(1, len(rungs) + 1))
     print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
           f"median of {args.steps} steps after {args.warmup} warm-up")
@@ -139,11 +159,58 @@ def main(argv=None):
         mfu = f"{r['mfu']:6.1%}" if r["mfu"] else "     -"
         print(f"{i:2d} {name:72s} {r['tokens_per_second']:10,.0f} tok/s {r['ms_per_step']:9.1f} ms  MFU {mfu}"
               f"  x{results[-1]['speedup']:.2f}", flush=True)
-    out = {"device_name": device_name, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-           "vocab_size": args.vocab_size, "rungs": results}
+    out = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
+           "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size, "rungs": results}
     if args.metrics_out:
-        args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
-        args.metrics_out.write_text(json.dumps(out, indent=2) + "\n")
+        files.write_json(args.metrics_out, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- --compile-cost
+
+def train_once(args, mode, cache, run_dir):
+    """gpt_train.py in a fresh process: the lab model at --seq-len, a few steps; its metrics."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env["XDG_CACHE_HOME"] = str(cache / "xdg")  # nothing of an earlier run's caches but the compile cache
+    cmd = [sys.executable, str(REPO / "gpt_train.py"), "--preset", "lab", "--seq-len", str(args.seq_len),
+           "--micro-batch", str(args.micro_batch), "--global-batch", str(args.micro_batch),
+           "--tokens", str(8 * args.micro_batch * args.seq_len), "--compile", mode, "--compile-cache", str(cache),
+           "--eval-every", "1000", "--val-batches", "1", "--ckpt-every", "0", "--log-every", "1",
+           "--out-dir", str(run_dir), "--metrics-out", str(run_dir / "m.json")]
+    cmd += ["--text", str(args.text)] if args.text else []
+    cmd += ["--tokenizer", args.tokenizer] if args.tokenizer else []
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if result.returncode:
+        sys.exit(f"error: gpt_train.py --compile {mode} failed:\n{result.stderr[-2000:]}")
+    return json.loads((run_dir / "m.json").read_text())
+
+
+def compile_cost(args):
+    """Cold (empty cache) and warm (the same cache again) compile seconds, regional vs whole model,
+    interleaved; every run a new process, as every job start is."""
+    runs = {f"{mode}_{state}": [] for mode in ("regional", "whole") for state in ("cold", "warm")}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        train_once(args, "off", tmp / "off-cache", tmp / "warm-up")  # tokenises the corpus once, untimed
+        for r in range(args.repeats):
+            for state in ("cold", "warm"):
+                for mode in ("regional", "whole"):
+                    m = train_once(args, mode, tmp / f"cache-{mode}-{r}", tmp / f"run-{mode}-{state}-{r}")
+                    runs[f"{mode}_{state}"].append({"compile_seconds": m["compile_seconds"],
+                                                    "tokens_per_second": m["tokens_per_second"],
+                                                    "total_seconds": m["total_seconds"]})
+                    print(f"repeat {r + 1}: {mode:8s} {state}: compile {m['compile_seconds']:6.1f} s, steady "
+                          f"{m['tokens_per_second']:7,.0f} tokens/s, process {m['total_seconds']:5.1f} s", flush=True)
+    median = {k: statistics.median(x["compile_seconds"] for x in v) for k, v in runs.items()}
+    out = {"device_name": m["device_name"], "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
+           "seq_len": args.seq_len, "micro_batch": args.micro_batch, "precision": m["precision"],
+           "repeats": args.repeats, "median_compile_seconds": median,
+           "regional_cold_vs_whole_cold": median["regional_cold"] / median["whole_cold"],
+           "regional_warm_vs_regional_cold": median["regional_warm"] / median["regional_cold"], "runs": runs}
+    print(f"medians: {json.dumps({k: round(v, 2) for k, v in median.items()})}; regional cold / whole cold = "
+          f"{out['regional_cold_vs_whole_cold']:.2f}, regional warm / cold = {out['regional_warm_vs_regional_cold']:.2f}")
+    if args.metrics_out:
+        files.write_json(args.metrics_out, out)
     return out
 
 
