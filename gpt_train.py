@@ -645,16 +645,25 @@ class Trainer:
 
 @dataclass
 class Run:
-    """What the Trainer needs to know about the run besides the model: flags, folder, identity, FLOPs."""
+    """What is known about the run, filled in phase by phase; read by the Trainer and the metrics."""
     args: argparse.Namespace
-    out_dir: Path
-    identity: dict  # what a resume must match (check_same_run)
+    precision: str
+    compile_mode: str
+    world: int
+    device_name: str
+    out_dir: Path = None
+    identity: dict = None  # what a resume must match (check_same_run)
+    text: Path = None
+    cfg: GPT2Config = None
+    params: int = 0
     flops_per_token: float = 0.0
-    peak: float | None = None
+    peak: float | None = None  # the GPU's tensor-core FLOP/s, for MFU
+    note: str = ""  # why an `auto` choice went the way it did, for the start-up line
 
 
 def decide_device(args):
-    """Device, precision and compile, decided once per process after its GPU is set."""
+    """Device, precision and compile, decided once per process after its GPU is set: the Accelerator
+    and the Run that records them."""
     cuda = torch.cuda.is_available()
     capability = (0, 0)
     if cuda:
@@ -671,13 +680,17 @@ def decide_device(args):
         torch.set_float32_matmul_precision("high")  # TF32 tensor cores for whatever stays in fp32
     if compile_mode != "off":
         use_compile_cache(args.compile_cache)
-    return accelerator, precision, compile_mode, note
+    device_name = torch.cuda.get_device_name() if cuda else f"cpu ({torch.get_num_threads()} threads)"
+    run = Run(args, precision, compile_mode, accelerator.num_processes, device_name, note=note,
+              peak=peak_flops(device_name, precision) if cuda else None)
+    return accelerator, run
 
 
-def open_run_dir(args, accelerator, stack):
-    """The run's folder, locked; a finished run is never overwritten; the newest verified checkpoint."""
-    out_dir = args.out_dir or REPO / "runs" / "gpt" / time.strftime("%Y%m%d-%H%M%S")
-    ckpt = None
+def open_run_dir(run, accelerator, stack):
+    """Check the outputs, lock the run's folder (a finished run is never overwritten), and find the
+    newest verified checkpoint."""
+    args, ckpt = run.args, None
+    out_dir = run.out_dir = args.out_dir or REPO / "runs" / "gpt" / time.strftime("%Y%m%d-%H%M%S")
     if accelerator.is_main_process:
         files.check_output_dir(out_dir, "--out-dir")
         if args.metrics_out:
@@ -690,8 +703,9 @@ def open_run_dir(args, accelerator, stack):
             print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)
         if ckpt and args.resume == "never":
             raise UserError(f"{out_dir} has checkpoint {ckpt.name} and --resume never; pick a new --out-dir")
-    ckpt = broadcast_object_list([ckpt])[0] if accelerator.num_processes > 1 else ckpt
-    return out_dir, ckpt
+    if accelerator.num_processes > 1:  # the main process's choice (its clock named the default folder)
+        ckpt, run.out_dir = broadcast_object_list([ckpt, out_dir])
+    return ckpt
 
 
 def load_blocks(args, accelerator, text, tokenizer):
@@ -701,26 +715,30 @@ def load_blocks(args, accelerator, text, tokenizer):
         return wos.tokenize_blocks(splits, tokenizer, args.seq_len + 1)
 
 
-def build_model(args, tokenizer, accelerator, precision, saved_run):
-    """The model, its micro-batch and token budget, AdamW (decay on matrices only)."""
-    cfg = model_config(args, tokenizer.get_vocab_size(), tokenizer.token_to_id(wos.EOT))
-    model = GPT(cfg, args.attention).to(accelerator.device)
-    world = accelerator.num_processes
+def build_model(run, tokenizer, accelerator, saved_run):
+    """The model, its micro-batch and token budget, AdamW (decay on matrices only); fills in the
+    Run's config, parameter count and FLOPs per token."""
+    args = run.args
+    run.cfg = model_config(args, tokenizer.get_vocab_size(), tokenizer.token_to_id(wos.EOT))
+    model = GPT(run.cfg, args.attention).to(accelerator.device)
+    run.params = sum(p.numel() for p in model.parameters())
+    run.flops_per_token = flops_per_token(run.cfg, args.seq_len, run.params - run.cfg.n_positions * run.cfg.n_embd)
     if saved_run:  # a resume keeps the micro-batch it started with: the data position counts micro-batches
         micro, how = saved_run["micro_batch"], "as the checkpoint"
     elif args.micro_batch == "auto" and accelerator.device.type == "cuda":
-        micro, how = probe_micro_batch(model, args, precision, accelerator.device, args.global_batch // world)
-    elif args.micro_batch in ("auto", None):  # CPU: the preset's, at most this process's share
-        micro, how = fit_micro_batch(args.global_batch, world, args.preset_micro_batch), "preset"
+        micro, how = probe_micro_batch(model, args, run.precision, accelerator.device, args.global_batch // run.world)
+    elif args.micro_batch == "auto":  # CPU: the preset's, at most this process's share
+        micro, how = fit_micro_batch(args.global_batch, run.world, args.preset_micro_batch), "preset"
     else:
-        micro, how = int(args.micro_batch), "flag"
-    budget = plan_budget(args.tokens, args.global_batch, micro, world, args.seq_len)
+        micro, how = args.micro_batch, "flag"
+    budget = plan_budget(args.tokens, args.global_batch, micro, run.world, args.seq_len)
+    run.identity["micro_batch"] = budget.micro_batch
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings decay; biases, norms don't
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
                                   eps=1e-8, fused=args.fused_adamw == "on")
-    return cfg, model, optimizer, budget, how
+    return model, optimizer, budget, how
 
 
 def run_identity(args, tokenizer, world):
@@ -733,24 +751,23 @@ def run_identity(args, tokenizer, world):
             "global_batch": args.global_batch, "world_size": world, "seed": args.seed}
 
 
-def startup_line(params, tokenizer, cfg, device_name, world, precision, compile_mode, args, budget, micro_how):
-    parts = [f"GPT-2 {params / 1e6:.1f}M params, vocab {tokenizer.get_vocab_size()} -> {cfg.vocab_size}",
-             f"{device_name} x {world}", f"precision {precision}", f"compile {compile_mode}",
+def startup_line(run, tokenizer, budget, micro_how):
+    args = run.args
+    parts = [f"GPT-2 {run.params / 1e6:.1f}M params, vocab {tokenizer.get_vocab_size()} -> {run.cfg.vocab_size}",
+             f"{run.device_name} x {run.world}", f"precision {run.precision}", f"compile {run.compile_mode}",
              f"attention {args.attention}", f"tf32 {args.tf32}", f"fused AdamW {args.fused_adamw}",
-             f"batch {args.global_batch} x {args.seq_len} (micro {budget.micro_batch} [{micro_how}] x {world} x "
+             f"batch {args.global_batch} x {args.seq_len} (micro {budget.micro_batch} [{micro_how}] x {run.world} x "
              f"accum {budget.accum})",
              f"{budget.total_steps} steps for {budget.total_micro * budget.tokens_per_micro:,} tokens"]
     return ", ".join(parts)
 
 
-def final_metrics(run, state, stats, val_loss, precision, compile_mode, world, device_name, params, cfg, text,
-                  t_start):
-    v = stats["validation"]
+def final_metrics(run, state, stats, val_loss, t_start):
+    v, args = stats["validation"], run.args
     tail = [loss for _, loss in state["losses"][-5:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
     steady = state["steady_seconds"] > 0
     tps = state["steady_tokens"] / state["steady_seconds"] if steady else state["tokens_seen"] / state["train_seconds"]
-    args = run.args
     return {
         "tokens_seen": state["tokens_seen"], "steps": state["step"], "final_train_loss": final_train_loss,
         "final_val_loss": val_loss,
@@ -758,11 +775,12 @@ def final_metrics(run, state, stats, val_loss, precision, compile_mode, world, d
         "success": final_train_loss < SUCCESS_LOSS, "train_seconds": round(state["train_seconds"], 3),
         "compile_seconds": round(state["compile_seconds"], 3) if steady else None,
         "total_seconds": round(time.perf_counter() - t_start, 3), "tokens_per_second": tps,
-        "mfu": mfu(tps, run.flops_per_token, run.peak, world), "precision": precision, "compile": compile_mode,
-        "attention": args.attention, "world_size": world, "device_name": device_name, "params": params,
-        "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer, "text": str(text), "preset": args.preset,
-        "global_batch": args.global_batch, "micro_batch": run.identity["micro_batch"], "seq_len": args.seq_len,
-        "resumed": bool(state.get("resumed")), "torch": torch.__version__, "loss_curve": state["losses"],
+        "mfu": mfu(tps, run.flops_per_token, run.peak, run.world), "precision": run.precision,
+        "compile": run.compile_mode, "attention": args.attention, "world_size": run.world,
+        "device_name": run.device_name, "params": run.params, "vocab_size": run.cfg.vocab_size,
+        "tokenizer": args.tokenizer, "text": str(run.text), "preset": args.preset, "global_batch": args.global_batch,
+        "micro_batch": run.identity["micro_batch"], "seq_len": args.seq_len, "resumed": bool(state.get("resumed")),
+        "torch": torch.__version__, "loss_curve": state["losses"],
     }
 
 
@@ -773,42 +791,33 @@ def train(args):
         stack.callback(AcceleratorState._reset_state, True)  # so that main() can run again in this process
 
         # ---- device decisions, run directory and inputs (checked before any work), data
-        accelerator, precision, compile_mode, compile_note = decide_device(args)
-        out_dir, ckpt = open_run_dir(args, accelerator, stack)
-        main_proc, world = accelerator.is_main_process, accelerator.num_processes
-        text = wos.resolve_text(args.text, download=not args.no_download and main_proc)
+        accelerator, run = decide_device(args)
+        ckpt = open_run_dir(run, accelerator, stack)
+        run.text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
         tokenizer = wos.load_tokenizer(args.tokenizer)
         saved = json.loads((ckpt / "trainer_state.json").read_text()) if ckpt else None
-        run = Run(args, out_dir, run_identity(args, tokenizer, world))
+        run.identity = run_identity(args, tokenizer, run.world)
         if saved:  # a resume must continue the same run
             check_same_run(saved["run"], run.identity)
         set_seed(args.seed)
-        blocks, stats = load_blocks(args, accelerator, text, tokenizer)
+        blocks, stats = load_blocks(args, accelerator, run.text, tokenizer)
 
         # ---- model, optimizer, budget
-        cfg, model, optimizer, budget, micro_how = build_model(args, tokenizer, accelerator, precision,
-                                                               saved and saved["run"])
-        run.identity["micro_batch"] = budget.micro_batch
-        params = sum(p.numel() for p in model.parameters())
+        model, optimizer, budget, micro_how = build_model(run, tokenizer, accelerator, saved and saved["run"])
         model, optimizer = accelerator.prepare(model, optimizer)
-        train_model = compile_model(model, compile_mode)
+        train_model = compile_model(model, run.compile_mode)
         state = {"step": 0, "lr_step": 0, "micro_batches": 0, "tokens_seen": 0, "train_seconds": 0.0,
                  "steady_seconds": 0.0, "steady_tokens": 0, "compile_seconds": 0.0, "losses": []}
         if ckpt:
             accelerator.load_state(str(ckpt))
             state = {**state, **{k: v for k, v in saved.items() if k != "run"}, "resumed": True}
-        device_name = torch.cuda.get_device_name() if accelerator.device.type == "cuda" else \
-            f"cpu ({torch.get_num_threads()} threads)"
-        run.peak = peak_flops(device_name, precision) if accelerator.device.type == "cuda" else None
-        run.flops_per_token = flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
-        if main_proc:
-            print(startup_line(params, tokenizer, cfg, device_name, world, precision, compile_mode, args, budget,
-                               micro_how) + (f"; {compile_note}" if compile_note else "")
+        if accelerator.is_main_process:
+            print(startup_line(run, tokenizer, budget, micro_how) + (f"; {run.note}" if run.note else "")
                   + (f"; resuming at step {state['step']} from {ckpt}" if ckpt else ""))
-            print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
+            print(f"data: {run.text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
                   f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}")
             if not ckpt:
-                files.write_json(out_dir / "args.json", vars(args))
+                files.write_json(run.out_dir / "args.json", vars(args))
 
         # ---- the loop
         trainer = Trainer(run, accelerator, model, train_model, optimizer, budget, blocks, state, stop)
@@ -818,12 +827,11 @@ def train(args):
 
         # ---- the end: validation, metrics
         val_loss = evaluate(model, blocks["validation"], accelerator, budget.micro_batch, args.val_batches)
-        metrics = final_metrics(run, state, stats, val_loss, precision, compile_mode, world, device_name, params,
-                                cfg, text, t_start)
-        if main_proc:
+        metrics = final_metrics(run, state, stats, val_loss, t_start)
+        if accelerator.is_main_process:
             trainer.writer.add_scalar("val/loss", val_loss, state["step"])
             trainer.writer.close()
-            for path in [out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
+            for path in [run.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
                 files.write_json(path, metrics)
             print(summary_line(metrics))
         return metrics
