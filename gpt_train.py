@@ -594,6 +594,7 @@ class Trainer:
         if s["step"] % self.args.eval_every == 0 and not last:
             val = evaluate(self.model, self.blocks["validation"], self.acc, self.budget.micro_batch,
                            self.args.val_batches)
+            s["val_losses"].append([s["step"], val])
             if self.writer:
                 self.writer.add_scalar("val/loss", val, s["step"])
         if stopping or last or (self.args.ckpt_every and s["step"] % self.args.ckpt_every == 0):
@@ -626,6 +627,8 @@ class Trainer:
                             f"{ckpt or 'none'} (try a lower --lr)")
         s["losses"].append([s["step"], mean_loss])
         tps = self.perf.window_tokens_per_second()
+        if tps:
+            s["throughput"].append([s["step"], tps])
         if self.writer:
             scalars = {"train/loss": mean_loss, "train/lr": self.lr_at(s["lr_step"] - 1),
                        "train/grad_norm": float(grad_norm)}
@@ -659,6 +662,7 @@ class Run:
     flops_per_token: float = 0.0
     peak: float | None = None  # the GPU's tensor-core FLOP/s, for MFU
     note: str = ""  # why an `auto` choice went the way it did, for the start-up line
+    argv: list = None  # the command line, recorded in the metrics
 
 
 def decide_device(args):
@@ -680,8 +684,8 @@ def decide_device(args):
         torch.set_float32_matmul_precision("high")  # TF32 tensor cores for whatever stays in fp32
     if compile_mode != "off":
         use_compile_cache(args.compile_cache)
-    device_name = torch.cuda.get_device_name() if cuda else f"cpu ({torch.get_num_threads()} threads)"
-    run = Run(args, precision, compile_mode, accelerator.num_processes, device_name, note=note,
+    device_name = torch.cuda.get_device_name() if cuda else f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    run = Run(args, precision, compile_mode, accelerator.num_processes, device_name, note=note, argv=args.argv,
               peak=peak_flops(device_name, precision) if cuda else None)
     return accelerator, run
 
@@ -780,7 +784,9 @@ def final_metrics(run, state, stats, val_loss, t_start):
         "device_name": run.device_name, "params": run.params, "vocab_size": run.cfg.vocab_size,
         "tokenizer": args.tokenizer, "text": str(run.text), "preset": args.preset, "global_batch": args.global_batch,
         "micro_batch": run.identity["micro_batch"], "seq_len": args.seq_len, "resumed": bool(state.get("resumed")),
-        "torch": torch.__version__, "loss_curve": state["losses"],
+        "torch": torch.__version__, "command": "python gpt_train.py " + " ".join(run.argv),
+        "loss_curve": state["losses"], "val_curve": state["val_losses"] + [[state["step"], val_loss]],
+        "throughput_curve": state["throughput"],
     }
 
 
@@ -807,7 +813,8 @@ def train(args):
         model, optimizer = accelerator.prepare(model, optimizer)
         train_model = compile_model(model, run.compile_mode)
         state = {"step": 0, "lr_step": 0, "micro_batches": 0, "tokens_seen": 0, "train_seconds": 0.0,
-                 "steady_seconds": 0.0, "steady_tokens": 0, "compile_seconds": 0.0, "losses": []}
+                 "steady_seconds": 0.0, "steady_tokens": 0, "compile_seconds": 0.0, "losses": [],
+                 "val_losses": [], "throughput": []}
         if ckpt:
             accelerator.load_state(str(ckpt))
             state = {**state, **{k: v for k, v in saved.items() if k != "run"}, "resumed": True}
@@ -915,8 +922,7 @@ def parse_args(argv):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
     args.preset_micro_batch = preset["micro_batch"]
-    if args.tokenizer is None:  # the own tokenizer once tokenizer_train.py has made it
-        args.tokenizer = str(wos.OWN_TOKENIZER) if wos.OWN_TOKENIZER.exists() else "gpt2"
+    args.tokenizer = args.tokenizer or wos.default_tokenizer()
     check_args(p, args)
     return args
 
@@ -939,6 +945,7 @@ def check_args(parser, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return train(args)
     except (UserError, wos.TextError, files.OutputError) as e:

@@ -197,8 +197,8 @@ class LeNet5(nn.Module):
 
 # ----------------------------------------------------------------------------- training
 
-def train_epoch(model, loader, optimizer, scheduler, writer, step, log_every, epoch):
-    """One pass over the training set; the global step after it."""
+def train_epoch(model, loader, optimizer, scheduler, writer, step, log_every, epoch, curve):
+    """One pass over the training set; the global step after it. Logged losses also go to `curve`."""
     model.train()
     for x, y in tqdm(loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0):
         loss = F.cross_entropy(model(x), y)
@@ -210,6 +210,7 @@ def train_epoch(model, loader, optimizer, scheduler, writer, step, log_every, ep
         if step % log_every == 0:  # .item() is a CPU-GPU sync point: only every log_every steps
             value = loss.item()
             check_finite(value, f"training loss at step {step}")
+            curve.append([step, value])
             writer.add_scalar("train/loss", value, step)
             writer.add_scalar("train/lr", scheduler.get_last_lr()[0], step)
     return step
@@ -363,14 +364,15 @@ def run(args):
     files.write_json(out_dir / "args.json", vars(args))
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
     fit = fit_lightning if args.engine == "lightning" else fit_plain
-    history, train_seconds = fit(args, model, train_set, test_set, digits, out_dir, device)
+    history, train_seconds, curve, steps = fit(args, model, train_set, test_set, digits, out_dir, device)
 
     last = history[-1]
     metrics = {"test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
+               "steps": steps,
                "train_seconds": round(train_seconds, 3), "device": str(device), "device_name": device_name(device),
                "act": args.act, "engine": args.engine, "params": params, "batch_size": args.batch_size,
-               "lr": args.lr, "seed": args.seed, "torch": torch.__version__, "history": history,
-               "out_dir": str(out_dir)}
+               "lr": args.lr, "seed": args.seed, "torch": torch.__version__, "command": command(args),
+               "history": history, "train_loss_curve": curve, "out_dir": str(out_dir)}
     files.write_json(out_dir / "metrics.json", metrics)
     if args.metrics_out:
         files.write_json(args.metrics_out, metrics)
@@ -381,8 +383,17 @@ def run(args):
     return metrics
 
 
+def command(args):
+    """The command line that reproduces this run (for the metrics: every number names its command)."""
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+             if v not in (None, False) and k not in ("out_dir", "metrics_out", "save")]
+    return "python lenet5.py " + " ".join(f.removesuffix(" True") for f in flags)
+
+
 def device_name(device):
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
 
 
 def epoch_done(writer, model, digits, device, history, epoch, step, test_loss, test_acc, train_seconds):
@@ -405,24 +416,25 @@ def add_graph(writer, model, digits):
 # ----------------------------------------------------------------------------- the plain loop (--engine plain)
 
 def fit_plain(args, model, train_set, test_set, digits, out_dir, device):
-    """(history, train_seconds): AdamW with warm-up + cosine, one test pass after every epoch."""
+    """(history, train_seconds, train-loss curve, steps): AdamW with warm-up + cosine, a test pass after every
+    epoch."""
     train_loader = make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
     test_loader = make_loader(test_set, 1000, shuffle=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle(args.epochs * len(train_loader)))
     writer = SummaryWriter(out_dir)
     add_graph(writer, model, digits)
-    step, train_seconds, history = 0, 0.0, []
+    step, train_seconds, history, curve = 0, 0.0, [], []
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
-        step = train_epoch(model, train_loader, optimizer, scheduler, writer, step, args.log_every, epoch)
+        step = train_epoch(model, train_loader, optimizer, scheduler, writer, step, args.log_every, epoch, curve)
         if device.type == "cuda":
             torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
         train_seconds += time.perf_counter() - t0
         test_loss, test_acc = test(model, test_loader)
         epoch_done(writer, model, digits, device, history, epoch, step, test_loss, test_acc, train_seconds)
     writer.close()
-    return history, train_seconds
+    return history, train_seconds, curve, step
 
 
 # ----------------------------------------------------------------------------- Lightning (--engine lightning)
@@ -430,7 +442,7 @@ def fit_plain(args, model, train_set, test_set, digits, out_dir, device):
 def fit_lightning(args, model, train_set, test_set, digits, out_dir, device):
     """The same model, batches, optimizer, schedule and test pass, driven by lightning.Trainer: it runs
     the loop, steps optimizer and scheduler, runs the test pass and the callbacks. The data already
-    lives on the device, so it moves nothing. Returns (history, train_seconds) as fit_plain does."""
+    lives on the device, so it moves nothing. Returns what fit_plain returns."""
     try:
         import lightning as L  # here, not at the top: the import takes ~4 s the plain loop need not pay
     except ImportError as e:
@@ -447,7 +459,7 @@ def fit_lightning(args, model, train_set, test_set, digits, out_dir, device):
                         num_sanity_val_steps=0, log_every_n_steps=args.log_every)
     trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=make_loader(test_set, 1000, shuffle=False))
     logger.experiment.close()
-    return epochs.history, epochs.train_seconds
+    return epochs.history, epochs.train_seconds, lit.curve, trainer.global_step
 
 
 def lightning_module(L):
@@ -457,7 +469,7 @@ def lightning_module(L):
         def __init__(self, model, args, total_steps):
             super().__init__()
             self.model, self.args, self.total_steps = model, args, total_steps
-            self.test_result = None
+            self.test_result, self.curve = None, []
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -466,6 +478,7 @@ def lightning_module(L):
             if step % self.args.log_every == 0:  # a sync point: only every log_every steps
                 value = loss.item()
                 check_finite(value, f"training loss at step {step}")
+                self.curve.append([step, value])
                 self.logger.experiment.add_scalar("train/loss", value, step)
                 self.logger.experiment.add_scalar("train/lr", self.lr_schedulers().get_last_lr()[0], step)
             return loss

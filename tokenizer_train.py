@@ -10,6 +10,7 @@ bytes per token on the validation split (and GPT-2's, where its tokenizer can be
 decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads.
 """
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -94,6 +95,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(args)
     except (wos.TextError, files.OutputError) as e:
@@ -124,12 +126,16 @@ def run(args):
                "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
                "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
-               "text": str(text), "text_sha256_16": wos.corpus_fingerprint(text), "out": str(args.out)}
+               "text": str(text), "text_sha256_16": wos.corpus_fingerprint(text), "out": str(args.out),
+               "cpu": files.cpu_name(), "command": "python tokenizer_train.py " + " ".join(args.argv)}
     gpt2 = load_comparison(args.compare)
     metrics["compare"] = args.compare
     metrics["gpt2_val_bytes_per_token"] = bytes_per_token(gpt2, val_docs) if gpt2 else None
 
     if args.block_size:  # the tokenised corpus gpt_train.py will read from the cache
+        # From here on datasets' worker processes are the parallelism; tokenizers would warn about
+        # (and disable) its own threads in each forked worker.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
         t0 = time.perf_counter()
         _, stats = wos.tokenize_blocks(splits, tokenizer, args.block_size)
         seconds = time.perf_counter() - t0

@@ -5,6 +5,7 @@ a lock on a run directory, and content hashes.
     check_output(path, what)   before training: the path can be written, or one clear error
     RunLock(dir)               one run per directory; the kernel drops the lock when a process dies
     sha256_file(path)          what a checkpoint or a run depends on, by content
+    cpu_name()                 the processor, for the hardware every measurement names
 """
 import fcntl
 import hashlib
@@ -96,3 +97,15 @@ def sha256_file(path, chunk=1 << 22):
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def cpu_name():
+    """The processor's model name (from /proc/cpuinfo), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()

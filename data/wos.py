@@ -30,6 +30,11 @@ from transformers import AutoTokenizer
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
+
+
+def default_tokenizer():
+    """gpt_train.py's tokenizer: the own one once tokenizer_train.py has made it, else GPT-2's."""
+    return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
@@ -160,8 +165,6 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
         raise TextError(f"the tokenizer has no {EOT} token")
     if num_proc is None:  # worker processes pay off only on a large corpus
         num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None
-    if num_proc:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism; no fork warnings
 
     def tokenize(batch):
         ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]

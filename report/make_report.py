@@ -9,8 +9,14 @@ missing is named in results.md ("no GPT run found under runs/gpt"), never filled
 """
 import argparse
 import json
+import shutil
+import socket
 import struct
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import matplotlib
@@ -106,10 +112,15 @@ def load_results(results_dir, problems):
 
 # ----------------------------------------------------------------------------- figures
 
-def plot_lines(path, panels, title):
-    """panels: [(ylabel, {label: [(x, y)]}, xlabel)] side by side."""
+def plot_lines(path, panels, title, hline=None, ymin0=None):
+    """panels: [(ylabel, {label: [(x, y)]}, xlabel)] side by side; hline = (panel, y, label) draws a
+    dashed reference line; ymin0 = a panel whose y axis starts at zero."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
-    for ax, (ylabel, series, xlabel) in zip(axes[0], panels):
+    for i, (ax, (ylabel, series, xlabel)) in enumerate(zip(axes[0], panels)):
+        if hline and hline[0] == i:
+            ax.axhline(hline[1], color="gray", linestyle="--", linewidth=1, label=hline[2])
+        if ymin0 == i:
+            ax.set_ylim(bottom=0, top=max((y for pts in series.values() for _, y in pts), default=1) * 1.1)
         for label, points in series.items():
             if points:
                 xs, ys = zip(*points)
@@ -125,13 +136,29 @@ def plot_lines(path, panels, title):
     plt.close(fig)
 
 
-def lenet_figures(run, out, lines):
-    s, m = run["scalars"], run["metrics"]
-    name = f"LeNet-5 ({m.get('device_name', m['device'])}, act={m['act']})"
-    plot_lines(out / "lenet_curves.png",
-               [("loss", {"train": s.get("train/loss", []), "test": s.get("test/loss", [])}, "step"),
-                ("test accuracy", {"test": s.get("test/accuracy", [])}, "step")], name)
-    lines.append("![LeNet-5 curves](lenet_curves.png)")
+def scalars_from_metrics(m):
+    """The curves a metrics JSON keeps, in the {tag: [(step, value)]} form of the event files: so a
+    figure can be redrawn from committed data alone."""
+    if "tokens_seen" in m:  # GPT
+        return {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
+                "perf/tokens_per_second": m.get("throughput_curve", [])}
+    per_epoch = m.get("steps", 0) / m["epochs"]
+    return {"train/loss": m.get("train_loss_curve", []),
+            "test/loss": [(h["epoch"] * per_epoch, h["test_loss"]) for h in m["history"]],
+            "test/accuracy": [(h["epoch"] * per_epoch, h["test_accuracy"]) for h in m["history"]]}
+
+
+def lenet_curves(s, m, path):
+    name = (f"LeNet-5 ({m.get('device_name', m['device'])}, act={m['act']}, engine={m.get('engine', 'plain')}, "
+            f"final test accuracy {m['test_accuracy']:.2%})")
+    plot_lines(path, [("loss", {"train": s.get("train/loss", []), "test": s.get("test/loss", [])}, "step"),
+                      ("test accuracy", {"test": s.get("test/accuracy", [])}, "step")], name)
+    return [f"![LeNet-5 curves]({path.name})"]
+
+
+def lenet_figures(run, out):
+    """The curves and the intermediate-layer images of one LeNet-5 run; the lines that show them."""
+    lines = lenet_curves(run["scalars"], run["metrics"], out / "lenet_curves.png")
     for tag, file in (("layers/conv1_filters", "lenet_conv1_filters.png"),
                       ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png"),
                       ("layers/conv2_feature_maps", "lenet_conv2_feature_maps.png")):
@@ -140,33 +167,42 @@ def lenet_figures(run, out, lines):
             lines.append(f"![{tag}]({file})")
         else:
             lines.append(f"- no `{tag}` image in {run['dir']}")
+    return lines
 
 
-def gpt_figures(run, out, lines):
-    s, m = run["scalars"], run["metrics"]
-    title = f"GPT-2 ({m['device_name']} x {m['world_size']}, {m['precision']}, {m['tokens_seen']:,} tokens)"
-    plot_lines(out / "gpt_curves.png",
-               [("loss (nats/token)", {"train": s.get("train/loss", []), "validation": s.get("val/loss", [])}, "step"),
-                ("tokens / s", {"throughput": s.get("perf/tokens_per_second", [])}, "step")], title)
-    lines.append("![GPT-2 loss and throughput](gpt_curves.png)")
+def gpt_figures(run, out):
+    return gpt_curves(run["scalars"], run["metrics"], out / "gpt_curves.png")
 
 
-def gpu_figure(runs, out, lines):
+def gpt_curves(s, m, path):
+    """Loss (train, validation, the lab's goal) and throughput against tokens, for one GPT run."""
+    per_step = m["tokens_seen"] / max(1, m["steps"])
+    tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
+              for tag in ("train/loss", "val/loss", "perf/tokens_per_second")}
+    size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
+    corpus = "stand-in corpus, not WOS" if "standin" in str(m.get("text")) else "WOS"
+    title = (f"GPT-2 structure, {size}, {corpus} ({m['device_name']} x {m['world_size']}, {m['precision']}, "
+             f"{m['tokens_seen']:,} tokens)")
+    plot_lines(path, [("loss (nats/token)", {"train": tokens["train/loss"], "validation": tokens["val/loss"]}, "tokens"),
+                      ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")], title,
+               hline=(0, 7.0, "goal: loss < 7"), ymin0=1)
+    return [f"![GPT-2 loss and throughput]({path.name})"]
+
+
+def gpu_figure(runs, out):
     series = {}
     for run in runs:
         for tag in ("gpu/utilization_percent", "gpu/memory_used_GiB"):
             if run["scalars"].get(tag):
                 series.setdefault(tag, {})[f"{run['kind']} ({run['dir'].name})"] = run["scalars"][tag]
     if not series:
-        lines.append("- no GPU utilisation recorded: the runs above ran on the CPU (NVML curves appear "
-                     "only for GPU runs)")
-        return
+        return ["- no GPU utilisation recorded: the runs above ran on the CPU (NVML curves appear only for GPU runs)"]
     plot_lines(out / "gpu_utilization.png", [(tag, pts, "step") for tag, pts in series.items()],
                "GPU utilisation and memory (NVML)")
-    lines.append("![GPU utilisation](gpu_utilization.png)")
+    return ["![GPU utilisation](gpu_utilization.png)"]
 
 
-def ladder_figure(name, bench, out, lines):
+def ladder_figure(name, bench, out):
     rungs = bench["rungs"]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rungs) + 1.2))
     ax.barh(range(len(rungs)), [r["tokens_per_second"] for r in rungs], color="tab:blue")
@@ -179,7 +215,107 @@ def ladder_figure(name, bench, out, lines):
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)
     plt.close(fig)
-    lines.append(f"![{name}]({name}.png)")
+    return [f"![{name}]({name}.png)"]
+
+
+# ----------------------------------------------------------------------------- TensorBoard in a real browser
+
+BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter)]: the cards that matter
+    "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0"),
+               ("lenet_tensorboard_layers.png", "images&tagFilter=layers")],
+    "gpt": [("gpt_tensorboard_scalars.png", "scalars&tagFilter=train%2Floss%7Cval%2Floss%7Ctokens_per_second"
+                                            "&_smoothingWeight=0")],
+}
+
+
+def find_browser():
+    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_tensorboard(base, timeout=90):
+    """Until the server lists at least one run with scalars: its HTTP API answered with data."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=5) as response:
+                if json.loads(response.read()):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def browser(*args, timeout=120):
+    """Headless Chromium with a fresh profile, quiet about the network it cannot reach."""
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={profile}", *args],
+                       capture_output=True, timeout=timeout)
+
+
+def tensorboard_screenshots(runs, out, problems):
+    """Start a real TensorBoard server on each run and let Chromium photograph its pages, as a student
+    sees them; the lines that show them. Without Chromium: said, and the matplotlib figures remain."""
+    if not find_browser():
+        return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
+    lines = []
+    for run in runs:
+        port = free_port()
+        server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(run["dir"]), "--host",
+                                   "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            if not wait_for_tensorboard(base):
+                problems.append(f"TensorBoard on {run['dir']} did not answer; no screenshots of it")
+                continue
+            for file, page in SHOTS.get(run["kind"], []):
+                browser("--window-size=1600,1000", "--virtual-time-budget=10000", f"--screenshot={out / file}",
+                        f"{base}/?darkMode=false#{page}")
+                lines.append(f"![TensorBoard: {page.split('&')[0]} of {run['dir'].name}]({file})")
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    return lines
+
+
+# ----------------------------------------------------------------------------- the PDF
+
+PDF_CSS = """
+body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10.5pt; line-height: 1.5; margin: 0; }
+h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
+img { max-width: 100%; display: block; margin: 6px auto; }
+table { border-collapse: collapse; font-size: 9pt; margin: 6px 0; } td, th { border: 1px solid #bbb; padding: 2px 5px; }
+code, pre { font-family: "Noto Sans Mono CJK SC", monospace; font-size: 8.5pt; } pre { white-space: pre-wrap; }
+blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-left: 10px; }
+@page { size: A4; margin: 16mm 14mm; }
+"""
+
+
+def write_pdf(markdown_path, pdf_path):
+    """report.md -> HTML (python-markdown: tables, code) -> PDF by Chromium's print-to-pdf; Chinese
+    text in Noto CJK (Debian's fonts-noto-cjk). The HTML sits beside report.md so figure links resolve."""
+    import markdown
+    if not find_browser():
+        raise SystemExit("error: --pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
+    body = markdown.markdown(markdown_path.read_text(), extensions=["tables", "fenced_code"])
+    html = markdown_path.with_suffix(".pdf.html")
+    html.write_text(f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><style>{PDF_CSS}</style></head>'
+                    f"<body>{body}</body></html>")
+    try:
+        browser("--no-pdf-header-footer", f"--print-to-pdf={pdf_path}", html.resolve().as_uri())
+    finally:
+        html.unlink()
+    if not pdf_path.exists():
+        raise SystemExit(f"error: Chromium wrote no {pdf_path}")
+    return pdf_path
 
 
 # ----------------------------------------------------------------------------- tables
@@ -243,7 +379,13 @@ def lenet_bench_table(b):
         rows.append(f"| original recipe (batch 64, Adam 1e-3, ToTensor), epoch {i} | {s:.2f} | {a:.2%} |")
     rows.append(f"| default `lenet5.py`, {b['default_epochs']} epochs | {b['default_train_seconds']:.2f} | "
                 f"{b['default_accuracy']:.2%} |")
+    if "lightning_train_seconds" in b:
+        rows.append(f"| `lenet5.py --engine lightning`, {b['default_epochs']} epochs | {b['lightning_train_seconds']:.2f} | "
+                    f"{b['lightning_accuracy']:.2%} |")
     rows += ["", f"Default training time = **{b['ratio_to_one_baseline_epoch']:.2f}×** one original epoch."]
+    if "lightning_to_plain" in b:
+        rows.append(f"Lightning / plain loop = **{b['lightning_to_plain']:.2f}×** (per repeat: "
+                    + ", ".join(f"{r:.2f}" for r in b["all_lightning_to_plain"]) + ").")
     return rows
 
 
@@ -259,16 +401,18 @@ def run_section(run, table, figures, out, missing):
     """The table and figures of one run directory, or the line saying there is none."""
     if run is None:
         return [missing]
-    lines = [f"Run `{rel(run['dir'])}`:", ""] + table(run["metrics"]) + [""]
-    figures(run, out, lines)
-    return lines
+    return [f"Run `{rel(run['dir'])}`:", ""] + table(run["metrics"]) + [""] + figures(run, out)
 
 
-def result_sections(results, prefix, table, what, results_dir):
-    """One table per report/results/<prefix>*.json, or the line saying there is none."""
+def result_sections(results, prefix, table, what, results_dir, curves=None, out=None):
+    """One table per report/results/<prefix>*.json (and its curves redrawn from the JSON, where it
+    keeps them), or the line saying there is none."""
     lines = []
     for key in sorted(k for k in results if k.startswith(prefix)):
         lines += [f"`report/results/{key}.json`:", ""] + table(results[key]) + [""]
+        scalars = scalars_from_metrics(results[key]) if curves else {}
+        if any(scalars.values()):
+            lines += curves(scalars, results[key], out / f"{key}.png") + [""]
     return lines or [f"- no {what} found in {results_dir}"]
 
 
@@ -281,6 +425,8 @@ def main(argv=None):
     p.add_argument("--results", type=Path, default=REPO / "report" / "results",
                    help="benchmark/tokenizer JSON files (default: %(default)s)")
     p.add_argument("--out", type=Path, default=REPO / "report" / "generated", help="(default: %(default)s)")
+    p.add_argument("--no-screenshots", action="store_true", help="skip the TensorBoard screenshots (Chromium)")
+    p.add_argument("--pdf", action="store_true", help="also render report/report.md to report/report.pdf")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     problems, lines = [], ["# Generated results", "",
@@ -298,7 +444,8 @@ def main(argv=None):
     lines += run_section(by_kind.get("lenet5"), lenet_table, lenet_figures, args.out,
                          f"- no LeNet-5 run found under {args.runs_root / 'lenet5'}")
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
-    lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results)
+    lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results, lenet_curves,
+                             args.out)
     lines += ["", "Speed against the lab's original recipe:", ""]
     lines += result_sections(results, "lenet_bench", lenet_bench_table, "LeNet-5 benchmark", args.results)
     lines += ["", "## GELU operator", ""]
@@ -310,14 +457,17 @@ def main(argv=None):
     lines += run_section(by_kind.get("gpt"), gpt_table, gpt_figures, args.out,
                          f"- no GPT run found under {args.runs_root / 'gpt'}")
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
-    lines += result_sections(results, "gpt_run", gpt_table, "GPT run metrics", args.results)
+    lines += result_sections(results, "gpt_run", gpt_table, "GPT run metrics", args.results, gpt_curves, args.out)
     lines += ["", "## Acceleration ladder", ""]
     lines += result_sections(results, "gpt_bench", ladder_table, "acceleration ladder", args.results)
     for key in sorted(k for k in results if k.startswith("gpt_bench")):
-        ladder_figure(key, results[key], args.out, lines)
+        lines += ladder_figure(key, results[key], args.out)
 
     lines += ["", "## GPU utilisation", ""]
-    gpu_figure(runs, args.out, lines)
+    lines += gpu_figure(runs, args.out)
+    if not args.no_screenshots:
+        lines += ["", "## TensorBoard, as a browser shows it", ""]
+        lines += tensorboard_screenshots([by_kind[k] for k in ("lenet5", "gpt") if k in by_kind], args.out, problems)
     if problems:
         lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in problems]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
@@ -325,6 +475,8 @@ def main(argv=None):
     print(summary + (f"; {len(problems)} problem(s) with the inputs" if problems else ""))
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
+    if args.pdf:
+        print(f"wrote {write_pdf(REPO / 'report' / 'report.md', REPO / 'report' / 'report.pdf')}")
     return lines
 
 

@@ -21,11 +21,7 @@ REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
 # One run directory per job: a requeued job keeps its id, so it finds its own checkpoints and resumes.
 OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
-MICRO=()
-if nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | awk '$1 < 20000 {f=1} END {exit !f}'; then
-    MICRO=(--micro-batch 4)  # < 20 GB (2080Ti): 4 x 1024 tokens per micro-batch, accumulated to the global batch
-fi
-echo "out $OUT_DIR"
+echo "out $OUT_DIR"  # the micro-batch: gpt_train.py's --micro-batch auto probes what fits this GPU
 
 # Slurm sends USR1 to this shell 90 s before the limit (B: above); TERM comes with scancel, INT
 # with Ctrl-C. Each is passed to Python, which checkpoints at the next step and exits with 3.
@@ -34,7 +30,7 @@ PID="" STOP=""
 forward() { [ -n "$PID" ] && kill "-$1" "$PID" 2>/dev/null; }
 trap 'STOP=USR1; echo "USR1: checkpointing"; forward USR1' USR1
 trap 'forward TERM' TERM INT
-python "$REPO/gpt_train.py" --out-dir "$OUT_DIR" "${MICRO[@]}" "$@" &
+python "$REPO/gpt_train.py" --out-dir "$OUT_DIR" "$@" &
 PID=$!
 [ "$STOP" = USR1 ] && forward USR1  # arrived between starting Python and knowing its pid
 wait_for $PID; rc=$?

@@ -5,6 +5,7 @@ import os
 import random
 import socket
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,17 +48,33 @@ def synthetic_digits(n, seed):
     return images, labels.to(torch.uint8)
 
 
-@pytest.fixture
-def tiny_mnist(tmp_path):
-    """A data dir with 600 train / 200 test synthetic digits in the real file names."""
-    root = tmp_path / "mnist"
-    root.mkdir()
-    for (images_name, labels_name), n, seed in ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), 600, 1),
-                                                (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), 200, 2)):
+def write_tiny_mnist(root, n_train=600, n_test=200):
+    """Synthetic digits in MNIST's file names (train images gzipped, the rest plain: both readers)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for (images_name, labels_name), n, seed, gz in ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), n_train, 1, True),
+                                                    (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), n_test, 2, False)):
         images, labels = synthetic_digits(n, seed)
-        write_idx(root / images_name, images, gz=(n == 600))  # train gzipped, test plain: both paths
+        write_idx(root / images_name, images, gz=gz)
         write_idx(root / labels_name, labels)
     return root
+
+
+@pytest.fixture
+def tiny_mnist(tmp_path):
+    """A data dir with 600 train / 200 test synthetic digits."""
+    return write_tiny_mnist(tmp_path / "mnist")
+
+
+def run_script(script, *args, timeout=300, **kw):
+    """One of the repository's scripts, run as a user runs it; the CompletedProcess (text output)."""
+    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def start_script(script, *args, **kw):
+    """The same in the background (a Popen with text pipes), for tests that signal it."""
+    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
 
 
 def free_port():
@@ -107,3 +124,18 @@ def slurm():
     cluster = slurm_cluster.SlurmCluster().start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    """An X.txt of 400 generated documents."""
+    path = tmp_path / "X.txt"
+    path.write_text("\n".join(generated_docs(400)) + "\n")
+    return path
+
+
+@pytest.fixture
+def small_tokenizer():
+    """A 512-token BPE of text_file's documents."""
+    import tokenizer_train
+    return tokenizer_train.train_bpe(generated_docs(400), vocab_size=512)

@@ -11,7 +11,7 @@ import torch
 
 import lenet5
 from data import files
-from conftest import REPO, free_port, synthetic_digits, write_idx
+from conftest import REPO, free_port, run_script, synthetic_digits, write_idx
 
 
 # --------------------------------------------------------------------- IDX parsing
@@ -158,23 +158,18 @@ def test_tensorboard_serves_scalars_and_images(tiny_mnist, tmp_path):
 
 # --------------------------------------------------------------------- errors a user can cause
 
-def run_script(*args):
-    return subprocess.run([sys.executable, str(REPO / "lenet5.py"), *args], capture_output=True, text=True,
-                          timeout=120)
-
-
 @pytest.mark.parametrize("args, message", [(["--epochs", "0"], "must be a finite number > 0"),
                                            (["--act", "relu"], "invalid choice"),
                                            (["--lr", "fast"], "invalid"),
                                            (["--lr", "nan"], "must be a finite number > 0"),
                                            (["--lr", "inf"], "must be a finite number > 0")])
 def test_bad_flags_exit_2_with_message(args, message):
-    result = run_script(*args)
+    result = run_script("lenet5.py", *args)
     assert result.returncode == 2 and message in result.stderr
 
 
 def test_missing_data_is_one_clear_line(tmp_path):
-    result = run_script("--data-dir", str(tmp_path), "--no-download", "--out-dir", str(tmp_path / "run"))
+    result = run_script("lenet5.py", "--data-dir", str(tmp_path), "--no-download", "--out-dir", str(tmp_path / "run"))
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # a single line, no traceback
     assert "MNIST files missing" in result.stderr and "train-images-idx3-ubyte" in result.stderr
@@ -183,13 +178,13 @@ def test_missing_data_is_one_clear_line(tmp_path):
 def test_corrupt_data_is_one_clear_line(tiny_mnist, tmp_path):
     labels = tiny_mnist / "t10k-labels-idx1-ubyte"
     labels.write_bytes(labels.read_bytes()[:-5])
-    result = run_script("--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(tmp_path / "run"))
+    result = run_script("lenet5.py", "--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(tmp_path / "run"))
     assert result.returncode == 1 and result.stderr.startswith("error: ") and "truncated" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_help_shows_defaults():
-    result = run_script("--help")
+    result = run_script("lenet5.py", "--help")
     assert result.returncode == 0 and "(default: 4)" in result.stdout
 
 
@@ -221,7 +216,7 @@ def test_failed_download_falls_back_to_the_clear_message(tmp_path, monkeypatch, 
 
 
 def test_a_diverging_run_stops_with_one_line(tiny_mnist, tmp_path):
-    result = run_script("--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--lr", "1e6",
+    result = run_script("lenet5.py", "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--lr", "1e6",
                         "--log-every", "1", "--out-dir", str(tmp_path / "run"), "--metrics-out", str(tmp_path / "m.json"))
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("error: training loss at step")
     assert "diverged; try a lower --lr" in result.stderr and "Traceback" not in result.stderr
@@ -240,7 +235,7 @@ def test_metrics_json_is_strict():
 def test_unwritable_outputs_fail_before_training(tiny_mnist, tmp_path, flag, make, message):
     args = ["--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--out-dir", str(tmp_path / "run"),
             flag, str(make(tmp_path))]
-    result = run_script(*args)
+    result = run_script("lenet5.py", *args)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert "epoch 1" not in result.stdout  # nothing was trained, so nothing is lost
 

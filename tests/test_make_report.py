@@ -7,7 +7,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import gpt_train
 import lenet5
-from conftest import REPO, tiny_args
+from conftest import REPO, tiny_args, write_tiny_mnist
 
 sys.path.insert(0, str(REPO / "report"))
 import make_report  # noqa: E402
@@ -17,7 +17,7 @@ import make_report  # noqa: E402
 def runs(tmp_path_factory, request):
     """A real tiny LeNet-5 run and a real tiny GPT run, plus a benchmark JSON, in a runs/ layout."""
     root = tmp_path_factory.mktemp("report")
-    mnist = request.getfixturevalue("tiny_mnist_module")
+    mnist = write_tiny_mnist(root / "mnist", n_train=300, n_test=100)
     lenet5.main(["--data-dir", str(mnist), "--no-download", "--epochs", "2", "--batch-size", "50",
                  "--log-every", "2", "--device", "cpu", "--out-dir", str(root / "runs" / "lenet5" / "a")])
     corpus = request.getfixturevalue("corpus")
@@ -29,18 +29,6 @@ def runs(tmp_path_factory, request):
         "rungs": [{"name": "naive", "tokens_per_second": 100.0, "ms_per_step": 1280.0, "mfu": None, "speedup": 1.0},
                   {"name": "+ everything", "tokens_per_second": 450.0, "ms_per_step": 284.4, "mfu": None,
                    "speedup": 4.5}]}))
-    return root
-
-
-@pytest.fixture(scope="module")
-def tiny_mnist_module(tmp_path_factory):
-    from conftest import synthetic_digits, write_idx
-    root = tmp_path_factory.mktemp("mnist")
-    for names, n, seed in ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), 300, 1),
-                           (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), 100, 2)):
-        images, labels = synthetic_digits(n, seed)
-        write_idx(root / names[0], images)
-        write_idx(root / names[1], labels)
     return root
 
 

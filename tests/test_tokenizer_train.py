@@ -1,33 +1,13 @@
-"""The WOS text pipeline (data/wos.py) and tokenizer_train.py."""
+"""tokenizer_train.py: the BPE, its measures, the script (the pipeline it uses: test_wos.py)."""
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
-import torch
-from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from transformers import PreTrainedTokenizerFast
 
 import tokenizer_train
-from conftest import REPO, generated_docs
+from conftest import generated_docs, run_script
 from data import wos
-
-@pytest.fixture
-def text_file(tmp_path):
-    path = tmp_path / "X.txt"
-    path.write_text("\n".join(generated_docs(400)) + "\n")
-    return path
-
-
-@pytest.fixture
-def small_tokenizer(text_file):
-    return tokenizer_train.train_bpe(generated_docs(400), vocab_size=512)
-
-
-def splits_of(path, tmp_path, **kw):
-    return wos.load_splits(path, cache_dir=tmp_path / "cache", **kw)
 
 
 # ------------------------------------------------------------------ tokenizer
@@ -51,119 +31,6 @@ def test_bytes_per_token_counts_utf8_bytes(small_tokenizer):
     assert expected > 1.5  # BPE merges do compress the generated syllables
 
 
-# ------------------------------------------------------------------ reading and splitting
-
-def test_split_is_by_document_disjoint_and_stable(text_file, tmp_path):
-    a = splits_of(text_file, tmp_path, val_fraction=0.05, seed=1)
-    b = splits_of(text_file, tmp_path / "other", val_fraction=0.05, seed=1)
-    train, val = list(a["train"]["text"]), list(a["validation"]["text"])
-    assert len(val) == 20 and len(train) == 380
-    assert set(train).isdisjoint(val) and sorted(train + val) == sorted(generated_docs(400))
-    assert list(b["validation"]["text"]) == val  # same file, same seed: the same documents, in a new cache
-    assert list(splits_of(text_file, tmp_path, val_fraction=0.05, seed=2)["validation"]["text"]) != val
-
-
-def test_blank_lines_skipped_and_invalid_utf8_replaced_with_warning(tmp_path, capsys):
-    path = tmp_path / "X.txt"
-    path.write_bytes(b"first doc\n\n   \nsecond \xff\xfe doc\r\nthird doc\n\n")
-    splits = splits_of(path, tmp_path, val_fraction=0.34)
-    docs = sorted(list(splits["train"]["text"]) + list(splits["validation"]["text"]))
-    assert docs == ["first doc", "second \ufffd\ufffd doc", "third doc"]
-    assert "1 lines of" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("content, message", [(b"", "is empty"), (b"\n  \n\n", "is empty"),
-                                              (b"just one line\n\n", "1 usable line")])
-def test_unusable_files_are_rejected(tmp_path, content, message):
-    path = tmp_path / "X.txt"
-    path.write_bytes(content)
-    with pytest.raises(wos.TextError, match=message):
-        splits_of(path, tmp_path)
-
-
-def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
-    with pytest.raises(wos.TextError, match="no such file"):
-        wos.resolve_text(tmp_path / "nope.txt")
-    monkeypatch.setenv("LAB5_DATA", str(tmp_path))
-    with pytest.raises(wos.TextError, match=r"WebOfScience/WOS46985/X.txt not found: download WebOfScience.zip"):
-        wos.resolve_text(None, download=False)
-
-
-# ------------------------------------------------------------------ blocks and the cache
-
-def test_blocks_have_the_right_length_and_content(text_file, small_tokenizer, tmp_path):
-    splits = splits_of(text_file, tmp_path, val_fraction=0.1)
-    blocks, stats = wos.tokenize_blocks(splits, small_tokenizer, block_size=64)
-    joined = "".join(d + wos.EOT for d in list(splits["train"]["text"]))
-    for row in blocks["train"].select(range(0, len(blocks["train"]), 7)):
-        assert len(row["input_ids"]) == 64
-        assert small_tokenizer.decode(row["input_ids"], skip_special_tokens=False) in joined
-    first = small_tokenizer.decode(blocks["train"][0]["input_ids"], skip_special_tokens=False)
-    assert joined.startswith(first)  # block 0 is the start of the first document
-    total = stats["train"]["tokens"] + stats["train"]["docs"]  # + one end-of-text per document
-    assert total - 64 * len(blocks["train"]) < 64 * ((stats["train"]["docs"] + 999) // 1000)
-    assert stats["train"]["bytes"] == sum(len(d.encode()) for d in list(splits["train"]["text"]))
-
-
-def cache_state(blocks):
-    return {f["filename"]: os.path.getmtime(f["filename"]) for f in blocks["train"].cache_files}
-
-
-def test_cache_is_reused_and_invalidated(text_file, small_tokenizer, tmp_path):
-    first, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert not stats["train"]["from_cache"]
-    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert stats["train"]["from_cache"] and cache_state(again) == cache_state(first)  # loaded, not rebuilt
-
-    other_tokenizer = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
-    retok, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), other_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and set(cache_state(retok)).isdisjoint(cache_state(first))
-
-    reblock, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)
-    assert not stats["train"]["from_cache"] and len(reblock["train"][0]["input_ids"]) == 32
-
-    text_file.write_text(text_file.read_text() + "A new document about kalo.\n")
-    changed, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and set(cache_state(changed)).isdisjoint(cache_state(first))
-
-
-# ------------------------------------------------------------------ batches
-
-@pytest.fixture
-def blocks(text_file, small_tokenizer, tmp_path):
-    return wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)[0]["train"]
-
-
-def batches(loader):
-    return [b.tolist() for b in loader]
-
-
-def test_batch_order_is_seeded_per_epoch(blocks):
-    a0 = batches(wos.epoch_loader(blocks, 4, seed=0, epoch=0))
-    assert a0 == batches(wos.epoch_loader(blocks, 4, seed=0, epoch=0))
-    assert a0 != batches(wos.epoch_loader(blocks, 4, seed=0, epoch=1))
-    assert a0 != batches(wos.epoch_loader(blocks, 4, seed=1, epoch=0))
-    assert len(a0) == len(blocks) // 4 and all(len(b) == 4 and len(b[0]) == 32 for b in a0)
-    assert torch.is_tensor(next(iter(wos.epoch_loader(blocks, 4, 0, 0))))
-
-
-@pytest.mark.parametrize("epoch", [0, 3])  # past the first epoch too
-def test_resume_sees_exactly_the_remaining_batches(blocks, epoch):
-    full = batches(wos.epoch_loader(blocks, 4, seed=5, epoch=epoch))
-    resumed = batches(skip_first_batches(wos.epoch_loader(blocks, 4, seed=5, epoch=epoch), 7))
-    assert resumed == full[7:]
-
-
-def test_rank_shards_do_not_overlap(blocks):
-    loader = wos.epoch_loader(blocks, 4, seed=0, epoch=0)
-    shards = [batches(prepare_data_loader(wos.epoch_loader(blocks, 4, seed=0, epoch=0), num_processes=2,
-                                          process_index=rank, put_on_device=False)) for rank in (0, 1)]
-    rows = [tuple(row) for shard in shards for batch in shard for row in batch]
-    whole = [tuple(row) for batch in batches(loader) for row in batch]
-    assert len(shards[0]) == len(shards[1]) == len(whole) // 8
-    assert len(set(rows)) == len(rows) and set(rows) <= set(whole)
-
-
 # ------------------------------------------------------------------ the script
 
 def test_script_on_standin_corpus(shared_data, tmp_path):
@@ -183,73 +50,24 @@ def test_script_on_standin_corpus(shared_data, tmp_path):
     assert tokenizer_train.main(args + ["--force"])["tokenize_from_cache"]  # same tokenizer: cache reused
 
 
-def run_script(*args):
-    return subprocess.run([sys.executable, str(REPO / "tokenizer_train.py"), *args], capture_output=True,
-                          text=True, timeout=120)
-
-
 @pytest.mark.parametrize("args, message", [(["--vocab-size", "1000"], "multiple of 64"),
                                            (["--val-fraction", "0.9"], "--val-fraction"),
                                            (["--vocab-size", "many"], "invalid int")])
 def test_bad_flags(args, message):
-    result = run_script(*args)
+    result = run_script("tokenizer_train.py", *args)
     assert result.returncode == 2 and message in result.stderr
 
 
 def test_missing_text_is_one_line(tmp_path):
-    result = run_script("--text", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "t.json"))
+    result = run_script("tokenizer_train.py", "--text", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "t.json"))
     assert result.returncode == 1 and result.stderr.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"
-
-
-def test_wos_download_unpacks_x_txt(tmp_path, monkeypatch):
-    """The download path against a local HTTP server serving a WebOfScience.zip of the real layout."""
-    import http.server
-    import threading
-    import zipfile
-    archive = tmp_path / "served" / "WebOfScience.zip"
-    archive.parent.mkdir()
-    with zipfile.ZipFile(archive, "w") as z:
-        z.writestr("WebOfScience/WOS46985/X.txt", "first abstract\nsecond abstract\n")
-        z.writestr("WebOfScience/WOS11967/X.txt", "not this one\n")
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(archive.parent))  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setattr(wos, "WOS_ZIP_URL", f"http://127.0.0.1:{server.server_port}/WebOfScience.zip")
-        monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))
-        path = wos.resolve_text(None, download=True)
-    finally:
-        server.shutdown()
-    assert path == tmp_path / "data" / "WebOfScience" / "WOS46985" / "X.txt"
-    assert path.read_text() == "first abstract\nsecond abstract\n"
-    assert not list((tmp_path / "data").rglob("*.part"))
-
-
-def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(wos, "WOS_ZIP_URL", "http://127.0.0.1:9/WebOfScience.zip")
-    monkeypatch.setenv("LAB5_DATA", str(tmp_path))
-    with pytest.raises(wos.TextError, match="not found: download WebOfScience.zip from https://data.mendeley.com"):
-        wos.resolve_text(None, download=True)
-    assert "warning: WOS download failed" in capsys.readouterr().err
-
-
-def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer):
-    with pytest.raises(wos.TextError, match="no such file"):
-        wos.load_tokenizer(str(tmp_path / "missing.json"))
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"not": "a tokenizer"}')
-    with pytest.raises(wos.TextError, match="not a tokenizer.json"):
-        wos.load_tokenizer(str(bad))
-    good = tmp_path / "good.json"
-    tokenizer_train.save_atomic(small_tokenizer, good)
-    assert wos.load_tokenizer(str(good)).token_to_id(wos.EOT) is not None
 
 
 def test_a_corpus_without_line_breaks_is_refused_before_training(tmp_path):
     text = tmp_path / "X.txt"
     text.write_bytes(b"word " * 400_000 + b"\nA short second document.\n")  # 2 MB on one line
     started = time.perf_counter()
-    result = run_script("--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none")
+    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none")
     assert result.returncode == 1 and time.perf_counter() - started < 60
     assert result.stderr.strip() == (f"error: {text}: line 1 has 2,000,000 bytes; expected one document (an abstract) "
                                      f"per line, at most 1,000,000 bytes")
@@ -259,11 +77,11 @@ def test_a_corpus_without_line_breaks_is_refused_before_training(tmp_path):
 def test_a_failing_corpus_writes_no_tokenizer(tmp_path):
     text = tmp_path / "X.txt"
     text.write_text("\n".join(generated_docs(40)) + "\n")  # too little validation text for 1024-token blocks
-    result = run_script("--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
+    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
                         "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode == 1 and "split has fewer than 1024 tokens" in result.stderr, result.stderr[-500:]
     assert not (tmp_path / "t.json").exists()  # so the rerun needs no --force
-    result = run_script("--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
+    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
                         "--cache-dir", str(tmp_path / "cache"), "--block-size", "16")
     assert result.returncode == 0 and (tmp_path / "t.json").exists()
 
@@ -274,6 +92,6 @@ def test_a_failing_corpus_writes_no_tokenizer(tmp_path):
 ])
 def test_unwritable_outputs_fail_before_training(text_file, tmp_path, flag, make, message):
     args = ["--text", str(text_file), "--compare", "none", "--out", str(tmp_path / "t.json"), flag, str(make(tmp_path))]
-    result = run_script(*args)
+    result = run_script("tokenizer_train.py", *args)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert "training" not in result.stdout and not (tmp_path / "t.json").exists()

@@ -21,10 +21,15 @@
 #include <cmath>
 #include <limits>
 
-namespace gelu_ext {
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
-constexpr double kBeta = 0.7978845608028654;   // sqrt(2 / pi)
-constexpr double kKappa = 0.044715;
+#include "gelu.h"
+
+namespace gelu_ext {
+namespace {  // the kernels are reached through the dispatcher only
+
 constexpr int64_t kGrain = 32768;  // elements per parallel task (ATen uses the same)
 
 // Works on at::vec::Vectorized<float> and <double> alike (half and bfloat16 are widened to float).
@@ -56,10 +61,6 @@ inline Vec gelu_grad_vec(const Vec& grad, const Vec& x) {
   return grad * (s + (two * x * s_one_minus_s) * (k * (one + c3 * x2)));
 }
 
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
-
 // A large fresh output is first touched by the kernel, and at 4 KiB per page fault that costs more
 // than the arithmetic (2^24 floats: ~30 ms of faults against ~5 ms of math on 2 cores). Asking for
 // transparent huge pages on it turns 512 faults into one. A hint only: a no-op where THP is off.
@@ -73,7 +74,7 @@ void advise_huge_pages(const at::Tensor& t) {
 }
 
 at::Tensor gelu_forward_cpu(const at::Tensor& x) {
-  TORCH_CHECK(x.is_floating_point(), "gelu_ext.gelu: expected a floating-point tensor, got ", x.scalar_type());
+  check_forward_input(x);
   TORCH_INTERNAL_ASSERT(x.device().is_cpu());
   at::Tensor xc = x.contiguous();  // the kernels walk flat memory; views are copied once
   at::Tensor y = at::empty_like(xc);
@@ -91,12 +92,7 @@ at::Tensor gelu_forward_cpu(const at::Tensor& x) {
 }
 
 at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
-  TORCH_CHECK(grad.sizes() == x.sizes(), "gelu_ext.gelu_backward: grad shape ", grad.sizes(),
-              " differs from input shape ", x.sizes());
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "gelu_ext.gelu_backward: grad dtype ",
-              grad.scalar_type(), " differs from input dtype ", x.scalar_type());
-  TORCH_CHECK(x.is_floating_point(), "gelu_ext.gelu_backward: expected a floating-point tensor, got ",
-              x.scalar_type());
+  check_backward_inputs(grad, x);
   TORCH_INTERNAL_ASSERT(x.device().is_cpu() && grad.device().is_cpu());
   at::Tensor gc = grad.contiguous(), xc = x.contiguous();
   at::Tensor dx = at::empty_like(xc);
@@ -113,6 +109,8 @@ at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
   });
   return dx;
 }
+
+}  // namespace
 
 // The schema is defined once, here; CPU and CUDA (csrc/cuda/gelu.cu) each register their kernel.
 TORCH_LIBRARY(gelu_ext, m) {

@@ -15,11 +15,11 @@
 
 #include <limits>
 
+#include "../gelu.h"
+
 namespace gelu_ext {
 namespace {
 
-constexpr double kBeta = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kKappa = 0.044715;
 constexpr int kThreads = 256;
 
 // Math in float (double for double). For 16-bit storage the fast intrinsics (__expf, __fdividef:
@@ -140,7 +140,7 @@ void launch(const scalar_t* a, const scalar_t* b, scalar_t* out, int64_t n, Op o
 }
 
 at::Tensor gelu_forward_cuda(const at::Tensor& x) {
-  TORCH_CHECK(x.is_floating_point(), "gelu_ext.gelu: expected a floating-point tensor, got ", x.scalar_type());
+  check_forward_input(x);
   TORCH_INTERNAL_ASSERT(x.device().is_cuda());
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor xc = x.contiguous();
@@ -153,12 +153,7 @@ at::Tensor gelu_forward_cuda(const at::Tensor& x) {
 }
 
 at::Tensor gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x) {
-  TORCH_CHECK(grad.sizes() == x.sizes(), "gelu_ext.gelu_backward: grad shape ", grad.sizes(),
-              " differs from input shape ", x.sizes());
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "gelu_ext.gelu_backward: grad dtype ",
-              grad.scalar_type(), " differs from input dtype ", x.scalar_type());
-  TORCH_CHECK(grad.device() == x.device(), "gelu_ext.gelu_backward: grad on ", grad.device(),
-              ", input on ", x.device());
+  check_backward_inputs(grad, x);
   TORCH_INTERNAL_ASSERT(x.device().is_cuda());
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor gc = grad.contiguous(), xc = x.contiguous();
