@@ -1,5 +1,7 @@
 """report/make_report.py on runs the tests make: figures, tables that match the inputs, missing and corrupt inputs."""
 import json
+import os
+import shutil
 import sys
 
 import pytest
@@ -92,3 +94,46 @@ def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsy
     assert f"skipped the newer run {broken}: unreadable metrics.json" in text
     assert f"Run `{root / 'lenet5' / 'a'}`" in text  # the older, readable run is the one reported
     assert "skipped the newer run" in capsys.readouterr().err
+
+
+def test_tensorboard_screenshots_from_a_real_server_and_browser(runs, tmp_path):
+    from PIL import Image, ImageStat
+    if not make_report.find_browser():
+        if os.environ.get("LAB5_REQUIRE_BROWSER") == "1":
+            pytest.fail("Chromium required (LAB5_REQUIRE_BROWSER=1)")
+        pytest.skip("no Chromium (apt-get install chromium)")
+    out = tmp_path / "out"
+    make_report.main([str(runs / "runs" / "lenet5" / "a"), str(runs / "runs" / "gpt" / "b"), "--results",
+                      str(runs / "results"), "--out", str(out)])
+    text = (out / "results.md").read_text()
+    shots = sorted(out.glob("*tensorboard*.png"))
+    assert [p.name for p in shots] == ["gpt_tensorboard_scalars.png", "lenet_tensorboard_layers.png",
+                                       "lenet_tensorboard_scalars.png"]
+    for shot in shots:
+        image = Image.open(shot).convert("L")
+        stat = ImageStat.Stat(image)
+        assert image.width >= 1000 and stat.stddev[0] > 20, shot  # a rendered page, not a blank one
+        assert f"]({shot.name})" in text
+    assert "did not answer" not in text
+
+
+def test_every_image_link_in_the_report_resolves():
+    import re
+    report = REPO / "report" / "report.md"
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
+    assert len(links) >= 6
+    for link in links:
+        assert (report.parent / link).is_file(), link
+
+
+def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
+    import subprocess
+    if not make_report.find_browser() or not shutil.which("pdftotext"):
+        if os.environ.get("LAB5_REQUIRE_BROWSER") == "1":
+            pytest.fail("Chromium and pdftotext required (LAB5_REQUIRE_BROWSER=1)")
+        pytest.skip("no Chromium or pdftotext (apt-get install chromium fonts-noto-cjk poppler-utils)")
+    pdf = make_report.write_pdf(REPO / "report" / "report.md", tmp_path / "report.pdf")
+    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+    accuracy = json.loads((REPO / "report" / "results" / "lenet_bench_cpu.json").read_text())["default_accuracy"]
+    assert "实验报告" in text and "神经网络" in text
+    assert f"{accuracy:.2%}" in text
