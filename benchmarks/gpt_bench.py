@@ -1,13 +1,15 @@
 """The acceleration ladder: GPT-2 124M training steps, adding one acceleration at a time.
 
-    python benchmarks/gpt_bench.py --metrics-out report/results/gpt_bench_cpu.json     # CPU: ~15 min
+    python benchmarks/gpt_bench.py --metrics-out report/results/gpt_bench_cpu.json     # CPU: ~30 min
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out report/results/gpt_bench_h200.json
     python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
 From the naive baseline — transformers' GPT2LMHeadModel as GPT2Config makes it (dropout 0.1,
 eager attention), fp32, plain AdamW — each rung keeps everything above it and adds one thing;
-the last rung is gpt_train.py's default on this device. Same shapes, same random batch, one
-process; steady-state steps after warm-up (compilation happens in the warm-up steps).
+the last rung is gpt_train.py's default on this device; then the alternatives (whole-model compile
+instead of regional; the default minus each acceleration, leave-one-out). Same shapes, same random
+batch, one process; steady-state steps after warm-up (compilation happens in the warm-up steps);
+every row measured --repeats times, interleaved, reported as median and range.
 """
 import argparse
 import gc
@@ -33,7 +35,8 @@ from data import files  # noqa: E402
 
 
 def ladder(cuda, capability, with_compile=False):
-    """(name, settings) per rung; each rung's settings extend the previous rung's."""
+    """(name, settings) per row: the rungs, each extending the previous one's settings; then, indented,
+    the alternatives: whole-model compile instead of regional, and the default minus each acceleration."""
     half = gpt_train.resolve_precision("auto", "cuda" if cuda else "cpu", capability, gpt_train.cpu_has_bf16())
     compile_ok = gpt_train.resolve_compile("auto", "cuda" if cuda else "cpu", capability)[0] != "off"
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
@@ -54,8 +57,14 @@ def ladder(cuda, capability, with_compile=False):
     for name, change in rungs:
         settings = {**settings, **change}
         out.append((name, dict(settings)))
+    naive = out[0][1]
     if compile_ok or with_compile:  # not a rung: the last one with the whole model compiled instead
         out.append(("  (instead of regional: whole-model torch.compile)", {**settings, "compile": "whole"}))
+    for name, change in rungs[1:]:  # leave-one-out: the default minus one acceleration
+        if settings["model"] == "own" and set(change) == {"dropout"}:
+            continue  # the own module has no dropout: rung 2 measures it
+        what = name.removeprefix("+ ").split(" (")[0].split(",")[0]
+        out.append((f"  default without {what}", {**settings, **{k: naive[k] for k in change}}))
     return out
 
 
@@ -138,32 +147,56 @@ def main(argv=None):
                    "of gpt_train.py, regional vs whole model, each in a fresh process with a fresh cache")
     p.add_argument("--text", type=Path, default=None, help="--compile-cost: corpus (default: gpt_train.py's)")
     p.add_argument("--tokenizer", default=None, help="--compile-cost: tokenizer.json (default: gpt_train.py's)")
-    p.add_argument("--repeats", type=int, default=2, help="--compile-cost: interleaved repeats (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every row (default: %(default)s)")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
-    device_name = torch.cuda.get_device_name(device) if cuda else f"cpu ({torch.get_num_threads()} threads)"
+    device_name = torch.cuda.get_device_name(device) if cuda else \
+        f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
     if args.compile_cost:
         return compile_cost(args)
-    rungs = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0), args.with_compile)
-    chosen = {int(i) for i in args.only.split(",")} if args.only else set(range(1, len(rungs) + 1))
+    rows = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0), args.with_compile)
+    chosen = [(i, *row) for i, row in enumerate(rows, 1) if not args.only or i in {int(x) for x in args.only.split(",")}]
     print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
-          f"median of {args.steps} steps after {args.warmup} warm-up")
-    results, base = [], None
-    for i, (name, settings) in enumerate(rungs, 1):
-        if i not in chosen:
-            continue
-        r = measure(settings, args, device)
-        base = base or r["tokens_per_second"]
-        results.append({"name": name, **r, "speedup": r["tokens_per_second"] / base})
-        mfu = f"{r['mfu']:6.1%}" if r["mfu"] else "     -"
-        print(f"{i:2d} {name:72s} {r['tokens_per_second']:10,.0f} tok/s {r['ms_per_step']:9.1f} ms  MFU {mfu}"
-              f"  x{results[-1]['speedup']:.2f}", flush=True)
+          f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
+    runs = {i: [] for i, _, _ in chosen}
+    for r in range(args.repeats):  # every row once per repeat: drift on the machine hits all rows alike
+        for i, name, settings in chosen:
+            runs[i].append(measure(settings, args, device))
+            print(f"repeat {r + 1}, {i:2d} {name:60s} {runs[i][-1]['tokens_per_second']:10,.0f} tok/s", flush=True)
+    results = summarise(chosen, runs)
     out = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
-           "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size, "rungs": results}
+           "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
+           "repeats": args.repeats, "rungs": results}
     if args.metrics_out:
         files.write_json(args.metrics_out, out)
     return out
+
+
+def summarise(chosen, runs):
+    """Per row: the median over repeats (tokens/s, ms/step), the spread (min, max tokens/s), the
+    speed-up against the first row, and whether a rung is within the noise of the one before it
+    (their ranges overlap)."""
+    results, base, previous = [], None, None
+    for i, name, _ in chosen:
+        tps = [m["tokens_per_second"] for m in runs[i]]
+        row = {"name": name, "tokens_per_second": statistics.median(tps), "tokens_per_second_range": [min(tps), max(tps)],
+               "ms_per_step": statistics.median(m["ms_per_step"] for m in runs[i]),
+               "mfu": statistics.median(m["mfu"] for m in runs[i]) if runs[i][0]["mfu"] else None,
+               "first_step_extra_seconds": statistics.median(m["first_step_extra_seconds"] for m in runs[i]),
+               "repeats": runs[i]}
+        base = base or row["tokens_per_second"]
+        row["speedup"] = row["tokens_per_second"] / base
+        if not name.startswith(" "):
+            if previous:
+                row["within_noise_of_previous"] = min(tps) <= previous[1] and previous[0] <= max(tps)
+            previous = row["tokens_per_second_range"]
+        results.append(row)
+        mfu = f"{row['mfu']:6.1%}" if row["mfu"] else "     -"
+        noise = "  (within noise of the rung above)" if row.get("within_noise_of_previous") else ""
+        print(f"{i:2d} {name:60s} {row['tokens_per_second']:9,.0f} tok/s [{min(tps):,.0f}-{max(tps):,.0f}] "
+              f"MFU {mfu} x{row['speedup']:.2f}{noise}", flush=True)
+    return results
 
 
 # ----------------------------------------------------------------------------- --compile-cost

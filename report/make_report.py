@@ -356,11 +356,16 @@ def gpt_table(m):
 
 
 def ladder_table(bench):
+    repeats = bench.get("repeats", 1)
     rows = [f"{bench['device_name']}, batch {bench['micro_batch']} x {bench['seq_len']}, vocabulary "
-            f"{bench['vocab_size']:,}:", "", "| # | rung | tokens/s | ms/step | MFU | speed-up |", "|---|---|---|---|---|---|"]
+            f"{bench['vocab_size']:,}, " + (f"median of {repeats} interleaved repeats (range in brackets):"
+                                             if repeats > 1 else "one measurement per rung:"), "",
+            "| # | rung | tokens/s | ms/step | MFU | speed-up |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(bench["rungs"], 1):
-        rows.append(f"| {i} | {r['name']} | {r['tokens_per_second']:,.0f} | {r['ms_per_step']:,.1f} | "
-                    f"{fmt(r['mfu'], '.1%')} | {r['speedup']:.2f}× |")
+        spread = " [{:,.0f}–{:,.0f}]".format(*r["tokens_per_second_range"]) if "tokens_per_second_range" in r else ""
+        noise = " (within noise of the rung above)" if r.get("within_noise_of_previous") else ""
+        rows.append(f"| {i} | {r['name'].strip()} | {r['tokens_per_second']:,.0f}{spread} | {r['ms_per_step']:,.1f} | "
+                    f"{fmt(r['mfu'], '.1%')} | {r['speedup']:.2f}×{noise} |")
     return rows
 
 
