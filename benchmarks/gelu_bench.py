@@ -79,6 +79,19 @@ def timed_round_robin(fns, device, repeats):
     return {name: (statistics.median(ts) * 1e3, min(ts) * 1e3, max(ts) * 1e3) for name, ts in times.items()}
 
 
+def max_backward_error(n=1_000_000):
+    """Largest |dx - exact| over n float32 inputs, the exact value computed in float64: the ext's
+    and ATen's (the accuracy claim in gelu_ext/README.md)."""
+    x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
+    grad = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    errors = {}
+    for name, fn in (("exact", IMPLS["aten"]), ("ext", IMPLS["ext"]), ("aten", IMPLS["aten"])):
+        xi = (x if name == "exact" else x.float()).clone().requires_grad_()
+        fn(xi).backward(grad if name == "exact" else grad.float())
+        errors[name] = xi.grad.double()
+    return {name: (errors[name] - errors["exact"]).abs().max().item() for name in ("ext", "aten")}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
@@ -99,7 +112,8 @@ def main(argv=None):
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
     repeats = args.repeats or (50 if device.type == "cuda" else 7)
     max_log2 = args.max_log2 or (28 if device.type == "cuda" else 24)
-    device_name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else \
+        f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
     impls = {k: v for k, v in IMPLS.items() if k not in args.skip}
 
     rows = []
@@ -133,7 +147,7 @@ def main(argv=None):
 
     last = rows[-1]
     result = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
-              "dtype": args.dtype, "n": last["n"],
+              "float32_max_backward_error": max_backward_error(), "dtype": args.dtype, "n": last["n"],
               **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
                                       "copy_ms", "ext_vs_copy") if k in last},
               "rows": rows}

@@ -136,7 +136,7 @@ step gpt-12M 100 gpt_run 12M
 step gpt-12M-warm-cache 70 gpt_run 12M-warm  # the same run again: the compile cache is warm now
 step ladder 100 python benchmarks/gpt_bench.py --metrics-out "$RESULTS/gpt_bench_$GPU.json"
 step report 20 python report/make_report.py "$WORK/runs/lenet5/$GPU-torch" "$WORK/runs/gpt/$GPU-12M" \
-    --results "$RESULTS" --out "$WORK/report"
+    --results "$RESULTS" --gpu-logs "$LOGS" --out "$WORK/report"
 
 # At most 6 files back: one JSON with every result, one tar with the rest, this script's log.
 python - "$RESULTS" "$OUT/gpu_results_$GPU.json" <<'EOF'

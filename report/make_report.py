@@ -159,15 +159,33 @@ def lenet_curves(s, m, path):
 def lenet_figures(run, out):
     """The curves and the intermediate-layer images of one LeNet-5 run; the lines that show them."""
     lines = lenet_curves(run["scalars"], run["metrics"], out / "lenet_curves.png")
-    for tag, file in (("layers/conv1_filters", "lenet_conv1_filters.png"),
-                      ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png"),
-                      ("layers/conv2_feature_maps", "lenet_conv2_feature_maps.png")):
+    for tag, file, title in (
+            ("layers/conv1_filters", "lenet_conv1_filters.png", "conv1: the 6 learned 5x5 filters"),
+            ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png",
+             "conv1 feature maps: one row per test digit, one column per channel (6, 24x24)"),
+            ("layers/conv2_feature_maps", "lenet_conv2_feature_maps.png",
+             "conv2 feature maps: one row per test digit, one column per channel (16, 8x8)")):
         if tag in run["images"]:
-            (out / file).write_bytes(run["images"][tag])  # TensorBoard stores them as PNG already
+            labelled_image(run["images"][tag], f"{title}, after the last epoch", out / file)
             lines.append(f"![{tag}]({file})")
         else:
             lines.append(f"- no `{tag}` image in {run['dir']}")
     return lines
+
+
+def labelled_image(png, title, path):
+    """A TensorBoard image (PNG bytes) enlarged without smoothing, with a title saying what it shows."""
+    from io import BytesIO
+    from PIL import Image
+    image = Image.open(BytesIO(png))
+    scale = max(1.0, 900 / image.width)
+    fig = plt.figure(figsize=(image.width * scale / 100, image.height * scale / 100 + 0.5), dpi=100)
+    ax = fig.add_axes([0, 0, 1, image.height * scale / (image.height * scale + 50)])
+    ax.imshow(image, interpolation="nearest", cmap="gray")
+    ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def gpt_figures(run, out):
@@ -187,6 +205,30 @@ def gpt_curves(s, m, path):
                       ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")], title,
                hline=(0, 7.0, "goal: loss < 7"), ymin0=1)
     return [f"![GPT-2 loss and throughput]({path.name})"]
+
+
+def nvidia_smi_figures(log_dir, out):
+    """From benchmarks/gpu_check.sh's logs: the nvidia-smi snapshot as an image, and the utilisation
+    logged every 500 ms beside each training run (nvidia-smi-<run>.csv)."""
+    lines = []
+    snapshot = log_dir / "nvidia-smi.txt"
+    if snapshot.is_file():
+        text = snapshot.read_text()
+        fig = plt.figure(figsize=(9, 0.16 * len(text.splitlines()) + 0.4))
+        fig.text(0.01, 0.99, text, family="monospace", fontsize=7, va="top")
+        fig.savefig(out / "gpu_nvidia_smi.png", dpi=120)
+        plt.close(fig)
+        lines.append("![nvidia-smi](gpu_nvidia_smi.png)")
+    series = {}
+    for csv_path in sorted(log_dir.glob("nvidia-smi-*.csv")):
+        rows = [r.split(",") for r in csv_path.read_text().splitlines()[1:] if r.count(",") >= 2]
+        util = [float(r[1].strip().split()[0]) for r in rows if r[1].strip().split()[0].replace(".", "").isdigit()]
+        series[csv_path.stem.removeprefix("nvidia-smi-")] = [(i * 0.5, u) for i, u in enumerate(util)]
+    if series:
+        plot_lines(out / "gpu_nvidia_smi_utilization.png", [("GPU utilisation %", series, "seconds")],
+                   "nvidia-smi, every 500 ms during each run", ymin0=0)
+        lines.append("![nvidia-smi utilisation](gpu_nvidia_smi_utilization.png)")
+    return lines
 
 
 def gpu_figure(runs, out):
@@ -431,6 +473,8 @@ def main(argv=None):
                    help="benchmark/tokenizer JSON files (default: %(default)s)")
     p.add_argument("--out", type=Path, default=REPO / "report" / "generated", help="(default: %(default)s)")
     p.add_argument("--no-screenshots", action="store_true", help="skip the TensorBoard screenshots (Chromium)")
+    p.add_argument("--gpu-logs", type=Path, default=None, help="benchmarks/gpu_check.sh's logs/ folder: "
+                                                                "nvidia-smi snapshot and utilisation")
     p.add_argument("--pdf", action="store_true", help="also render report/report.md to report/report.pdf")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -470,6 +514,8 @@ def main(argv=None):
 
     lines += ["", "## GPU utilisation", ""]
     lines += gpu_figure(runs, args.out)
+    if args.gpu_logs:
+        lines += nvidia_smi_figures(args.gpu_logs, args.out)
     if not args.no_screenshots:
         lines += ["", "## TensorBoard, as a browser shows it", ""]
         lines += tensorboard_screenshots([by_kind[k] for k in ("lenet5", "gpt") if k in by_kind], args.out, problems)

@@ -137,3 +137,20 @@ def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
     accuracy = json.loads((REPO / "report" / "results" / "lenet_bench_cpu.json").read_text())["default_accuracy"]
     assert "实验报告" in text and "神经网络" in text
     assert f"{accuracy:.2%}" in text
+
+
+def test_nvidia_smi_logs_become_figures(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "nvidia-smi.txt").write_text("+----------------------+\n| NVIDIA-SMI 580.00   GPU 0: NVIDIA H200  |\n"
+                                          "|  45C  P0  300W / 700W |  20000MiB / 143771MiB |  97%  Default |\n")
+    (logs / "nvidia-smi-gpt-12M.csv").write_text(
+        "timestamp, utilization.gpu [%], utilization.memory [%], memory.used [MiB], power.draw [W]\n"
+        + "".join(f"2026/11/30 07:00:{i:02d}.000, {u} %, 40 %, 20000 MiB, 300 W\n" for i, u in enumerate([0, 50, 97, 98])))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "none"), "--out", str(out),
+                      "--gpu-logs", str(logs), "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    assert "![nvidia-smi](gpu_nvidia_smi.png)" in text and "gpu_nvidia_smi_utilization.png" in text
+    for name in ("gpu_nvidia_smi.png", "gpu_nvidia_smi_utilization.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG")
