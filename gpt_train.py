@@ -506,8 +506,9 @@ class Throughput:
 
 
 class Trainer:
-    """One optimizer step at a time (_run_step), then what follows it (_after_step): logging,
-    evaluation, checkpoint, stop. Like pytorch/examples' DDP Trainer._run_batch / _run_epoch."""
+    """One optimizer step at a time (_run_step); its timed end (_end_of_step: logging, the stop
+    decision); then what is kept out of the timing (_aside: evaluation, checkpoint). Like
+    pytorch/examples' DDP Trainer._run_batch / _run_epoch."""
 
     def __init__(self, run, accelerator, model, train_model, optimizer, budget, blocks, state, stop):
         self.run, self.acc, self.model, self.train_model = run, accelerator, model, train_model
@@ -580,24 +581,28 @@ class Trainer:
         s, args = self.state, self.args
         if s["step"] % args.log_every == 0 or s["step"] == self.budget.total_steps:
             self._log(grad_norm, bar)
-        elif (first or self._aside_due()) and self.acc.device.type == "cuda":
+        elif (first or self._eval_due() or self._ckpt_due()) and self.acc.device.type == "cuda":
             torch.cuda.synchronize()
         return self._stop_requested()
 
-    def _aside_due(self):
-        s, args = self.state, self.args
-        return s["step"] % args.eval_every == 0 or bool(args.ckpt_every and s["step"] % args.ckpt_every == 0)
+    def _eval_due(self):  # the final evaluation comes after the loop
+        step = self.state["step"]
+        return step % self.args.eval_every == 0 and step != self.budget.total_steps
+
+    def _ckpt_due(self):
+        step = self.state["step"]
+        return bool(self.args.ckpt_every and step % self.args.ckpt_every == 0) or step == self.budget.total_steps
 
     def _aside(self, stopping):
         """Evaluation and checkpoints as due (untimed); True when the run stops here on a signal."""
         s, last = self.state, self.state["step"] == self.budget.total_steps
-        if s["step"] % self.args.eval_every == 0 and not last:
+        if self._eval_due():
             val = evaluate(self.model, self.blocks["validation"], self.acc, self.budget.micro_batch,
                            self.args.val_batches)
             s["val_losses"].append([s["step"], val])
             if self.writer:
                 self.writer.add_scalar("val/loss", val, s["step"])
-        if stopping or last or (self.args.ckpt_every and s["step"] % self.args.ckpt_every == 0):
+        if stopping or self._ckpt_due():
             window = [self.loss_sum.item(), self.steps_in_sum]  # the losses since the last log point, resumed too
             save_checkpoint(self.acc, self.run.out_dir, {**s, "loss_window": window, "run": self.run.identity})
         if stopping and not last:
