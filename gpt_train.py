@@ -337,8 +337,9 @@ def batch_stream(blocks, accelerator, micro_batch, seed, consumed):
 
     Each epoch's order is fixed by (seed, epoch) (wos.epoch_loader), so the position is two
     integers and a resumed run sees exactly the batches an uninterrupted one would have. No
-    worker processes: collating a batch of token ids costs ~0.2 ms, less than starting workers
-    anew at every epoch; on a GPU the batch goes through pinned memory, copied asynchronously.
+    worker processes: stacking a batch of token ids is tiny next to a training step, and workers
+    would be started anew at every epoch; on a GPU the batch goes through pinned memory, copied
+    asynchronously.
     """
     cuda = accelerator.device.type == "cuda"
 
