@@ -92,7 +92,7 @@ def max_backward_error(n=1_000_000):
     return {name: (errors[name] - errors["exact"]).abs().max().item() for name in ("ext", "aten")}
 
 
-def main(argv=None):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="(default: %(default)s)")
@@ -104,7 +104,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=0, help="runs per cell (default: 7 on CPU, 50 on GPU)")
     p.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="implementations to leave out")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the table here as JSON")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if not gelu_ext.is_built():
         sys.exit(f"error: {gelu_ext.BUILD_HINT}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)

@@ -71,7 +71,7 @@ def original_recipe(data_dir, device, epochs, seed):
     return seconds, accuracies
 
 
-def main(argv=None):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LAB5_DATA", REPO / "data")),
                    help="MNIST root with MNIST/raw/ (default: %(default)s)")
@@ -81,7 +81,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="alternating pairs of runs; medians are reported, "
                                                           "since a shared VM is noisy (default: %(default)s)")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the comparison here as JSON")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     try:
         device = lenet5.pick_device(args.device)
         lenet5.find_mnist(args.data_dir, download=False)  # one clear line if the files are missing

@@ -465,7 +465,7 @@ def result_sections(results, prefix, table, what, results_dir, curves=None, out=
 
 # ----------------------------------------------------------------------------- main
 
-def main(argv=None):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="*", type=Path, help="run directories (default: the newest LeNet-5 and GPT runs)")
     p.add_argument("--runs-root", type=Path, default=REPO / "runs", help="(default: %(default)s)")
@@ -476,7 +476,11 @@ def main(argv=None):
     p.add_argument("--gpu-logs", type=Path, default=None, help="benchmarks/gpu_check.sh's logs/ folder: "
                                                                 "nvidia-smi snapshot and utilisation")
     p.add_argument("--pdf", action="store_true", help="also render report/report.md to report/report.pdf")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     problems, lines = [], ["# Generated results", "",
                            "Written by `python report/make_report.py`; every number is read from the files named.",

@@ -36,6 +36,8 @@ PID=$!
 wait_for $PID; rc=$?
 if [ "$rc" -eq 3 ] && [ "$STOP" = USR1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     echo "[$(date '+%F %T')] checkpointed; requeueing job $SLURM_JOB_ID (the restart appends to this log)"
-    scontrol requeue "$SLURM_JOB_ID"
+    # Slurm now ends this run and queues the job again. Ending first, with exit 3, would race it
+    # and could record the job as FAILED: wait to be ended instead.
+    scontrol requeue "$SLURM_JOB_ID" && { sleep 300 & wait $!; }
 fi
 exit $rc

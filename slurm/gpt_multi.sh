@@ -45,7 +45,7 @@ srun --kill-on-bad-exit=1 bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --node
 wait_for $!; rc=$?
 if [ "$STOP" = USR1 ] && [ ! -e "$OUT_DIR/metrics.json" ]; then
     echo "[$(date '+%F %T')] checkpointed; requeueing job $SLURM_JOB_ID (the restart appends to this log)"
-    scontrol requeue "$SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" && { sleep 300 & wait $!; }  # wait to be ended: see gpt.sh
     exit 3
 fi
 exit $rc

@@ -147,16 +147,22 @@ class SlurmCluster:
     def wait(self, job_id, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
              timeout=300, requeue_now=True):
         """Poll until the job is in one of `states`. A requeued job waits for its BeginTime (Slurm adds
-        ~2 minutes); requeue_now moves it to now, as `scontrol update` lets an admin do."""
+        ~2 minutes); requeue_now moves it to now, as `scontrol update` lets an admin do, but only once
+        the run before it has fully left its node (all nodes idle): a start while the old batch step
+        is still being killed fails with "job credential revoked"."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             job = self.job(job_id)
             if job["JobState"] in states:
                 return job
-            if requeue_now and job["JobState"] == "PENDING" and job.get("Reason") == "BeginTime":
+            if requeue_now and job["JobState"] == "PENDING" and job.get("Reason") == "BeginTime" and self.idle():
                 self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # StartTime: the begin time
             time.sleep(0.5)
-        raise TimeoutError(f"job {job_id} still {job['JobState']} after {timeout} s\n{self.logs()}")
+        raise TimeoutError(f"job {job_id} still {job['JobState']} after {timeout} s\n"
+                           f"{self.run('scontrol', 'show', 'job', str(job_id))}\n{self.logs()}")
+
+    def idle(self):
+        return all(state == "idle" for state in self.run("sinfo", "-h", "-N", "-o", "%T").split())
 
     def logs(self):
         return "\n".join(f"--- {p.name}\n" + p.read_text()[-2000:] for p in sorted(self.root.glob("*.log")))
