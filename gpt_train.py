@@ -502,8 +502,9 @@ class Throughput:
             self.state["compile_seconds"] += max(0.0, self.first_step - mean_step)
 
     def tokens_per_second(self):
+        """Steady state; a run of one step has no steady steps, and then that step counts."""
         s = self.state
-        return s["steady_tokens"] / s["steady_seconds"] if s["steady_seconds"] else None
+        return s["steady_tokens"] / s["steady_seconds"] if s["steady_seconds"] else s["tokens_seen"] / s["train_seconds"]
 
 
 class Trainer:
@@ -668,7 +669,6 @@ class Run:
     flops_per_token: float = 0.0
     peak: float | None = None  # the GPU's tensor-core FLOP/s, for MFU
     note: str = ""  # why an `auto` choice went the way it did, for the start-up line
-    argv: list = None  # the command line, recorded in the metrics
 
 
 def decide_device(args):
@@ -691,7 +691,7 @@ def decide_device(args):
     if compile_mode != "off":
         use_compile_cache(args.compile_cache)
     device_name = torch.cuda.get_device_name() if cuda else f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
-    run = Run(args, precision, compile_mode, accelerator.num_processes, device_name, note=note, argv=args.argv,
+    run = Run(args, precision, compile_mode, accelerator.num_processes, device_name, note=note,
               peak=peak_flops(device_name, precision) if cuda else None)
     return accelerator, run
 
@@ -772,12 +772,11 @@ def startup_line(run, tokenizer, budget, micro_how):
     return ", ".join(parts)
 
 
-def final_metrics(run, state, stats, val_loss, t_start):
+def final_metrics(run, state, stats, val_loss, t_start, tps):
     v, args = stats["validation"], run.args
     tail = [loss for _, loss in state["losses"][-5:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
     steady = state["steady_seconds"] > 0
-    tps = state["steady_tokens"] / state["steady_seconds"] if steady else state["tokens_seen"] / state["train_seconds"]
     return {
         "tokens_seen": state["tokens_seen"], "steps": state["step"], "final_train_loss": final_train_loss,
         "final_val_loss": val_loss,
@@ -790,7 +789,7 @@ def final_metrics(run, state, stats, val_loss, t_start):
         "device_name": run.device_name, "params": run.params, "vocab_size": run.cfg.vocab_size,
         "tokenizer": args.tokenizer, "text": str(run.text), "preset": args.preset, "global_batch": args.global_batch,
         "micro_batch": run.identity["micro_batch"], "seq_len": args.seq_len, "resumed": bool(state.get("resumed")),
-        "torch": torch.__version__, "command": "python gpt_train.py " + " ".join(run.argv),
+        "torch": torch.__version__, "command": "python gpt_train.py " + " ".join(args.argv),
         "loss_curve": state["losses"], "val_curve": state["val_losses"] + [[state["step"], val_loss]],
         "throughput_curve": state["throughput"],
     }
@@ -840,7 +839,7 @@ def train(args):
 
         # ---- the end: validation, metrics
         val_loss = evaluate(model, blocks["validation"], accelerator, budget.micro_batch, args.val_batches)
-        metrics = final_metrics(run, state, stats, val_loss, t_start)
+        metrics = final_metrics(run, state, stats, val_loss, t_start, trainer.perf.tokens_per_second())
         if accelerator.is_main_process:
             trainer.writer.add_scalar("val/loss", val_loss, state["step"])
             trainer.writer.close()
@@ -951,7 +950,7 @@ def check_args(parser, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     try:
         return train(args)
     except (UserError, wos.TextError, files.OutputError) as e:

@@ -340,6 +340,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     try:
         return run(args)
     except (UserError, files.OutputError) as e:
@@ -358,7 +359,6 @@ def run(args):
     train_set, test_set = (MNIST(*paths[split]).to(device) for split in ("train", "test"))
     model = LeNet5(make_gelu(args.act, device)).to(device)
     params = sum(p.numel() for p in model.parameters())
-    out_dir.mkdir(parents=True, exist_ok=True)
     print(f"LeNet-5 ({params:,} parameters), act={args.act}, engine={args.engine}, device={device}, "
           f"{len(train_set):,} train / {len(test_set):,} test images, logs in {out_dir}")
     files.write_json(out_dir / "args.json", vars(args))
@@ -371,7 +371,7 @@ def run(args):
                "steps": steps,
                "train_seconds": round(train_seconds, 3), "device": str(device), "device_name": device_name(device),
                "act": args.act, "engine": args.engine, "params": params, "batch_size": args.batch_size,
-               "lr": args.lr, "seed": args.seed, "torch": torch.__version__, "command": command(args),
+               "lr": args.lr, "seed": args.seed, "torch": torch.__version__, "command": "python lenet5.py " + " ".join(args.argv),
                "history": history, "train_loss_curve": curve, "out_dir": str(out_dir)}
     files.write_json(out_dir / "metrics.json", metrics)
     if args.metrics_out:
@@ -381,13 +381,6 @@ def run(args):
     print(f"test accuracy {last['test_accuracy']:.2%}, test loss {last['test_loss']:.4f}, "
           f"{train_seconds:.1f} s training on {device}")
     return metrics
-
-
-def command(args):
-    """The command line that reproduces this run (for the metrics: every number names its command)."""
-    flags = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-             if v not in (None, False) and k not in ("out_dir", "metrics_out", "save")]
-    return "python lenet5.py " + " ".join(f.removesuffix(" True") for f in flags)
 
 
 def device_name(device):

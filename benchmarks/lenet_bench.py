@@ -10,7 +10,6 @@ same model; the three alternate within each repeat, and medians are reported.
 """
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -26,17 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import lenet5  # noqa: E402
 from data import files  # noqa: E402
-
-
-def cpu_model():
-    """The CPU's name (from /proc/cpuinfo), recorded with every measurement."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def original_recipe(data_dir, device, epochs, seed):
@@ -120,7 +108,7 @@ def main(argv=None):
         "all_default_train_seconds": [run["train_seconds"] for run in ours_runs],
         "all_lightning_train_seconds": [run["train_seconds"] for run in lit_runs],
         "all_lightning_to_plain": [b["train_seconds"] / a["train_seconds"] for a, b in zip(ours_runs, lit_runs)],
-        "cpu_model": cpu_model(), "torch": torch.__version__,
+        "cpu_model": files.cpu_name(), "torch": torch.__version__,
         "command": "python " + " ".join(sys.argv),
     }
     print(f"\n{device_name}, medians of {args.repeats} alternating repeats")

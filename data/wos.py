@@ -30,14 +30,14 @@ from transformers import AutoTokenizer
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
-
-
-def default_tokenizer():
-    """gpt_train.py's tokenizer: the own one once tokenizer_train.py has made it, else GPT-2's."""
-    return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
+
+
+def default_tokenizer():
+    """gpt_train.py's tokenizer: the own one (OWN_TOKENIZER) once tokenizer_train.py has made it, else GPT-2's."""
+    return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
 
 
 class TextError(Exception):
@@ -156,8 +156,7 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     """(DatasetDict of {"input_ids": block_size token ids}, {split: {docs, tokens, bytes, from_cache}}).
 
     Documents are joined by <|endoftext|>. `tokenizer` is a `tokenizers.Tokenizer` (load_tokenizer);
-    it is part of datasets' fingerprint
-    of the map, so a new tokenizer means a new cache. As in HF's run_clm, each map batch of 1000
+    it is part of datasets' fingerprint of the map, so a new tokenizer means a new cache. As in HF's run_clm, each map batch of 1000
     documents drops its last partial block (< 0.5% of the tokens).
     """
     eot = tokenizer.token_to_id(EOT)
