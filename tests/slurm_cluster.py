@@ -148,15 +148,19 @@ class SlurmCluster:
              timeout=300, requeue_now=True):
         """Poll until the job is in one of `states`. A requeued job waits for its BeginTime (Slurm adds
         ~2 minutes); requeue_now moves it to now, as `scontrol update` lets an admin do, but only once
-        the run before it has fully left its node (all nodes idle): a start while the old batch step
-        is still being killed fails with "job credential revoked"."""
-        deadline = time.time() + timeout
+        the run before it has fully left its node (all nodes idle) and a second more has passed: slurmd
+        refuses a job whose credential was issued in the same second as the old one's revocation
+        ("Job credential revoked"; both times are whole seconds)."""
+        deadline, idle_since = time.time() + timeout, None
         while time.time() < deadline:
             job = self.job(job_id)
             if job["JobState"] in states:
                 return job
-            if requeue_now and job["JobState"] == "PENDING" and job.get("Reason") == "BeginTime" and self.idle():
+            waiting = requeue_now and job["JobState"] == "PENDING" and job.get("Reason") == "BeginTime"
+            idle_since = (idle_since or time.time()) if waiting and self.idle() else None
+            if idle_since and time.time() - idle_since >= 2:
                 self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # StartTime: the begin time
+                idle_since = None
             time.sleep(0.5)
         raise TimeoutError(f"job {job_id} still {job['JobState']} after {timeout} s\n"
                            f"{self.run('scontrol', 'show', 'job', str(job_id))}\n{self.logs()}")
