@@ -16,11 +16,12 @@ def log_of(job):
     return open(job["StdOut"]).read()
 
 
-def why(job):
-    """A failed job's log with its error lines first (a long traceback would hide them)."""
+def why(job, slurm):
+    """A failed job's log with its error lines first (a long traceback would hide them), then the
+    daemons' logs (a step that a node refused to launch shows only there)."""
     log = log_of(job)
     errors = [line for line in log.splitlines() if "rror" in line or "exit" in line or "signal" in line]
-    return "\n".join(errors[:30]) + "\n--- the whole log:\n" + log
+    return "\n".join(errors[:30]) + "\n--- the job's log:\n" + log + "\n" + slurm.logs()
 
 
 def wait_for_file(pattern_dir, pattern, timeout=120):
@@ -39,7 +40,7 @@ def test_plain_sbatch_lenet_runs_on_the_default_partition(slurm, tiny_mnist, tmp
                           cwd=REPO)
     job = slurm.wait(job_id)
     try:
-        assert job["JobState"] == "COMPLETED" and job["Partition"] == "normal", why(job)
+        assert job["JobState"] == "COMPLETED" and job["Partition"] == "normal", why(job, slurm)
         assert job["StdOut"] == str(REPO / "runs" / "slurm" / f"lenet5-{job_id}.out")
         metrics = json.loads((tmp_path / "m.json").read_text())
         assert metrics["epochs"] == 1 and metrics["test_accuracy"] > 0.5
@@ -53,7 +54,7 @@ def test_paths_are_read_from_the_submit_folder_on_the_debug_queue(slurm, tiny_mn
                           "--epochs", "1", "--data-dir", "mnist", "--no-download", "--out-dir", "run",
                           "--metrics-out", "out/m.json", cwd=tmp_path)
     job = slurm.wait(job_id)
-    assert job["JobState"] == "COMPLETED" and job["Partition"] == "debug", why(job)
+    assert job["JobState"] == "COMPLETED" and job["Partition"] == "debug", why(job, slurm)
     assert (tmp_path / "out" / "m.json").exists() and (tmp_path / "run" / "metrics.json").exists()
     assert f"cwd {tmp_path}" in log_of(job)
 
@@ -83,7 +84,7 @@ def test_scancel_leaves_a_resumable_checkpoint(slurm, corpus, tmp_path):
     time.sleep(1)
     slurm.run("scancel", str(job_id))  # TERM to every process of the job
     job = slurm.wait(job_id)
-    assert job["JobState"] == "CANCELLED" and job["Restarts"] == "0", why(job)
+    assert job["JobState"] == "CANCELLED" and job["Restarts"] == "0", why(job, slurm)
     state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert 0 < state["step"] < 4000  # --ckpt-every 0: only the signal wrote it
     resumed = gpt_train.main(args)
@@ -95,7 +96,7 @@ def test_two_nodes_one_cpu_process_each_match_one_process(slurm, corpus, tmp_pat
     job_id = slurm.sbatch("--nodes=2", "--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt_multi.sh",
                           *tiny_args(corpus, tmp_path / "two", *common), cwd=REPO)
     job = slurm.wait(job_id)
-    assert job["JobState"] == "COMPLETED", why(job)
+    assert job["JobState"] == "COMPLETED", why(job, slurm)
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())
     one = gpt_train.main(tiny_args(corpus, tmp_path / "one", *common))
     assert two["world_size"] == 2 and job["NumNodes"] == "2" and two["tokens_seen"] == one["tokens_seen"]
