@@ -332,11 +332,13 @@ def probe_micro_batch(model, args, precision, device, share):
 
 # ----------------------------------------------------------------------------- data
 
-def batch_stream(blocks, accelerator, micro_batch, seed, consumed):
+def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed):
     """This process's micro-batches, epoch after epoch, starting after the first `consumed`.
 
     Each epoch's order is fixed by (seed, epoch) (wos.epoch_loader), so the position is two
-    integers and a resumed run sees exactly the batches an uninterrupted one would have. No
+    integers and a resumed run sees exactly the batches an uninterrupted one would have. Each
+    epoch is cut to whole global batches: a run on N processes then sees what one process sees,
+    across epoch ends too (uneven shards would otherwise drop a different remainder). No
     worker processes: stacking a batch of token ids is tiny next to a training step, and workers
     would be started anew at every epoch; on a GPU the batch goes through pinned memory, copied
     asynchronously.
@@ -344,14 +346,14 @@ def batch_stream(blocks, accelerator, micro_batch, seed, consumed):
     cuda = accelerator.device.type == "cuda"
 
     def loader(epoch):  # sharded across processes by accelerate
-        dl = wos.epoch_loader(blocks, micro_batch, seed, epoch, pin_memory=cuda, num_workers=0)
+        dl = wos.epoch_loader(blocks, micro_batch, seed, epoch, whole=global_batch, pin_memory=cuda, num_workers=0)
         return prepare_data_loader(dl, accelerator.device, num_processes=accelerator.num_processes,
                                    process_index=accelerator.process_index, put_on_device=True,
                                    rng_types=[], non_blocking=cuda)
 
     per_epoch = len(loader(0))
     if per_epoch == 0:
-        raise UserError(f"{len(blocks)} training blocks are fewer than one micro-batch per process")
+        raise UserError(f"{len(blocks)} training blocks are fewer than one global batch ({global_batch} sequences)")
     epoch, skip = divmod(consumed, per_epoch)
     while True:
         yield from skip_first_batches(loader(epoch), skip) if skip else loader(epoch)
@@ -534,8 +536,8 @@ class Trainer:
 
     def fit(self):
         s = self.state
-        batches = batch_stream(self.blocks["train"], self.acc, self.budget.micro_batch, self.args.seed,
-                               s["micro_batches"])
+        batches = batch_stream(self.blocks["train"], self.acc, self.budget.micro_batch, self.args.global_batch,
+                               self.args.seed, s["micro_batches"])
         bar = tqdm(total=self.budget.total_steps, initial=s["step"], disable=not self.acc.is_main_process,
                    desc="train", mininterval=2)
         self.train_model.train()
@@ -546,6 +548,7 @@ class Trainer:
                 grad_norm, tokens = self._run_step(batches)
                 stopping = self._end_of_step(grad_norm, bar, first)
                 self.perf.step_done(time.perf_counter() - t0, tokens, first)
+                bar.update()
                 self.steady_steps += not first
                 first = False
                 if self._aside(stopping):
@@ -648,7 +651,7 @@ class Trainer:
                 scalars.update(gpu_stats(self.acc.device))
             for k, v in scalars.items():
                 self.writer.add_scalar(k, v, s["step"])
-        bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}")
+        bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()
 
 
 # ----------------------------------------------------------------------------- the phases

@@ -237,15 +237,18 @@ def corpus_fingerprint(path):
 
 # ----------------------------------------------------------------------------- batches
 
-def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, **loader_kwargs):
+def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
     """A DataLoader over one epoch: the permutation of epoch `epoch` is fixed by (seed, epoch).
 
     A new loader per epoch, instead of a sampler with hidden epoch state, makes the position in
     the data two integers (epoch, batch): resuming is `skip_first_batches(loader, batch)` on the
     loader of that epoch, exact past the first epoch too. accelerate's `prepare` shards it.
+    `whole`: the epoch is cut to a multiple of this many sequences (the global batch, so that
+    every process count splits it alike; a different few sequences are left out each epoch).
     """
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(blocks), generator=g).tolist()
+    order = order[:len(order) - len(order) % whole]
     return DataLoader(blocks.with_format("torch"), batch_size=batch_size, sampler=order, drop_last=drop_last,
                       collate_fn=collate, **loader_kwargs)
 

@@ -96,9 +96,10 @@ def test_mfu_peak_table():
 
 # ------------------------------------------------------------------ training runs
 
-def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path):
+def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path, capsys):
     metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "20000",
                                        "--metrics-out", str(tmp_path / "m.json")))
+    assert f"{metrics['steps']}/{metrics['steps']} [" in capsys.readouterr().err  # the progress bar got there
     assert json.loads((tmp_path / "m.json").read_text()) == json.loads((tmp_path / "run" / "metrics.json").read_text())
     per_micro = 4 * 32
     assert metrics["tokens_seen"] == math.ceil(20000 / per_micro) * per_micro  # whole micro-batches, < 1 over
@@ -155,10 +156,11 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(corpus, tmp_path):
 
 
 def test_two_processes_match_one_for_the_same_global_batch(corpus, tmp_path):
-    args = tiny_args(corpus, tmp_path / "one", "--tokens", str(12 * 8 * 32), "--fused-adamw", "off")
+    steps = 80  # past the first epoch's end: the corpus has 509 blocks, 63 global batches of 8
+    args = tiny_args(corpus, tmp_path / "one", "--tokens", str(steps * 8 * 32), "--fused-adamw", "off")
     single = gpt_train.main(args)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    two = tiny_args(corpus, tmp_path / "two", "--tokens", str(12 * 8 * 32), "--fused-adamw", "off",
+    two = tiny_args(corpus, tmp_path / "two", "--tokens", str(steps * 8 * 32), "--fused-adamw", "off",
                     "--metrics-out", str(tmp_path / "two.json"))
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_port", str(free_port()), str(REPO / "gpt_train.py"), *two],

@@ -101,3 +101,18 @@ def test_two_nodes_one_cpu_process_each_match_one_process(slurm, corpus, tmp_pat
     one = gpt_train.main(tiny_args(corpus, tmp_path / "one", *common))
     assert two["world_size"] == 2 and job["NumNodes"] == "2" and two["tokens_seen"] == one["tokens_seen"]
     assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], abs=1e-3)
+
+
+def test_two_nodes_usr1_checkpoint_requeue_and_resume(slurm, corpus, tmp_path):
+    common = ["--tokens", str(300 * 8 * 32), "--fused-adamw", "off", "--log-every", "1"]
+    job_id = slurm.sbatch("--nodes=2", "--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt_multi.sh",
+                          *tiny_args(corpus, tmp_path / "two", *common, "--ckpt-every", "5"), cwd=REPO)
+    wait_for_file(tmp_path / "two", "ckpt-*[0-9]")
+    slurm.run("scancel", "--batch", "--signal=USR1", str(job_id))  # the batch shell: it stops the ranks
+    job = slurm.wait(job_id, timeout=300, states=("COMPLETED",))
+    log = log_of(job)
+    assert job["Restarts"] == "1" and "USR1: checkpointing" in log and "(restart 1)" in log, why(job, slurm)
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    one = gpt_train.main(tiny_args(corpus, tmp_path / "one", *common, "--ckpt-every", "0"))
+    assert two["resumed"] and two["world_size"] == 2 and two["tokens_seen"] == one["tokens_seen"]
+    assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], abs=1e-3)

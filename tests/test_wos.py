@@ -121,6 +121,14 @@ def test_rank_shards_do_not_overlap(blocks):
     assert len(set(rows)) == len(rows) and set(rows) <= set(whole)
 
 
+def test_an_epoch_cut_to_whole_global_batches_splits_alike_on_any_process_count(blocks):
+    one = batches(wos.epoch_loader(blocks, 4, seed=0, epoch=2, whole=8))
+    assert len(one) * 4 == len(blocks) - len(blocks) % 8  # whole global batches of 8, the rest left out
+    shards = [batches(prepare_data_loader(wos.epoch_loader(blocks, 4, seed=0, epoch=2, whole=8), num_processes=2,
+                                          process_index=rank, put_on_device=False)) for rank in (0, 1)]
+    assert [b for pair in zip(*shards) for b in pair] == one  # round k on 2 processes = micro-batches 2k, 2k+1
+
+
 def test_wos_download_unpacks_x_txt(tmp_path, monkeypatch):
     """The download path against a local HTTP server serving a WebOfScience.zip of the real layout."""
     import http.server
