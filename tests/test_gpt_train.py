@@ -172,6 +172,17 @@ def test_two_processes_match_one_for_the_same_global_batch(corpus, tmp_path):
         assert s1 == s2 and l2 == pytest.approx(l1, rel=1e-4)
 
 
+def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, monkeypatch):
+    """GradScaler skips a step whose gradients overflowed (fp16 only, so on a GPU); the schedule must
+    not count it. Here accelerate's report of a skipped step is faked for the first three steps."""
+    from accelerate import Accelerator
+    reports = iter([True] * 3)
+    monkeypatch.setattr(Accelerator, "optimizer_step_was_skipped", property(lambda self: next(reports, False)))
+    gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32)))
+    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    assert state["step"] == 10 and state["lr_step"] == 7
+
+
 # ------------------------------------------------------------------ errors a user can cause
 
 @pytest.mark.parametrize("args, message", [
