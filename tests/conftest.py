@@ -112,9 +112,9 @@ def tiny_args(corpus, out_dir, *extra):
 
 
 @pytest.fixture(scope="session")
-def slurm():
-    """A real two-node Slurm cluster (tests/slurm_cluster.py); CI sets LAB5_REQUIRE_SLURM=1 so that
-    a machine without one fails instead of skipping."""
+def slurm_session():
+    """A real two-node Slurm cluster (tests/slurm_cluster.py), started once; CI sets
+    LAB5_REQUIRE_SLURM=1 so that a machine without one fails instead of skipping."""
     import slurm_cluster
     reason = slurm_cluster.unavailable()
     if reason:
@@ -124,6 +124,14 @@ def slurm():
     cluster = slurm_cluster.SlurmCluster().start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_session):
+    """The cluster with idle nodes; whatever a test leaves running is cancelled before the next one."""
+    slurm_session.wait_idle()
+    yield slurm_session
+    slurm_session.cancel_all()
 
 
 @pytest.fixture

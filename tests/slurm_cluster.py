@@ -168,6 +168,18 @@ class SlurmCluster:
     def idle(self):
         return all(state == "idle" for state in self.run("sinfo", "-h", "-N", "-o", "%T").split())
 
+    def wait_idle(self, timeout=90):
+        deadline = time.time() + timeout
+        while not self.idle():
+            if time.time() > deadline:
+                raise TimeoutError(f"nodes not idle after {timeout} s\n{self.run('squeue')}\n{self.logs()}")
+            time.sleep(0.5)
+
+    def cancel_all(self):
+        """End every job of this cluster (a failed test's), then wait for the nodes to be idle."""
+        self.run("scancel", "--user", "root")
+        self.wait_idle()
+
     def logs(self):
         return "\n".join(f"--- {p.name}\n" + p.read_text()[-2000:] for p in sorted(self.root.glob("*.log")))
 
