@@ -14,3 +14,16 @@ wait_for() {
     while kill -0 "$1" 2>/dev/null; do wait "$1"; done
     wait "$1"
 }
+
+# out_dir_flag ARGS...: the value of the last --out-dir in ARGS (as argparse takes it), or nothing.
+out_dir_flag() {
+    local out=""
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --out-dir) out=${2:-}; shift ;;
+            --out-dir=*) out=${1#--out-dir=} ;;
+        esac
+        shift
+    done
+    echo "$out"
+}

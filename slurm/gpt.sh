@@ -19,8 +19,13 @@ SCRIPT=$0  # under sbatch a spool copy: Slurm knows the submitted path
 [ "${0##*/}" = slurm_script ] && SCRIPT=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'Command=[^ ]*' | cut -d= -f2-)
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
-# One run directory per job: a requeued job keeps its id, so it finds its own checkpoints and resumes.
-OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+# One run directory per job (unless --out-dir is given): a requeued job keeps its id, so it finds
+# its own checkpoints and resumes.
+OUT_DIR=$(out_dir_flag "$@")
+if [ -z "$OUT_DIR" ]; then
+    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+    set -- --out-dir "$OUT_DIR" "$@"
+fi
 echo "out $OUT_DIR"  # the micro-batch: gpt_train.py's --micro-batch auto probes what fits this GPU
 
 # Slurm sends USR1 to this shell 90 s before the limit (B: above); TERM comes with scancel, INT
@@ -30,7 +35,7 @@ PID="" STOP=""
 forward() { [ -n "$PID" ] && kill "-$1" "$PID" 2>/dev/null; }
 trap 'STOP=USR1; echo "USR1: checkpointing"; forward USR1' USR1
 trap 'forward TERM' TERM INT
-python "$REPO/gpt_train.py" --out-dir "$OUT_DIR" "$@" &
+python "$REPO/gpt_train.py" "$@" &
 PID=$!
 [ "$STOP" = USR1 ] && forward USR1  # arrived between starting Python and knowing its pid
 wait_for $PID; rc=$?

@@ -20,12 +20,16 @@ SCRIPT=$0  # under sbatch a spool copy: Slurm knows the submitted path
 [ "${0##*/}" = slurm_script ] && SCRIPT=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'Command=[^ ]*' | cut -d= -f2-)
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
-OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt-multi}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+OUT_DIR=$(out_dir_flag "$@")  # one run directory per job unless --out-dir is given (as in gpt.sh)
+if [ -z "$OUT_DIR" ]; then
+    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt-multi}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+    set -- --out-dir "$OUT_DIR" "$@"
+fi
 GPUS=${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 NPROC=$(( GPUS > 0 ? GPUS : 1 ))  # CPU-only nodes: one gloo process per node
 
 if [ -z "${SLURM_JOB_ID:-}" ]; then  # one machine, no Slurm
-    exec torchrun --standalone --nproc_per_node "$NPROC" "$REPO/gpt_train.py" --out-dir "$OUT_DIR" "$@"
+    exec torchrun --standalone --nproc_per_node "$NPROC" "$REPO/gpt_train.py" "$@"
 fi
 
 # The rendezvous: the first node of the allocation, by the name Slurm gives it.
@@ -41,7 +45,7 @@ trap 'STOP=USR1; echo "USR1: checkpointing"; scancel --signal=TERM "$SLURM_JOB_I
 trap 'echo "TERM: the ranks checkpoint"' TERM
 srun --kill-on-bad-exit=1 bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --node_rank "$SLURM_NODEID" \
     --nproc_per_node "$0" --master_addr "$1" --master_port "$2" "${@:3}"' \
-    "$NPROC" "$MASTER_ADDR" "$MASTER_PORT" "$REPO/gpt_train.py" --out-dir "$OUT_DIR" "$@" &
+    "$NPROC" "$MASTER_ADDR" "$MASTER_PORT" "$REPO/gpt_train.py" "$@" &
 wait_for $!; rc=$?
 if [ "$STOP" = USR1 ] && [ ! -e "$OUT_DIR/metrics.json" ]; then
     echo "[$(date '+%F %T')] checkpointed; requeueing job $SLURM_JOB_ID (the restart appends to this log)"

@@ -220,6 +220,7 @@ def test_slurm_script_forwards_flags_and_usr1_checkpoints(corpus, tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == gpt_train.STOP_EXIT_CODE, err[-2000:]
     assert "USR1: checkpointing" in out and "run again with --out-dir" in err
+    assert f"out {tmp_path / 'run'}" in out  # the log names the folder the flags chose, not the default
     state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert 0 < state["step"] < 400
 
