@@ -36,20 +36,22 @@ done
 # ---------------------------------------------------------------------------- --prepare (here)
 if [ "$MODE" = prepare ]; then
     [ -n "$PREP" ] || { echo "error: --prepare needs a folder" >&2; exit 2; }
+    # the inputs first: a missing file stops it before the download and before DIR is made
+    src=${LAB5_MNIST:-$SHARED/MNIST/raw}
+    corpus=${LAB5_TEXT:-$SHARED/wos-standin/X.txt}
+    for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+        [ -f "$src/$f.gz" ] || [ -f "$src/$f" ] || { echo "error: $src/$f not found (set LAB5_MNIST)" >&2; exit 1; }
+    done
+    [ -f "$corpus" ] || { echo "error: corpus $corpus not found (set LAB5_TEXT)" >&2; exit 1; }
     mkdir -p "$PREP/wheels" "$PREP/MNIST/raw"
     version() { python -c "import importlib.metadata as m; print(m.version('$1'))"; }
     python -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$PREP/wheels" "datasets==$(version datasets)" || { echo "error: pip download failed" >&2; exit 1; }
     rm -f "$PREP"/wheels/numpy-*.whl "$PREP"/wheels/pyarrow-*.whl
-    src=${LAB5_MNIST:-$SHARED/MNIST/raw}
     for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-        if [ -f "$src/$f.gz" ]; then cp "$src/$f.gz" "$PREP/MNIST/raw/"
-        elif [ -f "$src/$f" ]; then gzip -c "$src/$f" > "$PREP/MNIST/raw/$f.gz"
-        else echo "error: $src/$f not found (set LAB5_MNIST)" >&2; exit 1; fi
+        if [ -f "$src/$f.gz" ]; then cp "$src/$f.gz" "$PREP/MNIST/raw/"; else gzip -c "$src/$f" > "$PREP/MNIST/raw/$f.gz"; fi
     done
-    corpus=${LAB5_TEXT:-$SHARED/wos-standin/X.txt}
-    [ -f "$corpus" ] || { echo "error: corpus $corpus not found (set LAB5_TEXT)" >&2; exit 1; }
     gzip -c "$corpus" > "$PREP/X.txt.gz"
     echo "$corpus" > "$PREP/corpus_source.txt"
     size=$(du -sm "$PREP" | cut -f1)
