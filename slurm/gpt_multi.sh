@@ -32,9 +32,10 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then  # one machine, no Slurm
     exec torchrun --standalone --nproc_per_node "$NPROC" "$REPO/gpt_train.py" "$@"
 fi
 
-# The rendezvous: the first node of the allocation, by the name Slurm gives it.
+# The rendezvous: the first node of the allocation, by the name Slurm gives it. This script runs
+# there (Slurm starts a batch script on the first node), so it can pick a port that is free there.
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+MASTER_PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 echo "nodes $SLURM_JOB_NODELIST x $NPROC processes, master $MASTER_ADDR:$MASTER_PORT, out $OUT_DIR"
 
 # USR1 (90 s before the limit) comes to this shell only; it sends TERM to the torchrun agents,
