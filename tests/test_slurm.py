@@ -59,6 +59,17 @@ def test_paths_are_read_from_the_submit_folder_on_the_debug_queue(slurm, tiny_mn
     assert f"cwd {tmp_path}" in log_of(job)
 
 
+def test_sbatch_tokenizer_trains_and_caches_the_blocks(slurm, corpus, tmp_path):
+    job_id = slurm.sbatch("-o", tmp_path / "%x-%j.out", "slurm/tokenizer.sh", "--text", corpus / "X.txt",
+                          "--vocab-size", "512", "--out", tmp_path / "tok.json", "--block-size", "32", "--cache-dir",
+                          tmp_path / "cache", "--compare", "none", "--metrics-out", tmp_path / "m.json", cwd=REPO)
+    job = slurm.wait(job_id)
+    assert job["JobState"] == "COMPLETED" and job["Partition"] == "normal", why(job, slurm)
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["vocab_size"] == 512 and metrics["val_round_trip_failures"] == 0 and metrics["num_train_tokens"] > 0
+    assert (tmp_path / "tok.json").exists() and any((tmp_path / "cache").iterdir())
+
+
 def test_usr1_checkpoints_requeues_resumes_and_keeps_one_log(slurm, corpus, tmp_path):
     common = ["--tokens", str(1000 * 8 * 32), "--log-every", "1"]
     job_id = slurm.sbatch("--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt.sh",
