@@ -274,6 +274,20 @@ def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
     assert gpt_train.mfu(1000, 6e6, None, world=1) is None
 
 
+def _agree(rank, port, found, out_dir):
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    agreed = gpt_train.agree_on_micro_batch(found[rank], torch.device("cpu"))
+    (out_dir / f"rank{rank}").write_text(str(agreed))
+    torch.distributed.destroy_process_group()
+
+
+def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
+    """Two GPUs of one job may fit different micro-batches; both must train with the smaller one."""
+    torch.multiprocessing.spawn(_agree, args=(free_port(), [16, 8], tmp_path), nprocs=2)
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["8", "8"]
+    assert gpt_train.agree_on_micro_batch(16, torch.device("cpu")) == 16  # one process: its own
+
+
 def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path):
     metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(4 * 8 * 32), "--micro-batch", "auto",
                                        "--global-batch", "4"))
