@@ -1,7 +1,7 @@
 """Files the scripts share: strict JSON written atomically, output paths checked before any work,
 a lock on a run directory, and content hashes.
 
-    write_json(path, obj)      tmp file + rename; NaN/inf become null (strict JSON, any reader)
+    write_json(path, obj)      own tmp file + rename; NaN/inf become null (strict JSON, any reader)
     check_output(path, what)   before training: the path can be written, or one clear error
     RunLock(dir)               one run per directory; the kernel drops the lock when a process dies
     sha256_file(path)          what a checkpoint or a run depends on, by content
@@ -12,7 +12,9 @@ import hashlib
 import json
 import math
 import os
+import socket
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -32,10 +34,12 @@ def strict(obj):
 
 
 def write_json(path, obj):
-    """Write obj as strict JSON via a temporary file and a rename: a reader never sees half a file."""
+    """Write obj as strict JSON via a temporary file and a rename: a reader never sees half a file.
+    The temporary name is the writer's own (host, process, thread), so writers of one file at once
+    (the processes of a multi-GPU job) do not rename each other's halves; the last rename wins."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(strict(obj), indent=2, allow_nan=False, default=str) + "\n")
     tmp.replace(path)
 
