@@ -39,7 +39,8 @@ if [ "$MODE" = prepare ]; then
     # the inputs first: a missing file stops it before the download and before DIR is made
     src=${LAB5_MNIST:-$SHARED/MNIST/raw}
     corpus=${LAB5_TEXT:-$SHARED/wos-standin/X.txt}
-    for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+    mnist_files="train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte"
+    for f in $mnist_files; do
         [ -f "$src/$f.gz" ] || [ -f "$src/$f" ] || { echo "error: $src/$f not found (set LAB5_MNIST)" >&2; exit 1; }
     done
     [ -f "$corpus" ] || { echo "error: corpus $corpus not found (set LAB5_TEXT)" >&2; exit 1; }
@@ -49,7 +50,7 @@ if [ "$MODE" = prepare ]; then
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$PREP/wheels" "datasets==$(version datasets)" || { echo "error: pip download failed" >&2; exit 1; }
     rm -f "$PREP"/wheels/numpy-*.whl "$PREP"/wheels/pyarrow-*.whl
-    for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+    for f in $mnist_files; do
         if [ -f "$src/$f.gz" ]; then cp "$src/$f.gz" "$PREP/MNIST/raw/"; else gzip -c "$src/$f" > "$PREP/MNIST/raw/$f.gz"; fi
     done
     gzip -c "$corpus" > "$PREP/X.txt.gz"
