@@ -290,15 +290,10 @@ def fit_micro_batch(global_batch, world, limit):
     return max(m for m in range(1, min(limit, share) + 1) if share % m == 0)
 
 
-def agree_on_micro_batch(micro, device):
+def agree_on_micro_batch(accelerator, micro):
     """The smallest micro-batch any process found: the GPUs of one job may differ in free memory, and
     processes accumulating different numbers of micro-batches would wait on each other for ever."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return micro
-    smallest = torch.tensor(micro, device=device)
-    dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
-    return int(smallest)
+    return int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
 
 
 def find_micro_batch(try_step, share):
@@ -751,7 +746,7 @@ def build_model(run, tokenizer, accelerator, saved_run):
         micro, how = saved_run["micro_batch"], "as the checkpoint"
     elif args.micro_batch == "auto" and accelerator.device.type == "cuda":
         micro, how = probe_micro_batch(model, args, run.precision, accelerator.device, args.global_batch // run.world)
-        micro = agree_on_micro_batch(micro, accelerator.device)
+        micro = agree_on_micro_batch(accelerator, micro)
     elif args.micro_batch == "auto":  # CPU: the preset's, at most this process's share
         micro, how = fit_micro_batch(args.global_batch, run.world, args.preset_micro_batch), "preset"
     else:

@@ -275,17 +275,24 @@ def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
 
 
 def _agree(rank, port, found, out_dir):
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    agreed = gpt_train.agree_on_micro_batch(found[rank], torch.device("cpu"))
+    """One process of a 2-process job, with the environment torchrun would give it."""
+    from accelerate import Accelerator
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    agreed = gpt_train.agree_on_micro_batch(Accelerator(cpu=True), found[rank])
     (out_dir / f"rank{rank}").write_text(str(agreed))
-    torch.distributed.destroy_process_group()
 
 
 def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
     """Two GPUs of one job may fit different micro-batches; both must train with the smaller one."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     torch.multiprocessing.spawn(_agree, args=(free_port(), [16, 8], tmp_path), nprocs=2)
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["8", "8"]
-    assert gpt_train.agree_on_micro_batch(16, torch.device("cpu")) == 16  # one process: its own
+    try:
+        assert gpt_train.agree_on_micro_batch(Accelerator(cpu=True), 16) == 16  # one process: its own
+    finally:
+        AcceleratorState._reset_state(True)
 
 
 def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path):
