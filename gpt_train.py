@@ -45,6 +45,7 @@ from tqdm import tqdm  # noqa: E402
 from transformers import GPT2Config  # noqa: E402
 
 from data import files, wos  # noqa: E402
+from training.metrics import STOP_EXIT_CODE, SUCCESS_LOSS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
 PRESETS = {  # model shape, batch and peak learning rate; everything else is a flag
@@ -55,8 +56,6 @@ PEAK_TFLOPS = {  # dense tensor-core peak per GPU (bf16/fp16 with fp32 accumulat
     "H200": (989, 494), "H100 SXM": (989, 494), "H100 PCIe": (756, 378), "H100": (989, 494),
     "A100": (312, 156), "L40S": (362, 183), "A10": (125, 62), "V100": (125, 15.7), "2080 Ti": (53.8, 13.4),
 }
-SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7
-STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
 CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lab5"  # shared on a cluster
 
 
