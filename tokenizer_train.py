@@ -44,12 +44,13 @@ def round_trip_failures(tokenizer, docs):
     return sum(d != t for d, t in zip(decoded, docs))
 
 
-def load_comparison(name):
-    """GPT-2's tokenizer (or another) for comparison, or None where it cannot be loaded (offline)."""
-    if name == "none":
+def load_comparison(spec):
+    """GPT-2's tokenizer (or another: a tokenizer.json, a folder, a hub name; wos.open_tokenizer) for
+    comparison, or None where it cannot be loaded (offline without a local copy): a note, not an error."""
+    if spec == "none":
         return None
     try:
-        return wos.load_tokenizer(name)
+        return wos.open_tokenizer(spec)
     except wos.TextError as e:
         print(f"note: no comparison: {e}", file=sys.stderr)
         return None
@@ -76,11 +77,13 @@ def parse_args(argv):
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--val-fraction", type=float, default=0.005, help="held-out documents (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="of the train/validation split (default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=1024,
-                   help="also tokenise the corpus into blocks of this many tokens for gpt_train.py; 0 = skip "
-                        "(default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=1024,
+                   help="gpt_train.py's --seq-len: also tokenise the corpus into the blocks of seq_len + 1 tokens it "
+                        "reads from the cache; 0 = skip (default: %(default)s)")
     p.add_argument("--cache-dir", type=Path, default=None, help="datasets cache (default: data/cache)")
-    p.add_argument("--compare", default="gpt2", help="tokenizer to compare with, or 'none' (default: %(default)s)")
+    p.add_argument("--compare", default="gpt2",
+                   help="tokenizer to compare with: a tokenizer.json, a folder (data/gpt2-tokenizer/), a hub name "
+                        "found locally (the HF cache or data/<name>-tokenizer/), or 'none' (default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
     args = p.parse_args(argv)
@@ -88,8 +91,8 @@ def parse_args(argv):
         p.error(f"--vocab-size must be a multiple of 64 and >= 512, got {args.vocab_size}")
     if not 0 < args.val_fraction < 0.5:
         p.error(f"--val-fraction must be in (0, 0.5), got {args.val_fraction}")
-    if args.block_size < 0:
-        p.error("--block-size must be >= 0")
+    if args.seq_len < 0:
+        p.error("--seq-len must be >= 0")
     return args
 
 
@@ -128,16 +131,17 @@ def run(args):
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
                "text": str(text), "text_sha256_16": wos.corpus_fingerprint(text), "out": str(args.out),
                "cpu": files.cpu_name(), "command": "python tokenizer_train.py " + " ".join(args.argv)}
-    gpt2 = load_comparison(args.compare)
-    metrics["compare"] = args.compare
-    metrics["gpt2_val_bytes_per_token"] = bytes_per_token(gpt2, val_docs) if gpt2 else None
+    other = load_comparison(args.compare)
+    metrics.update(compare=args.compare, compare_source=other and other.source, compare_sha256=other and other.sha256,
+                   compare_vocab_size=other and other.vocab_size,
+                   gpt2_val_bytes_per_token=bytes_per_token(other.tokenizer, val_docs) if other else None)
 
-    if args.block_size:  # the tokenised corpus gpt_train.py will read from the cache
+    if args.seq_len:  # the tokenised corpus gpt_train.py will read from the cache
         # From here on datasets' worker processes are the parallelism; tokenizers would warn about
         # (and disable) its own threads in each forked worker.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         t0 = time.perf_counter()
-        _, stats = wos.tokenize_blocks(splits, tokenizer, args.block_size)
+        _, stats = wos.tokenize_blocks(splits, tokenizer, wos.tokens_per_block(args.seq_len))
         seconds = time.perf_counter() - t0
         tokens = stats["train"]["tokens"] + stats["validation"]["tokens"]
         from_cache = stats["train"]["from_cache"]
@@ -150,7 +154,7 @@ def run(args):
     save_atomic(tokenizer, args.out)  # last: a run that fails on the way leaves nothing to --force over
     print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
     print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
-          + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if gpt2 else "")
+          + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if other else "")
           + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
     if args.metrics_out:
         files.write_json(args.metrics_out, metrics)

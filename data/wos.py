@@ -15,21 +15,22 @@ import hashlib
 import os
 import socket
 import sys
+import threading
 import time
 import urllib.request
 import zipfile
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
-import datasets
 import torch
 from torch.utils.data import DataLoader
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
+LOCAL_TOKENIZERS = REPO / "data"  # offline copies of hub tokenizers: data/<name>-tokenizer/ (data/gpt2-tokenizer/)
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
@@ -42,6 +43,17 @@ def default_tokenizer():
 
 class TextError(Exception):
     """Missing or unusable text: reported as one line, never as a traceback."""
+
+
+def need_datasets():
+    """The `datasets` package, imported only where the corpus is read: the scripts and benchmarks that
+    need no corpus run where it is missing (a bare GPU image)."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise TextError(f"reading the corpus needs the Python package 'datasets' ({e}); "
+                        f"pip install datasets, or see benchmarks/gpu_check.sh --prepare") from None
+    return datasets
 
 
 def data_root():
@@ -140,6 +152,7 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None):
     same documents in each part; its indices are cached with the rest.
     """
     check_text(path)
+    datasets = need_datasets()
     cache_dir = Path(cache_dir or default_cache())
     raw = datasets.load_dataset("text", data_files={"documents": str(Path(path).resolve())}, split="documents",
                                 cache_dir=str(cache_dir), encoding_errors="replace")
@@ -152,6 +165,11 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None):
     return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
 
 
+def tokens_per_block(seq_len):
+    """Tokens per cached block for a model of context seq_len: the inputs and, shifted by one, the targets."""
+    return seq_len + 1
+
+
 def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     """(DatasetDict of {"input_ids": block_size token ids}, {split: {docs, tokens, bytes, from_cache}}).
 
@@ -159,6 +177,7 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     it is part of datasets' fingerprint of the map, so a new tokenizer means a new cache. As in HF's run_clm, each map batch of 1000
     documents drops its last partial block (< 0.5% of the tokens).
     """
+    datasets = need_datasets()
     eot = tokenizer.token_to_id(EOT)
     if eot is None:
         raise TextError(f"the tokenizer has no {EOT} token")
@@ -191,39 +210,110 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     return blocks, stats
 
 
-def hub_reachable(host="huggingface.co", timeout=3.0):
-    """Whether the HF hub answers at all: offline, its client would retry for half a minute."""
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+# ----------------------------------------------------------------------------- tokenizers
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer and what the scripts need to know about it."""
+    tokenizer: Tokenizer
+    source: str             # the file or folder it was read from
+    sha256: str             # of its canonical JSON (Tokenizer.to_str()): keys the token cache, names the tokenizer
+    vocab_size: int         # as trained (GPT-2: 50,257)
+    padded_vocab_size: int  # the model's, a multiple of 64 (GPT-2: 50,304): whole tiles for the matmuls
+    eot: int                # the id of <|endoftext|>
+
+
+def open_tokenizer(spec):
+    """The one way every script loads a tokenizer: `spec` is a tokenizer.json, a folder as
+    AutoTokenizer.from_pretrained takes (data/gpt2-tokenizer/), or a hub name ("gpt2"), which is
+    looked up locally first (the HF cache, then data/<name>-tokenizer/ in the repository)."""
+    tokenizer, source = read_tokenizer(str(spec))
+    eot = tokenizer.token_to_id(EOT)
+    if eot is None:
+        raise TextError(f"tokenizer {spec} has no {EOT} token")
+    size = tokenizer.get_vocab_size()
+    return LoadedTokenizer(tokenizer, source, tokenizer_sha256(tokenizer), size, -(-size // 64) * 64, eot)
 
 
 def load_tokenizer(spec):
-    """A `tokenizers.Tokenizer` (the one tokenizer type of this module) from a tokenizer.json path, or
-    the fast backend of a hub tokenizer such as "gpt2"."""
-    if spec.endswith(".json") or Path(spec).exists():
-        if not Path(spec).is_file():
-            raise TextError(f"tokenizer {spec}: no such file (train one with tokenizer_train.py)")
-        try:
-            tokenizer = Tokenizer.from_file(str(spec))
-        except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
-            raise TextError(f"tokenizer {spec}: not a tokenizer.json ({str(e).splitlines()[0][:200]})") from e
-        if tokenizer.token_to_id(EOT) is None:
-            raise TextError(f"tokenizer {spec} has no {EOT} token")
-        return tokenizer
-    try:  # a local copy in the HF cache first; the hub only if it can be reached
-        return AutoTokenizer.from_pretrained(spec, local_files_only=True).backend_tokenizer
-    except OSError:
-        pass
-    if not hub_reachable():
-        raise TextError(f"tokenizer {spec!r}: not in the local HF cache and the hub is unreachable; "
-                        f"use an own tokenizer.json (tokenizer_train.py)")
+    """The `tokenizers.Tokenizer` of open_tokenizer(spec)."""
+    return open_tokenizer(spec).tokenizer
+
+
+def tokenizer_sha256(tokenizer):
+    return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
+
+
+def read_tokenizer(spec):
+    """(Tokenizer, where it came from) for any of open_tokenizer's forms."""
+    path = Path(spec)
+    if path.is_dir():
+        return tokenizer_from_folder(path), str(path)
+    if path.is_file() or spec.endswith(".json"):
+        return tokenizer_from_file(path), str(path)
+    return tokenizer_from_hub_name(spec)
+
+
+def tokenizer_from_file(path):
+    if not path.is_file():
+        raise TextError(f"tokenizer {path}: no such file (train one with tokenizer_train.py)")
     try:
-        return AutoTokenizer.from_pretrained(spec).backend_tokenizer
-    except OSError as e:
-        raise TextError(f"tokenizer {spec!r}: {e}") from e
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
+        raise TextError(f"tokenizer {path}: not a tokenizer.json ({str(e).splitlines()[0][:200]})") from e
+
+
+def tokenizer_from_folder(path):
+    """A folder's tokenizer.json, else what AutoTokenizer makes of it (vocab.json + merges.txt)."""
+    if (path / "tokenizer.json").is_file():
+        return tokenizer_from_file(path / "tokenizer.json")
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True).backend_tokenizer
+    except (OSError, ValueError, AttributeError) as e:
+        raise TextError(f"tokenizer folder {path}: no tokenizer.json, and AutoTokenizer cannot load it "
+                        f"({str(e).splitlines()[0][:200]})") from None
+
+
+def tokenizer_from_hub_name(name):
+    """A hub tokenizer: the HF cache, then data/<name>-tokenizer/, then the hub if it answers; never a hang."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    cached = try_to_load_from_cache(name, "tokenizer.json")
+    if isinstance(cached, str):
+        return tokenizer_from_file(Path(cached)), cached
+    local = LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer"
+    if local.is_dir():
+        return tokenizer_from_folder(local), str(local)
+    offline = constants.HF_HUB_OFFLINE
+    if offline or not hub_reachable():
+        raise TextError(f"tokenizer {name!r}: no such file or folder, no local copy (HF cache "
+                        f"{constants.HF_HUB_CACHE}, {local}) and the hub is "
+                        f"{'off (HF_HUB_OFFLINE)' if offline else 'unreachable'}; put the tokenizer's folder "
+                        f"(tokenizer.json, or vocab.json + merges.txt) at {local} or pass its path")
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(name).backend_tokenizer, f"hub:{name}"
+    except (OSError, ValueError) as e:
+        raise TextError(f"tokenizer {name!r}: {str(e).splitlines()[0][:200]}") from None
+
+
+def hub_reachable(host="huggingface.co", timeout=3.0):
+    """Whether the HF hub answers within `timeout` s, name lookup included (getaddrinfo has no
+    timeout of its own, so the probe runs in a thread): offline, the hub's client would retry for
+    half a minute or hang on DNS."""
+    answer = []
+
+    def probe():
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            answer.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(answer)
 
 
 def corpus_fingerprint(path):

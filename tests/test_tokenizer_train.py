@@ -1,7 +1,9 @@
 """tokenizer_train.py: the BPE, its measures, the script (the pipeline it uses: test_wos.py)."""
 import json
+import os
 import time
 
+import huggingface_hub.constants as hf_constants
 import pytest
 from transformers import PreTrainedTokenizerFast
 
@@ -50,6 +52,45 @@ def test_script_on_standin_corpus(shared_data, tmp_path):
     assert tokenizer_train.main(args + ["--force"])["tokenize_from_cache"]  # same tokenizer: cache reused
 
 
+@pytest.mark.parametrize("form", ["folder", "file"])
+def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path, form):
+    """Issue 20's 'done when': GPT-2's bytes per token next to the own, with no network."""
+    gpt2 = shared_data / "gpt2-tokenizer"
+    metrics_path = tmp_path / "m.json"
+    compare = gpt2 if form == "folder" else gpt2 / "tokenizer.json"
+    result = run_script("tokenizer_train.py", "--text", shared_data / "wos-standin" / "X.txt", "--vocab-size", "1024",
+                        "--out", tmp_path / "t.json", "--seq-len", "0", "--cache-dir", tmp_path / "cache",
+                        "--compare", compare, "--metrics-out", metrics_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-800:]
+    metrics = json.loads(metrics_path.read_text())
+    assert metrics["compare_vocab_size"] == 50257 and metrics["compare_sha256"] == wos.open_tokenizer(gpt2).sha256
+    assert metrics["val_bytes_per_token"] < metrics["gpt2_val_bytes_per_token"] < 6.0  # 1K merges compress less
+
+
+def test_compare_without_a_local_copy_is_a_one_line_note(text_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "nothing-here")
+    monkeypatch.setattr(wos, "hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
+    metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out",
+                                    str(tmp_path / "t.json"), "--seq-len", "0", "--cache-dir", str(tmp_path / "cache"),
+                                    "--compare", "gpt2"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: no comparison")]
+    assert len(notes) == 1 and "put the tokenizer's folder" in notes[0]
+    assert metrics["gpt2_val_bytes_per_token"] is None and metrics["compare_sha256"] is None
+
+
+def test_the_cache_written_is_the_one_gpt_train_reads(text_file, tmp_path):
+    """--seq-len as gpt_train's: blocks of seq_len + 1 tokens, loaded from the cache, not re-grouped."""
+    out, cache = tmp_path / "t.json", tmp_path / "cache"
+    metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out", str(out),
+                                    "--seq-len", "31", "--cache-dir", str(cache), "--compare", "none"])
+    assert not metrics["tokenize_from_cache"]
+    splits = wos.load_splits(text_file, cache_dir=cache)  # what gpt_train.py --seq-len 31 does
+    blocks, stats = wos.tokenize_blocks(splits, wos.load_tokenizer(str(out)), wos.tokens_per_block(31))
+    assert stats["train"]["from_cache"] and stats["validation"]["from_cache"]
+    assert len(blocks["train"][0]["input_ids"]) == 32 and stats["train"]["tokens"] == metrics["num_train_tokens"]
+
+
 @pytest.mark.parametrize("args, message", [(["--vocab-size", "1000"], "multiple of 64"),
                                            (["--val-fraction", "0.9"], "--val-fraction"),
                                            (["--vocab-size", "many"], "invalid int")])
@@ -79,10 +120,10 @@ def test_a_failing_corpus_writes_no_tokenizer(tmp_path):
     text.write_text("\n".join(generated_docs(40)) + "\n")  # too little validation text for 1024-token blocks
     result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
                         "--cache-dir", str(tmp_path / "cache"))
-    assert result.returncode == 1 and "split has fewer than 1024 tokens" in result.stderr, result.stderr[-500:]
+    assert result.returncode == 1 and "split has fewer than 1025 tokens" in result.stderr, result.stderr[-500:]
     assert not (tmp_path / "t.json").exists()  # so the rerun needs no --force
     result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
-                        "--cache-dir", str(tmp_path / "cache"), "--block-size", "16")
+                        "--cache-dir", str(tmp_path / "cache"), "--seq-len", "15")
     assert result.returncode == 0 and (tmp_path / "t.json").exists()
 
 

@@ -1,12 +1,16 @@
 """data/wos.py: reading and checking X.txt, the split, tokenised blocks and their cache, batches, download."""
 import os
+import subprocess
+import sys
+import time
 
+import huggingface_hub.constants as hf_constants
 import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
 import tokenizer_train
-from conftest import generated_docs
+from conftest import REPO, generated_docs
 from data import wos
 
 
@@ -161,7 +165,7 @@ def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
     assert "warning: WOS download failed" in capsys.readouterr().err
 
 
-def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer):
+def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer, offline):
     with pytest.raises(wos.TextError, match="no such file"):
         wos.load_tokenizer(str(tmp_path / "missing.json"))
     bad = tmp_path / "bad.json"
@@ -171,3 +175,83 @@ def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer):
     good = tmp_path / "good.json"
     tokenizer_train.save_atomic(small_tokenizer, good)
     assert wos.load_tokenizer(str(good)).token_to_id(wos.EOT) is not None
+
+
+# ------------------------------------------------------------------ tokenizer forms
+
+GPT2_IDS = {"Hello world": [15496, 995]}  # GPT-2's known ids (data/README.md)
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No hub and no local copies: a test that reaches for the network fails."""
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "empty-data")
+    monkeypatch.setattr(wos, "hub_reachable", lambda *a, **k: pytest.fail("the hub was asked"))
+
+
+def assert_gpt2(loaded):
+    assert (loaded.vocab_size, loaded.padded_vocab_size, loaded.eot) == (50257, 50304, 50256)
+    assert loaded.tokenizer.encode("Hello world").ids == GPT2_IDS["Hello world"]
+
+
+def test_tokenizer_from_a_file_and_from_a_folder(shared_data, offline):
+    folder = shared_data / "gpt2-tokenizer"
+    by_file, by_folder = wos.open_tokenizer(folder / "tokenizer.json"), wos.open_tokenizer(str(folder))
+    assert_gpt2(by_file), assert_gpt2(by_folder)
+    assert by_file.sha256 == by_folder.sha256 == wos.tokenizer_sha256(by_file.tokenizer)
+
+
+def test_tokenizer_from_a_folder_without_tokenizer_json(shared_data, offline, tmp_path):
+    """vocab.json + merges.txt, as AutoTokenizer.from_pretrained takes them."""
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        (folder / name).write_bytes((shared_data / "gpt2-tokenizer" / name).read_bytes())
+    assert_gpt2(wos.open_tokenizer(str(folder)))
+
+
+def test_hub_name_found_in_the_repository_copy(shared_data, offline, tmp_path, monkeypatch):
+    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path)
+    (tmp_path / "gpt2-tokenizer").symlink_to(shared_data / "gpt2-tokenizer")
+    loaded = wos.open_tokenizer("gpt2")
+    assert_gpt2(loaded)
+    assert loaded.source == str(tmp_path / "gpt2-tokenizer")
+
+
+def test_hub_name_found_in_the_hf_cache_first(offline, small_tokenizer, tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / "abc123"
+    tokenizer_train.save_atomic(small_tokenizer, snapshot / "tokenizer.json")
+    (tmp_path / "hub" / "models--gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--gpt2" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "data")  # a repository copy too: the cache wins
+    other = tokenizer_train.train_bpe(generated_docs(50), 576)
+    tokenizer_train.save_atomic(other, tmp_path / "data" / "gpt2-tokenizer" / "tokenizer.json")
+    loaded = wos.open_tokenizer("gpt2")
+    assert loaded.source == str(snapshot / "tokenizer.json") and loaded.vocab_size == loaded.padded_vocab_size == 512
+
+
+def test_hub_name_without_a_local_copy_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "data")
+    monkeypatch.setattr(wos, "hub_reachable", lambda *a, **k: False)
+    with pytest.raises(wos.TextError) as error:
+        wos.open_tokenizer("gpt2")
+    message = str(error.value)
+    assert "\n" not in message and "unreachable" in message and f"at {tmp_path / 'data' / 'gpt2-tokenizer'}" in message
+
+
+def test_the_hub_probe_never_hangs_on_a_name_lookup(monkeypatch):
+    monkeypatch.setattr(wos.socket, "create_connection", lambda *a, **k: time.sleep(30))
+    started = time.perf_counter()
+    assert wos.hub_reachable(timeout=0.5) is False and time.perf_counter() - started < 5
+
+
+def test_without_datasets_the_module_imports_and_the_corpus_functions_say_what_is_missing(text_file):
+    code = ("import sys; sys.modules['datasets'] = None; sys.path.insert(0, sys.argv[1]); from data import wos\n"
+            "try:\n    wos.load_splits(sys.argv[2])\nexcept wos.TextError as e:\n    print('refused:', e)")
+    result = subprocess.run([sys.executable, "-c", code, str(REPO), str(text_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-800:]
+    assert result.stdout.startswith("refused: reading the corpus needs the Python package 'datasets'")
+    assert result.stdout.count("\n") == 1
