@@ -106,12 +106,17 @@ def main(argv=None):
 
 
 def check_outputs(args):
-    """Before any work: --out may be written (and is not replaced without --force), --metrics-out too."""
+    """Before any work: --out may be written (and is not replaced without --force), --metrics-out and
+    the cache folder too, and no output is one of the inputs (--text, a --compare file or folder)."""
+    compare = Path(args.compare) if Path(args.compare).exists() else None
+    files.check_outputs_not_inputs({"--out": args.out, "--metrics-out": args.metrics_out},
+                                   {"--text": args.text or wos.default_text(), "--compare": compare})
     if args.out.exists() and not args.out.is_dir() and not args.force:
         raise wos.TextError(f"{args.out} exists; pass --force to replace it (or another --out)")
     files.check_output(args.out, "--out")
     if args.metrics_out:
         files.check_output(args.metrics_out, "--metrics-out")
+    files.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
 def run(args):

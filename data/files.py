@@ -3,15 +3,18 @@ a lock on a run directory, and content hashes.
 
     write_json(path, obj)      own tmp file + rename; NaN/inf become null (strict JSON, any reader)
     check_output(path, what)   before training: the path can be written, or one clear error
+    check_outputs_not_inputs   before training: no output path is one of the run's inputs
     RunLock(dir)               one run per directory; the kernel drops the lock when a process dies
     sha256_file(path)          what a checkpoint or a run depends on, by content
     cpu_name()                 the processor, for the hardware every measurement names
 """
+import errno
 import fcntl
 import hashlib
 import json
 import math
 import os
+import secrets
 import socket
 import tempfile
 import threading
@@ -35,13 +38,62 @@ def strict(obj):
 
 def write_json(path, obj):
     """Write obj as strict JSON via a temporary file and a rename: a reader never sees half a file.
-    The temporary name is the writer's own (host, process, thread), so writers of one file at once
-    (the processes of a multi-GPU job) do not rename each other's halves; the last rename wins."""
+    The temporary name is the writer's own (host, process, thread, random), so writers of one file at
+    once (the processes of a multi-GPU job) do not rename each other's halves; the last rename wins.
+    A write that fails (a full disk) is one OutputError naming the path, and leaves no temporary file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(strict(obj), indent=2, allow_nan=False, default=str) + "\n")
-    tmp.replace(path)
+    data = (json.dumps(strict(obj), indent=2, allow_nan=False, default=str) + "\n").encode("utf-8")
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp, fd = create_exclusive(path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def create_exclusive(path, attempts=8):
+    """(name, fd) of a new temporary file beside `path`, created with O_EXCL | O_NOFOLLOW: a file or a
+    symlink already at the name (planted there to redirect the write) is never opened, another name is
+    drawn instead."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    for _ in range(attempts):
+        tmp = temporary_name(path)
+        try:
+            return tmp, os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, f"{attempts} temporary names beside it were taken")
+
+
+def temporary_name(path):
+    return path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}."
+                          f"{secrets.token_hex(4)}.tmp")
+
+
+def check_outputs_not_inputs(outputs, inputs):
+    """Refuse, before any work, an output that would overwrite an input or another output.
+    `outputs`, `inputs`: {flag: path or None}. Paths are compared resolved (symlinks, `..`; hard links
+    of existing files too); an existing file inside an input folder (a tokenizer folder) counts."""
+    seen = {flag: (Path(p), Path(p).resolve(), "an input") for flag, p in inputs.items() if p is not None}
+    for flag, path in ((f, p) for f, p in outputs.items() if p is not None):
+        out = Path(path).resolve()
+        for other, (given, there, role) in seen.items():
+            inside = role == "an input" and there in out.parents and out.exists()
+            if out == there or inside or same_file(out, there):
+                raise OutputError(f"{flag} {path} would overwrite {other} {given} ({role}): give another path")
+        seen[flag] = (Path(path), out, "an output too")
+
+
+def same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
 
 
 def check_output(path, what):
@@ -50,20 +102,24 @@ def check_output(path, what):
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{what} {path} is a folder; give a file name")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".write-probe-"):
-            pass
-    except OSError as e:
-        raise OutputError(f"{what} {path} cannot be written ({e.strerror or e})") from e
+    probe_folder(path.parent, f"{what} {path}")
 
 
 def check_output_dir(path, what):
-    """The same for a folder the run will fill."""
+    """The same for a folder the run will fill (a read-only cache folder: one line, not a filelock traceback)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{what} {path} is a file, not a folder")
-    check_output(path / "probe", what)
+    probe_folder(path, f"{what} {path}")
+
+
+def probe_folder(folder, named):
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        raise OutputError(f"{named} cannot be written ({e.strerror or e})") from None
 
 
 class RunLock:

@@ -1,6 +1,12 @@
 """data/files.py: what the scripts share about files."""
+import errno
 import json
+import os
+import socket
+import subprocess
 import threading
+
+import pytest
 
 from data import files
 
@@ -23,3 +29,91 @@ def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp
         t.join()
     assert not errors
     assert json.loads(path.read_text())["i"] == 199 and [p.name for p in tmp_path.iterdir()] == ["shared.json"]
+
+
+# ------------------------------------------------------------------ outputs never inputs
+
+@pytest.fixture
+def an_input(tmp_path):
+    path = tmp_path / "in" / "tok.json"
+    path.parent.mkdir()
+    path.write_text("the input")
+    return path
+
+
+@pytest.mark.parametrize("spell", [
+    lambda p: p,                                                   # the same path
+    lambda p: p.parent / ".." / "in" / "tok.json",                 # another spelling
+    lambda p: (p.parent.parent / "link.json").symlink_to(p) or p.parent.parent / "link.json",  # a symlink to it
+    lambda p: os.link(p, p.parent.parent / "hard.json") or p.parent.parent / "hard.json",     # a hard link
+])
+def test_an_output_that_is_an_input_is_refused(an_input, spell):
+    with pytest.raises(files.OutputError, match=r"^--metrics-out .* would overwrite --tokenizer .* \(an input\)"):
+        files.check_outputs_not_inputs({"--metrics-out": spell(an_input)}, {"--tokenizer": an_input, "--x": None})
+
+
+def test_outputs_inside_an_input_folder_and_two_equal_outputs(an_input, tmp_path):
+    folder = {"--tokenizer": an_input.parent}
+    with pytest.raises(files.OutputError, match="would overwrite --tokenizer"):
+        files.check_outputs_not_inputs({"--out": an_input}, folder)  # a file of the input folder
+    files.check_outputs_not_inputs({"--out": an_input.parent / "new.json"}, folder)  # a new file there: fine
+    with pytest.raises(files.OutputError, match=r"would overwrite --out .* \(an output too\)"):
+        files.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "a.json"}, {})
+    files.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "b.json"}, folder)
+    assert an_input.read_text() == "the input"
+
+
+# ------------------------------------------------------------------ write_json on a full disk, planted symlinks
+
+def mount_small_tmpfs(where):
+    try:
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                              capture_output=True).returncode == 0
+    except FileNotFoundError:  # no mount command
+        return False
+
+
+@pytest.fixture
+def full_disk(tmp_path, monkeypatch):
+    """A folder on a 64 KiB tmpfs filled to the last byte; where mount is not permitted, writes there
+    fail with ENOSPC by a patched os.fdopen."""
+    where = tmp_path / "full"
+    where.mkdir()
+    if not mount_small_tmpfs(where):
+        def no_space(fd, *a, **k):
+            os.close(fd)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(os, "fdopen", no_space)
+        yield where
+        return
+    try:
+        with pytest.raises(OSError, match="No space"), open(where / "filler", "wb", buffering=0) as f:
+            while True:
+                f.write(b"x" * 4096)
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_write_json_on_a_full_disk_is_one_line_and_leaves_no_temporary_file(full_disk):
+    target = full_disk / "metrics.json"
+    with pytest.raises(files.OutputError) as error:
+        files.write_json(target, {"loss": 1.0, "pad": "x" * 10_000})
+    assert str(error.value) == f"cannot write {target}: No space left on device"
+    assert not [p.name for p in full_disk.iterdir() if p.name != "filler"]
+
+
+def test_write_json_never_follows_a_symlink_planted_at_its_temporary_name(tmp_path, monkeypatch):
+    victim, target = tmp_path / "victim.txt", tmp_path / "m.json"
+    victim.write_text("precious")
+    # the name the writer of this process and thread used to take, and a forced collision with the next one
+    old_name = tmp_path / f"m.json.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp"
+    planted = tmp_path / "m.json.planted.tmp"
+    for link in (old_name, planted):
+        link.symlink_to(victim)
+    names = iter([planted, planted, tmp_path / "m.json.fresh.tmp"])
+    monkeypatch.setattr(files, "temporary_name", lambda path: next(names))
+    files.write_json(target, {"ok": True})
+    assert victim.read_text() == "precious" and json.loads(target.read_text()) == {"ok": True}
+    assert not target.is_symlink() and planted.is_symlink() and old_name.is_symlink()
+    assert not (tmp_path / "m.json.fresh.tmp").exists()

@@ -1,6 +1,7 @@
 """tokenizer_train.py: the BPE, its measures, the script (the pipeline it uses: test_wos.py)."""
 import json
 import os
+import subprocess
 import time
 
 import huggingface_hub.constants as hf_constants
@@ -136,3 +137,34 @@ def test_unwritable_outputs_fail_before_training(text_file, tmp_path, flag, make
     result = run_script("tokenizer_train.py", *args)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert "training" not in result.stdout and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("clash", ["--text", "--compare"])
+def test_an_output_that_is_an_input_is_refused_before_work(text_file, small_tokenizer, tmp_path, clash):
+    """Issue 19.1: --metrics-out (or --out --force) onto the corpus or the compared tokenizer."""
+    compare = tmp_path / "compare.json"
+    tokenizer_train.save_atomic(small_tokenizer, compare)
+    before = {p: p.read_bytes() for p in (text_file, compare)}
+    target = text_file if clash == "--text" else compare
+    result = run_script("tokenizer_train.py", "--text", text_file, "--compare", compare, "--out", tmp_path / "t.json",
+                        "--force", "--cache-dir", tmp_path / "cache", "--metrics-out", target)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: --metrics-out {target} would overwrite {clash} {target} (an input)")
+    assert {p: p.read_bytes() for p in before} == before and not (tmp_path / "cache").exists()
+
+
+def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path):
+    """Issue 19.9 (root ignores file modes, so a read-only mount; skipped where mount is not permitted)."""
+    cache = tmp_path / "ro-cache"
+    cache.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(cache)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mount not permitted here")
+    try:
+        result = run_script("tokenizer_train.py", "--text", text_file, "--compare", "none",
+                            "--out", tmp_path / "t.json", "--cache-dir", cache)
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-800:]
+    assert result.stderr.startswith(f"error: --cache-dir {cache} cannot be written (Read-only file system)")
+    assert "training" not in result.stdout
