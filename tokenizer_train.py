@@ -134,7 +134,7 @@ def run(args):
                "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
                "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
-               "text": str(text), "text_sha256_16": wos.corpus_fingerprint(text), "out": str(args.out),
+               "text": str(text), "corpus": wos.corpus_identity(text), "out": str(args.out),
                "cpu": files.cpu_name(), "command": "python tokenizer_train.py " + " ".join(args.argv)}
     other = load_comparison(args.compare)
     metrics.update(compare=args.compare, compare_source=other and other.source, compare_sha256=other and other.sha256,

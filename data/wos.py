@@ -124,6 +124,7 @@ def check_text(path):
     raw = Path(path).read_bytes()
     if not raw.strip():
         raise TextError(f"{path} is empty")
+    check_encoding(path, raw)
     usable = invalid = 0
     for number, line in enumerate(raw.splitlines(), 1):  # \n, \r\n and \r, like datasets' universal newlines
         if len(line) > MAX_DOC_BYTES:
@@ -141,6 +142,44 @@ def check_text(path):
     if usable < 2:
         raise TextError(f"{path} has {usable} usable line(s); need at least 2 (one document per line)")
     return usable
+
+
+def check_encoding(path, raw):
+    """Refuse UTF-16/32 (a byte-order mark, or NUL bytes: ASCII in UTF-16 is every other byte 0),
+    which would otherwise pass as UTF-8 with a few bad lines and tokenise into NUL-riddled text."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise TextError(f"{path} is UTF-16 or UTF-32 (byte-order mark {raw[:2].hex(' ')}), not UTF-8: convert it, "
+                        f"e.g. iconv -f UTF-16 -t UTF-8 {path} > X-utf8.txt")
+    head = raw[:1 << 20]
+    if head.count(0) > len(head) // 100:
+        raise TextError(f"{path}: {head.count(0) / len(head):.0%} of its first MiB are NUL bytes: UTF-16 or binary, "
+                        f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
+
+
+WOS46985_DOCUMENTS = 46_985
+KNOWN_CORPORA = {  # sha256 -> name, for corpora whose content is known here
+    "621b305827935bdf51ad2582d89300500e2c8d69c9901d8d936baa11fe835f08": "stand-in",  # ../shared/data/wos-standin
+}
+
+
+def corpus_identity(path):
+    """What a corpus is, from its content (never its path): {documents, bytes, sha256, name, basis}.
+    name: "stand-in" by its known hash; "WOS46985" for 46,985 abstract-sized documents, WOS46985/X.txt's
+    count (its hash is not known to this code, so that is the most the name can claim: `basis` says so);
+    anything else "other", never WOS."""
+    raw = Path(path).read_bytes()
+    docs = [line for line in raw.splitlines() if line.strip()]
+    sha = hashlib.sha256(raw).hexdigest()
+    words = sorted(len(d.split()) for d in docs)
+    median_words = words[len(words) // 2] if words else 0
+    if sha in KNOWN_CORPORA:
+        name, basis = KNOWN_CORPORA[sha], "its sha256 is the known one"
+    elif len(docs) == WOS46985_DOCUMENTS and 50 <= median_words <= 1000:
+        name, basis = "WOS46985", (f"{len(docs):,} documents of {median_words} words (median), as WOS46985/X.txt; "
+                                   f"its sha256 is not checked (not known here)")
+    else:
+        name, basis = "other", f"{len(docs):,} documents, not WOS46985's {WOS46985_DOCUMENTS:,} abstracts"
+    return {"name": name, "documents": len(docs), "bytes": len(raw), "sha256": sha, "basis": basis}
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -314,15 +353,6 @@ def hub_reachable(host="huggingface.co", timeout=3.0):
     thread.start()
     thread.join(timeout)
     return bool(answer)
-
-
-def corpus_fingerprint(path):
-    """A short content hash, for run metadata (the cache itself is keyed by datasets)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- batches

@@ -46,6 +46,7 @@ def test_script_on_standin_corpus(shared_data, tmp_path):
     assert metrics["num_train_docs"] + metrics["num_val_docs"] == 6925 and metrics["num_val_docs"] == 35
     assert 3.0 < metrics["val_bytes_per_token"] < 6.0  # English prose: ~4 bytes per token
     assert metrics["gpt2_val_bytes_per_token"] is None and not metrics["tokenize_from_cache"]
+    assert metrics["corpus"]["name"] == "stand-in" and metrics["corpus"]["documents"] == 6925
     tok = PreTrainedTokenizerFast(tokenizer_file=str(out))
     assert tok.decode(tok("The kernel's PCI host bridge.")["input_ids"]) == "The kernel's PCI host bridge."
     with pytest.raises(SystemExit, match="exists; pass --force"):
@@ -114,6 +115,15 @@ def test_a_corpus_without_line_breaks_is_refused_before_training(tmp_path):
     assert result.stderr.strip() == (f"error: {text}: line 1 has 2,000,000 bytes; expected one document (an abstract) "
                                      f"per line, at most 1,000,000 bytes")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_utf16_corpus_is_one_line(tmp_path):
+    text = tmp_path / "X.txt"
+    text.write_bytes("\n".join(generated_docs(40)).encode("utf-16"))
+    result = run_script("tokenizer_train.py", "--text", text, "--out", tmp_path / "t.json", "--compare", "none",
+                        "--cache-dir", tmp_path / "cache")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {text} is UTF-16 or UTF-32 (byte-order mark ff fe), not UTF-8")
 
 
 def test_a_failing_corpus_writes_no_tokenizer(tmp_path):

@@ -1,4 +1,5 @@
 """data/wos.py: reading and checking X.txt, the split, tokenised blocks and their cache, batches, download."""
+import hashlib
 import os
 import subprocess
 import sys
@@ -255,3 +256,38 @@ def test_without_datasets_the_module_imports_and_the_corpus_functions_say_what_i
     assert result.returncode == 0, result.stderr[-800:]
     assert result.stdout.startswith("refused: reading the corpus needs the Python package 'datasets'")
     assert result.stdout.count("\n") == 1
+
+
+# ------------------------------------------------------------------ what a corpus is, from its content
+
+def test_the_standin_is_named_by_its_content_wherever_it_lies(shared_data, tmp_path):
+    """Issue 23.3: unpacked to WOS46985/X.txt, the stand-in is still the stand-in."""
+    disguised = tmp_path / "WebOfScience" / "WOS46985" / "X.txt"
+    disguised.parent.mkdir(parents=True)
+    disguised.write_bytes((shared_data / "wos-standin" / "X.txt").read_bytes())
+    identity = wos.corpus_identity(disguised)
+    assert identity["name"] == "stand-in" and identity["documents"] == 6925 and identity["bytes"] == 7260668
+    disguised.write_bytes(disguised.read_bytes() + b"One more paragraph.\n")
+    assert wos.corpus_identity(disguised)["name"] == "other"  # no longer the known content
+
+
+@pytest.mark.parametrize("documents, words, name", [(46_985, 150, "WOS46985"), (46_984, 150, "other"),
+                                                    (46_985, 3, "other")])
+def test_wos_only_for_its_count_of_abstract_sized_documents(tmp_path, documents, words, name):
+    path = tmp_path / "X.txt"
+    # blank lines between some documents: not counted
+    path.write_text("".join(f"doc{i} " + "word " * words + "\n" + "\n" * (i % 2) for i in range(documents)))
+    identity = wos.corpus_identity(path)
+    assert identity["name"] == name and identity["documents"] == documents
+    assert identity["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert ("not checked" in identity["basis"]) == (name == "WOS46985")  # it says what the name rests on
+
+
+@pytest.mark.parametrize("encoding, message", [("utf-16", r"is UTF-16 or UTF-32 \(byte-order mark ff fe\)"),
+                                               ("utf-16-be", "of its first MiB are NUL bytes")])
+def test_a_utf16_corpus_is_refused(tmp_path, encoding, message):
+    """Issue 19.6: it used to pass as UTF-8 with a few bad lines (and ten times the blocks)."""
+    path = tmp_path / "X.txt"
+    path.write_bytes("\n".join(generated_docs(50)).encode(encoding))
+    with pytest.raises(wos.TextError, match=message):
+        wos.check_text(path)
