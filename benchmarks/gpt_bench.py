@@ -22,7 +22,6 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -32,13 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import gpt_train  # noqa: E402
 from data import files  # noqa: E402
+from training import device as decisions  # noqa: E402  (`device` is a torch.device below)
 
 
 def ladder(cuda, capability, with_compile=False):
     """(name, settings) per row: the rungs, each extending the previous one's settings; then, indented,
     the alternatives: whole-model compile instead of regional, and the default minus each acceleration."""
-    half = gpt_train.resolve_precision("auto", "cuda" if cuda else "cpu", capability, gpt_train.cpu_has_bf16())
-    compile_ok = gpt_train.resolve_compile("auto", "cuda" if cuda else "cpu", capability)[0] != "off"
+    half = decisions.resolve_precision("auto", "cuda" if cuda else "cpu", capability, decisions.cpu_has_bf16())
+    compile_ok = decisions.resolve_compile("auto", "cuda" if cuda else "cpu", capability)[0] != "off"
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
               dict(model="hf", dropout=0.1, attention="eager", precision="fp32", compile="off", fused=False,
                    tf32=False)),
@@ -69,7 +69,7 @@ def ladder(cuda, capability, with_compile=False):
 
 
 def build(settings, vocab_size, seq_len, device):
-    cfg = gpt_train.model_config(SimpleNamespace(**{**gpt_train.PRESETS["lab"], "seq_len": seq_len}), vocab_size, 0)
+    cfg = gpt_train.model_config(vocab_size, 0, n_positions=seq_len)  # the lab shape: GPT-2 small
     if settings["model"] == "hf":
         cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = settings["dropout"]
         hf = GPT2LMHeadModel._from_config(cfg, attn_implementation=settings["attention"]).to(device)
@@ -82,7 +82,7 @@ def build(settings, vocab_size, seq_len, device):
         model = gpt_train.GPT(cfg, settings["attention"]).to(device)
         forward = model
     if settings["compile"] != "off":
-        forward = gpt_train.compile_model(model, settings["compile"]) if settings["model"] == "own" \
+        forward = decisions.compile_model(model, settings["compile"]) if settings["model"] == "own" \
             else torch.compile(forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=settings["fused"] or None)
     return cfg, model, forward, optimizer
@@ -119,8 +119,8 @@ def measure(settings, args, device):
     first, times = times[0], times[args.warmup:]
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
-    peak = gpt_train.peak_flops(torch.cuda.get_device_name(device), precision) if cuda else None
-    fpt = gpt_train.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
+    peak = decisions.peak_flops(torch.cuda.get_device_name(device), precision) if cuda else None
+    fpt = decisions.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
     del model, forward, optimizer
     gc.collect()
     if cuda:

@@ -7,6 +7,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,36 @@ sys.path.insert(0, str(REPO))
 SHARED_DATA = Path(os.environ.get("LAB5_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+def require_or_skip(reason, required_by):
+    """Skip a test for a missing `reason`, or fail it where CI sets the env `required_by` to 1."""
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{reason} ({required_by}=1)")
+    pytest.skip(reason)
+
+
+def wait_for(ready, timeout=120, poll=0.02, proc=None):
+    """Poll `ready()` until true, the timeout passes or `proc` exits; returns ready()'s last value."""
+    deadline = time.time() + timeout
+    while not (done := ready()) and (proc is None or proc.poll() is None) and time.time() < deadline:
+        time.sleep(poll)
+    return done
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    """An Accelerator's state is per process: reset it after each test, so that the next in-process
+    gpt_train.main() starts as a new process would (only where a test imported accelerate)."""
+    yield
+    state = sys.modules.get("accelerate.state")
+    if state:
+        state.AcceleratorState._reset_state(True)
+
+
 @pytest.fixture
 def shared_data():
     """The read-only real data; CI sets LAB5_REQUIRE_DATA=1 so its absence fails instead of skipping."""
     if not SHARED_DATA.is_dir():
-        if os.environ.get("LAB5_REQUIRE_DATA") == "1":
-            pytest.fail(f"real data expected at {SHARED_DATA} (LAB5_SHARED_DATA)")
-        pytest.skip(f"no real data at {SHARED_DATA}")
+        require_or_skip(f"no real data at {SHARED_DATA} (LAB5_SHARED_DATA)", "LAB5_REQUIRE_DATA")
     return SHARED_DATA
 
 
@@ -118,9 +142,7 @@ def slurm_session():
     import slurm_cluster
     reason = slurm_cluster.unavailable()
     if reason:
-        if os.environ.get("LAB5_REQUIRE_SLURM") == "1":
-            pytest.fail(f"Slurm required (LAB5_REQUIRE_SLURM=1): {reason}")
-        pytest.skip(reason)
+        require_or_skip(f"Slurm required: {reason}", "LAB5_REQUIRE_SLURM")
     cluster = slurm_cluster.SlurmCluster().start()
     yield cluster
     cluster.stop()
@@ -142,8 +164,8 @@ def text_file(tmp_path):
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def small_tokenizer():
-    """A 512-token BPE of text_file's documents."""
+    """A 512-token BPE of text_file's documents, trained once per session."""
     import tokenizer_train
     return tokenizer_train.train_bpe(generated_docs(400), vocab_size=512)

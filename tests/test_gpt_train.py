@@ -1,4 +1,5 @@
-"""gpt_train.py: the model against transformers' GPT-2, budgets, resume, signals, 2-process DDP."""
+"""gpt_train.py and training/: the model against transformers' GPT-2, device decisions, budgets,
+resume, signals, 2-process DDP."""
 import json
 import math
 import os
@@ -6,24 +7,22 @@ import signal
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpt_train
-from conftest import REPO, free_port, run_script, start_script, tiny_args
+from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_for
+from training import UserError, batches, budget, device, metrics, signals
+from training.checkpoints import TrainState, latest_checkpoint
+from training.metrics import STOP_EXIT_CODE
 
 
 # ------------------------------------------------------------------ the model
 
-def lab_shape(**overrides):
-    return SimpleNamespace(**{**gpt_train.PRESETS["lab"], **overrides})
-
-
 def test_lab_parameter_count_matches_transformers_gpt2():
-    cfg = gpt_train.model_config(lab_shape(), vocab_size=50257, eot_id=50256)
+    cfg = gpt_train.model_config(vocab_size=50257, eot_id=50256)  # the lab shape: GPT2Config's defaults
     assert cfg.vocab_size == 50304 and (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions) == (12, 12, 768, 1024)
     ours = sum(p.numel() for p in gpt_train.GPT(cfg).parameters())
     theirs = sum(p.numel() for p in GPT2LMHeadModel(cfg).parameters())
@@ -54,13 +53,13 @@ def test_forward_equals_transformers_gpt2_with_the_same_weights(attention):
 
 
 def test_flops_per_token_is_6n_plus_attention():
-    cfg = gpt_train.model_config(lab_shape(), 16384, 0)
-    assert gpt_train.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
+    cfg = gpt_train.model_config(16384, 0)
+    assert device.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
 
 
 # ------------------------------------------------------------------ device decisions
 
-@pytest.mark.parametrize("requested, device, capability, cpu_bf16, expected", [
+@pytest.mark.parametrize("requested, device_type, capability, cpu_bf16, expected", [
     ("auto", "cuda", (9, 0), False, "bf16"),    # H100 / H200
     ("auto", "cuda", (8, 0), False, "bf16"),    # A100
     ("auto", "cuda", (7, 5), False, "fp16"),    # 2080Ti: torch would emulate bf16 there (no tensor cores)
@@ -68,30 +67,30 @@ def test_flops_per_token_is_6n_plus_attention():
     ("auto", "cpu", (0, 0), False, "fp32"),     # other CPUs: emulated bf16 would be slower
     ("fp32", "cuda", (9, 0), False, "fp32"),
 ])
-def test_precision_auto_by_compute_capability(requested, device, capability, cpu_bf16, expected):
-    assert gpt_train.resolve_precision(requested, device, capability, cpu_bf16) == expected
+def test_precision_auto_by_compute_capability(requested, device_type, capability, cpu_bf16, expected):
+    assert device.resolve_precision(requested, device_type, capability, cpu_bf16) == expected
 
 
 def test_precision_impossible_requests_are_errors():
-    with pytest.raises(gpt_train.UserError, match="needs a GPU"):
-        gpt_train.resolve_precision("fp16", "cpu", (0, 0))
-    with pytest.raises(gpt_train.UserError, match="sm75 has no bf16"):
-        gpt_train.resolve_precision("bf16", "cuda", (7, 5))
+    with pytest.raises(UserError, match="needs a GPU"):
+        device.resolve_precision("fp16", "cpu", (0, 0))
+    with pytest.raises(UserError, match="sm75 has no bf16"):
+        device.resolve_precision("bf16", "cuda", (7, 5))
 
 
 def test_compile_auto_is_regional_on_sm80_and_off_on_turing_and_cpu():
-    assert gpt_train.resolve_compile("auto", "cuda", (7, 5))[0] == "off"
-    assert "sm75" in gpt_train.resolve_compile("auto", "cuda", (7, 5))[1]
-    assert gpt_train.resolve_compile("auto", "cuda", (9, 0)) == ("regional", "")
-    assert gpt_train.resolve_compile("auto", "cpu", (0, 0))[0] == "off"
-    assert gpt_train.resolve_compile("whole", "cuda", (9, 0))[0] == "whole"
+    assert device.resolve_compile("auto", "cuda", (7, 5))[0] == "off"
+    assert "sm75" in device.resolve_compile("auto", "cuda", (7, 5))[1]
+    assert device.resolve_compile("auto", "cuda", (9, 0)) == ("regional", "")
+    assert device.resolve_compile("auto", "cpu", (0, 0))[0] == "off"
+    assert device.resolve_compile("whole", "cuda", (9, 0))[0] == "whole"
 
 
 def test_mfu_peak_table():
-    assert gpt_train.peak_flops("NVIDIA H200", "bf16") == 989e12
-    assert gpt_train.peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp16") == 53.8e12
-    assert gpt_train.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 156e12
-    assert gpt_train.peak_flops("Some Unknown GPU", "bf16") is None
+    assert device.peak_flops("NVIDIA H200", "bf16") == 989e12
+    assert device.peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp16") == 53.8e12
+    assert device.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 156e12
+    assert device.peak_flops("Some Unknown GPU", "bf16") is None
 
 
 # ------------------------------------------------------------------ training runs
@@ -132,13 +131,11 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(corpus, tmp_path):
     reference = gpt_train.main(tiny_args(corpus, tmp_path / "ref", *common))
 
     proc = start_script("gpt_train.py", *tiny_args(corpus, tmp_path / "cut", *common))
-    deadline = time.time() + 120
-    while not list((tmp_path / "cut").glob("ckpt-0000020")) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: list((tmp_path / "cut").glob("ckpt-0000020")), proc=proc)
     proc.send_signal(signal.SIGTERM)  # past the first epoch: step 20 = micro-batch 40 of 28 per epoch
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == gpt_train.STOP_EXIT_CODE, err
-    ckpt, skipped = gpt_train.latest_checkpoint(tmp_path / "cut")
+    assert proc.returncode == STOP_EXIT_CODE, err
+    ckpt, skipped = latest_checkpoint(tmp_path / "cut")
     assert skipped == []
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert 20 <= state["step"] < 60 and not (tmp_path / "cut" / "metrics.json").exists()
@@ -179,7 +176,7 @@ def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, 
     reports = iter([True] * 3)
     monkeypatch.setattr(Accelerator, "optimizer_step_was_skipped", property(lambda self: next(reports, False)))
     gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32)))
-    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert state["step"] == 10 and state["lr_step"] == 7
 
 
@@ -213,37 +210,35 @@ def test_slurm_script_forwards_flags_and_usr1_checkpoints(corpus, tmp_path):
                              *tiny_args(corpus, tmp_path / "run", "--tokens", str(400 * 8 * 32), "--ckpt-every", "5",
                                         "--log-every", "1")],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 120
-    while not list((tmp_path / "run").glob("ckpt-*[0-9]")) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: list((tmp_path / "run").glob("ckpt-*[0-9]")), proc=proc)
     proc.send_signal(signal.SIGUSR1)  # what Slurm sends the batch shell 90 s before the limit
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == gpt_train.STOP_EXIT_CODE, err[-2000:]
+    assert proc.returncode == STOP_EXIT_CODE, err[-2000:]
     assert "USR1: checkpointing" in out and "run again with --out-dir" in err
     assert f"out {tmp_path / 'run'}" in out  # the log names the folder the flags chose, not the default
-    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert 0 < state["step"] < 400
 
 
 # ------------------------------------------------------------------ budget, micro-batch, throughput
 
 def test_budget_rounds_up_to_whole_micro_batches_and_shortens_only_the_last_step():
-    budget = gpt_train.plan_budget(tokens=1000, global_batch=8, micro_batch=2, world=2, seq_len=32)
-    assert (budget.accum, budget.tokens_per_micro, budget.total_micro, budget.total_steps) == (2, 128, 8, 4)
-    budget = gpt_train.plan_budget(tokens=1100, global_batch=8, micro_batch=2, world=2, seq_len=32)
-    assert budget.total_micro == 9 and budget.total_steps == 5
-    assert [budget.micro_in_step(done) for done in (0, 2, 4, 6, 8)] == [2, 2, 2, 2, 1]
-    with pytest.raises(gpt_train.UserError, match="not a multiple"):
-        gpt_train.plan_budget(1000, global_batch=6, micro_batch=4, world=1, seq_len=32)
+    plan = budget.plan_budget(tokens=1000, global_batch=8, micro_batch=2, world=2, seq_len=32)
+    assert (plan.accum, plan.tokens_per_micro, plan.total_micro, plan.total_steps) == (2, 128, 8, 4)
+    plan = budget.plan_budget(tokens=1100, global_batch=8, micro_batch=2, world=2, seq_len=32)
+    assert plan.total_micro == 9 and plan.total_steps == 5
+    assert [plan.micro_in_step(done) for done in (0, 2, 4, 6, 8)] == [2, 2, 2, 2, 1]
+    with pytest.raises(UserError, match="not a multiple"):
+        budget.plan_budget(1000, global_batch=6, micro_batch=4, world=1, seq_len=32)
 
 
 def test_multi_node_micro_batch_fits_the_global_batch():
     # 2 nodes x 4 GPUs with the lab's global batch 64: 8 sequences per GPU, not the preset's 16
-    assert gpt_train.fit_micro_batch(64, world=8, limit=16) == 8
-    assert gpt_train.fit_micro_batch(64, world=1, limit=16) == 16
-    assert gpt_train.fit_micro_batch(48, world=2, limit=16) == 12
-    with pytest.raises(gpt_train.UserError, match="cannot be split over 3"):
-        gpt_train.fit_micro_batch(64, world=3, limit=16)
+    assert budget.fit_micro_batch(64, world=8, limit=16) == 8
+    assert budget.fit_micro_batch(64, world=1, limit=16) == 16
+    assert budget.fit_micro_batch(48, world=2, limit=16) == 12
+    with pytest.raises(UserError, match="cannot be split over 3"):
+        budget.fit_micro_batch(64, world=3, limit=16)
 
 
 def test_micro_batch_search_backs_off_on_out_of_memory():
@@ -254,24 +249,24 @@ def test_micro_batch_search_backs_off_on_out_of_memory():
         if m > 6:
             raise torch.OutOfMemoryError("CUDA out of memory (fake)")
 
-    assert gpt_train.find_micro_batch(try_step, share=64) == 4  # largest divisor of 64 that fits
+    assert budget.find_micro_batch(try_step, share=64) == 4  # largest divisor of 64 that fits
     assert tried == [64, 32, 16, 8, 4]
-    with pytest.raises(gpt_train.UserError, match="not even a micro-batch of 1"):
-        gpt_train.find_micro_batch(lambda m: (_ for _ in ()).throw(torch.OutOfMemoryError("fake")), share=4)
+    with pytest.raises(UserError, match="not even a micro-batch of 1"):
+        budget.find_micro_batch(lambda m: (_ for _ in ()).throw(torch.OutOfMemoryError("fake")), share=4)
 
 
 def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
-    state = {"train_seconds": 0.0, "steady_seconds": 0.0, "steady_tokens": 0, "compile_seconds": 0.0}
-    perf = gpt_train.Throughput(state)
-    perf.step_done(31.0, 1000, first=True)  # compilation
+    state = TrainState()
+    perf = metrics.Throughput(state)
+    perf.step_done(31.0, 1000)  # the first step: compilation
     for _ in range(4):
-        perf.step_done(1.0, 1000, first=False)
-    perf.close(steady_steps=4)
-    assert perf.tokens_per_second() == 1000 and state["compile_seconds"] == 30.0 and state["train_seconds"] == 35.0
+        perf.step_done(1.0, 1000)
+    perf.close()
+    assert perf.tokens_per_second() == 1000 and state.compile_seconds == 30.0 and state.train_seconds == 35.0
     # MFU: the achieved FLOP/s over the peak of all GPUs, not one
-    assert gpt_train.mfu(1000, 6e6, 1e12, world=1) == pytest.approx(6e-3)
-    assert gpt_train.mfu(1000, 6e6, 1e12, world=8) == pytest.approx(6e-3 / 8)
-    assert gpt_train.mfu(1000, 6e6, None, world=1) is None
+    assert device.mfu(1000, 6e6, 1e12, world=1) == pytest.approx(6e-3)
+    assert device.mfu(1000, 6e6, 1e12, world=8) == pytest.approx(6e-3 / 8)
+    assert device.mfu(1000, 6e6, None, world=1) is None
 
 
 def _agree(rank, port, found, out_dir):
@@ -279,20 +274,16 @@ def _agree(rank, port, found, out_dir):
     from accelerate import Accelerator
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    agreed = gpt_train.agree_on_micro_batch(Accelerator(cpu=True), found[rank])
+    agreed = budget.agree_on_micro_batch(Accelerator(cpu=True), found[rank])
     (out_dir / f"rank{rank}").write_text(str(agreed))
 
 
 def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
     """Two GPUs of one job may fit different micro-batches; both must train with the smaller one."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
     torch.multiprocessing.spawn(_agree, args=(free_port(), [16, 8], tmp_path), nprocs=2)
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["8", "8"]
-    try:
-        assert gpt_train.agree_on_micro_batch(Accelerator(cpu=True), 16) == 16  # one process: its own
-    finally:
-        AcceleratorState._reset_state(True)
+    assert budget.agree_on_micro_batch(Accelerator(cpu=True), 16) == 16  # one process: its own
 
 
 def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path):
@@ -320,7 +311,7 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     cfg = GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    model = gpt_train.compile_model(gpt_train.GPT(cfg), "regional", backend="eager")
+    model = device.compile_model(gpt_train.GPT(cfg), "regional", backend="eager")
     batch = torch.randint(0, 512, (4, 33))
     model(batch[:, :-1], batch[:, 1:]).backward()  # the training graph: one, shared by both blocks
     graphs = counters["stats"]["unique_graphs"]
@@ -328,10 +319,7 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     tok = gpt_train.wos.load_tokenizer(str(corpus / "tok.json"))
     splits = gpt_train.wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
     blocks, _ = gpt_train.wos.tokenize_blocks(splits, tok, 33)
-    try:
-        val = gpt_train.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
-    finally:
-        gpt_train.AcceleratorState._reset_state(True)
+    val = batches.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
 
 
@@ -339,9 +327,7 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
 
 def wait_for_events(run_dir, n, timeout=120):
     """Until the run's n-th TensorBoard file exists (one per start), then a moment: the loop is running."""
-    deadline = time.time() + timeout
-    while len(list(run_dir.glob("events.out.tfevents.*"))) < n and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(list(run_dir.glob("events.out.tfevents.*"))) >= n, timeout, poll=0.05)
     time.sleep(0.5)
 
 
@@ -351,14 +337,14 @@ def test_ctrl_c_checkpoints_and_a_second_one_aborts(corpus, tmp_path):
     wait_for_events(tmp_path / "run", 1)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == gpt_train.STOP_EXIT_CODE and "Traceback" not in err, err[-2000:]
+    assert proc.returncode == STOP_EXIT_CODE and "Traceback" not in err, err[-2000:]
     assert "Ctrl-C: checkpointing" in err and f"--out-dir {tmp_path / 'run'} to resume" in err
-    assert gpt_train.latest_checkpoint(tmp_path / "run")[0] is not None
+    assert latest_checkpoint(tmp_path / "run")[0] is not None
 
 
 def test_a_second_ctrl_c_aborts_at_once():
     previous = signal.getsignal(signal.SIGINT)
-    with gpt_train.StopFlag() as stop:
+    with signals.StopFlag() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)  # the handler runs between bytecodes
         assert stop.signal == "SIGINT"
@@ -380,8 +366,8 @@ def test_ctrl_c_through_the_slurm_script_without_slurm(corpus, tmp_path):
     wait_for_events(tmp_path / "run", 1)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == gpt_train.STOP_EXIT_CODE, err[-2000:]
-    assert gpt_train.latest_checkpoint(tmp_path / "run")[0] is not None
+    assert proc.returncode == STOP_EXIT_CODE, err[-2000:]
+    assert latest_checkpoint(tmp_path / "run")[0] is not None
 
 
 def test_usr1_during_start_up_is_not_lost(corpus, tmp_path):
@@ -389,8 +375,8 @@ def test_usr1_during_start_up_is_not_lost(corpus, tmp_path):
     time.sleep(0.3)  # Python is still importing torch
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == gpt_train.STOP_EXIT_CODE, (proc.returncode, err[-2000:])  # not killed (-10)
-    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    assert proc.returncode == STOP_EXIT_CODE, (proc.returncode, err[-2000:])  # not killed (-10)
+    state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert state["step"] == 1
 
 
@@ -407,10 +393,11 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(corpus, tmp_path,
     newest, previous = sorted((tmp_path / "run").glob("ckpt-*[0-9]"), reverse=True)
     model_file = next(newest.glob("pytorch_model*.bin"))
     model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated
+    capsys.readouterr()  # the reference run's output
     resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common))
-    err = capsys.readouterr().err
-    assert f"skipping checkpoint {newest.name}: {model_file.name} has 1000 bytes" in err
-    assert f"resuming at step 8 from {previous}" in capsys.readouterr().out or resumed["resumed"]
+    captured = capsys.readouterr()
+    assert f"skipping checkpoint {newest.name}: {model_file.name} has 1000 bytes" in captured.err
+    assert f"resuming at step 8 from {previous}" in captured.out and resumed["resumed"]
     assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
 
 
@@ -481,7 +468,7 @@ def test_stop_reaches_every_rank_within_one_step(corpus, tmp_path):
     assert len(workers) == 2
     workers[-1].send_signal(signal.SIGTERM)  # one rank only: the other must learn of it at the next step
     out, err = proc.communicate(timeout=120)
-    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert 0 < state["step"] < 3000 and "checkpointed at step" in err
 
 
@@ -491,9 +478,10 @@ def test_the_ladders_last_rung_is_gpt_trains_default(cuda, capability):
     import gpt_bench
     rungs = [settings for name, settings in gpt_bench.ladder(cuda, capability) if not name.startswith(" ")]
     last, defaults = rungs[-1], gpt_train.parse_args([])
-    device = "cuda" if cuda else "cpu"
-    assert last == {"model": "own", "dropout": 0.0, "attention": defaults.attention,
-                    "precision": gpt_train.resolve_precision(defaults.precision, device, capability,
-                                                             gpt_train.cpu_has_bf16()),
-                    "compile": gpt_train.resolve_compile(defaults.compile, device, capability)[0],
-                    "fused": defaults.fused_adamw == "on", "tf32": cuda and defaults.tf32 == "on"}
+    device_type = "cuda" if cuda else "cpu"
+    assert last == {"model": "own", "dropout": 0.0, "attention": gpt_train.GPT(gpt_train.model_config(64, 0, n_layer=1,
+                                                                                           n_embd=8, n_head=1)).attention,
+                    "precision": device.resolve_precision(defaults.precision, device_type, capability,
+                                                             device.cpu_has_bf16()),
+                    "compile": device.resolve_compile(defaults.compile, device_type, capability)[0],
+                    "fused": defaults.fused_adamw == "on", "tf32": cuda}  # TF32: always on a GPU

@@ -1,8 +1,17 @@
-"""The machinery behind gpt_train.py, one module per concern; gpt_train.py keeps the model and the loop.
+"""The machinery behind gpt_train.py, one module per concern; gpt_train.py keeps the model, the
+accelerations and the loop, which is what a reader comes for.
 
-    signals.py      the stop flag: USR1/TERM/Ctrl-C caught from the first import, before torch loads
-    device.py       precision, TF32, compile decisions; the peak-FLOP table and MFU
-    budget.py       the token budget in whole micro-batches; the micro-batch plan, probe and agreement
-    checkpoints.py  the typed training state; save / verify / latest; run identity; the run directory
-    metrics.py      throughput, final metrics, the start-up and summary lines, SUCCESS_LOSS
+    signals.py      USR1/TERM/Ctrl-C: caught from the script's first line, then the StopFlag
+    device.py       precision and compile decisions per device; compile cache; peak FLOP/s and MFU
+    budget.py       the token budget in whole micro-batches; micro-batch plan, GPU probe, agreement
+    checkpoints.py  the typed TrainState; save / verify / latest; run identity; the run directory
+    metrics.py      throughput, the final metrics, the start-up and summary lines, SUCCESS_LOSS
 """
+import os
+from pathlib import Path
+
+CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lab5"  # shared on a cluster
+
+
+class UserError(Exception):
+    """Bad flags, data or run directory: reported as one line, never as a traceback."""

@@ -1,4 +1,125 @@
-"""What a run reports: the lab's success threshold, the stop exit code, throughput and the final metrics."""
+"""What a run reports: throughput and MFU, the final metrics, the start-up and summary lines, the
+lab's success threshold and the exit code of a run stopped by a signal."""
+import math
+
+import torch
+
+from training.device import flops_per_token, mfu
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
+
+
+class Throughput:
+    """Wall-clock bookkeeping. A process's first step pays for compilation and warm-up: its extra
+    time over the mean steady step is `compile_seconds`; tokens/s and MFU count only the steps
+    after it. Evaluation and checkpoints count in neither (only in the run's total seconds)."""
+
+    def __init__(self, state):
+        self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
+        self.first_step_seconds = None
+        self.steady_steps = 0  # this process's, since it started
+        self.window = [0.0, 0]  # steady seconds, tokens since the last log point
+
+    def step_done(self, seconds, tokens):
+        self.state.train_seconds += seconds
+        if self.first_step_seconds is None:
+            self.first_step_seconds = seconds
+            return
+        self.steady_steps += 1
+        self.state.steady_seconds += seconds
+        self.state.steady_tokens += tokens
+        self.window[0] += seconds
+        self.window[1] += tokens
+
+    def window_tokens_per_second(self):
+        seconds, tokens = self.window
+        self.window = [0.0, 0]
+        return tokens / seconds if seconds else None
+
+    def close(self):
+        """At the end of this process's part of the run: add its compile seconds."""
+        if self.first_step_seconds is not None and self.steady_steps:
+            mean_step = self.state.steady_seconds / self.steady_steps
+            self.state.compile_seconds += max(0.0, self.first_step_seconds - mean_step)
+
+    def tokens_per_second(self):
+        """Steady state; a run of one step has no steady steps, and then that step counts."""
+        state = self.state
+        if state.steady_seconds:
+            return state.steady_tokens / state.steady_seconds
+        return state.tokens_seen / state.train_seconds
+
+
+def final_metrics(state, val_loss, val_stats, tokens_per_second, total_seconds, info):
+    """What the run measured; `info` (flops_per_token, peak, world_size) gives the MFU."""
+    tail = [loss for _, loss in state.losses[-5:]]  # the last step is always logged: never empty
+    final_train_loss = sum(tail) / len(tail)
+    v = val_stats
+    return {
+        "tokens_seen": state.tokens_seen, "steps": state.step, "final_train_loss": final_train_loss,
+        "final_val_loss": val_loss,
+        "val_bits_per_byte": val_loss / math.log(2) * (v["tokens"] + v["docs"]) / v["bytes"],
+        "success": final_train_loss < SUCCESS_LOSS, "train_seconds": round(state.train_seconds, 3),
+        "compile_seconds": round(state.compile_seconds, 3) if state.steady_seconds > 0 else None,
+        "total_seconds": round(total_seconds, 3), "tokens_per_second": tokens_per_second,
+        "mfu": mfu(tokens_per_second, info["flops_per_token"], info["peak"], info["world_size"]),
+        "resumed": state.resumed, "torch": torch.__version__,
+        "loss_curve": state.losses, "val_curve": state.val_losses + [[state.step, val_loss]],
+        "throughput_curve": state.throughput,
+    }
+
+
+def startup_line(info, budget, micro_source, tokenizer_vocab):
+    """One line with every decision of the run (info: the description gpt_train.py records)."""
+    return ", ".join([
+        f"GPT-2 {info['params'] / 1e6:.1f}M params, vocab {tokenizer_vocab} -> {info['vocab_size']}",
+        f"{info['device_name']} x {info['world_size']}", f"precision {info['precision']}",
+        f"compile {info['compile']}", f"attention {info['attention']}", f"tf32 {info['tf32']}",
+        f"fused AdamW {info['fused_adamw']}",
+        f"batch {info['global_batch']} x {info['seq_len']} (micro {budget.micro_batch} [{micro_source}] x "
+        f"{info['world_size']} x accum {budget.accum})",
+        f"{budget.total_steps} steps for {budget.total_micro * budget.tokens_per_micro:,} tokens"])
+
+
+def summary_line(m):
+    compile_part = f", compile {m['compile_seconds']:.1f} s" if m["compile"] != "off" and m["compile_seconds"] else ""
+    mfu_part = f", MFU {m['mfu']:.1%}" if m["mfu"] else ""
+    verdict = f"success (< {SUCCESS_LOSS:g})" if m["success"] else f"NOT below {SUCCESS_LOSS:g}"
+    return (f"{m['tokens_seen']:,} tokens in {m['train_seconds']:.1f} s ({m['tokens_per_second']:,.0f} tokens/s steady"
+            f"{mfu_part}{compile_part}): train loss {m['final_train_loss']:.3f}, val loss {m['final_val_loss']:.3f} "
+            f"({m['val_bits_per_byte']:.3f} bits/byte) -> {verdict}")
+
+
+class LossWindow:
+    """The training loss summed on the device since the last log point (no sync per step); saved in
+    checkpoints, so a resumed run's first point averages the same steps as an uninterrupted one's."""
+
+    def __init__(self, saved, device):
+        total, self.steps = saved
+        self.total = torch.tensor(total, device=device)
+
+    def add(self, loss):
+        self.total += loss
+
+    def mean(self, accelerator):
+        """A CPU-GPU sync point: the mean over the steps since the last call, over all processes."""
+        mean = accelerator.reduce(self.total / self.steps, reduction="mean").item()
+        self.total.zero_()
+        self.steps = 0
+        return mean
+
+    def saved(self):
+        return [self.total.item(), self.steps]
+
+
+def describe_run(args, argv, dev, model, text, budget, world):
+    """The run as the metrics record it (and the start-up line shows it)."""
+    cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
+    return {"precision": dev.precision, "compile": dev.compile_mode, "attention": model.attention,
+            "tf32": "on" if dev.cuda else "off", "fused_adamw": args.fused_adamw, "world_size": world,
+            "device_name": dev.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
+            "text": str(text), "preset": args.preset, "global_batch": args.global_batch,
+            "micro_batch": budget.micro_batch, "seq_len": args.seq_len,
+            "command": "python gpt_train.py " + " ".join(argv), "peak": dev.peak,
+            "flops_per_token": flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)}

@@ -1,0 +1,54 @@
+"""Batches for the loop and the evaluation: sharded across processes by accelerate, a position of
+two integers (epoch, batch) so that a resume sees what an uninterrupted run would, and on a GPU
+pinned host memory with non-blocking copies."""
+import torch
+from accelerate.data_loader import prepare_data_loader, skip_first_batches
+
+from data import wos
+from training import UserError
+from training.device import eager_mode
+
+
+def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed):
+    """This process's micro-batches, epoch after epoch, starting after the first `consumed`.
+
+    Each epoch's order is fixed by (seed, epoch) (wos.epoch_loader), so the position is two integers
+    and a resumed run sees exactly the batches an uninterrupted one would have. Each epoch is cut to
+    whole global batches: N processes then see what one process sees, across epoch ends too.
+    """
+    cuda = accelerator.device.type == "cuda"
+
+    def loader(epoch):  # sharded across processes by accelerate; pinned memory, non-blocking copies
+        dl = wos.epoch_loader(blocks, micro_batch, seed, epoch, whole=global_batch, pin_memory=cuda, num_workers=0)
+        return prepare_data_loader(dl, accelerator.device, num_processes=accelerator.num_processes,
+                                   process_index=accelerator.process_index, put_on_device=True,
+                                   rng_types=[], non_blocking=cuda)
+
+    per_epoch = len(loader(0))
+    if per_epoch == 0:
+        raise UserError(f"{len(blocks)} training blocks are fewer than one global batch ({global_batch} sequences)")
+    epoch, skip = divmod(consumed, per_epoch)
+    while True:
+        yield from skip_first_batches(loader(epoch), skip) if skip else loader(epoch)
+        epoch, skip = epoch + 1, 0
+
+
+@torch.no_grad()
+def evaluate(model, blocks, accelerator, micro_batch, max_batches):
+    """Mean validation loss per token over the first max_batches micro-batches of each process's
+    shard, with the eager modules: evaluation must not trigger compilations."""
+    model.eval()
+    loader = prepare_data_loader(wos.epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
+                                 accelerator.device, num_processes=accelerator.num_processes,
+                                 process_index=accelerator.process_index, put_on_device=True, rng_types=[])
+    total = torch.zeros(2, device=accelerator.device)
+    with eager_mode():
+        for i, batch in enumerate(loader):
+            if i == max_batches:
+                break
+            with accelerator.autocast():
+                loss = model(batch[:, :-1], batch[:, 1:]).float()
+            total += torch.stack([loss * len(batch), torch.tensor(float(len(batch)), device=total.device)])
+    total = accelerator.reduce(total, reduction="sum")
+    model.train()
+    return (total[0] / total[1]).item() if total[1] else float("nan")

@@ -1,0 +1,121 @@
+"""The token budget in whole micro-batches, and the micro-batch itself: from the checkpoint, the
+flag, the preset (CPU) or a probe of what fits this GPU; with several processes, the smallest."""
+import gc
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+
+from data import files
+from training import CACHE_HOME, UserError
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The token budget in whole micro-batches.
+
+    One optimizer step = `accum` micro-batch rounds; one round = `micro_batch` sequences on each
+    of `world` processes. The budget is rounded up to whole rounds (`total_micro`), so the last
+    step may accumulate fewer rounds; the gradient is then averaged over those it had.
+    """
+    micro_batch: int
+    world: int
+    accum: int
+    seq_len: int
+    total_micro: int
+
+    @property
+    def tokens_per_micro(self):  # all processes together
+        return self.micro_batch * self.world * self.seq_len
+
+    @property
+    def total_steps(self):
+        return math.ceil(self.total_micro / self.accum)
+
+    def micro_in_step(self, micro_done):
+        """Rounds in the step that starts after `micro_done` rounds: accum, fewer only at the very end."""
+        return min(self.accum, self.total_micro - micro_done)
+
+
+def due(step, eval_every, ckpt_every, total_steps):
+    """(evaluation due, checkpoint due, last step) after `step`; the final evaluation follows the loop."""
+    last = step == total_steps
+    return step % eval_every == 0 and not last, bool(ckpt_every and step % ckpt_every == 0) or last, last
+
+
+def plan_budget(tokens, global_batch, micro_batch, world, seq_len):
+    if global_batch % (micro_batch * world):
+        raise UserError(f"--global-batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
+                        f"{world} processes")
+    per_micro = micro_batch * world * seq_len
+    return Budget(micro_batch, world, global_batch // (micro_batch * world), seq_len, math.ceil(tokens / per_micro))
+
+
+def choose_micro_batch(flag, model, accelerator, precision, global_batch, preset_micro, resumed_micro=None):
+    """(micro-batch, where it came from). A resume keeps the one it started with (the data position
+    counts micro-batches); auto on a GPU probes, on CPU takes the preset's; at most this process's share."""
+    world = accelerator.num_processes
+    if resumed_micro:
+        return resumed_micro, "as the checkpoint"
+    if flag != "auto":
+        return flag, "flag"
+    if accelerator.device.type != "cuda":
+        return fit_micro_batch(global_batch, world, preset_micro), "preset"
+    micro, source = probe_micro_batch(model, precision, accelerator.device, global_batch // world)
+    return agree_on_micro_batch(accelerator, micro), source
+
+
+def fit_micro_batch(global_batch, world, limit):
+    """The largest micro-batch <= limit that divides this process's share of the global batch."""
+    if global_batch % world:
+        raise UserError(f"--global-batch {global_batch} cannot be split over {world} processes")
+    share = global_batch // world
+    return max(m for m in range(1, min(limit, share) + 1) if share % m == 0)
+
+
+def agree_on_micro_batch(accelerator, micro):
+    """The smallest micro-batch any process found: the GPUs of one job may differ in free memory, and
+    processes accumulating different numbers of micro-batches would wait on each other for ever."""
+    return int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
+
+
+def find_micro_batch(try_step, share):
+    """The largest divisor of `share` for which try_step(m) runs without running out of memory:
+    share, share/2, ... (divisors, largest first); out-of-memory errors are caught and freed."""
+    for m in sorted((d for d in range(1, share + 1) if share % d == 0), reverse=True):
+        try:
+            try_step(m)
+            return m
+        except torch.OutOfMemoryError:
+            gc.collect()
+            torch.cuda.empty_cache()
+    raise UserError("not even a micro-batch of 1 sequence fits on this GPU")
+
+
+def probe_micro_batch(model, precision, device, share):
+    """--micro-batch auto on a GPU: a real forward + backward per candidate, with a ballast the size of
+    AdamW's two moments and DDP's gradient buckets (allocated later). Remembered per GPU name and
+    shape in ~/.cache/lab5/micro_batch.json; delete an entry to probe again."""
+    cfg = model.cfg
+    key = (f"{torch.cuda.get_device_name(device)}|{cfg.n_layer}x{cfg.n_embd}|seq {cfg.n_positions}|vocab "
+           f"{cfg.vocab_size}|{precision}|{model.attention}")
+    cache = CACHE_HOME / "micro_batch.json"
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    if key in known:
+        return fit_micro_batch(share, 1, known[key]), "remembered"
+    n_params = sum(p.numel() for p in model.parameters())
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def try_step(m):
+        ballast = torch.empty(3 * n_params, dtype=torch.float32, device=device)
+        batch = torch.zeros(m, cfg.n_positions + 1, dtype=torch.long, device=device)  # no RNG: training unchanged
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+            model(batch[:, :-1], batch[:, 1:]).backward()
+        model.zero_grad(set_to_none=True)
+        del ballast
+
+    found = find_micro_batch(try_step, share)
+    known[key] = found
+    files.write_json(cache, known)
+    return found, "probed"

@@ -1,0 +1,134 @@
+"""What this device can do, decided once per process: precision, torch.compile, the compile cache,
+and the peak FLOP/s that MFU is measured against. gpt_train.py applies the decisions in its
+accelerations block; the reasons for each `auto` choice are here."""
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from data import files
+from training import UserError
+
+PEAK_TFLOPS = {  # dense tensor-core peak per GPU (bf16/fp16 with fp32 accumulate, tf32) for MFU
+    "H200": (989, 494), "H100 SXM": (989, 494), "H100 PCIe": (756, 378), "H100": (989, 494),
+    "A100": (312, 156), "L40S": (362, 183), "A10": (125, 62), "V100": (125, 15.7), "2080 Ti": (53.8, 13.4),
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """The decisions for this process's device, logged in the start-up line and the metrics."""
+    cuda: bool
+    name: str
+    precision: str
+    compile_mode: str
+    peak: float | None  # the GPU's tensor-core FLOP/s, for MFU
+    note: str  # why an `auto` choice went the way it did
+
+
+def decide(precision_flag, compile_flag):
+    """Set this process's GPU (before any CUDA context exists on GPU 0), then decide."""
+    cuda = torch.cuda.is_available()
+    capability = (0, 0)
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        capability = torch.cuda.get_device_capability()
+    device_type = "cuda" if cuda else "cpu"
+    precision = resolve_precision(precision_flag, device_type, capability, not cuda and cpu_has_bf16())
+    compile_mode, note = resolve_compile(compile_flag, device_type, capability)
+    name = torch.cuda.get_device_name() if cuda else f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    return Device(cuda, name, precision, compile_mode, peak_flops(name, precision) if cuda else None, note)
+
+
+def resolve_precision(requested, device_type, capability, cpu_bf16=False):
+    """auto: bf16 on sm80+ GPUs (Ampere and newer have bf16 tensor cores) and on CPUs with native
+    bf16 (AVX512-BF16/AMX); fp16 + GradScaler on older GPUs — on a 2080Ti (sm75) torch would
+    *emulate* bf16, without tensor cores; fp32 on other CPUs, where bf16 is emulated too."""
+    gpu_bf16 = device_type == "cuda" and capability >= (8, 0)
+    if requested == "auto":
+        if device_type == "cuda":
+            return "bf16" if gpu_bf16 else "fp16"
+        return "bf16" if cpu_bf16 else "fp32"
+    if requested == "fp16" and device_type != "cuda":
+        raise UserError("--precision fp16 needs a GPU (use bf16 or fp32 on CPU)")
+    if requested == "bf16" and device_type == "cuda" and not gpu_bf16:
+        raise UserError(f"--precision bf16: sm{capability[0]}{capability[1]} has no bf16 tensor cores; use fp16")
+    return requested
+
+
+def cpu_has_bf16():
+    """Native bf16 math (AVX512-BF16 or AMX, from /proc/cpuinfo); elsewhere bf16 autocast is emulated."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_compile(requested, device_type, capability):
+    """(mode, note). auto: `regional` on sm80+ GPUs — each transformer block compiled on its own,
+    so the twelve identical blocks share one graph and the cold compile is a fraction of a
+    whole-model compile. Off on Turing (sm75), which recent Triton no longer targets, and on CPU,
+    where it measured no faster (benchmarks/gpt_bench.py)."""
+    if requested != "auto":
+        return requested, ""
+    if device_type == "cpu":
+        return "off", "torch.compile off on CPU (no gain measured; --compile regional to force)"
+    if capability < (8, 0):
+        return "off", f"torch.compile skipped: Triton does not target sm{capability[0]}{capability[1]}"
+    return "regional", ""
+
+
+def compile_model(model, mode, backend="inductor"):
+    """The module the training steps call. regional: the blocks compiled in place (parameter names,
+    checkpoints and DDP unchanged); whole: one graph of the whole model (compare them in the ladder)."""
+    if mode == "regional":
+        for block in getattr(model, "module", model).h:  # under DDP: the wrapped model's blocks
+            block.compile(backend=backend)
+        return model
+    return torch.compile(model, backend=backend) if mode == "whole" else model
+
+
+def use_compile_cache(directory):
+    """Keep inductor's and Triton's caches in `directory` (default ~/.cache/lab5/torch-compile: the
+    home file system, shared by a cluster's nodes, unlike inductor's default /tmp), so that a
+    second run, or a requeued job on another node, finds its kernels compiled. User settings win."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(directory) / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(Path(directory) / "triton"))
+
+
+def eager_mode():
+    """Run compiled modules eagerly (evaluation: no_grad and a partial last batch would each
+    recompile; torch >= 2.6). Older torch: a no-op, and those recompiles happen."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance else contextlib.nullcontext()
+
+
+def flops_per_token(cfg, seq_len, params):
+    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention (PaLM, appendix B)."""
+    return 6 * params + 12 * cfg.n_layer * cfg.n_embd * seq_len
+
+
+def peak_flops(device_name, precision):
+    for name, (half, tf32) in PEAK_TFLOPS.items():
+        if name.lower() in device_name.lower().replace("-", " "):
+            return (half if precision in ("bf16", "fp16") else tf32) * 1e12
+    return None
+
+
+def mfu(tokens_per_second, flops_per_tok, peak, world):
+    """Model FLOPs utilisation: achieved FLOP/s over the peak of all `world` GPUs together."""
+    return flops_per_tok * tokens_per_second / (peak * world) if peak and tokens_per_second else None
+
+
+def gpu_stats(device):
+    stats = {"gpu/memory_allocated_GiB": torch.cuda.memory_allocated(device) / 2**30,
+             "gpu/max_memory_allocated_GiB": torch.cuda.max_memory_allocated(device) / 2**30}
+    try:  # NVML (nvidia-ml-py); without it only the allocator's numbers
+        stats["gpu/utilization_percent"] = torch.cuda.utilization(device)
+        stats["gpu/memory_used_GiB"] = torch.cuda.device_memory_used(device) / 2**30
+    except Exception:
+        pass
+    return stats

@@ -1,0 +1,44 @@
+"""Stop signals. gpt_train.py calls catch_early() before its slow imports (torch takes seconds to
+load), so that Slurm's warning (USR1) or a scancel (TERM) arriving during start-up is remembered
+instead of killing the job unsaved; the StopFlag then takes over for the whole run."""
+import signal
+import sys
+
+PENDING = []  # signals that arrived before the StopFlag existed
+
+
+def catch_early():
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: PENDING.append(signum))
+
+
+class StopFlag:
+    """USR1/TERM (Slurm's warning before the time limit, scancel) and Ctrl-C: finish the step,
+    checkpoint, exit with STOP_EXIT_CODE. A second Ctrl-C aborts at once."""
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+    def __enter__(self):
+        self.signal = signal.Signals(PENDING[0]).name if PENDING else None
+        self.previous = {sig: signal.signal(sig, self._set) for sig in self.SIGNALS}
+        return self
+
+    def _set(self, signum, frame):
+        if signum == signal.SIGINT:
+            if self.signal == "SIGINT":
+                raise KeyboardInterrupt
+            print("\nCtrl-C: checkpointing after this step (Ctrl-C again aborts without saving)", file=sys.stderr)
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_agreed(accelerator, stop):
+    """Whether any process got a stop signal; all then stop after the same step, well within
+    torchrun's 30 s grace."""
+    import torch  # here, not at the top: this module is imported before torch, to catch signals early
+    flag = stop.signal is not None
+    if accelerator.num_processes == 1:
+        return flag
+    return accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), reduction="sum").item() > 0
