@@ -1,10 +1,15 @@
 """GELU forward+backward: ATen, the lab's composite formula, the Python Function, the C++/CUDA op.
 
     python benchmarks/gelu_bench.py --metrics-out report/results/gelu_bench_cpu.json
-    python benchmarks/gelu_bench.py --device cuda      # adds a device-to-device copy of the same bytes
+    python benchmarks/gelu_bench.py --device cuda --metrics-out gelu_bench_gpu.json   # adds a device copy
 
-One process, the same inputs, the median of --repeats runs per cell. Bytes moved per element
-and pass: forward reads x and writes y, backward reads grad and x and writes dx: 5 x itemsize.
+One process, the same inputs; the implementations take turns, --repeats rounds, each sample
+--calls back-to-back forward+backward calls (per-call time reported: on a GPU the host's launch
+work overlaps the kernels, as in a training loop). Per size: the median and range of each, and
+ext/ATen both as a ratio of medians and per round. Bytes moved per element and pass: forward reads
+x and writes y, backward reads grad and x and writes dx: 5 x itemsize. Where the op cannot run
+(not built; on a GPU, built without its CUDA kernel) the others are still measured, and the JSON
+says why the op is missing.
 """
 import argparse
 import json
@@ -45,16 +50,16 @@ IMPLS = {
 }
 
 
-def forward_backward(fn, x, grad):
+def forward_backward(fn, x, grad, calls):
     def run():
-        x.grad = None
-        fn(x).backward(grad)
+        for _ in range(calls):
+            x.grad = None
+            fn(x).backward(grad)
     return run
 
 
 def time_once(fn, device):
-    """Seconds of one call: on a GPU between two CUDA events (the kernels' time, not the launch
-    overhead of the host), on a CPU by the wall clock."""
+    """Seconds of one sample: on a GPU between two CUDA events, on a CPU by the wall clock."""
     if device.type != "cuda":
         t0 = time.perf_counter()
         fn()
@@ -68,15 +73,62 @@ def time_once(fn, device):
 
 
 def timed_round_robin(fns, device, repeats):
-    """Median ms of each fn and its spread (min, max); the fns take turns, so drift on a noisy
-    machine hits them alike."""
+    """Seconds of each fn in each round; the fns take turns, so drift on a noisy machine hits them alike."""
     times = {name: [] for name in fns}
     for r in range(repeats + 1):  # round 0 warms up caches and the allocator
         for name, fn in fns.items():
             seconds = time_once(fn, device)
             if r:
                 times[name].append(seconds)
-    return {name: (statistics.median(ts) * 1e3, min(ts) * 1e3, max(ts) * 1e3) for name, ts in times.items()}
+    return times
+
+
+def default_calls(n, device):
+    """Back-to-back calls per sample: enough that a sample is not one call's launch latency or a
+    timer tick (~1 ms of work at least), one or two for the large sizes."""
+    if device.type == "cuda":
+        return max(2, min(100, 2**26 // n))
+    return max(1, min(1000, 2**20 // n))
+
+
+def ext_missing_reason(device):
+    """Why the compiled op cannot run on this device, or None."""
+    if not gelu_ext.is_built():
+        return gelu_ext.BUILD_HINT
+    if device.type == "cuda" and not gelu_ext.built_with_cuda():
+        return "gelu_ext was built without its CUDA kernel (no nvcc, or its CUDA did not match torch's)"
+    return None
+
+
+def measure_size(n, impls, device, dtype, repeats, calls):
+    """One table row: per-call ms of each implementation (median, range) and the ratios."""
+    x = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(n, device=device, dtype=dtype)
+    fns = {name: forward_backward(fn, x, grad, calls) for name, fn in impls.items()}
+    bytes_moved = 5 * n * x.element_size()
+    if device.type == "cuda":  # the same bytes as one read + one write of 2.5 n elements
+        src = torch.empty(bytes_moved // 2, device=device, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+
+        def copy():
+            for _ in range(calls):
+                dst.copy_(src)
+        fns["copy"] = copy
+    times = {name: [t / calls * 1e3 for t in ts] for name, ts in timed_round_robin(fns, device, repeats).items()}
+    row = {"n": n, "calls": calls, **{f"{name}_ms": statistics.median(ts) for name, ts in times.items()},
+           **{f"{name}_ms_range": [min(ts), max(ts)] for name, ts in times.items()}}
+    if "ext" in times:
+        paired = [a / e for a, e in zip(times["aten"], times["ext"])]
+        row["ext_vs_aten"] = row["aten_ms"] / row["ext_ms"]
+        row["ext_vs_aten_per_round"] = [min(paired), statistics.median(paired), max(paired)]
+        row["ext_GBps"] = bytes_moved / row["ext_ms"] / 1e6
+        if "seed_ms" in row:
+            row["ext_vs_seed"] = row["seed_ms"] / row["ext_ms"]
+        if "copy_ms" in row:
+            row["ext_vs_copy"] = row["copy_ms"] / row["ext_ms"]
+    if "copy_ms" in row:
+        row["aten_vs_copy"] = row["copy_ms"] / row["aten_ms"]
+    return row
 
 
 def max_backward_error(n=1_000_000):
@@ -98,66 +150,70 @@ def parse_args(argv):
                    help="(default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
                    help="(default: %(default)s)")
-    p.add_argument("--min-log2", type=int, default=16, help="(default: %(default)s)")
-    p.add_argument("--max-log2", type=int, default=None, help="(default: 28 on GPU, where 2^24 elements are still "
-                                                               "launch-bound; 24 on CPU)")
-    p.add_argument("--repeats", type=int, default=0, help="runs per cell (default: 7 on CPU, 50 on GPU)")
+    p.add_argument("--log2", type=int, nargs="+", default=None,
+                   help="sizes as powers of two (default: 10 13 16 20 24 on CPU, LeNet-5's activations among "
+                        "them; 16 18 ... 28 on GPU, where only the largest are bandwidth-bound)")
+    p.add_argument("--repeats", type=int, default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
+    p.add_argument("--calls", type=int, default=0,
+                   help="calls per sample (default: by size, from 1000 at 2^10 down to 1 on CPU and 2 on GPU)")
     p.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="implementations to leave out")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the table here as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.log2 and not all(0 <= k <= 32 for k in args.log2):
+        p.error("--log2: sizes from 2^0 to 2^32")
+    if args.repeats < 0 or args.calls < 0:
+        p.error("--repeats and --calls must be positive")
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if not gelu_ext.is_built():
-        sys.exit(f"error: {gelu_ext.BUILD_HINT}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
-    repeats = args.repeats or (50 if device.type == "cuda" else 7)
-    max_log2 = args.max_log2 or (28 if device.type == "cuda" else 24)
+    try:
+        if args.metrics_out:
+            files.check_output(args.metrics_out, "--metrics-out")
+    except files.OutputError as e:
+        sys.exit(f"error: {e}")
+    repeats = args.repeats or (20 if device.type == "cuda" else 7)
+    sizes = args.log2 or (list(range(16, 29, 2)) if device.type == "cuda" else [10, 13, 16, 20, 24])
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else \
         f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
-    impls = {k: v for k, v in IMPLS.items() if k not in args.skip}
+    missing = ext_missing_reason(device)
+    impls = {k: v for k, v in IMPLS.items() if k not in args.skip and not (k == "ext" and missing)}
+    if missing:
+        print(f"note: the ext op is not measured: {missing}", flush=True)
 
+    print(f"{device_name}, {args.dtype}, forward+backward, ms per call, median of {repeats} rounds")
+    cols = list(impls) + (["copy"] if device.type == "cuda" else [])
+    print(f"{'n':>10} {'calls':>5} " + " ".join(f"{name + ' ms':>10}" for name in cols)
+          + ("" if missing else f" {'ext GB/s':>9} {'ext/aten':>8} {'per round':>15}"))
     rows = []
-    print(f"{device_name}, {args.dtype}, forward+backward, median of {repeats}")
-    header = f"{'n':>10} " + " ".join(f"{name + ' ms':>11}" for name in impls)
-    header += f" {'copy ms':>9} {'ext GB/s':>9} {'ext/aten':>9}" + (" ext/copy" if device.type == "cuda" else "")
-    print(header)
-    for log2 in range(args.min_log2, max_log2 + 1, 2):
+    for log2 in sizes:
         n = 2**log2
-        x = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
-        grad = torch.randn(n, device=device, dtype=dtype)
-        fns = {name: forward_backward(fn, x, grad) for name, fn in impls.items()}
-        bytes_moved = 5 * n * x.element_size()
-        if device.type == "cuda":  # the same bytes as one read + one write of 2.5 n elements
-            src = torch.empty(bytes_moved // 2, device=device, dtype=torch.uint8)
-            dst = torch.empty_like(src)
-            fns["copy"] = lambda: dst.copy_(src)
-        timed = timed_round_robin(fns, device, repeats)
-        row = {"n": n, **{f"{name}_ms": ms for name, (ms, _, _) in timed.items()},
-               **{f"{name}_ms_range": [lo, hi] for name, (_, lo, hi) in timed.items()}}
-        if device.type == "cuda":
-            row["ext_vs_copy"] = row["copy_ms"] / row["ext_ms"]
-        row["ext_GBps"] = bytes_moved / row["ext_ms"] / 1e6
-        row["ext_vs_aten"] = row["aten_ms"] / row["ext_ms"]
-        if "seed_ms" in row:
-            row["ext_vs_seed"] = row["seed_ms"] / row["ext_ms"]
+        row = measure_size(n, impls, device, dtype, repeats, args.calls or default_calls(n, device))
         rows.append(row)
-        line = f"{n:>10} " + " ".join(f"{row[name + '_ms']:>11.3f}" for name in impls)
-        line += f" {row.get('copy_ms', float('nan')):>9.3f} {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>9.2f}"
-        print(line + (f" {row['ext_vs_copy']:>8.2f}" if device.type == "cuda" else ""), flush=True)
+        line = f"{n:>10} {row['calls']:>5} " + " ".join(f"{row[name + '_ms']:>10.4f}" for name in cols)
+        if not missing:
+            line += f" {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>8.2f} " + \
+                "{:>5.2f}-{:.2f}".format(row["ext_vs_aten_per_round"][0], row["ext_vs_aten_per_round"][2])
+        print(line, flush=True)
 
     last = rows[-1]
-    result = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
-              "float32_max_backward_error": max_backward_error(), "dtype": args.dtype, "n": last["n"],
-              **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
-                                      "copy_ms", "ext_vs_copy") if k in last},
+    result = {"device_name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "command": "python " + " ".join(sys.argv), "build": gelu_ext.build_info(),
+              "ext_measured": not missing, "ext_missing_reason": missing, "dtype": args.dtype, "repeats": repeats,
+              "float32_max_backward_error": None if not gelu_ext.is_built() else max_backward_error(),
+              "n": last["n"], **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
+                                                        "copy_ms", "ext_vs_copy") if k in last},
               "rows": rows}
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if args.metrics_out:
-        files.write_json(args.metrics_out, result)
+        try:
+            files.write_json(args.metrics_out, result)
+        except files.OutputError as e:
+            sys.exit(f"error: {e}")
     return result
 
 

@@ -6,7 +6,7 @@
     y = gelu_ext.gelu_python(x)   # the Python Function (needs no build)
 """
 from .function import GELUFunction, PythonGELU, gelu_python
-from .ops import BUILD_HINT, GELU, ExtensionNotBuilt, built_with_cuda, gelu, is_built
+from .ops import BUILD_HINT, GELU, ExtensionNotBuilt, build_info, built_with_cuda, gelu, is_built
 
-__all__ = ["GELU", "GELUFunction", "PythonGELU", "gelu", "gelu_python", "is_built", "built_with_cuda",
+__all__ = ["GELU", "GELUFunction", "PythonGELU", "gelu", "gelu_python", "is_built", "built_with_cuda", "build_info",
            "ExtensionNotBuilt", "BUILD_HINT"]

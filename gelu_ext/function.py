@@ -5,11 +5,10 @@ read. With u = K (x + C x^3) and t = tanh(u):
 
     y    = 0.5 x (1 + t)
     y'   = 0.5 (1 + t) + 0.5 x (1 - t^2) u'                 u'  = K (1 + 3 C x^2)
-    y''  = (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))          u'' = 6 K C x
 
 The backward is itself made of differentiable tensor ops, so second derivatives (a gradient
-penalty, gradgradcheck) work; y'' serves the compiled op's double backward (ops.py). The
-compiled op in ops.py computes the same thing in one pass over memory.
+penalty, gradgradcheck) work without writing y'' down. The compiled op (ops.py, csrc/) computes
+the same in one pass over memory, with its autograd in C++ (csrc/autograd.cpp, which spells y'' out).
 """
 import math
 
@@ -36,12 +35,6 @@ def _upcast_tanh(x):
 def gelu_derivative(x):
     xf, t = _upcast_tanh(x)
     return 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * K * (1 + 3 * C * xf * xf)
-
-
-def gelu_second_derivative(x):
-    xf, t = _upcast_tanh(x)
-    du = K * (1 + 3 * C * xf * xf)
-    return (1 - t * t) * (du + 0.5 * xf * (6 * K * C * xf - 2 * t * du * du))
 
 
 class GELUFunction(torch.autograd.Function):

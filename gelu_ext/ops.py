@@ -1,15 +1,13 @@
 """The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward (C++ on CPU, CUDA on GPU).
 
-The C++ side only defines the two ops and their kernels; what the dispatcher needs beyond that
-is registered here, in Python:
+The C++ side defines the two ops, their CPU/CUDA kernels and their autograd (csrc/autograd.cpp:
+backward, double backward and forward-mode AD, without Python). What is left for Python:
   - register_fake: output shape/dtype without running a kernel, so torch.compile can trace it;
-  - register_autograd: backward = gelu_backward(grad, x), so gelu() is differentiable; and
-    gelu_backward's own derivative (y'' from function.py), so second derivatives are right too.
+  - register_vmap: elementwise ops map over a batch dimension as they are (torch.vmap, and the
+    jacfwd/jacrev/hessian built on it), instead of functorch's slow per-sample loop.
 """
 import torch
 import torch.nn as nn
-
-from .function import gelu_second_derivative
 
 try:
     from . import _C  # loading the library registers torch.ops.gelu_ext.*
@@ -28,7 +26,16 @@ def is_built():
 
 
 def built_with_cuda():
+    """Whether the CUDA kernels were compiled in (a build without nvcc is CPU-only)."""
     return _C is not None and bool(_C.with_cuda)
+
+
+def build_info():
+    """One line for logs: what was built, against which torch."""
+    if _C is None:
+        return f"gelu_ext: not built ({_IMPORT_ERROR})"
+    kernels = "CPU + CUDA kernels" if built_with_cuda() else "CPU kernels only (built without nvcc)"
+    return f"gelu_ext: {kernels}; torch {torch.__version__}, CUDA {torch.version.cuda}"
 
 
 def _require_built():
@@ -39,10 +46,11 @@ def _require_built():
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation; matches F.gelu(x, approximate="tanh")."""
     _require_built()
-    return torch.ops.gelu_ext.gelu_forward.default(x)
+    return _gelu_forward(x)
 
 
 if _C is not None:
+    _gelu_forward = torch.ops.gelu_ext.gelu_forward.default  # looked up once: gelu() is on the hot path
 
     @torch.library.register_fake("gelu_ext::gelu_forward")
     def _(x):
@@ -54,37 +62,26 @@ if _C is not None:
         torch._check(grad.shape == x.shape, lambda: "gelu_ext.gelu_backward: grad and input shapes differ")
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    def _setup_context(ctx, inputs, output):
-        (x,) = inputs
-        ctx.save_for_backward(x)
+    @torch.library.register_vmap("gelu_ext::gelu_forward")
+    def _(info, in_dims, x):
+        return _gelu_forward(x), in_dims[0]
 
-    def _backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return torch.ops.gelu_ext.gelu_backward.default(grad, x)
-
-    torch.library.register_autograd("gelu_ext::gelu_forward", _backward, setup_context=_setup_context)
-
-    def _setup_context_backward(ctx, inputs, output):
-        grad, x = inputs
-        ctx.save_for_backward(grad, x)
-
-    def _double_backward(ctx, grad_of_dx):
-        # dx = grad * y'(x): its derivative is y'(x) for grad and grad * y''(x) for x
-        grad, x = ctx.saved_tensors
-        d_grad = torch.ops.gelu_ext.gelu_backward.default(grad_of_dx, x)
-        d_x = (grad_of_dx * grad * gelu_second_derivative(x)).to(x.dtype)
-        return d_grad, d_x
-
-    torch.library.register_autograd("gelu_ext::gelu_backward", _double_backward,
-                                    setup_context=_setup_context_backward)
+    @torch.library.register_vmap("gelu_ext::gelu_backward")
+    def _(info, in_dims, grad, x):
+        def batch_first(t, dim):  # an unbatched argument is repeated over the batch
+            return t.expand(info.batch_size, *t.shape) if dim is None else t.movedim(dim, 0)
+        return torch.ops.gelu_ext.gelu_backward.default(batch_first(grad, in_dims[0]), batch_first(x, in_dims[1])), 0
 
 
 class GELU(nn.Module):
-    """nn.Module around the compiled op; raises ExtensionNotBuilt (with the build command) if needed."""
+    """nn.Module around the compiled op; raises ExtensionNotBuilt (with the build command) if needed.
+
+    Scriptable (torch.jit.script): forward calls the registered op itself, which TorchScript knows.
+    """
 
     def __init__(self):
         super().__init__()
         _require_built()
 
     def forward(self, x):
-        return gelu(x)
+        return torch.ops.gelu_ext.gelu_forward(x)

@@ -45,7 +45,7 @@ if platform.machine() in ("x86_64", "AMD64"):
     # ATen's Vectorized<float> uses AVX2 + Sleef only when told to; every x86 cluster node since
     # 2013 has AVX2. (ATen itself compiles each kernel three times and picks one at run time.)
     cxx_flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-sources = ["csrc/gelu.cpp"]
+sources = ["csrc/gelu.cpp", "csrc/autograd.cpp"]
 extension, extra = CppExtension, {"cxx": cxx_flags}
 if with_cuda:
     sources.append("csrc/cuda/gelu.cu")

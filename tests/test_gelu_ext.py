@@ -1,5 +1,6 @@
 """gelu_ext against F.gelu(approximate="tanh"): values, gradients, dtypes, shapes, registration."""
 import os
+import sys
 
 import pytest
 import torch
@@ -33,19 +34,21 @@ def sample(shape, dtype, device="cpu", seed=0):
     return (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(device=device, dtype=dtype)
 
 
-def check_against_reference(impl, x, loose=False):
-    x1 = x.detach().clone().requires_grad_()
-    x2 = x.detach().clone().requires_grad_()
+def check_against_reference(impl, x, loose=False, view=lambda t: t):
+    """impl(view(x)) against ATen, values and gradients. The op is called on the view itself (a
+    misaligned or strided view of a leaf), not on a copy, so its view paths are what runs."""
+    leaves = [x.detach().clone().requires_grad_() for _ in range(2)]
+    x1, x2 = view(leaves[0]), view(leaves[1])
     y1, y2 = impl(x1), reference(x2)
-    assert y1.shape == x.shape and y1.dtype == x.dtype and y1.device == x.device
+    assert y1.shape == x2.shape and y1.dtype == x.dtype and y1.device == x.device
     tol = tolerance(x.dtype)
     if loose and x.dtype == torch.float32:  # the literal formula: 1 - t^2 cancels for |x| ~ 4..6
         tol = dict(rtol=1e-5, atol=5e-5)
     assert_close(y1, y2, **tol)
-    grad = sample(x.shape, x.dtype, x.device, seed=1)
+    grad = sample(x2.shape, x.dtype, x.device, seed=1)
     y1.backward(grad)
     y2.backward(grad)
-    assert_close(x1.grad, x2.grad, **tol)
+    assert_close(leaves[0].grad, leaves[1].grad, **tol)
 
 
 @pytest.mark.parametrize("impl", [pytest.param("cpp", marks=built), "python"])
@@ -58,9 +61,9 @@ def test_matches_aten_forward_and_backward(impl, dtype, shape):
 @pytest.mark.parametrize("impl", [pytest.param("cpp", marks=built), "python"])
 def test_non_contiguous_inputs(impl):
     base = sample((64, 48), torch.float32)
-    for view in (base.t(), base[::2, 1::3], base[:, 5], base.unsqueeze(0).expand(3, 64, 48)):
-        assert not view.is_contiguous()
-        check_against_reference(IMPLS[impl], view, loose=impl == "python")
+    for view in (lambda t: t.t(), lambda t: t[::2, 1::3], lambda t: t[:, 5], lambda t: t.unsqueeze(0).expand(3, 64, 48)):
+        assert not view(base).is_contiguous()
+        check_against_reference(IMPLS[impl], base, loose=impl == "python", view=view)
 
 
 def forward_backward(impl, x, grad):
@@ -120,6 +123,79 @@ def test_gradient_penalty_matches_aten(impl):
 
 
 @built
+def test_forward_and_backward_run_no_python():
+    """The autograd is registered in C++ (csrc/autograd.cpp): between the call and the gradient,
+    no Python function of gelu_ext or of torch.library's autograd glue runs."""
+    x = sample((1000,), torch.float32).requires_grad_()
+    called = []
+
+    def profile(frame, event, arg):
+        if event == "call" and ("gelu_ext" in frame.f_code.co_filename or "_library" in frame.f_code.co_filename):
+            called.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+    y = gelu_ext.gelu(x)  # the one Python function on the way: ops.gelu, before the profile starts
+    sys.setprofile(profile)
+    try:
+        y2 = torch.ops.gelu_ext.gelu_forward.default(x)
+        torch.autograd.backward([y, y2], [torch.ones_like(y)] * 2)
+    finally:
+        sys.setprofile(None)
+    assert called == []
+    assert y.grad_fn.name() == "GeluExtForwardBackward"
+    assert_close(x.grad, 2 * torch.func.grad(lambda v: reference(v).sum())(x.detach()))
+
+
+@built
+def test_forward_mode_ad_matches_aten():
+    """jacfwd, dual tensors and hessian through the op: tangent * gelu'(x), never zeros."""
+    import torch.autograd.forward_ad as fwAD
+    x = torch.tensor([0.5, -1.0, 2.0])
+    assert_close(torch.func.jacfwd(gelu_ext.gelu)(x).diagonal(), torch.tensor([0.8674, -0.0830, 1.0861]),
+                 rtol=0, atol=1e-4)
+    x, t = sample((50,), torch.float64), sample((50,), torch.float64, seed=1)
+    tangents = []
+    for f in (gelu_ext.gelu, reference):
+        with fwAD.dual_level():
+            tangents.append(fwAD.unpack_dual(f(fwAD.make_dual(x, t))).tangent)
+    assert_close(tangents[0], tangents[1], rtol=1e-12, atol=1e-12)
+    x = torch.linspace(-2, 2, 8, dtype=torch.float64)
+    hessians = [torch.func.hessian(lambda v, f=f: f(v).sum())(x) for f in (gelu_ext.gelu, reference)]
+    assert_close(hessians[0], hessians[1], rtol=1e-10, atol=1e-12)
+    assert hessians[0].abs().max() > 0.5  # not zeros
+
+
+@built
+def test_gradcheck_forward_mode_and_forward_over_reverse():
+    """Forward-mode AD of both ops (gelu_backward's jvp is what forward-over-reverse uses)."""
+    x = (sample((4, 5), torch.float64) * 3).requires_grad_()
+    assert torch.autograd.gradcheck(gelu_ext.gelu, (x,), check_forward_ad=True, check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(gelu_ext.gelu, (x,), check_fwd_over_rev=True, check_batched_grad=True)
+    grad = sample((4, 5), torch.float64, seed=1).requires_grad_()
+    assert torch.autograd.gradcheck(torch.ops.gelu_ext.gelu_backward.default, (grad, x), check_forward_ad=True)
+
+
+@built
+def test_vmap_matches_aten():
+    x = sample((6, 33), torch.float32)
+    assert_close(torch.vmap(gelu_ext.gelu)(x), reference(x))
+    assert_close(torch.vmap(gelu_ext.gelu, in_dims=1, out_dims=1)(x), reference(x))
+    per_row = torch.vmap(torch.func.grad(lambda v: gelu_ext.gelu(v).sum()))(x)
+    assert_close(per_row, torch.func.grad(lambda v: reference(v).sum())(x), **tolerance(torch.float32))
+
+
+@built
+def test_module_is_scriptable():
+    scripted = torch.jit.script(gelu_ext.GELU())
+    x = sample((3, 7), torch.float32)
+    check_against_reference(scripted, x)
+
+
+@built
+def test_build_info_says_whether_the_cuda_kernel_is_in():
+    info = gelu_ext.build_info()
+    assert ("CPU + CUDA kernels" in info) == gelu_ext.built_with_cuda() and torch.__version__ in info
+
+
+@built
 def test_labs_own_check_gradient_mse_is_zero():
     """The handout's check: MSE between the gradients of the custom op and of PyTorch's GELU."""
     x = torch.randn(10_000, requires_grad=True)
@@ -176,8 +252,18 @@ def test_cuda_kernel_registered_when_built_with_nvcc():
 @pytest.mark.parametrize("shape", SHAPES + [(2**20 + 3,)])
 def test_cuda_matches_aten(dtype, shape):
     check_against_reference(gelu_ext.gelu, sample(shape, dtype, "cuda"))
-    x = sample((4099,), dtype, "cuda")
-    check_against_reference(gelu_ext.gelu, x[1:])  # misaligned start: the scalar path
+
+
+@built
+@cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [1, 2, 4])
+def test_cuda_misaligned_and_strided_views(dtype, offset):
+    """x[offset:] starts off the 16-byte boundary: the kernel must take its narrower loads (down to
+    one element at a time) on the view itself; odd lengths leave a partial last block."""
+    x = sample((2**16 + 7,), dtype, "cuda")
+    check_against_reference(gelu_ext.gelu, x, view=lambda t: t[offset:])
+    check_against_reference(gelu_ext.gelu, x, view=lambda t: t[offset::3])
 
 
 # ------------------------------------------------------------------ used to train LeNet-5

@@ -1,9 +1,8 @@
 // CUDA kernels of gelu_ext::gelu_forward / gelu_backward (schema and formulas: ../gelu.cpp).
 //
 // Memory-bound elementwise work, so the kernels are about moving bytes: 16-byte vector loads and
-// stores where the pointers allow it, four of them in flight per thread, a grid-stride loop over
-// exactly as many blocks as the SMs hold at once, 64-bit indices, math in float (double for
-// double) whatever the storage type.
+// stores where the pointers allow it, organised as ATen's own elementwise kernels (below),
+// 64-bit indices, math in float (double for double) whatever the storage type.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -19,8 +18,6 @@
 
 namespace gelu_ext {
 namespace {
-
-constexpr int kThreads = 256;
 
 // Math in float (double for double). For 16-bit storage the fast intrinsics (__expf, __fdividef:
 // ~2 ulp in float) are far below half/bfloat16 rounding, and keep the kernel memory-bound.
@@ -63,80 +60,86 @@ struct alignas(sizeof(scalar_t) * N) Pack {
   scalar_t v[N];
 };
 
-constexpr int kUnroll = 4;  // packs per thread and iteration: four 16-byte loads in flight, issued first
-// (and __launch_bounds__(kThreads, 4) below caps registers at 64: >= 4 blocks of 256 per SM)
+// The shape of ATen's vectorized_elementwise_kernel (ATen/native/cuda/CUDALoops.cuh), the baseline
+// this kernel is measured against: blocks of 128 threads, 8 elements per thread, one block per 1,024
+// elements (no grid-stride loop), all loads issued before any math. Thread t of a block reads packs
+// t, t + 128, ... of the block's slice, so each load instruction of a warp covers 512 contiguous bytes.
+constexpr int kThreads = 128;
+constexpr int kPerThread = 8;
+constexpr int kPerBlock = kThreads * kPerThread;
 
-// out[i] = op(a[i], b[i]), where a (the incoming gradient) is only read for Op::kBinary.
-// N elements per 16-byte pack; the host falls back to N = 1 when a pointer is not 16-byte aligned.
-template <int N, typename scalar_t, typename Op>
-__global__ void __launch_bounds__(kThreads, 4) elementwise_kernel(const scalar_t* __restrict__ a,
+// out[i] = op(a[i], b[i]); a (the incoming gradient) is only read for Op::kBinary. kVec elements per
+// load: 16 bytes where every pointer allows it, fewer for a misaligned view (down to 1).
+template <int kVec, typename scalar_t, typename Op>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(const scalar_t* __restrict__ a,
                                                                const scalar_t* __restrict__ b,
                                                                scalar_t* __restrict__ out, int64_t n, Op op) {
   using opmath_t = at::opmath_type<scalar_t>;
-  using P = Pack<scalar_t, N>;
   constexpr bool kFast = sizeof(scalar_t) == 2;
-  const P* pa_in = reinterpret_cast<const P*>(a);
-  const P* pb_in = reinterpret_cast<const P*>(b);
-  P* p_out = reinterpret_cast<P*>(out);
-  const int64_t packs = n / N;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;  // neighbouring threads, neighbouring packs
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; base < packs; base += stride * kUnroll) {
-    P pa[kUnroll], pb[kUnroll];
+  const int64_t base = int64_t(blockIdx.x) * kPerBlock;
+  const int64_t remaining = n - base;
+  scalar_t va[kPerThread], vb[kPerThread], vo[kPerThread];
+  if (remaining >= kPerBlock) {  // a whole block's slice: vector loads and stores, no bounds checks
+    using P = Pack<scalar_t, kVec>;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {  // all loads before any math
-      const int64_t p = base + u * stride;
-      if (p < packs) {
-        if constexpr (Op::kBinary) pa[u] = pa_in[p];
-        pb[u] = pb_in[p];
+    for (int i = 0; i < kPerThread / kVec; ++i) {
+      const int p = threadIdx.x + i * kThreads;
+      const P pb = reinterpret_cast<const P*>(b + base)[p];
+      P pa;
+      if constexpr (Op::kBinary) pa = reinterpret_cast<const P*>(a + base)[p];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        vb[i * kVec + j] = pb.v[j];
+        if constexpr (Op::kBinary) va[i * kVec + j] = pa.v[j];
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t p = base + u * stride;
-      if (p < packs) {
-        P po;
+    for (int k = 0; k < kPerThread; ++k) {
+      const opmath_t g = Op::kBinary ? opmath_t(va[k]) : opmath_t(0);
+      vo[k] = scalar_t(op.template apply<kFast>(g, opmath_t(vb[k])));
+    }
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          const opmath_t g = Op::kBinary ? opmath_t(pa[u].v[j]) : opmath_t(0);
-          po.v[j] = scalar_t(op.template apply<kFast>(g, opmath_t(pb[u].v[j])));
-        }
-        p_out[p] = po;
+    for (int i = 0; i < kPerThread / kVec; ++i) {
+      P po;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) po.v[j] = vo[i * kVec + j];
+      reinterpret_cast<P*>(out + base)[threadIdx.x + i * kThreads] = po;
+    }
+  } else {  // the last, partial slice: element by element, still coalesced
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t i = base + threadIdx.x + k * kThreads;
+      if (i < n) {
+        const opmath_t g = Op::kBinary ? opmath_t(a[i]) : opmath_t(0);
+        out[i] = scalar_t(op.template apply<kFast>(g, opmath_t(b[i])));
       }
     }
-  }
-  // The ragged tail (< N elements) is handled by the first threads of block 0.
-  const int64_t tail = packs * N + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (blockIdx.x == 0 && tail < n) {
-    const opmath_t g = Op::kBinary ? opmath_t(a[tail]) : opmath_t(0);
-    out[tail] = scalar_t(op.template apply<kFast>(g, opmath_t(b[tail])));
   }
 }
 
-// As many blocks as the SMs hold at once (from the occupancy calculator: the kernel's register
-// count decides, not a guess), fewer for small inputs; the grid-stride loop covers the rest.
-template <int N, typename scalar_t, typename Op>
-void launch_kernel(const scalar_t* a, const scalar_t* b, scalar_t* out, int64_t n, Op op, int64_t work) {
-  int device = 0, sms = 0, per_sm = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, elementwise_kernel<N, scalar_t, Op>,
-                                                               kThreads, 0));
-  const int64_t needed = (work + int64_t(kThreads) * kUnroll - 1) / (int64_t(kThreads) * kUnroll);
-  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * std::max(per_sm, 1))));
-  elementwise_kernel<N><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a, b, out, n, op);
+template <int kVec, typename scalar_t, typename Op>
+void launch_kernel(const scalar_t* a, const scalar_t* b, scalar_t* out, int64_t n, Op op) {
+  const int64_t blocks = (n + kPerBlock - 1) / kPerBlock;
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "gelu_ext: ", n, " elements are too many for one launch");
+  elementwise_kernel<kVec><<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a, b, out, n, op);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The widest load (16 bytes at most) that every pointer is aligned for, as ATen's can_vectorize_up_to.
 template <typename scalar_t, typename Op>
 void launch(const scalar_t* a, const scalar_t* b, scalar_t* out, int64_t n, Op op) {
   if (n == 0) return;
-  constexpr int kVec = 16 / sizeof(scalar_t);
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if ((!Op::kBinary || aligned(a)) && aligned(b) && aligned(out)) {
-    launch_kernel<kVec>(a, b, out, n, op, n / kVec);
-  } else {
-    launch_kernel<1>(a, b, out, n, op, n);
+  auto aligned = [](const void* p, int vec) { return reinterpret_cast<uintptr_t>(p) % (vec * sizeof(scalar_t)) == 0; };
+  auto fits = [&](int vec) { return (!Op::kBinary || aligned(a, vec)) && aligned(b, vec) && aligned(out, vec); };
+  constexpr int kMaxVec = 16 / sizeof(scalar_t);
+  if constexpr (kMaxVec >= 8) {
+    if (fits(8)) return launch_kernel<8>(a, b, out, n, op);
   }
+  if constexpr (kMaxVec >= 4) {
+    if (fits(4)) return launch_kernel<4>(a, b, out, n, op);
+  }
+  if (fits(2)) return launch_kernel<2>(a, b, out, n, op);
+  launch_kernel<1>(a, b, out, n, op);
 }
 
 at::Tensor gelu_forward_cuda(const at::Tensor& x) {
