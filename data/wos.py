@@ -1,24 +1,30 @@
 """The Web of Science text pipeline, shared by tokenizer_train.py and gpt_train.py.
 
+    a tokenizer: a tokenizer.json, a folder or "gpt2"    open_tokenizer()  (vocabulary padded to 64, eot, sha256)
     X.txt (one abstract per line)
-      -> documents: UTF-8 checked, blank lines dropped          check_text(), load_splits()
-      -> train / validation split by document, seeded          load_splits()    (datasets, cached)
-      -> token ids, documents joined by <|endoftext|>           tokenize_blocks() (datasets map, cached)
-      -> fixed blocks of block_size tokens
+      -> what it is, by content (stand-in, WOS46985, other) corpus_identity()
+      -> documents: UTF-8 checked, blank lines dropped     check_text(), load_splits()
+      -> train / validation split by document, seeded     load_splits()     (datasets, cached)
+      -> token ids, documents joined by <|endoftext|>      tokenize_blocks() (datasets map, cached per tokenizer)
+      -> fixed blocks of seq_len + 1 tokens                tokens_per_block()
       -> batches in a seeded order, one epoch = one permutation  epoch_loader()
 
-Everything after reading is done by `datasets`, whose fingerprints key the cache under
-data/cache/: a second run loads the blocks instead of tokenising again, and a changed text file
-(path, size or mtime) or tokenizer gets new fingerprints and is tokenised afresh.
+Everything after reading is done by `datasets` (imported only there: the rest works without it).
+Its fingerprints key the text's cache under data/cache/ (a changed file: path, size or mtime, is
+read afresh); the token blocks sit beside it in one folder per tokenizer (tokens-v1-<its sha256>),
+so a second run loads them instead of tokenising again. Every cached file is verified when used;
+a damaged one is rebuilt once, or refused in one line naming the folder to delete.
 """
 import hashlib
 import os
+import shutil
 import socket
 import sys
 import threading
 import time
 import urllib.request
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -26,6 +32,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 from tokenizers import Tokenizer
+
+from data import files
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -188,20 +196,54 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None):
     """DatasetDict(train, validation) of {"text"}: one row per document, split by document.
 
     The split is datasets' seeded `train_test_split`, so the same file and seed always give the
-    same documents in each part; its indices are cached with the rest.
+    same documents in each part; its indices are cached with the rest. A cache folder that cannot
+    be written is one line before any work; a damaged cache is rebuilt once, then refused in one line.
     """
     check_text(path)
-    datasets = need_datasets()
     cache_dir = Path(cache_dir or default_cache())
-    raw = datasets.load_dataset("text", data_files={"documents": str(Path(path).resolve())}, split="documents",
-                                cache_dir=str(cache_dir), encoding_errors="replace")
-    docs = raw.map(lambda b: {"text": [t.strip() for t in b["text"]]}, batched=True, desc="strip")
-    docs = docs.filter(lambda b: [bool(t) for t in b["text"]], batched=True, desc="drop blank lines")
-    n_val = max(1, round(len(docs) * val_fraction))
-    if n_val >= len(docs):
-        raise TextError(f"{path}: {len(docs)} documents are too few for a validation split of {val_fraction}")
-    parts = docs.train_test_split(test_size=n_val, shuffle=True, seed=seed)
+    files.check_output_dir(cache_dir, "--cache-dir")
+    try:
+        return read_splits(path, val_fraction, seed, cache_dir, fresh=False)
+    except DamagedCache as e:
+        print(f"warning: the datasets cache of {path} under {cache_dir} is damaged ({e}); rebuilding it",
+              file=sys.stderr)
+    try:
+        return read_splits(path, val_fraction, seed, cache_dir, fresh=True)
+    except DamagedCache as e:
+        raise TextError(f"the datasets cache {cache_dir / 'text'} is damaged ({e}) and its rebuild too: "
+                        f"delete {cache_dir / 'text'} and run again") from None
+
+
+def read_splits(path, val_fraction, seed, cache_dir, fresh):
+    """load_splits' work; `fresh`: regenerate every cached file instead of loading it."""
+    datasets = need_datasets()
+    with arrow_damage(cache_dir / "text", "documents"):
+        raw = datasets.load_dataset("text", data_files={"documents": str(Path(path).resolve())}, split="documents",
+                                    cache_dir=str(cache_dir), encoding_errors="replace",
+                                    download_mode="force_redownload" if fresh else None)
+        docs = raw.map(lambda b: {"text": [t.strip() for t in b["text"]]}, batched=True, desc="strip",
+                       load_from_cache_file=not fresh)
+        docs = docs.filter(lambda b: [bool(t) for t in b["text"]], batched=True, desc="drop blank lines",
+                           load_from_cache_file=not fresh)
+        n_val = max(1, round(len(docs) * val_fraction))
+        if n_val >= len(docs):
+            raise TextError(f"{path}: {len(docs)} documents are too few for a validation split of {val_fraction}")
+        parts = docs.train_test_split(test_size=n_val, shuffle=True, seed=seed, load_from_cache_file=not fresh)
     return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
+
+
+@contextmanager
+def arrow_damage(folder, what):
+    """A cached file that cannot be read becomes DamagedCache; the system's errors (a full disk:
+    an OSError with an errno) one TextError naming the folder."""
+    import pyarrow
+    try:
+        yield
+    except (pyarrow.ArrowException, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            raise TextError(f"the cache {folder}: {e.strerror} ({e.filename or what})") from None
+        # a truncated or garbled file: ArrowInvalid, or pyarrow's OSError without an errno
+        raise DamagedCache(f"{what}: {str(e).splitlines()[0][:160]}") from None
 
 
 def tokens_per_block(seq_len):
@@ -209,19 +251,71 @@ def tokens_per_block(seq_len):
     return seq_len + 1
 
 
+TOKEN_CACHE_VERSION = 1  # part of the cache folder's name: bump it when tokenize() or group() change their output
+
+
+class DamagedCache(Exception):
+    """A cached file that cannot be read, or holds what no tokenisation writes."""
+
+
 def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     """(DatasetDict of {"input_ids": block_size token ids}, {split: {docs, tokens, bytes, from_cache}}).
 
-    Documents are joined by <|endoftext|>. `tokenizer` is a `tokenizers.Tokenizer` (load_tokenizer);
-    it is part of datasets' fingerprint of the map, so a new tokenizer means a new cache. As in HF's run_clm, each map batch of 1000
-    documents drops its last partial block (< 0.5% of the tokens).
+    Documents are joined by <|endoftext|>. As in HF's run_clm, each map batch of 1000 documents drops
+    its last partial block (< 0.5% of the tokens). The result is cached per tokenizer, in
+    token_cache_folder(), and verified however it was obtained (readable, blocks of block_size,
+    ids inside the vocabulary): a damaged cache is rebuilt once with a warning, and refused in one
+    line naming the folder to delete if the rebuild is damaged too.
     """
-    datasets = need_datasets()
-    eot = tokenizer.token_to_id(EOT)
-    if eot is None:
+    if tokenizer.token_to_id(EOT) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
     if num_proc is None:  # worker processes pay off only on a large corpus
         num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None
+    folder = token_cache_folder(splits["train"], tokenizer)
+    try:
+        return tokenize_splits(splits, tokenizer, block_size, num_proc, folder)
+    except DamagedCache as e:
+        print(f"warning: the token cache {folder} is damaged ({e}); rebuilding it", file=sys.stderr)
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        return tokenize_splits(splits, tokenizer, block_size, num_proc, folder)
+    except DamagedCache as e:
+        raise TextError(f"the token cache {folder} is damaged ({e}) and its rebuild too: delete {folder} "
+                        f"and run again") from None
+
+
+def token_cache_folder(split, tokenizer):
+    """<the split's datasets cache folder>/tokens-v<version>-<sha256 of the tokenizer, 16 hex digits>:
+    one folder per tokenizer (and corpus), so that two tokenizers never share or evict a cache."""
+    if not split.cache_files:  # an in-memory dataset (built in a test): nothing cached
+        return None
+    parent = Path(split.cache_files[0]["filename"]).parent
+    return parent / f"tokens-v{TOKEN_CACHE_VERSION}-{tokenizer_sha256(tokenizer)[:16]}"
+
+
+def tokenize_splits(splits, tokenizer, block_size, num_proc, folder):
+    datasets = need_datasets()
+    tokenize, group = block_makers(tokenizer, block_size)
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+    blocks, stats = datasets.DatasetDict(), {}
+    started = time.time()
+    for name, split in splits.items():
+        stem = f"{split._fingerprint[:16]}-{name}"
+        ids = cached_map(split, tokenize, folder, f"{stem}-ids", num_proc=num_proc, desc=f"tokenize {name}")
+        blocks[name] = cached_map(ids, group, folder, f"{stem}-blocks{block_size}", features=features,
+                                  num_proc=num_proc, desc=f"blocks of {block_size} ({name})")
+        verify_tokens(ids, blocks[name], len(split), block_size, tokenizer.get_vocab_size())
+        if len(blocks[name]) == 0:
+            raise TextError(f"the {name} split has fewer than {block_size} tokens: use a smaller block size")
+        stats[name] = {"docs": len(ids), "tokens": sum(ids["n_tokens"]), "bytes": sum(ids["n_bytes"]),
+                       # a cache file older than this call was reused, not rebuilt
+                       "from_cache": all(os.path.getmtime(f["filename"]) < started for f in blocks[name].cache_files)}
+    return blocks, stats
+
+
+def block_makers(tokenizer, block_size):
+    """The two map functions: documents -> ids (+ end of text), and ids -> blocks of block_size."""
+    eot = tokenizer.token_to_id(EOT)
 
     def tokenize(batch):
         ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]
@@ -233,20 +327,42 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
         usable = len(ids) - len(ids) % block_size
         return {"input_ids": [ids[i:i + block_size] for i in range(0, usable, block_size)]}
 
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
-    blocks, stats = datasets.DatasetDict(), {}
-    started = time.time()
-    for name, split in splits.items():
-        ids = split.map(tokenize, batched=True, remove_columns=split.column_names, num_proc=num_proc,
-                        desc=f"tokenize {name}")
-        blocks[name] = ids.map(group, batched=True, remove_columns=ids.column_names, features=features,
-                               num_proc=num_proc, desc=f"blocks of {block_size} ({name})")
-        if len(blocks[name]) == 0:
-            raise TextError(f"the {name} split has fewer than {block_size} tokens: use a smaller block size")
-        stats[name] = {"docs": len(ids), "tokens": sum(ids["n_tokens"]), "bytes": sum(ids["n_bytes"]),
-                       # a cache file older than this call was reused, not rebuilt
-                       "from_cache": all(os.path.getmtime(f["filename"]) < started for f in blocks[name].cache_files)}
-    return blocks, stats
+    return tokenize, group
+
+
+def cached_map(dataset, function, folder, stem, **kwargs):
+    """dataset.map(function) cached as folder/stem.arrow (loaded when it exists); unreadable: DamagedCache."""
+    where = None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        where = str(folder / f"{stem}.arrow")
+    # the fingerprint is the file's key (short: datasets appends the worker's rank to it)
+    fingerprint = hashlib.sha256(f"{folder and folder.name}-{stem}".encode()).hexdigest()[:32]
+    with arrow_damage(folder, f"{stem}.arrow"):
+        return dataset.map(function, batched=True, remove_columns=dataset.column_names, cache_file_name=where,
+                           new_fingerprint=fingerprint, **kwargs)
+
+
+def verify_tokens(ids, blocks, n_docs, block_size, vocab_size):
+    """DamagedCache unless both tables are sound Arrow, one row of ids per document, every block
+    block_size long, every id inside the vocabulary (an id beyond it fails only at the embedding,
+    steps into training)."""
+    import pyarrow
+    import pyarrow.compute as pc
+    try:
+        for dataset, column in ((ids, "ids"), (blocks, "input_ids")):
+            table = dataset.data.table
+            table.validate(full=True)
+            low, high = pc.min_max(pc.list_flatten(table.column(column))).values()
+            if low.is_valid and (low.as_py() < 0 or high.as_py() >= vocab_size):
+                raise DamagedCache(f"token ids {low}..{high} outside the vocabulary 0..{vocab_size - 1}")
+        lengths = pc.unique(pc.list_value_length(blocks.data.table.column("input_ids"))).to_pylist()
+    except pyarrow.ArrowException as e:
+        raise DamagedCache(str(e).splitlines()[0][:160]) from None
+    if lengths not in ([], [block_size]):
+        raise DamagedCache(f"blocks of {sorted(lengths)[:4]} tokens, not {block_size}")
+    if len(ids) != n_docs:
+        raise DamagedCache(f"{len(ids)} tokenised documents for {n_docs}")
 
 
 # ----------------------------------------------------------------------------- tokenizers

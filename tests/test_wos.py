@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import huggingface_hub.constants as hf_constants
 import pytest
@@ -291,3 +292,99 @@ def test_a_utf16_corpus_is_refused(tmp_path, encoding, message):
     path.write_bytes("\n".join(generated_docs(50)).encode(encoding))
     with pytest.raises(wos.TextError, match=message):
         wos.check_text(path)
+
+
+# ------------------------------------------------------------------ a damaged token cache
+
+def token_files(blocks, kind="blocks"):
+    """The cached Arrow files of one kind in the token cache folder of `blocks`."""
+    folder = Path(blocks["train"].cache_files[0]["filename"]).parent
+    assert folder.name.startswith("tokens-v")
+    return sorted(folder.glob(f"*-{kind}*.arrow"))
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def garble(path):
+    raw = bytearray(path.read_bytes())
+    middle = len(raw) // 2
+    raw[middle:middle + 64] = bytes(range(200, 256)) + bytes(8)
+    path.write_bytes(bytes(raw))
+
+
+def ids_beyond_the_vocabulary(path):
+    import pyarrow as pa
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    bad = pa.array([[row[0] + 100_000] + row[1:] for row in table.column("input_ids").to_pylist()],
+                   type=table.schema.field("input_ids").type)
+    table = table.set_column(0, table.schema.field("input_ids"), bad)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+@pytest.mark.parametrize("damage, kind", [(truncate, "blocks"), (truncate, "ids"), (garble, "blocks"),
+                                          (ids_beyond_the_vocabulary, "blocks")])
+def test_a_damaged_token_cache_is_rebuilt_with_a_warning(text_file, small_tokenizer, tmp_path, capsys, damage, kind):
+    """Issue 19.3: a truncated or garbled cache file, or ids out of range, used to give a pyarrow
+    traceback on the next run, or an IndexError steps into training."""
+    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    expected = first["train"].to_dict()["input_ids"]  # read now: the damage below is to a memory-mapped file
+    for path in token_files(first, kind):
+        damage(path)
+    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    assert not stats["train"]["from_cache"] and again["train"].to_dict()["input_ids"] == expected
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "the token cache" in warnings[0] and "is damaged" in warnings[0]
+    assert wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)[1]["train"]["from_cache"]
+
+
+def test_a_cache_that_stays_damaged_is_refused_in_one_line_naming_the_folder(text_file, small_tokenizer, tmp_path,
+                                                                             monkeypatch):
+    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    folder = token_files(first)[0].parent
+
+    def always_damaged(*args):
+        raise wos.DamagedCache("token ids 0..99999 outside the vocabulary 0..511")
+    monkeypatch.setattr(wos, "verify_tokens", always_damaged)
+    with pytest.raises(wos.TextError) as error:
+        wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    assert str(error.value).endswith(f"delete {folder} and run again") and "\n" not in str(error.value)
+
+
+def test_each_tokenizer_has_its_own_cache_folder(text_file, small_tokenizer, tmp_path):
+    other = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
+    a, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    b, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), other, 64)
+    key = wos.tokenizer_sha256(small_tokenizer)[:16]
+    assert token_files(a)[0].parent.name == f"tokens-v{wos.TOKEN_CACHE_VERSION}-{key}"
+    assert token_files(a)[0].parent != token_files(b)[0].parent
+
+
+@pytest.mark.parametrize("name", ["text-documents.arrow", "cache-*.arrow"])
+def test_a_damaged_datasets_cache_of_the_text_is_rebuilt_with_a_warning(text_file, tmp_path, capsys, name):
+    first = splits_of(text_file, tmp_path)
+    expected = {part: list(first[part]["text"]) for part in first}
+    for path in (tmp_path / "cache" / "text").rglob(name):
+        truncate(path)
+    again = splits_of(text_file, tmp_path)
+    assert {part: list(again[part]["text"]) for part in again} == expected
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1
+    assert f"the datasets cache of {text_file} under {tmp_path / 'cache'} is damaged" in warnings[0]
+
+
+def test_a_read_only_cache_dir_is_one_line_before_reading(text_file, tmp_path):
+    """Issue 19.9: datasets' filelock used to fail with a traceback (root ignores file modes: a read-only mount)."""
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(cache)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mount not permitted here")
+    try:
+        with pytest.raises(wos.files.OutputError, match=f"^--cache-dir {cache} cannot be written"):
+            wos.load_splits(text_file, cache_dir=cache)
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
