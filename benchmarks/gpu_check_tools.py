@@ -136,9 +136,9 @@ def mnist_subset(src, dst, n_train, n_test):
             data = (gzip.decompress if path.suffix == ".gz" else bytes)(path.read_bytes())
             ndim = data[3]
             dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-            item = math.prod(dims[1:])
-            header = data[:4] + struct.pack(f">{ndim}I", n, *dims[1:])
-            body = data[4 + 4 * ndim:][:n * item]
+            keep = min(n, dims[0])
+            header = data[:4] + struct.pack(f">{ndim}I", keep, *dims[1:])
+            body = data[4 + 4 * ndim:][:keep * math.prod(dims[1:])]
             (dst / name).write_bytes(header + body)
 
 

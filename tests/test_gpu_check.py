@@ -1,20 +1,41 @@
-"""benchmarks/gpu_check.sh where it can run here: its refusals, before any work (the checks need a GPU)."""
+"""benchmarks/gpu_check.sh where a CPU can show it: its refusals before any work, --prepare, the wheel
+choice and the checks before the first step, and a rehearsal (--rehearse, the same steps at the
+smallest sizes) writing its results under OUT as each step ends, cut steps included."""
+import gzip
+import json
+import os
 import shutil
 import subprocess
+import sys
+import tarfile
+import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, generated_docs, write_tiny_mnist
+
+STEPS = ["build", "lenet-torch", "tokenizer", "cuda-tests", "gelu-bench", "lenet-cpp", "lenet-lightning", "gpt-cold",
+         "gpt-warm", "gpt-gpt2tok", "ladder", "report"]
 
 
-def gpu_check(*args, **kw):
+def gpu_check(*args, timeout=60, **kw):
     return subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), *map(str, args)], capture_output=True,
-                          text=True, timeout=60, **kw)
+                          text=True, timeout=timeout, **kw)
+
+
+def tools(*args, **kw):
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check_tools.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=60, **kw)
 
 
 @pytest.mark.parametrize("args, code, message", [
     (["--fast"], 2, "unknown argument --fast"),
     ([], 2, "--out OUTDIR is required"),
+    (["--out"], 2, "--out needs a value"),
+    (["--budget", "ten", "--out", "x"], 2, "--budget takes whole seconds"),
+    (["--only", "lenet", "--out", "x"], 2, "--only: no step 'lenet'"),
+    (["--cap", "ladder=soon", "--out", "x"], 2, "--cap takes STEP=SECONDS"),
+    (["--prepare", "x", "--python", "3"], 2, "--python takes a version like 3.12"),
 ])
 def test_bad_arguments_are_one_line(args, code, message):
     result = gpu_check(*args)
@@ -28,14 +49,137 @@ def test_without_a_gpu_it_stops_at_once_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("missing", ["LAB5_MNIST", "LAB5_TEXT"])
+def test_a_non_empty_out_or_an_incomplete_from_is_refused_before_any_work(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.json").write_text("{}")
+    result = gpu_check("--rehearse", "--out", tmp_path / "out")
+    assert result.returncode == 1 and "is not empty" in result.stderr
+    (tmp_path / "prep" / "wheels").mkdir(parents=True)
+    result = gpu_check("--rehearse", "--from", tmp_path / "prep", "--out", tmp_path / "new")
+    assert result.returncode == 1 and "MNIST/raw not found: make DIR with --prepare" in result.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def prepare_inputs(tmp_path):
+    write_tiny_mnist(tmp_path / "mnist")
+    (tmp_path / "wos-standin").mkdir()
+    (tmp_path / "wos-standin" / "X.txt").write_text("\n".join(generated_docs(300)) + "\n\n")
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "tokenizer.json").write_text("{}")
+    return {"PATH": "/usr/bin:/bin", "LAB5_MNIST": str(tmp_path / "mnist"),
+            "LAB5_TEXT": str(tmp_path / "wos-standin" / "X.txt"), "LAB5_GPT2_TOKENIZER": str(tmp_path / "gpt2")}
+
+
+@pytest.mark.parametrize("missing", ["LAB5_MNIST", "LAB5_TEXT", "LAB5_GPT2_TOKENIZER"])
 def test_prepare_names_a_missing_input_before_any_download(tmp_path, missing):
-    (tmp_path / "mnist").mkdir()
-    for name in ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]:
-        (tmp_path / "mnist" / f"{name}.gz").write_bytes(b"")
-    (tmp_path / "X.txt").write_text("a\nb\n")
-    env = {"PATH": "/usr/bin:/bin", "LAB5_MNIST": str(tmp_path / "mnist"), "LAB5_TEXT": str(tmp_path / "X.txt"),
-           missing: str(tmp_path / "nowhere")}
+    env = {**prepare_inputs(tmp_path), missing: str(tmp_path / "nowhere")}
     result = gpu_check("--prepare", tmp_path / "prep", env=env)
     assert result.returncode == 1 and f"(set {missing})" in result.stderr and str(tmp_path / "nowhere") in result.stderr
     assert not (tmp_path / "prep").exists()  # nothing made, nothing downloaded
+
+
+def test_prepare_for_another_python_carries_what_a_bare_image_lacks(tmp_path):
+    env = {**prepare_inputs(tmp_path), "PATH": os.environ["PATH"]}
+    result = gpu_check("--prepare", tmp_path / "prep", "--python", "3.11", env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    prep = tmp_path / "prep"
+    wheels = {w.name.split("-")[0].lower(): w.name for w in (prep / "wheels").glob("*.whl")}
+    assert wheels["datasets"].startswith("datasets-5.2.0-") and "py311" in wheels["multiprocess"] and "dill" in wheels
+    assert "numpy" not in wheels and "pyarrow" not in wheels  # the image's, and 70 MB
+    assert (prep / ".gitignore").read_text() == "*\n"  # never committed, wherever DIR is
+    assert gzip.decompress((prep / "X.txt.gz").read_bytes()) == (tmp_path / "wos-standin" / "X.txt").read_bytes()
+    assert (prep / "corpus_source.tsv").read_text() == f"{tmp_path / 'wos-standin' / 'X.txt'}\t300\n"
+    assert sorted(p.name for p in (prep / "MNIST" / "raw").iterdir()) == [
+        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz"]
+    assert f"prepared {prep} for Python 3.11" in result.stdout
+
+
+def test_only_the_wheels_of_missing_packages_are_installed(tmp_path):
+    for name in ["datasets-5.2.0-py3-none-any.whl", "torch-9.0-py3-none-any.whl", "no_such_pkg-1.0-py3-none-any.whl"]:
+        (tmp_path / name).write_bytes(b"")
+    result = tools("missing-wheels", tmp_path)
+    assert result.stdout.split() == [str(tmp_path / "no_such_pkg-1.0-py3-none-any.whl")]  # torch: the image's
+
+
+def test_unmet_requirements_are_one_line_each(tmp_path):
+    info = tmp_path / "carried-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: carried\nVersion: 1.0\nRequires-Dist: torch<1\n"
+                                   "Requires-Dist: no-such-pkg\nRequires-Dist: numpy>=1\nRequires-Dist: pytest; "
+                                   "extra == 'dev'\n")
+    result = tools("requirements", "carried", env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("carried needs torch<1, found 2.") \
+        and lines[1] == "carried needs no-such-pkg, found none"
+
+
+def test_each_step_imports_are_checked_and_the_failure_named():
+    result = tools("imports", "a=json,os", "b=json,no_such_module", "c=")
+    assert result.stdout.splitlines() == ["a\tok", "b\timport no_such_module: ModuleNotFoundError: No module named "
+                                          "'no_such_module'", "c\tok"]
+
+
+def test_ladder_rows_written_one_by_one_become_one_table(tmp_path):
+    for i, (name, tps) in enumerate([("naive", 100.0), ("+ sdpa", 150.0), ("  default without sdpa", 120.0)], 1):
+        row = {"name": name, "tokens_per_second": tps, "tokens_per_second_range": [tps, tps], "speedup": 1.0,
+               "ms_per_step": 1.0, "mfu": None}
+        (tmp_path / f"row-{i}.json").write_text(json.dumps(
+            {"device_name": "cpu", "command": f"python gpt_bench.py --only {i}", "rungs": [row]}))
+    tools("ladder", tmp_path, tmp_path / "gpt_bench.json")
+    bench = json.loads((tmp_path / "gpt_bench.json").read_text())
+    assert [r["speedup"] for r in bench["rungs"]] == [1.0, 1.5, 1.2]
+    assert bench["rungs"][1]["within_noise_of_previous"] is False and "within_noise_of_previous" not in bench["rungs"][2]
+    assert bench["command"] == "python gpt_bench.py (one process per row)"
+
+
+def test_rehearsal_from_a_prepared_folder_writes_results_as_steps_end(tmp_path, small_tokenizer):
+    """The --from layout (MNIST under DIR/MNIST/raw, the corpus gzipped with its source) read as on the
+    GPU; LeNet-5 trains; every step has an entry; the report is built from the results; <= 8 files."""
+    prep = tmp_path / "prep"
+    write_tiny_mnist(prep / "MNIST" / "raw")
+    (prep / "wheels").mkdir()
+    (prep / "X.txt.gz").write_bytes(gzip.compress(("\n".join(generated_docs(300)) + "\n").encode()))
+    (prep / "corpus_source.tsv").write_text("/data/wos-standin/X.txt\t300\n")
+    (prep / "gpt2-tokenizer").mkdir()
+    small_tokenizer.save(str(prep / "gpt2-tokenizer" / "tokenizer.json"))
+    t0 = time.time()
+    result = gpu_check("--rehearse", "--from", prep, "--out", tmp_path / "out", "--only", "lenet-torch,report",
+                       "--budget", "150", timeout=200)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert time.time() - t0 < 150 + 30
+    out = tmp_path / "out"
+    assert len(list(out.iterdir())) <= 8
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "logs.tar.gz", "report.tar.gz", "results.json",
+                                                      "runs.tar.gz"]
+    results = json.loads((out / "results.json").read_text())
+    assert [s["step"] for s in results["steps"]] == STEPS
+    status = {s["step"]: s["status"] for s in results["steps"]}
+    assert status["lenet-torch"] == "ok" and status["report"] == "ok"
+    assert all(v == "skipped: not asked (--only)" for k, v in status.items() if k not in ("lenet-torch", "report"))
+    assert results["corpus"]["source"] == "/data/wos-standin/X.txt" and results["corpus"]["documents"] == 300
+    assert results["results"]["lenet_run_torch_rehearsal_cpu"]["test_accuracy"] > 0.1
+    with tarfile.open(out / "report.tar.gz") as tar:
+        assert "report/results.md" in tar.getnames()
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert "logs/lenet-torch.log" in tar.getnames()
+
+
+def test_a_cut_step_and_a_failed_import_leave_a_line_and_the_next_steps_run(tmp_path, tiny_mnist, text_file):
+    """A step past its cap is cut and says so; a module that does not import skips its step with the
+    reason (the image without datasets' dependencies); the report after them still runs."""
+    fake = tmp_path / "fake" / "datasets"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'dill'\")\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+    result = gpu_check("--rehearse", "--mnist", tiny_mnist, "--text", text_file, "--out", tmp_path / "out",
+                       "--only", "lenet-torch,tokenizer,report", "--cap", "lenet-torch=1", env=env, timeout=200)
+    assert result.returncode == 1
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    status = {s["step"]: s["status"] for s in results["steps"]}
+    assert status["lenet-torch"].startswith("cut at ") and status["lenet-torch"].endswith("(cap 1 s)")
+    assert status["tokenizer"] == "skipped: import datasets: ImportError: No module named 'dill'"
+    assert status["report"] == "ok"
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert "imports missing: import datasets: ImportError: No module named 'dill'" in log
