@@ -165,20 +165,20 @@ def build_parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add, lab, tiny = p.add_argument, PRESETS["lab"], PRESETS["tiny"]
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
-    add("--text", type=Path, default=None, help="X.txt, one document per line (default: data/WebOfScience/"
-                                                "WOS46985/X.txt, downloaded if missing)")
-    add("--tokenizer", default=wos.default_tokenizer(), help="tokenizer.json or 'gpt2' (data/tokenizer/"
-                                                             "tokenizer.json if present, else gpt2)")
+    add("--text", type=Path, default=None, help="X.txt, one document per line; None: data/WebOfScience/"
+                                                "WOS46985/X.txt, downloaded if missing")
+    add("--tokenizer", default=wos.default_tokenizer(), help="tokenizer.json or 'gpt2'; the default is data/"
+                                                             "tokenizer/tokenizer.json once tokenizer_train.py made it")
     add("--out-dir", type=Path, default=None, help="checkpoints, TensorBoard, metrics of this run; one with a "
-                                                   "checkpoint is resumed (default: new runs/gpt/<time>/)")
+                                                   "checkpoint is resumed; None: a new runs/gpt/<time>/")
     add("--tokens", type=int, default=12_000_000, help="training budget in tokens, all processes")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
-        add(f"--{name.replace('_', '-')}", type=int, default=lab[name], help=f"the preset's (tiny: {tiny[name]})")
+        add(f"--{name.replace('_', '-')}", type=int, default=lab[name], help=f"(tiny preset: {tiny[name]})")
     add("--micro-batch", type=positive_int_or_auto, default="auto",
         help="sequences per process per forward pass, or auto: on a GPU the largest that fits (probed once per "
              f"GPU), on CPU the preset's (lab: {lab['micro_batch']}, tiny: {tiny['micro_batch']}); gradients are "
              "accumulated to --global-batch")
-    add("--lr", type=finite_float, default=lab["lr"], help=f"peak learning rate (tiny: {tiny['lr']})")
+    add("--lr", type=finite_float, default=lab["lr"], help=f"peak learning rate (tiny preset: {tiny['lr']})")
     add("--warmup", type=finite_float, default=0.1, help="warm-up, fraction of the steps")
     add("--weight-decay", type=finite_float, default=0.1, help="on matrices only")
     add("--grad-clip", type=finite_float, default=1.0, help="gradient norm clipped to this")
@@ -195,7 +195,7 @@ def build_parser():
     add("--val-batches", type=int, default=20, help="micro-batches per validation")
     add("--log-every", type=int, default=10, help="steps between logged points")
     add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only at the end and on signals")
-    add("--cache-dir", type=Path, default=None, help="tokenised-data cache (default: data/cache)")
+    add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
     return p
@@ -279,52 +279,52 @@ class Setup:
     writer: SummaryWriter | None  # TensorBoard, on the main process
 
 
-def train_loop(s, state, stop):
+def train_loop(setup, state, stop):
     """Optimizer steps until the budget is spent or a signal stops the run: the timed step, then
     evaluation and checkpoints as due, outside the timing. Returns the Throughput."""
-    acc, model, budget, args = s.accelerator, s.model, s.budget, s.args
-    batches = batch_stream(s.blocks["train"], acc, budget.micro_batch, args.global_batch, args.seed,
+    accelerator, model, budget, args = setup.accelerator, setup.model, setup.budget, setup.args
+    batches = batch_stream(setup.blocks["train"], accelerator, budget.micro_batch, args.global_batch, args.seed,
                            state.micro_batches)
-    losses, perf = LossWindow(state.loss_window, acc.device), Throughput(state)
-    s.train_model.train()
-    with tqdm(total=budget.total_steps, initial=state.step, disable=not acc.is_main_process, desc="train",
+    losses, perf = LossWindow(state.loss_window, accelerator.device), Throughput(state)
+    setup.train_model.train()
+    with tqdm(total=budget.total_steps, initial=state.step, disable=not accelerator.is_main_process, desc="train",
               mininterval=2) as bar:
         while state.step < budget.total_steps:
             t0, first = time.perf_counter(), perf.first_step_seconds is None  # ---- timed: one optimizer step
             n_micro = budget.micro_in_step(state.micro_batches)
             for i in range(n_micro):  # gradients accumulate; DDP all-reduces them after the last one only
                 batch = next(batches)
-                with contextlib.nullcontext() if i == n_micro - 1 else acc.no_sync(model):
-                    loss = s.train_model(batch[:, :-1], batch[:, 1:])
-                    acc.backward(loss / n_micro)  # fp16: the loss is scaled here (GradScaler)
+                with contextlib.nullcontext() if i == n_micro - 1 else accelerator.no_sync(model):
+                    loss = setup.train_model(batch[:, :-1], batch[:, 1:])
+                    accelerator.backward(loss / n_micro)  # fp16: the loss is scaled here (GradScaler)
                 losses.add(loss.detach() / n_micro)  # on the device: no sync
-            grad_norm = acc.clip_grad_norm_(model.parameters(), args.grad_clip)  # fp16: unscaled first
-            for group in s.optimizer.param_groups:
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)  # fp16: unscaled first
+            for group in setup.optimizer.param_groups:
                 group["lr"] = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
-            s.optimizer.step()  # fp16: skipped when the gradients overflowed
-            s.optimizer.zero_grad(set_to_none=True)
-            state.lr_step += not acc.optimizer_step_was_skipped  # a skipped step does not advance the schedule
+            setup.optimizer.step()  # fp16: skipped when the gradients overflowed
+            setup.optimizer.zero_grad(set_to_none=True)
+            state.lr_step += not accelerator.optimizer_step_was_skipped  # a skipped step does not advance the schedule
             tokens = n_micro * budget.tokens_per_micro
             state.step, state.micro_batches, state.tokens_seen = (state.step + 1, state.micro_batches + n_micro,
                                                                   state.tokens_seen + tokens)
             losses.steps += 1
             eval_due, ckpt_due, last = due(state.step, args.eval_every, args.ckpt_every, budget.total_steps)
             if state.step % args.log_every == 0 or last:
-                log_point(s, state, losses.mean(acc), perf, grad_norm, bar)  # sync point: the loss is read
-            elif (first or eval_due or ckpt_due) and acc.device.type == "cuda":
+                log_point(setup, state, losses.mean(accelerator), perf, grad_norm, bar)  # sync point: the loss is read
+            elif (first or eval_due or ckpt_due) and accelerator.device.type == "cuda":
                 torch.cuda.synchronize()  # sync point: the step's GPU work is done before the clock stops
-            stopping = stop_agreed(acc, stop)  # with several processes: a sync point (a small all-reduce)
+            stopping = stop_agreed(accelerator, stop)  # with several processes: a sync point (a small all-reduce)
             perf.step_done(time.perf_counter() - t0, tokens)
             bar.update()
             if eval_due:  # ---- untimed: evaluation, checkpoints
-                state.val_losses.append([state.step, validate(s, state.step)])
+                state.val_losses.append([state.step, validate(setup, state.step)])
             if stopping or ckpt_due:
                 state.loss_window = losses.saved()  # a resume continues this log point's mean
-                save_checkpoint(acc, s.out_dir, state, s.identity)
+                save_checkpoint(accelerator, setup.out_dir, state, setup.identity)
             if stopping and not last:
-                if acc.is_main_process:
+                if accelerator.is_main_process:
                     print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; run again with "
-                          f"--out-dir {s.out_dir} to resume", file=sys.stderr)
+                          f"--out-dir {setup.out_dir} to resume", file=sys.stderr)
                 break
     perf.close()
     return perf
@@ -339,35 +339,37 @@ def lr_at(step, peak, total, warmup_fraction):
     return peak * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def log_point(s, state, mean_loss, perf, grad_norm, bar):
+def log_point(setup, state, mean_loss, perf, grad_norm, bar):
     """Every log_every steps and at the end: the loss curve, throughput, TensorBoard, the bar."""
     if not math.isfinite(mean_loss):
-        ckpt, _ = latest_checkpoint(s.out_dir)
+        ckpt, _ = latest_checkpoint(setup.out_dir)
         raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
                         f"{ckpt or 'none'} (try a lower --lr)")
     state.losses.append([state.step, mean_loss])
     tps = perf.window_tokens_per_second()
     if tps:
         state.throughput.append([state.step, tps])
-    if s.writer:
+    if setup.writer:
         scalars = {"train/loss": mean_loss, "train/grad_norm": float(grad_norm),
-                   "train/lr": lr_at(state.lr_step - 1, s.args.lr, s.budget.total_steps, s.args.warmup)}
+                   "train/lr": lr_at(state.lr_step - 1, setup.args.lr, setup.budget.total_steps, setup.args.warmup)}
         if tps:
             scalars["perf/tokens_per_second"] = tps
-            scalars["perf/step_ms"] = s.budget.accum * s.budget.tokens_per_micro / tps * 1e3
-            if s.info["peak"]:
-                scalars["perf/mfu"] = device.mfu(tps, s.info["flops_per_token"], s.info["peak"], s.info["world_size"])
-        if s.accelerator.device.type == "cuda":
-            scalars.update(device.gpu_stats(s.accelerator.device))
+            scalars["perf/step_ms"] = setup.budget.accum * setup.budget.tokens_per_micro / tps * 1e3
+            info = setup.info
+            if info["peak"]:
+                scalars["perf/mfu"] = device.mfu(tps, info["flops_per_token"], info["peak"], info["world_size"])
+        if setup.accelerator.device.type == "cuda":
+            scalars.update(device.gpu_stats(setup.accelerator.device))
         for k, v in scalars.items():
-            s.writer.add_scalar(k, v, state.step)
+            setup.writer.add_scalar(k, v, state.step)
     bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()
 
 
-def validate(s, step):
-    val = evaluate(s.model, s.blocks["validation"], s.accelerator, s.budget.micro_batch, s.args.val_batches)
-    if s.writer:
-        s.writer.add_scalar("val/loss", val, step)
+def validate(setup, step):
+    val = evaluate(setup.model, setup.blocks["validation"], setup.accelerator, setup.budget.micro_batch,
+                   setup.args.val_batches)
+    if setup.writer:
+        setup.writer.add_scalar("val/loss", val, step)
     return val
 
 
@@ -415,19 +417,19 @@ def train(args, argv, stop):
     """The phases: set-up, the loop, then the final validation and the metrics."""
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        s, state, stats = set_up(args, argv, stack)
-        perf = train_loop(s, state, stop)
-        if s.writer:
-            s.writer.flush()
-        if state.step < s.budget.total_steps:  # stopped by a signal, checkpointed
+        setup, state, stats = set_up(args, argv, stack)
+        perf = train_loop(setup, state, stop)
+        if setup.writer:
+            setup.writer.flush()
+        if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
             raise SystemExit(STOP_EXIT_CODE)
-        val_loss = validate(s, state.step)
-        info = {k: v for k, v in s.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
+        val_loss = validate(setup, state.step)
+        info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
         metrics = {**final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
-                                   time.perf_counter() - t_start, s.info), **info}
-        if s.accelerator.is_main_process:
-            s.writer.close()
-            for path in [s.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
+                                   time.perf_counter() - t_start, setup.info), **info}
+        if setup.accelerator.is_main_process:
+            setup.writer.close()
+            for path in [setup.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
                 files.write_json(path, metrics)
             print(summary_line(metrics))
         return metrics

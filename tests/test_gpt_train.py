@@ -1,5 +1,6 @@
 """gpt_train.py and training/: the model against transformers' GPT-2, device decisions, budgets,
 resume, signals, 2-process DDP."""
+import inspect
 import json
 import math
 import os
@@ -423,8 +424,7 @@ def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, c
         other = tokenizer_train.train_bpe(generated_docs(300, seed=7), vocab_size=512)
         tokenizer_train.save_atomic(other, tmp_path / "other.json")
         change = ["--tokenizer", str(tmp_path / "other.json")]
-    result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", *common),
-                             *change)
+    result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", *common), *change)
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
     assert result.stderr.startswith("error: the checkpoint was made with " + message)
 
@@ -456,20 +456,22 @@ def test_float_flags_reject_non_finite_values(value):
 
 
 def test_stop_reaches_every_rank_within_one_step(corpus, tmp_path):
-    import psutil
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = tiny_args(corpus, tmp_path / "run", "--tokens", str(3000 * 8 * 32), "--ckpt-every", "0",
-                     "--log-every", "1000")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                             str(free_port()), str(REPO / "gpt_train.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    wait_for_events(tmp_path / "run", 1)
-    workers = psutil.Process(proc.pid).children()
-    assert len(workers) == 2
-    workers[-1].send_signal(signal.SIGTERM)  # one rank only: the other must learn of it at the next step
-    out, err = proc.communicate(timeout=120)
-    state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
-    assert 0 < state["step"] < 3000 and "checkpointed at step" in err
+    """TERM to one rank of two: both checkpoint the same step, at most one step after the newest
+    checkpoint there was when the signal came (a checkpoint every step), and both exit with 3."""
+    port, run_dir = free_port(), tmp_path / "run"
+    args = tiny_args(corpus, run_dir, "--tokens", str(3000 * 8 * 32), "--ckpt-every", "1", "--log-every", "1000")
+    ranks = [start_script("gpt_train.py", *args, env={**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank),
+                                                      "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for rank in (0, 1)]
+    assert wait_for(lambda: latest_checkpoint(run_dir)[0], proc=ranks[0])
+    newest_before = int(max(run_dir.glob("ckpt-*[0-9]")).name.removeprefix("ckpt-"))  # a glob: microseconds
+    ranks[1].send_signal(signal.SIGTERM)  # one rank only: the other must learn of it at the next step
+    errs = [proc.communicate(timeout=120)[1] for proc in ranks]
+    assert [proc.returncode for proc in ranks] == [STOP_EXIT_CODE] * 2, errs[0][-2000:] + errs[1][-2000:]
+    stopped = json.loads((latest_checkpoint(run_dir)[0] / "trainer_state.json").read_text())["step"]
+    # the signal lands in step newest_before + 1 (or in its checkpoint): noticed there or at the next step
+    assert newest_before < stopped <= newest_before + 2 and f"checkpointed at step {stopped}" in errs[0]
 
 
 @pytest.mark.parametrize("cuda, capability", [(False, (0, 0)), (True, (9, 0)), (True, (8, 0)), (True, (7, 5))])
@@ -479,9 +481,23 @@ def test_the_ladders_last_rung_is_gpt_trains_default(cuda, capability):
     rungs = [settings for name, settings in gpt_bench.ladder(cuda, capability) if not name.startswith(" ")]
     last, defaults = rungs[-1], gpt_train.parse_args([])
     device_type = "cuda" if cuda else "cpu"
-    assert last == {"model": "own", "dropout": 0.0, "attention": gpt_train.GPT(gpt_train.model_config(64, 0, n_layer=1,
-                                                                                           n_embd=8, n_head=1)).attention,
+    training_attention = inspect.signature(gpt_train.GPT).parameters["attention"].default
+    assert last == {"model": "own", "dropout": 0.0, "attention": training_attention,
                     "precision": device.resolve_precision(defaults.precision, device_type, capability,
-                                                             device.cpu_has_bf16()),
+                                                          device.cpu_has_bf16()),
                     "compile": device.resolve_compile(defaults.compile, device_type, capability)[0],
                     "fused": defaults.fused_adamw == "on", "tf32": cuda}  # TF32: always on a GPU
+
+
+def test_a_preset_sets_the_defaults_and_flags_override_them():
+    tiny = gpt_train.parse_args(["--preset", "tiny", "--n-embd", "32"])
+    assert (tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.seq_len, tiny.global_batch, tiny.lr) == (2, 2, 32, 64, 16, 3e-3)
+    lab = gpt_train.parse_args([])
+    assert (lab.n_layer, lab.n_embd, lab.seq_len, lab.global_batch, lab.lr) == (12, 768, 1024, 64, 1e-3)
+    assert lab.micro_batch == "auto"  # the preset's micro-batch is looked up when needed, not stored in args
+
+
+@pytest.mark.parametrize("flag", ["--tf32", "--attention", "--min-lr-ratio", "--resume"])
+def test_flags_nobody_used_are_gone(flag):
+    result = run_script("gpt_train.py", flag, "x")
+    assert result.returncode == 2 and "unrecognized arguments" in result.stderr
