@@ -1,5 +1,5 @@
-"""gpt_train.py and training/: the model against transformers' GPT-2, device decisions, budgets,
-resume, signals, 2-process DDP."""
+"""gpt_train.py: the model against transformers' GPT-2, runs end to end, resume, signals, 2-process
+DDP (training/'s parts on their own: test_training.py)."""
 import inspect
 import json
 import math
@@ -15,8 +15,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpt_train
 from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_for
-from training import UserError, batches, budget, device, metrics, signals
-from training.checkpoints import TrainState, latest_checkpoint
+from training import device
+from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
 
 
@@ -53,45 +53,7 @@ def test_forward_equals_transformers_gpt2_with_the_same_weights(attention):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_flops_per_token_is_6n_plus_attention():
-    cfg = gpt_train.model_config(16384, 0)
-    assert device.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
-
-
 # ------------------------------------------------------------------ device decisions
-
-@pytest.mark.parametrize("requested, device_type, capability, cpu_bf16, expected", [
-    ("auto", "cuda", (9, 0), False, "bf16"),    # H100 / H200
-    ("auto", "cuda", (8, 0), False, "bf16"),    # A100
-    ("auto", "cuda", (7, 5), False, "fp16"),    # 2080Ti: torch would emulate bf16 there (no tensor cores)
-    ("auto", "cpu", (0, 0), True, "bf16"),      # CPU with AVX512-BF16 / AMX
-    ("auto", "cpu", (0, 0), False, "fp32"),     # other CPUs: emulated bf16 would be slower
-    ("fp32", "cuda", (9, 0), False, "fp32"),
-])
-def test_precision_auto_by_compute_capability(requested, device_type, capability, cpu_bf16, expected):
-    assert device.resolve_precision(requested, device_type, capability, cpu_bf16) == expected
-
-
-def test_precision_impossible_requests_are_errors():
-    with pytest.raises(UserError, match="needs a GPU"):
-        device.resolve_precision("fp16", "cpu", (0, 0))
-    with pytest.raises(UserError, match="sm75 has no bf16"):
-        device.resolve_precision("bf16", "cuda", (7, 5))
-
-
-def test_compile_auto_is_regional_on_sm80_and_off_on_turing_and_cpu():
-    assert device.resolve_compile("auto", "cuda", (7, 5))[0] == "off"
-    assert "sm75" in device.resolve_compile("auto", "cuda", (7, 5))[1]
-    assert device.resolve_compile("auto", "cuda", (9, 0)) == ("regional", "")
-    assert device.resolve_compile("auto", "cpu", (0, 0))[0] == "off"
-    assert device.resolve_compile("whole", "cuda", (9, 0))[0] == "whole"
-
-
-def test_mfu_peak_table():
-    assert device.peak_flops("NVIDIA H200", "bf16") == 989e12
-    assert device.peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp16") == 53.8e12
-    assert device.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 156e12
-    assert device.peak_flops("Some Unknown GPU", "bf16") is None
 
 
 # ------------------------------------------------------------------ training runs
@@ -223,69 +185,6 @@ def test_slurm_script_forwards_flags_and_usr1_checkpoints(corpus, tmp_path):
 
 # ------------------------------------------------------------------ budget, micro-batch, throughput
 
-def test_budget_rounds_up_to_whole_micro_batches_and_shortens_only_the_last_step():
-    plan = budget.plan_budget(tokens=1000, global_batch=8, micro_batch=2, world=2, seq_len=32)
-    assert (plan.accum, plan.tokens_per_micro, plan.total_micro, plan.total_steps) == (2, 128, 8, 4)
-    plan = budget.plan_budget(tokens=1100, global_batch=8, micro_batch=2, world=2, seq_len=32)
-    assert plan.total_micro == 9 and plan.total_steps == 5
-    assert [plan.micro_in_step(done) for done in (0, 2, 4, 6, 8)] == [2, 2, 2, 2, 1]
-    with pytest.raises(UserError, match="not a multiple"):
-        budget.plan_budget(1000, global_batch=6, micro_batch=4, world=1, seq_len=32)
-
-
-def test_multi_node_micro_batch_fits_the_global_batch():
-    # 2 nodes x 4 GPUs with the lab's global batch 64: 8 sequences per GPU, not the preset's 16
-    assert budget.fit_micro_batch(64, world=8, limit=16) == 8
-    assert budget.fit_micro_batch(64, world=1, limit=16) == 16
-    assert budget.fit_micro_batch(48, world=2, limit=16) == 12
-    with pytest.raises(UserError, match="cannot be split over 3"):
-        budget.fit_micro_batch(64, world=3, limit=16)
-
-
-def test_micro_batch_search_backs_off_on_out_of_memory():
-    tried = []
-
-    def try_step(m):  # a GPU where 6 sequences of the model fit, 8 do not
-        tried.append(m)
-        if m > 6:
-            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
-
-    assert budget.find_micro_batch(try_step, share=64) == 4  # largest divisor of 64 that fits
-    assert tried == [64, 32, 16, 8, 4]
-    with pytest.raises(UserError, match="not even a micro-batch of 1"):
-        budget.find_micro_batch(lambda m: (_ for _ in ()).throw(torch.OutOfMemoryError("fake")), share=4)
-
-
-def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
-    state = TrainState()
-    perf = metrics.Throughput(state)
-    perf.step_done(31.0, 1000)  # the first step: compilation
-    for _ in range(4):
-        perf.step_done(1.0, 1000)
-    perf.close()
-    assert perf.tokens_per_second() == 1000 and state.compile_seconds == 30.0 and state.train_seconds == 35.0
-    # MFU: the achieved FLOP/s over the peak of all GPUs, not one
-    assert device.mfu(1000, 6e6, 1e12, world=1) == pytest.approx(6e-3)
-    assert device.mfu(1000, 6e6, 1e12, world=8) == pytest.approx(6e-3 / 8)
-    assert device.mfu(1000, 6e6, None, world=1) is None
-
-
-def _agree(rank, port, found, out_dir):
-    """One process of a 2-process job, with the environment torchrun would give it."""
-    from accelerate import Accelerator
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    agreed = budget.agree_on_micro_batch(Accelerator(cpu=True), found[rank])
-    (out_dir / f"rank{rank}").write_text(str(agreed))
-
-
-def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
-    """Two GPUs of one job may fit different micro-batches; both must train with the smaller one."""
-    from accelerate import Accelerator
-    torch.multiprocessing.spawn(_agree, args=(free_port(), [16, 8], tmp_path), nprocs=2)
-    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["8", "8"]
-    assert budget.agree_on_micro_batch(Accelerator(cpu=True), 16) == 16  # one process: its own
-
 
 def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path):
     metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(4 * 8 * 32), "--micro-batch", "auto",
@@ -307,23 +206,6 @@ def test_batches_come_without_worker_processes(corpus, tmp_path, monkeypatch):
     assert len(seen) >= 3 and set(seen) == {0}
 
 
-def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
-    from accelerate import Accelerator
-    from torch._dynamo.utils import counters
-    torch._dynamo.reset()
-    cfg = GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    model = device.compile_model(gpt_train.GPT(cfg), "regional", backend="eager")
-    batch = torch.randint(0, 512, (4, 33))
-    model(batch[:, :-1], batch[:, 1:]).backward()  # the training graph: one, shared by both blocks
-    graphs = counters["stats"]["unique_graphs"]
-    assert graphs >= 1
-    tok = gpt_train.wos.load_tokenizer(str(corpus / "tok.json"))
-    splits = gpt_train.wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
-    blocks, _ = gpt_train.wos.tokenize_blocks(splits, tok, 33)
-    val = batches.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
-    assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
-
-
 # ------------------------------------------------------------------ never lose a run
 
 def wait_for_events(run_dir, n, timeout=120):
@@ -341,21 +223,6 @@ def test_ctrl_c_checkpoints_and_a_second_one_aborts(corpus, tmp_path):
     assert proc.returncode == STOP_EXIT_CODE and "Traceback" not in err, err[-2000:]
     assert "Ctrl-C: checkpointing" in err and f"--out-dir {tmp_path / 'run'} to resume" in err
     assert latest_checkpoint(tmp_path / "run")[0] is not None
-
-
-def test_a_second_ctrl_c_aborts_at_once():
-    previous = signal.getsignal(signal.SIGINT)
-    with signals.StopFlag() as stop:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.01)  # the handler runs between bytecodes
-        assert stop.signal == "SIGINT"
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGTERM)  # TERM and USR1 never abort: they only ask to stop
-        time.sleep(0.01)
-        assert stop.signal == "SIGTERM"
-    assert signal.getsignal(signal.SIGINT) is previous
 
 
 def test_ctrl_c_through_the_slurm_script_without_slurm(corpus, tmp_path):

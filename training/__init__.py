@@ -1,9 +1,10 @@
 """The machinery behind gpt_train.py, one module per concern; gpt_train.py keeps the model, the
 accelerations and the loop, which is what a reader comes for.
 
-    signals.py      USR1/TERM/Ctrl-C: caught from the script's first line, then the StopFlag
+    signals.py      USR1/TERM/Ctrl-C: caught from the script's first line, the StopFlag, its agreement
     device.py       precision and compile decisions per device; compile cache; peak FLOP/s and MFU
     budget.py       the token budget in whole micro-batches; micro-batch plan, GPU probe, agreement
+    batches.py      this process's batches, resumable at (epoch, batch); the validation loss
     checkpoints.py  the typed TrainState; save / verify / latest; run identity; the run directory
     metrics.py      throughput, the final metrics, the start-up and summary lines, SUCCESS_LOSS
 """
