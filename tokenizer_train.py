@@ -2,6 +2,8 @@
 
     python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt
     python tokenizer_train.py --text ../shared/data/wos-standin/X.txt --metrics-out tok.json
+    python tokenizer_train.py --compare ../shared/data/gpt2-tokenizer   # GPT-2's tokenizer: a folder, a file, or "gpt2"
+    sbatch slurm/tokenizer.sh --text ../shared/data/wos-standin/X.txt    # the same under Slurm (CPU only)
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
 
 Trained on the training split only (the validation documents stay unseen), saved as one
@@ -14,6 +16,9 @@ import os
 import sys
 import time
 from pathlib import Path
+
+import tokenizers
+import torch
 
 from data import files, wos
 
@@ -54,6 +59,31 @@ def load_comparison(spec):
     except wos.TextError as e:
         print(f"note: no comparison: {e}", file=sys.stderr)
         return None
+
+
+def comparison(spec, val_docs):
+    """The compared tokenizer's bytes per token on the validation documents (None where it cannot be loaded)."""
+    other = load_comparison(spec)
+    return {"compare": spec, "compare_source": other and other.source, "compare_sha256": other and other.sha256,
+            "compare_vocab_size": other and other.vocab_size,
+            "gpt2_val_bytes_per_token": bytes_per_token(other.tokenizer, val_docs) if other else None}
+
+
+def tokenize_corpus(splits, tokenizer, seq_len):
+    """The blocks gpt_train.py --seq-len seq_len reads, into the cache; their counts and speed."""
+    # From here on datasets' worker processes are the parallelism; tokenizers would warn about
+    # (and disable) its own threads in each forked worker.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    t0 = time.perf_counter()
+    _, stats = wos.tokenize_blocks(splits, tokenizer, wos.tokens_per_block(seq_len))
+    seconds = time.perf_counter() - t0
+    tokens = stats["train"]["tokens"] + stats["validation"]["tokens"]
+    from_cache = stats["train"]["from_cache"]
+    print(f"{'loaded' if from_cache else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
+          f"({tokens / seconds:,.0f} tokens/s{', from the cache' if from_cache else ''})")
+    return {"tokenize_seconds": round(seconds, 3), "num_train_tokens": stats["train"]["tokens"],
+            "num_val_tokens": stats["validation"]["tokens"], "tokenize_from_cache": from_cache,
+            "tokenize_tokens_per_second": round(tokens / seconds)}
 
 
 def save_atomic(tokenizer, path):
@@ -130,36 +160,22 @@ def run(args):
     tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
     train_seconds = time.perf_counter() - t0
 
-    metrics = {"vocab_size": tokenizer.get_vocab_size(), "train_seconds": round(train_seconds, 3),
+    metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": wos.tokenizer_sha256(tokenizer),
+               "train_seconds": round(train_seconds, 3),
                "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
                "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
                "text": str(text), "corpus": wos.corpus_identity(text), "out": str(args.out),
-               "cpu": files.cpu_name(), "command": "python tokenizer_train.py " + " ".join(args.argv)}
-    other = load_comparison(args.compare)
-    metrics.update(compare=args.compare, compare_source=other and other.source, compare_sha256=other and other.sha256,
-                   compare_vocab_size=other and other.vocab_size,
-                   gpt2_val_bytes_per_token=bytes_per_token(other.tokenizer, val_docs) if other else None)
-
-    if args.seq_len:  # the tokenised corpus gpt_train.py will read from the cache
-        # From here on datasets' worker processes are the parallelism; tokenizers would warn about
-        # (and disable) its own threads in each forked worker.
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        t0 = time.perf_counter()
-        _, stats = wos.tokenize_blocks(splits, tokenizer, wos.tokens_per_block(args.seq_len))
-        seconds = time.perf_counter() - t0
-        tokens = stats["train"]["tokens"] + stats["validation"]["tokens"]
-        from_cache = stats["train"]["from_cache"]
-        metrics.update(tokenize_seconds=round(seconds, 3), num_train_tokens=stats["train"]["tokens"],
-                       num_val_tokens=stats["validation"]["tokens"], tokenize_from_cache=from_cache,
-                       tokenize_tokens_per_second=round(tokens / seconds))
-        print(f"{'loaded' if from_cache else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
-              f"({tokens / seconds:,.0f} tokens/s{', from the cache' if from_cache else ''})")
+               "cpu": files.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+               "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
+    metrics.update(comparison(args.compare, val_docs))
+    if args.seq_len:
+        metrics.update(tokenize_corpus(splits, tokenizer, args.seq_len))
 
     save_atomic(tokenizer, args.out)  # last: a run that fails on the way leaves nothing to --force over
     print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
     print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
-          + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if other else "")
+          + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")
           + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
     if args.metrics_out:
         files.write_json(args.metrics_out, metrics)
