@@ -31,6 +31,7 @@
 # line, the cuts and the results written as they come, before any GPU time is spent.
 set -uo pipefail
 START=$(date +%s)  # the budget's clock: install, unpacking and build count
+CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 TOOLS="$REPO/benchmarks/gpu_check_tools.py"
@@ -48,13 +49,15 @@ while [ $# -gt 0 ]; do
             [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value" 2 ;;
         *) die "unknown argument $1 (see the header of $0)" 2 ;;
     esac
+    path=$2
+    [[ $path == /* ]] || path="$CALLER/$path"
     case $1 in
-        --prepare) MODE=prepare PREP=$2 ;;
-        --from) PREP=$2 ;;
-        --out) OUT=$2 ;;
-        --mnist) MNIST=$2 ;;
-        --text) TEXT=$2 ;;
-        --gpt2-tokenizer) GPT2TOK=$2 ;;
+        --prepare) MODE=prepare PREP=$path ;;
+        --from) PREP=$path ;;
+        --out) OUT=$path ;;
+        --mnist) MNIST=$path ;;
+        --text) TEXT=$path ;;
+        --gpt2-tokenizer) GPT2TOK=$path ;;
         --budget) BUDGET=$2 ;;
         --python) PYVER=$2 ;;
         --only) ONLY=${2//,/ } ;;
@@ -159,9 +162,13 @@ if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents, 1
     MNIST="$WORK/mnist-small"
 fi
 
-# What the run is, first: the versions that decide whether the extension gets CUDA kernels.
-NVCC=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | cut -d' ' -f2)
-say "nvcc ${NVCC:-not found}; torch $(python -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
+# What the run is, first: the versions that decide whether the extension gets CUDA kernels (nvcc
+# where gelu_ext/setup.py looks too), and a CUDA major that differs from torch's said in one line.
+NVCC=$("$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version 2>/dev/null | grep -o 'release [0-9.]*' | cut -d' ' -f2)
+TORCH_CUDA=$(python -c 'import torch; print(torch.version.cuda or "")')
+say "nvcc ${NVCC:-not found}; torch $(python -c 'import torch; print(torch.__version__)') with CUDA ${TORCH_CUDA:-none}"
+[ -z "$NVCC" ] || [ -z "$TORCH_CUDA" ] || [ "${NVCC%%.*}" = "${TORCH_CUDA%%.*}" ] \
+    || say "warning: nvcc's CUDA $NVCC and torch's $TORCH_CUDA differ in the major version: the build may lose CUDA"
 if [ "$REHEARSE" = 1 ]; then GPU=rehearsal_cpu; else
     GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr -c 'A-Za-z0-9\n' '_' | tr -s '_')
     nvidia-smi > "$LOGS/nvidia-smi-idle.txt"
@@ -309,7 +316,7 @@ if [ "$REHEARSE" = 1 ]; then
     SMALL_LENET=(--epochs 1 --device cpu)
     SMALL_GPT=(--preset tiny --tokens 4096 --val-batches 2)
     SMALL_LADDER=(--seq-len 16 --micro-batch 1 --vocab-size 64 --warmup 1 --steps 1)
-    SMALL_TOK=(--vocab-size 1024 --block-size 64)  # the tiny preset's sequence: its cache is reused
+    SMALL_TOK=(--vocab-size 1024 --seq-len 64)  # the tiny preset's: gpt_train reads the cache it writes
     LADDER_ROWS=2 GELU=(--device cpu --log2 10 12 --repeats 2) TESTS=(-k cuda)
     BUILD=rehearse_build NAME12M=4K
 else
@@ -336,8 +343,9 @@ SKIP=$(python "$TOOLS" imports "${asked[@]}" 2> "$LOGS/imports.log" | grep -v $'
 publish
 
 # Most valuable first; caps are about twice an H200's time for each (the first H200 call: 284 s in all).
-# The build runs beside the steps that do not need the extension (two compiler processes of 16 cores).
-step build 150 --bg bash -c "$BUILD"
+# The build runs beside the steps that do not need the extension (two compiler processes of 16 cores),
+# niced so that the steps measured meanwhile keep their CPU.
+step build 150 --bg nice -n 10 bash -c "$BUILD"
 step lenet-torch 60 --smi bash -c 'SMALL_LENET=($SMALL_LENET_S); lenet torch --act torch'
 step tokenizer 90 python tokenizer_train.py --text "$TEXT" --out "$WORK/tokenizer.json" --force \
     --compare "${GPT2TOK:-none}" --cache-dir "$WORK/data-cache" --metrics-out "$RESULTS/tokenizer_$GPU.json" \
