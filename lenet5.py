@@ -6,16 +6,15 @@
     sbatch slurm/lenet.sh --act python             # on the cluster (extra flags are forwarded)
     tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
 
-MNIST is read by the `MNIST` Dataset below straight from the IDX files (plain or .gz) and
-kept as one uint8 tensor on the training device; missing files are downloaded through
-torchvision (md5-checked) where there is internet.
+MNIST is read by the `MNIST` Dataset of data/mnist.py straight from the IDX files (plain or .gz)
+and kept as one uint8 tensor on the training device; missing files are downloaded through
+torchvision (md5-checked) where there is internet. This file holds the model, the training loop,
+TensorBoard logging and the same loop driven by PyTorch Lightning.
 """
 import argparse
-import gzip
 import logging
 import math
 import os
-import struct
 import sys
 import time
 import warnings
@@ -24,132 +23,17 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from data import files
+from data.mnist import MNIST, Batches, MNISTError, find_mnist
 
 REPO = Path(__file__).resolve().parent
-FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
-MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisation
 
 
 class UserError(Exception):
     """What a user can get wrong (data, flags, device, outputs): one line on stderr, never a traceback."""
-
-
-# ----------------------------------------------------------------------------- data
-
-def read_idx(path):
-    """Parse one IDX file (http://yann.lecun.com/exdb/mnist/) into a uint8 tensor, checking every field."""
-    path = Path(path)
-    try:
-        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
-        raise UserError(f"{path}: cannot read ({e})") from e
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise UserError(f"{path}: not an IDX file (bad magic number)")
-    if raw[2] != 0x08:  # MNIST is unsigned bytes; other IDX dtypes are valid files but not MNIST
-        raise UserError(f"{path}: IDX dtype 0x{raw[2]:02x}, expected 0x08 (unsigned byte)")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise UserError(f"{path}: truncated header")
-    dims = struct.unpack(f">{ndim}I", raw[4:header])
-    expected = header + math.prod(dims)
-    if len(raw) != expected:
-        raise UserError(f"{path}: {len(raw)} bytes, header {dims} says {expected} (truncated or corrupt)")
-    return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(dims)
-
-
-def find_mnist(data_dir, download):
-    """Paths of the four IDX files under data_dir (or data_dir/MNIST/raw), downloading them if allowed."""
-    roots = [data_dir / "MNIST" / "raw", data_dir]
-
-    def lookup(name):
-        for root in roots:
-            for candidate in (root / name, root / f"{name}.gz"):
-                if candidate.is_file():
-                    return candidate
-        return None
-
-    names = [name for pair in FILES.values() for name in pair]
-    if download and any(lookup(n) is None for n in names):
-        from torchvision.datasets import MNIST as TorchvisionMNIST  # download + md5 check, nothing else
-        try:
-            for train in (True, False):
-                TorchvisionMNIST(root=data_dir, train=train, download=True)
-        except Exception as e:  # offline, proxy, full disk: the message below says what to do instead
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            print(f"warning: MNIST download failed ({type(e).__name__}: {reason})", file=sys.stderr)
-    missing = [n for n in names if lookup(n) is None]
-    if missing:
-        raise UserError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "
-                        f"(from https://ossci-datasets.s3.amazonaws.com/mnist/), or pass --data-dir")
-    return {split: tuple(lookup(n) for n in pair) for split, pair in FILES.items()}
-
-
-class MNIST(Dataset):
-    """MNIST held as one uint8 tensor; `ds[i]` is one sample, `ds[list_of_indices]` a whole batch.
-
-    Indexing with a batch of indices (see `make_loader`) replaces the per-sample PIL/ToTensor
-    pipeline with a single gather + normalise, which is what makes an epoch take seconds.
-    """
-
-    def __init__(self, images_path, labels_path):
-        images, labels = read_idx(images_path), read_idx(labels_path)
-        if images.dim() != 3 or images.shape[1:] != (28, 28):
-            raise UserError(f"{images_path}: shape {tuple(images.shape)}, expected (N, 28, 28)")
-        if labels.dim() != 1:
-            raise UserError(f"{labels_path}: shape {tuple(labels.shape)}, expected (N,)")
-        if len(images) != len(labels):
-            raise UserError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
-        if len(labels) and labels.max() > 9:
-            raise UserError(f"{labels_path}: label {labels.max().item()} outside 0..9")
-        self.images, self.labels = images, labels.long()
-
-    def to(self, device):
-        self.images, self.labels = self.images.to(device), self.labels.to(device)
-        return self
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, index):
-        x = self.images[index].unsqueeze(-3).float().div_(255).sub_(MEAN).div_(STD)  # (..., 1, 28, 28)
-        return x, self.labels[index]
-
-
-class Batches:
-    """The batches of one pass over `dataset`, gathered where the data lives: a permutation (seeded,
-    drawn on the CPU, a new one each pass as RandomSampler would) is copied to the device once per
-    epoch and sliced, so a GPU batch needs no host-to-device copy of its indices."""
-
-    def __init__(self, dataset, batch_size, shuffle, seed=0):
-        self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __len__(self):
-        return math.ceil(len(self.dataset) / self.batch_size)
-
-    def __iter__(self):
-        n, device = len(self.dataset), self.dataset.labels.device
-        if self.shuffle:  # two draws per pass, as RandomSampler makes: the same orders as torch's sampler
-            order = torch.randperm(n, generator=self.generator)
-            torch.randperm(n, generator=self.generator)
-        else:
-            order = torch.arange(n)
-        order = order.to(device)
-        for i in range(0, n, self.batch_size):
-            yield self.dataset[order[i:i + self.batch_size]]
-
-
-def make_loader(dataset, batch_size, shuffle, seed=0):
-    return Batches(dataset, batch_size, shuffle, seed)
 
 
 # ----------------------------------------------------------------------------- model
@@ -292,7 +176,7 @@ def check_outputs(args):
         files.check_output(args.save, "--save")
 
 
-def one_cycle(total, warmup_fraction=0.2):
+def warmup_cosine(total, warmup_fraction=0.2):
     """LR multiplier per step: linear warm-up over 20% of the steps, then cosine annealing to 0 —
     a high peak rate that way converges in a few epochs."""
     warmup = max(1, int(total * warmup_fraction))
@@ -343,7 +227,7 @@ def main(argv=None):
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     try:
         return run(args)
-    except (UserError, files.OutputError) as e:
+    except (UserError, MNISTError, files.OutputError) as e:
         sys.exit(f"error: {e}")
 
 
@@ -411,10 +295,10 @@ def add_graph(writer, model, digits):
 def fit_plain(args, model, train_set, test_set, digits, out_dir, device):
     """(history, train_seconds, train-loss curve, steps): AdamW with warm-up + cosine, a test pass after every
     epoch."""
-    train_loader = make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
-    test_loader = make_loader(test_set, 1000, shuffle=False)
+    train_loader = Batches(train_set, args.batch_size, shuffle=True, seed=args.seed)
+    test_loader = Batches(test_set, 1000, shuffle=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle(args.epochs * len(train_loader)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.epochs * len(train_loader)))
     writer = SummaryWriter(out_dir)
     add_graph(writer, model, digits)
     step, train_seconds, history, curve = 0, 0.0, [], []
@@ -442,7 +326,7 @@ def fit_lightning(args, model, train_set, test_set, digits, out_dir, device):
         raise UserError("--engine lightning needs the lightning package: pip install -r requirements.txt") from e
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "TPU available: ..."
     warnings.filterwarnings("ignore", message=".*(srun. command is available|LeafSpec)")  # hints not for us
-    train_loader = make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)
+    train_loader = Batches(train_set, args.batch_size, shuffle=True, seed=args.seed)
     logger = L.pytorch.loggers.TensorBoardLogger(out_dir, name="", version="", default_hp_metric=False)
     add_graph(logger.experiment, model, digits)
     lit = lightning_module(L)(model, args, args.epochs * len(train_loader))
@@ -450,7 +334,7 @@ def fit_lightning(args, model, train_set, test_set, digits, out_dir, device):
     trainer = L.Trainer(accelerator=device.type, devices=1, max_epochs=args.epochs, logger=logger,
                         callbacks=[epochs], enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0, log_every_n_steps=args.log_every)
-    trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=make_loader(test_set, 1000, shuffle=False))
+    trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=Batches(test_set, 1000, shuffle=False))
     logger.experiment.close()
     return epochs.history, epochs.train_seconds, lit.curve, trainer.global_step
 
@@ -491,7 +375,7 @@ def lightning_module(L):
 
         def configure_optimizers(self):
             optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.args.lr, weight_decay=1e-4)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, one_cycle(self.total_steps))
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(self.total_steps))
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     return LitLeNet5

@@ -9,14 +9,8 @@ missing is named in results.md ("no GPT run found under runs/gpt"), never filled
 """
 import argparse
 import json
-import shutil
-import socket
 import struct
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import matplotlib
@@ -26,32 +20,71 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # noqa: E402
 
+import browser  # noqa: E402  report/browser.py: TensorBoard server, Chromium screenshots, the PDF
+
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the repository's packages, when run as python report/make_report.py
+from training.metrics import SUCCESS_LOSS  # noqa: E402
+
+NUMBER = (int, float)
+FIELDS = {  # run kind -> what its table and figures read from metrics.json, with the type each must have
+    "lenet5": {"test_accuracy": NUMBER, "test_loss": NUMBER, "epochs": int, "train_seconds": NUMBER,
+               "device": str, "act": str, "params": int},
+    "gpt": {"tokens_seen": int, "steps": int, "final_train_loss": NUMBER, "final_val_loss": NUMBER,
+            "val_bits_per_byte": NUMBER, "success": bool, "train_seconds": NUMBER, "total_seconds": NUMBER,
+            "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
+            "vocab_size": int},
+}
 
 
 # ----------------------------------------------------------------------------- inputs
 
-def newest_run(root, problems):
-    """The most recent run under root whose metrics.json reads; each newer run that was passed over
-    (crashed, still running, metrics broken) is named in `problems`, never skipped silently."""
-    runs = sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
-                  key=lambda d: (d / "args.json").stat().st_mtime, reverse=True)
-    for run_dir in runs:
-        try:
-            json.loads((run_dir / "metrics.json").read_text())
-            return run_dir
-        except FileNotFoundError:
-            problems.append(f"skipped the newer run {run_dir}: no metrics.json (crashed, stopped or still running)")
-        except (OSError, json.JSONDecodeError) as e:
-            problems.append(f"skipped the newer run {run_dir}: unreadable metrics.json ({e})")
-    return None
-
-
-def run_kind(run_dir, metrics):
+def run_kind(metrics):
     if "act" in metrics:
         return "lenet5"
     if "tokens_seen" in metrics:
         return "gpt"
+    return None
+
+
+def metrics_problem(metrics):
+    """Why a run's metrics cannot be tabled (None when they can): `[1,2]`, `{}` or a string where a
+    number belongs is named in one line and the run passed over, never a traceback."""
+    if not isinstance(metrics, dict):
+        return f"is a JSON {type(metrics).__name__}, not an object"
+    kind = run_kind(metrics)
+    if kind is None:
+        return "is neither a LeNet-5 run (no 'act') nor a GPT run (no 'tokens_seen')"
+    for key, types in FIELDS[kind].items():
+        if key not in metrics:
+            return f"has no '{key}'"
+        if not isinstance(metrics[key], types):
+            return f"has '{key}': {json.dumps(metrics[key])}, not a {types[0].__name__ if types is NUMBER else types.__name__}"
+    return None
+
+
+def read_metrics(run_dir):
+    """(metrics, None) when run_dir/metrics.json can be tabled, else (None, why not)."""
+    try:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+    except FileNotFoundError:
+        return None, "no metrics.json (crashed, stopped or still running)"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"unreadable metrics.json ({e})"
+    problem = metrics_problem(metrics)
+    return (None, f"metrics.json {problem}") if problem else (metrics, None)
+
+
+def newest_run(root, problems):
+    """The most recent run under root whose metrics.json can be tabled; each newer run that was passed
+    over (crashed, still running, metrics broken) is named in `problems`, never skipped silently."""
+    runs = sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
+                  key=lambda d: (d / "args.json").stat().st_mtime, reverse=True)
+    for run_dir in runs:
+        metrics, problem = read_metrics(run_dir)
+        if metrics is not None:
+            return run_dir
+        problems.append(f"skipped the newer run {run_dir}: {problem}")
     return None
 
 
@@ -89,23 +122,21 @@ def load_events(run_dir, problems):
 
 
 def load_run(run_dir, problems):
-    metrics_path = run_dir / "metrics.json"
-    try:
-        metrics = json.loads(metrics_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        problems.append(f"unreadable {metrics_path}: {e}")
+    metrics, problem = read_metrics(run_dir)
+    if metrics is None:
+        problems.append(f"left out {run_dir}: {problem}")
         return None
     scalars, images = load_events(run_dir, problems)
-    return {"dir": run_dir, "metrics": metrics, "scalars": scalars, "images": images,
-            "kind": run_kind(run_dir, metrics)}
+    return {"dir": run_dir, "metrics": metrics, "scalars": scalars, "images": images, "kind": run_kind(metrics)}
 
 
 def load_results(results_dir, problems):
+    """{file stem: (its JSON, its path)} for every report/results/*.json that parses."""
     out = {}
     for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
         try:
-            out[path.stem] = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+            out[path.stem] = json.loads(path.read_text()), path
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             problems.append(f"unreadable {path}: {e}")
     return out
 
@@ -156,9 +187,9 @@ def lenet_curves(s, m, path):
     return [f"![LeNet-5 curves]({path.name})"]
 
 
-def lenet_figures(run, out):
-    """The curves and the intermediate-layer images of one LeNet-5 run; the lines that show them."""
-    lines = lenet_curves(run["scalars"], run["metrics"], out / "lenet_curves.png")
+def lenet_images(run, out):
+    """The intermediate-layer images of one LeNet-5 run, enlarged and titled; the lines that show them."""
+    lines = []
     for tag, file, title in (
             ("layers/conv1_filters", "lenet_conv1_filters.png", "conv1: the 6 learned 5x5 filters"),
             ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png",
@@ -188,22 +219,18 @@ def labelled_image(png, title, path):
     plt.close(fig)
 
 
-def gpt_figures(run, out):
-    return gpt_curves(run["scalars"], run["metrics"], out / "gpt_curves.png")
-
-
 def gpt_curves(s, m, path):
     """Loss (train, validation, the lab's goal) and throughput against tokens, for one GPT run."""
     per_step = m["tokens_seen"] / max(1, m["steps"])
     tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
               for tag in ("train/loss", "val/loss", "perf/tokens_per_second")}
     size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
-    corpus = "stand-in corpus, not WOS" if "standin" in str(m.get("text")) else "WOS"
+    corpus = "stand-in corpus, not WOS" if is_standin(m.get("text")) else "WOS"
     title = (f"GPT-2 structure, {size}, {corpus} ({m['device_name']} x {m['world_size']}, {m['precision']}, "
              f"{m['tokens_seen']:,} tokens)")
     plot_lines(path, [("loss (nats/token)", {"train": tokens["train/loss"], "validation": tokens["val/loss"]}, "tokens"),
                       ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")], title,
-               hline=(0, 7.0, "goal: loss < 7"), ymin0=1)
+               hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"), ymin0=1)
     return [f"![GPT-2 loss and throughput]({path.name})"]
 
 
@@ -262,8 +289,6 @@ def ladder_figure(name, bench, out):
 
 # ----------------------------------------------------------------------------- TensorBoard in a real browser
 
-BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter)]: the cards that matter
     "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0"),
                ("lenet_tensorboard_layers.png", "images&tagFilter=layers")],
@@ -272,92 +297,25 @@ SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter)]:
 }
 
 
-def find_browser():
-    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_tensorboard(base, timeout=90):
-    """Until the server lists at least one run with scalars: its HTTP API answered with data."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=5) as response:
-                if json.loads(response.read()):
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return False
-
-
-def browser(*args, timeout=120):
-    """Headless Chromium with a fresh profile, quiet about the network it cannot reach."""
-    with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={profile}", *args],
-                       capture_output=True, timeout=timeout)
-
-
 def tensorboard_screenshots(runs, out, problems):
     """Start a real TensorBoard server on each run and let Chromium photograph its pages, as a student
-    sees them; the lines that show them. Without Chromium: said, and the matplotlib figures remain."""
-    if not find_browser():
+    sees them; the lines that show them. Only files Chromium really wrote are linked; after its first
+    failure (an error exit, or a hang cut off at browser.BROWSER_TIMEOUT) no more are tried."""
+    if not browser.find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines = []
     for run in runs:
-        port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(run["dir"]), "--host",
-                                   "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            if not wait_for_tensorboard(base):
+        with browser.serve_tensorboard(run["dir"]) as base:
+            if base is None:
                 problems.append(f"TensorBoard on {run['dir']} did not answer; no screenshots of it")
                 continue
             for file, page in SHOTS.get(run["kind"], []):
-                browser("--window-size=1600,1000", "--virtual-time-budget=10000", f"--screenshot={out / file}",
-                        f"{base}/?darkMode=false#{page}")
+                failure = browser.screenshot(f"{base}/?darkMode=false#{page}", out / file, 1600, 1000)
+                if failure:
+                    problems.append(f"{failure}; no further screenshots tried")
+                    return lines
                 lines.append(f"![TensorBoard: {page.split('&')[0]} of {run['dir'].name}]({file})")
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     return lines
-
-
-# ----------------------------------------------------------------------------- the PDF
-
-PDF_CSS = """
-body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10.5pt; line-height: 1.5; margin: 0; }
-h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
-img { max-width: 100%; display: block; margin: 6px auto; }
-table { border-collapse: collapse; font-size: 9pt; margin: 6px 0; } td, th { border: 1px solid #bbb; padding: 2px 5px; }
-code, pre { font-family: "Noto Sans Mono CJK SC", monospace; font-size: 8.5pt; } pre { white-space: pre-wrap; }
-blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-left: 10px; }
-@page { size: A4; margin: 16mm 14mm; }
-"""
-
-
-def write_pdf(markdown_path, pdf_path):
-    """report.md -> HTML (python-markdown: tables, code) -> PDF by Chromium's print-to-pdf; Chinese
-    text in Noto CJK (Debian's fonts-noto-cjk). The HTML sits beside report.md so figure links resolve."""
-    import markdown
-    if not find_browser():
-        raise SystemExit("error: --pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
-    body = markdown.markdown(markdown_path.read_text(), extensions=["tables", "fenced_code"])
-    html = markdown_path.with_suffix(".pdf.html")
-    html.write_text(f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><style>{PDF_CSS}</style></head>'
-                    f"<body>{body}</body></html>")
-    try:
-        browser("--no-pdf-header-footer", f"--print-to-pdf={pdf_path}", html.resolve().as_uri())
-    finally:
-        html.unlink()
-    if not pdf_path.exists():
-        raise SystemExit(f"error: Chromium wrote no {pdf_path}")
-    return pdf_path
 
 
 # ----------------------------------------------------------------------------- tables
@@ -370,12 +328,22 @@ def rel(path):
         return str(path)
 
 
+def is_standin(text):
+    """Whether a run read the stand-in corpus (data/wos-standin), whose numbers must never be called WOS."""
+    return bool(text) and "standin" in str(text)
+
+
 def corpus_label(text):
-    return " — **stand-in corpus, not WOS**" if text and "standin" in str(text) else ""
+    return " — **stand-in corpus, not WOS**" if is_standin(text) else ""
 
 
 def fmt(value, spec=".4g"):
-    return "—" if value is None else format(value, spec) if isinstance(value, (int, float)) else str(value)
+    """A number as `spec`, a missing one as a dash, anything else as it is."""
+    if value is None:
+        return "—"
+    if isinstance(value, NUMBER):
+        return format(value, spec)
+    return str(value)
 
 
 def lenet_table(m):
@@ -444,22 +412,34 @@ def tokenizer_table(t):
             f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t.get('text'))} |"]
 
 
-def run_section(run, table, figures, out, missing):
-    """The table and figures of one run directory, or the line saying there is none."""
+def run_section(run, table, curves, file, out, missing):
+    """The table and curves of one run directory, or the line saying there is none."""
     if run is None:
         return [missing]
-    return [f"Run `{rel(run['dir'])}`:", ""] + table(run["metrics"]) + [""] + figures(run, out)
+    return [f"Run `{rel(run['dir'])}`:", ""] + table(run["metrics"]) + [""] + curves(run["scalars"], run["metrics"],
+                                                                                      out / file)
 
 
-def result_sections(results, prefix, table, what, results_dir, curves=None, out=None):
-    """One table per report/results/<prefix>*.json (and its curves redrawn from the JSON, where it
-    keeps them), or the line saying there is none."""
+def curves_from_json(curves):
+    """A result_sections figure: a run's curves redrawn from its metrics JSON, where it keeps them."""
+    def figure(key, metrics, out):
+        scalars = scalars_from_metrics(metrics)
+        return curves(scalars, metrics, out / f"{key}.png") if any(scalars.values()) else []
+    return figure
+
+
+def result_sections(results, prefix, table, what, results_dir, problems, figure=None, out=None):
+    """One table per report/results/<prefix>*.json (and its figure, where given), or the line saying
+    there is none; a file whose fields do not fit is named in `problems` and left out."""
     lines = []
     for key in sorted(k for k in results if k.startswith(prefix)):
-        lines += [f"`report/results/{key}.json`:", ""] + table(results[key]) + [""]
-        scalars = scalars_from_metrics(results[key]) if curves else {}
-        if any(scalars.values()):
-            lines += curves(scalars, results[key], out / f"{key}.png") + [""]
+        data, path = results[key]
+        try:
+            section = table(data) + [""] + (figure(key, data, out) if figure else [])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            problems.append(f"left out {path}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
+            continue
+        lines += [f"`{rel(path)}`:", ""] + section + [""]
     return lines or [f"- no {what} found in {results_dir}"]
 
 
@@ -479,50 +459,65 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    problems, lines = [], ["# Generated results", "",
-                           "Written by `python report/make_report.py`; every number is read from the files named.",
-                           ""]
+def find_runs(args, problems):
+    """{kind: run}: the first run of each kind given, or the newest of each found under --runs-root."""
     dirs = args.runs or [d for d in (newest_run(args.runs_root / "lenet5", problems),
                                      newest_run(args.runs_root / "gpt", problems)) if d]
-    runs = [r for r in (load_run(d, problems) for d in dirs) if r]
     by_kind = {}
-    for run in runs:
-        by_kind.setdefault(run["kind"], run)  # the first of each kind given (or the newest found)
-    results = load_results(args.results, problems)
+    for run in (load_run(d, problems) for d in dirs):
+        if run:
+            by_kind.setdefault(run["kind"], run)
+    return by_kind
 
-    lines += ["## LeNet-5", ""]
-    lines += run_section(by_kind.get("lenet5"), lenet_table, lenet_figures, args.out,
+
+def lenet_lines(run, results, args, problems):
+    lines = ["## LeNet-5", ""]
+    lines += run_section(run, lenet_table, lenet_curves, "lenet_curves.png", args.out,
                          f"- no LeNet-5 run found under {args.runs_root / 'lenet5'}")
+    if run:
+        lines += lenet_images(run, args.out)
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
-    lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results, lenet_curves,
-                             args.out)
+    lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results, problems,
+                             curves_from_json(lenet_curves), args.out)
     lines += ["", "Speed against the lab's original recipe:", ""]
-    lines += result_sections(results, "lenet_bench", lenet_bench_table, "LeNet-5 benchmark", args.results)
-    lines += ["", "## GELU operator", ""]
-    lines += result_sections(results, "gelu_bench", gelu_table, "GELU benchmark", args.results)
-    lines += ["", "## Tokenizer", ""]
-    lines += result_sections(results, "tokenizer", tokenizer_table, "tokenizer metrics", args.results)
+    return lines + result_sections(results, "lenet_bench", lenet_bench_table,
+                                   "LeNet-5 benchmark", args.results, problems)
 
+
+def other_lines(by_kind, results, args, problems):
+    """GELU, tokenizer, GPT, the ladder, GPU use and the screenshots."""
+    lines = ["", "## GELU operator", ""]
+    lines += result_sections(results, "gelu_bench", gelu_table, "GELU benchmark", args.results, problems)
+    lines += ["", "## Tokenizer", ""]
+    lines += result_sections(results, "tokenizer", tokenizer_table, "tokenizer metrics", args.results, problems)
     lines += ["", "## GPT-2", ""]
-    lines += run_section(by_kind.get("gpt"), gpt_table, gpt_figures, args.out,
+    lines += run_section(by_kind.get("gpt"), gpt_table, gpt_curves, "gpt_curves.png", args.out,
                          f"- no GPT run found under {args.runs_root / 'gpt'}")
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
-    lines += result_sections(results, "gpt_run", gpt_table, "GPT run metrics", args.results, gpt_curves, args.out)
+    lines += result_sections(results, "gpt_run", gpt_table, "GPT run metrics", args.results, problems,
+                             curves_from_json(gpt_curves), args.out)
     lines += ["", "## Acceleration ladder", ""]
-    lines += result_sections(results, "gpt_bench", ladder_table, "acceleration ladder", args.results)
-    for key in sorted(k for k in results if k.startswith("gpt_bench")):
-        lines += ladder_figure(key, results[key], args.out)
-
-    lines += ["", "## GPU utilisation", ""]
-    lines += gpu_figure(runs, args.out)
+    lines += result_sections(results, "gpt_bench", ladder_table, "acceleration ladder", args.results, problems,
+                             ladder_figure, args.out)
+    lines += ["", "## GPU utilisation", ""] + gpu_figure(list(by_kind.values()), args.out)
     if args.gpu_logs:
         lines += nvidia_smi_figures(args.gpu_logs, args.out)
     if not args.no_screenshots:
         lines += ["", "## TensorBoard, as a browser shows it", ""]
         lines += tensorboard_screenshots([by_kind[k] for k in ("lenet5", "gpt") if k in by_kind], args.out, problems)
+    return lines
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    problems = []
+    by_kind = find_runs(args, problems)
+    results = load_results(args.results, problems)
+    lines = ["# Generated results", "",
+             "Written by `python report/make_report.py`; every number is read from the files named.", ""]
+    lines += lenet_lines(by_kind.get("lenet5"), results, args, problems)
+    lines += other_lines(by_kind, results, args, problems)
     if problems:
         lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in problems]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
@@ -531,7 +526,7 @@ def main(argv=None):
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     if args.pdf:
-        print(f"wrote {write_pdf(REPO / 'report' / 'report.md', REPO / 'report' / 'report.pdf')}")
+        print(f"wrote {browser.write_pdf(REPO / 'report' / 'report.md', REPO / 'report' / 'report.pdf')}")
     return lines
 
 

@@ -12,6 +12,7 @@ import lenet5
 from conftest import REPO, tiny_args, write_tiny_mnist
 
 sys.path.insert(0, str(REPO / "report"))
+import browser  # noqa: E402
 import make_report  # noqa: E402
 
 
@@ -98,7 +99,7 @@ def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsy
 
 def test_tensorboard_screenshots_from_a_real_server_and_browser(runs, tmp_path):
     from PIL import Image, ImageStat
-    if not make_report.find_browser():
+    if not browser.find_browser():
         if os.environ.get("LAB5_REQUIRE_BROWSER") == "1":
             pytest.fail("Chromium required (LAB5_REQUIRE_BROWSER=1)")
         pytest.skip("no Chromium (apt-get install chromium)")
@@ -128,11 +129,11 @@ def test_every_image_link_in_the_report_resolves():
 
 def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
     import subprocess
-    if not make_report.find_browser() or not shutil.which("pdftotext"):
+    if not browser.find_browser() or not shutil.which("pdftotext"):
         if os.environ.get("LAB5_REQUIRE_BROWSER") == "1":
             pytest.fail("Chromium and pdftotext required (LAB5_REQUIRE_BROWSER=1)")
         pytest.skip("no Chromium or pdftotext (apt-get install chromium fonts-noto-cjk poppler-utils)")
-    pdf = make_report.write_pdf(REPO / "report" / "report.md", tmp_path / "report.pdf")
+    pdf = browser.write_pdf(REPO / "report" / "report.md", tmp_path / "report.pdf")
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
     accuracy = json.loads((REPO / "report" / "results" / "lenet_bench_cpu.json").read_text())["default_accuracy"]
     assert "实验报告" in text and "神经网络" in text

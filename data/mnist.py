@@ -1,0 +1,130 @@
+"""MNIST for lenet5.py: the IDX files parsed here, the whole set held as one uint8 tensor.
+
+    find_mnist(data_dir, download)  -> the four IDX paths (torchvision downloads missing ones)
+    read_idx(path)                  -> one uint8 tensor, every header field checked
+    MNIST(images, labels).to(dev)   -> the set on the training device; ds[indices] is a whole batch
+    Batches(ds, batch_size, ...)    -> one pass: a seeded permutation copied to the device once, sliced
+
+A batch is one gather + normalise on the device instead of one PIL image and ToTensor per sample,
+which is what makes an epoch take seconds.
+"""
+import gzip
+import math
+import struct
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisation
+
+
+class MNISTError(Exception):
+    """Missing or damaged MNIST files: said in one line by the scripts, never a traceback."""
+
+
+def read_idx(path):
+    """Parse one IDX file (http://yann.lecun.com/exdb/mnist/) into a uint8 tensor, checking every field."""
+    path = Path(path)
+    try:
+        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
+        raise MNISTError(f"{path}: cannot read ({e})") from e
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise MNISTError(f"{path}: not an IDX file (bad magic number)")
+    if raw[2] != 0x08:  # MNIST is unsigned bytes; other IDX dtypes are valid files but not MNIST
+        raise MNISTError(f"{path}: IDX dtype 0x{raw[2]:02x}, expected 0x08 (unsigned byte)")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise MNISTError(f"{path}: truncated header")
+    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    expected = header + math.prod(dims)
+    if len(raw) != expected:
+        raise MNISTError(f"{path}: {len(raw)} bytes, header {dims} says {expected} (truncated or corrupt)")
+    return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(dims)
+
+
+def _lookup(roots, name):
+    for root in roots:
+        for candidate in (root / name, root / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _download(data_dir):
+    """torchvision's download + md5 check, nothing else; a failure is one warning line (find_mnist then
+    says what to do instead)."""
+    from torchvision.datasets import MNIST as TorchvisionMNIST
+    try:
+        for train in (True, False):
+            TorchvisionMNIST(root=data_dir, train=train, download=True)
+    except Exception as e:  # offline, proxy, full disk
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"warning: MNIST download failed ({type(e).__name__}: {reason})", file=sys.stderr)
+
+
+def find_mnist(data_dir, download):
+    """Paths of the four IDX files under data_dir (or data_dir/MNIST/raw), downloading them if allowed."""
+    roots = [data_dir / "MNIST" / "raw", data_dir]
+    names = [name for pair in FILES.values() for name in pair]
+    if download and any(_lookup(roots, n) is None for n in names):
+        _download(data_dir)
+    missing = [n for n in names if _lookup(roots, n) is None]
+    if missing:
+        raise MNISTError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "
+                         f"(from https://ossci-datasets.s3.amazonaws.com/mnist/), or pass --data-dir")
+    return {split: tuple(_lookup(roots, n) for n in pair) for split, pair in FILES.items()}
+
+
+class MNIST(Dataset):
+    """MNIST held as one uint8 tensor; `ds[i]` is one sample, `ds[tensor_of_indices]` a whole batch."""
+
+    def __init__(self, images_path, labels_path):
+        images, labels = read_idx(images_path), read_idx(labels_path)
+        if images.dim() != 3 or images.shape[1:] != (28, 28):
+            raise MNISTError(f"{images_path}: shape {tuple(images.shape)}, expected (N, 28, 28)")
+        if labels.dim() != 1:
+            raise MNISTError(f"{labels_path}: shape {tuple(labels.shape)}, expected (N,)")
+        if len(images) != len(labels):
+            raise MNISTError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+        if len(labels) and labels.max() > 9:
+            raise MNISTError(f"{labels_path}: label {labels.max().item()} outside 0..9")
+        self.images, self.labels = images, labels.long()
+
+    def to(self, device):
+        self.images, self.labels = self.images.to(device), self.labels.to(device)
+        return self
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        x = self.images[index].unsqueeze(-3).float().div_(255).sub_(MEAN).div_(STD)  # (..., 1, 28, 28)
+        return x, self.labels[index]
+
+
+class Batches:
+    """The batches of one pass over `dataset`, gathered where the data lives: a permutation (seeded,
+    drawn on the CPU, a new one each pass) is copied to the device once per epoch and sliced, so a
+    GPU batch needs no host-to-device copy of its indices."""
+
+    def __init__(self, dataset, batch_size, shuffle, seed=0):
+        self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self):
+        return math.ceil(len(self.dataset) / self.batch_size)
+
+    def __iter__(self):
+        n = len(self.dataset)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        order = order.to(self.dataset.labels.device)
+        for i in range(0, n, self.batch_size):
+            yield self.dataset[order[i:i + self.batch_size]]

@@ -1,0 +1,128 @@
+"""What make_report.py needs from outside Python: a TensorBoard server, headless Chromium's
+screenshots of it, and Chromium's print-to-PDF of report.md.
+
+    find_browser()                       -> the Chromium executable, or None
+    serve_tensorboard(logdir)            -> a context manager: the base URL of a server that answers, or None
+    screenshot(url, path, width, height) -> None when the PNG was written, else the reason in one line
+    write_pdf(markdown_path, pdf_path)   -> report.md as HTML, printed to PDF
+
+Every wait is bounded: a Chromium that hangs is killed with its whole process group after
+BROWSER_TIMEOUT seconds, and the caller gets a reason instead of an exception.
+"""
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+BROWSER_TIMEOUT = 120  # seconds; a screenshot takes ~5 s, a PDF ~10 s
+
+
+class BrowserError(Exception):
+    """Chromium failed, hung or wrote nothing: the message says which, in one line."""
+
+
+def find_browser():
+    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_tensorboard(base, timeout=90):
+    """Until the server lists at least one run with scalars: its HTTP API answered with data."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=5) as response:
+                if json.loads(response.read()):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+@contextlib.contextmanager
+def serve_tensorboard(logdir):
+    """A real TensorBoard server on logdir (127.0.0.1 only); yields its base URL, or None if it never answered."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
+                               "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        yield base if wait_for_tensorboard(base) else None
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def browser(*args, timeout=None):
+    """Headless Chromium with a fresh profile, quiet about the network it cannot reach. Its own process
+    group, so a hung Chromium is killed with its renderer and GPU helpers (killing only the parent
+    would leave them holding the terminal and the profile)."""
+    timeout = BROWSER_TIMEOUT if timeout is None else timeout
+    with tempfile.TemporaryDirectory() as profile:
+        process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={profile}", *args],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise BrowserError(f"Chromium did not finish within {timeout} s; killed") from None
+    if code != 0:
+        raise BrowserError(f"Chromium exited with {code}")
+
+
+def screenshot(url, path, width, height):
+    """Photograph url into path (PNG); None when it worked, else why not, in one line."""
+    path.unlink(missing_ok=True)  # so an old file cannot pass for a new screenshot
+    try:
+        browser(f"--window-size={width},{height}", "--virtual-time-budget=10000", f"--screenshot={path}", url)
+    except BrowserError as e:
+        return f"no screenshot {path.name}: {e}"
+    return None if path.is_file() else f"no screenshot {path.name}: Chromium wrote no file"
+
+
+PDF_CSS = """
+body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10.5pt; line-height: 1.5; margin: 0; }
+h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
+img { max-width: 100%; display: block; margin: 6px auto; }
+table { border-collapse: collapse; font-size: 9pt; margin: 6px 0; } td, th { border: 1px solid #bbb; padding: 2px 5px; }
+code, pre { font-family: "Noto Sans Mono CJK SC", monospace; font-size: 8.5pt; } pre { white-space: pre-wrap; }
+blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-left: 10px; }
+@page { size: A4; margin: 16mm 14mm; }
+"""
+
+
+def write_pdf(markdown_path, pdf_path):
+    """report.md -> HTML (python-markdown: tables, code) -> PDF by Chromium's print-to-pdf; Chinese
+    text in Noto CJK (Debian's fonts-noto-cjk). The HTML sits beside report.md so figure links resolve."""
+    import markdown
+    if not find_browser():
+        raise SystemExit("error: --pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
+    body = markdown.markdown(markdown_path.read_text(), extensions=["tables", "fenced_code"])
+    html = markdown_path.with_suffix(".pdf.html")
+    html.write_text(f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><style>{PDF_CSS}</style></head>'
+                    f"<body>{body}</body></html>")
+    try:
+        browser("--no-pdf-header-footer", f"--print-to-pdf={pdf_path}", html.resolve().as_uri())
+    except BrowserError as e:
+        raise SystemExit(f"error: no {pdf_path}: {e}") from None
+    finally:
+        html.unlink()
+    if not pdf_path.exists():
+        raise SystemExit(f"error: Chromium wrote no {pdf_path}")
+    return pdf_path
