@@ -3,7 +3,7 @@
     python benchmarks/gelu_bench.py --metrics-out report/results/gelu_bench_cpu.json
     python benchmarks/gelu_bench.py --device cuda --metrics-out gelu_bench_gpu.json   # adds a device copy
 
-One process, the same inputs; the implementations take turns, --repeats rounds, each sample
+One process, the same inputs; the implementations take turns in a random order, --repeats rounds, each sample
 --calls back-to-back forward+backward calls (per-call time reported: on a GPU the host's launch
 work overlaps the kernels, as in a training loop). Per size: the median and range of each, and
 ext/ATen both as a ratio of medians and per round. Bytes moved per element and pass: forward reads
@@ -13,6 +13,7 @@ says why the op is missing.
 """
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -73,11 +74,14 @@ def time_once(fn, device):
 
 
 def timed_round_robin(fns, device, repeats):
-    """Seconds of each fn in each round; the fns take turns, so drift on a noisy machine hits them alike."""
-    times = {name: [] for name in fns}
+    """Seconds of each fn in each round. Each round runs the fns in a new random order (seeded), so
+    drift on a noisy machine hits them alike and none always runs right after the same neighbour
+    (on a GPU at its power cap, whatever follows the heavy composite formulas runs at lower clocks)."""
+    names, order = list(fns), random.Random(0)
+    times = {name: [] for name in names}
     for r in range(repeats + 1):  # round 0 warms up caches and the allocator
-        for name, fn in fns.items():
-            seconds = time_once(fn, device)
+        for name in order.sample(names, len(names)):
+            seconds = time_once(fns[name], device)
             if r:
                 times[name].append(seconds)
     return times
@@ -131,6 +135,24 @@ def measure_size(n, impls, device, dtype, repeats, calls):
     return row
 
 
+def kernel_times(n, impls, dtype, runs=5):
+    """The CUDA kernels' own time (torch.profiler), per kernel, for `runs` forward+backward calls of
+    each implementation at n elements: the device side alone, with no host time in it."""
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    calls = [forward_backward(impls[name], x, grad, runs) for name in ("aten", "ext")]
+    for call in calls:  # warm-up
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for call in calls:
+            call()
+        torch.cuda.synchronize()  # sync point
+    return [{"kernel": e.key, "count": e.count, "ms": e.device_time_total / e.count / 1e3}
+            for e in prof.key_averages() if e.device_time_total > 0]
+
+
 def max_backward_error(n=1_000_000):
     """Largest |dx - exact| over n float32 inputs, the exact value computed in float64: the ext's
     and ATen's (the accuracy claim in gelu_ext/README.md)."""
@@ -156,6 +178,8 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
     p.add_argument("--calls", type=int, default=0,
                    help="calls per sample (default: by size, from 1000 at 2^10 down to 1 on CPU and 2 on GPU)")
+    p.add_argument("--kernel-times", action="store_true",
+                   help="on a GPU, also profile the kernels of ATen and the op at the largest size")
     p.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="implementations to leave out")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the table here as JSON")
     args = p.parse_args(argv)
@@ -208,6 +232,10 @@ def main(argv=None):
               "n": last["n"], **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
                                                         "copy_ms", "ext_vs_copy") if k in last},
               "rows": rows}
+    if args.kernel_times and device.type == "cuda" and {"aten", "ext"} <= impls.keys():
+        result["kernel_times"] = kernel_times(last["n"], impls, dtype)
+        for k in result["kernel_times"]:
+            print(f"{k['ms']:8.3f} ms  x{k['count']:<3} {k['kernel'][:110]}")
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if args.metrics_out:
         try:

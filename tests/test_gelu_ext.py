@@ -127,10 +127,11 @@ def test_forward_and_backward_run_no_python():
     """The autograd is registered in C++ (csrc/autograd.cpp): between the call and the gradient,
     no Python function of gelu_ext or of torch.library's autograd glue runs."""
     x = sample((1000,), torch.float32).requires_grad_()
+    watched = tuple(os.path.dirname(m.__file__) + os.sep for m in (gelu_ext, torch._library))
     called = []
 
     def profile(frame, event, arg):
-        if event == "call" and ("gelu_ext" in frame.f_code.co_filename or "_library" in frame.f_code.co_filename):
+        if event == "call" and frame.f_code.co_filename.startswith(watched):
             called.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
     y = gelu_ext.gelu(x)  # the one Python function on the way: ops.gelu, before the profile starts
     sys.setprofile(profile)
@@ -139,9 +140,9 @@ def test_forward_and_backward_run_no_python():
         torch.autograd.backward([y, y2], [torch.ones_like(y)] * 2)
     finally:
         sys.setprofile(None)
-    assert called == []
+    assert called == [], f"Python ran inside the op: {called}"
     assert y.grad_fn.name() == "GeluExtForwardBackward"
-    assert_close(x.grad, 2 * torch.func.grad(lambda v: reference(v).sum())(x.detach()))
+    assert_close(x.grad, 2 * torch.func.grad(lambda v: reference(v).sum())(x.detach()), **tolerance(torch.float32))
 
 
 @built
