@@ -297,10 +297,10 @@ def test_a_utf16_corpus_is_refused(tmp_path, encoding, message):
 # ------------------------------------------------------------------ a damaged token cache
 
 def token_files(blocks, kind="blocks"):
-    """The cached Arrow files of one kind in the token cache folder of `blocks`."""
-    folder = Path(blocks["train"].cache_files[0]["filename"]).parent
-    assert folder.name.startswith("tokens-v")
-    return sorted(folder.glob(f"*-{kind}*.arrow"))
+    """The cached Arrow files of the blocks, or of the token ids they were cut from."""
+    if kind == "blocks":
+        return [Path(f["filename"]) for f in blocks["train"].cache_files]
+    return sorted(Path(blocks["train"].cache_files[0]["filename"]).parent.glob("*-ids*.arrow"))
 
 
 def truncate(path):
@@ -359,7 +359,7 @@ def test_each_tokenizer_has_its_own_cache_folder(text_file, small_tokenizer, tmp
     a, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
     b, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), other, 64)
     key = wos.tokenizer_sha256(small_tokenizer)[:16]
-    assert token_files(a)[0].parent.name == f"tokens-v{wos.TOKEN_CACHE_VERSION}-{key}"
+    assert token_files(a)[0].parent.name == f"tokens-v{wos.TOKEN_CACHE_VERSION}-{key}" and token_files(a, "ids")
     assert token_files(a)[0].parent != token_files(b)[0].parent
 
 
