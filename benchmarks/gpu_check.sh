@@ -135,6 +135,14 @@ export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$WORK/cache" PYTHONPATH="$WORK/site${P
 now() { echo $(( $(date +%s) - START )); }
 say() { echo "[$(now) s] $*"; }
 
+# What the run is, first: the versions that decide whether the extension gets CUDA kernels (nvcc
+# where gelu_ext/setup.py looks too), and a CUDA major that differs from torch's said in one line.
+NVCC=$("$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version 2>/dev/null | grep -o 'release [0-9.]*' | cut -d' ' -f2)
+TORCH_CUDA=$(python -c 'import torch; print(torch.version.cuda or "")')
+say "nvcc ${NVCC:-not found}; torch $(python -c 'import torch; print(torch.__version__)') with CUDA ${TORCH_CUDA:-none}"
+[ -z "$NVCC" ] || [ -z "$TORCH_CUDA" ] || [ "${NVCC%%.*}" = "${TORCH_CUDA%%.*}" ] \
+    || say "warning: nvcc's CUDA $NVCC and torch's $TORCH_CUDA differ in the major version: the build may lose CUDA"
+
 if [ -n "$PREP" ]; then  # a bare machine: the carried packages it lacks, the data unpacked
     mapfile -t wheels < <(python "$TOOLS" missing-wheels "$PREP/wheels")
     if [ ${#wheels[@]} -gt 0 ]; then
@@ -162,13 +170,6 @@ if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents, 1
     MNIST="$WORK/mnist-small"
 fi
 
-# What the run is, first: the versions that decide whether the extension gets CUDA kernels (nvcc
-# where gelu_ext/setup.py looks too), and a CUDA major that differs from torch's said in one line.
-NVCC=$("$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version 2>/dev/null | grep -o 'release [0-9.]*' | cut -d' ' -f2)
-TORCH_CUDA=$(python -c 'import torch; print(torch.version.cuda or "")')
-say "nvcc ${NVCC:-not found}; torch $(python -c 'import torch; print(torch.__version__)') with CUDA ${TORCH_CUDA:-none}"
-[ -z "$NVCC" ] || [ -z "$TORCH_CUDA" ] || [ "${NVCC%%.*}" = "${TORCH_CUDA%%.*}" ] \
-    || say "warning: nvcc's CUDA $NVCC and torch's $TORCH_CUDA differ in the major version: the build may lose CUDA"
 if [ "$REHEARSE" = 1 ]; then GPU=rehearsal_cpu; else
     GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr -c 'A-Za-z0-9\n' '_' | tr -s '_')
     nvidia-smi > "$LOGS/nvidia-smi-idle.txt"
@@ -178,7 +179,8 @@ import json, platform, sys, time, torch
 out, gpu, nvcc, source, docs, text, budget, rehearse, argv = sys.argv[1:]
 json.dump({"gpu": gpu, "rehearsal": rehearse == "1", "budget_seconds": int(budget),
            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
-           "command": "bash benchmarks/gpu_check.sh " + argv, "torch": torch.__version__, "torch_cuda": torch.version.cuda, "nvcc": nvcc or None,
+           "command": "bash benchmarks/gpu_check.sh " + argv, "torch": torch.__version__,
+           "torch_cuda": torch.version.cuda, "nvcc": nvcc or None,
            # what the corpus is, not what it is called: a stand-in must never be quoted as WOS
            "corpus": {"source": source, "documents": int(docs), "used": text}}, open(out, "w"), indent=2)
 EOF
@@ -206,7 +208,7 @@ smi_start() {
     ( best=-1; while sleep 2; do
           snap=$(nvidia-smi) || break
           util=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -n 1)
-          [ "${util:-0}" -ge "$best" ] && { best=$util; echo "$snap" > "$LOGS/nvidia-smi-during-$1.txt"; }
+          [[ $util =~ ^[0-9]+$ ]] && [ "$util" -ge "$best" ] && { best=$util; echo "$snap" > "$LOGS/nvidia-smi-during-$1.txt"; }
       done ) &
     SMI_PIDS="$SMI_PIDS $!"
 }
@@ -319,9 +321,12 @@ if [ "$REHEARSE" = 1 ]; then
     SMALL_TOK=(--vocab-size 1024 --seq-len 64)  # the tiny preset's: gpt_train reads the cache it writes
     LADDER_ROWS=2 GELU=(--device cpu --log2 10 12 --repeats 2) TESTS=(-k cuda)
     BUILD=rehearse_build NAME12M=4K
+    # the steps use the extension already built here: its rehearsal build need not hold them up
+    BUILD_WAIT=early
+    python -c 'import sys, gelu_ext; sys.exit(not gelu_ext.is_built())' 2>/dev/null && BUILD_WAIT=late
 else
     SMALL_LENET=() SMALL_GPT=() SMALL_LADDER=() SMALL_TOK=() LADDER_ROWS=99 GELU=(--device cuda) TESTS=()
-    BUILD=build NAME12M=12M
+    BUILD=build NAME12M=12M BUILD_WAIT=early
 fi
 export LADDER_ROWS NAME12M
 # arrays do not cross `bash -c`: pass them as strings the functions split again
@@ -350,7 +355,7 @@ step lenet-torch 60 --smi bash -c 'SMALL_LENET=($SMALL_LENET_S); lenet torch --a
 step tokenizer 90 python tokenizer_train.py --text "$TEXT" --out "$WORK/tokenizer.json" --force \
     --compare "${GPT2TOK:-none}" --cache-dir "$WORK/data-cache" --metrics-out "$RESULTS/tokenizer_$GPU.json" \
     "${SMALL_TOK[@]}"
-finish build
+[ "$BUILD_WAIT" = late ] || finish build
 step cuda-tests 130 python -m pytest -q -p no:cacheprovider tests/test_gelu_ext.py "${TESTS[@]}"
 step gelu-bench 90 python benchmarks/gelu_bench.py "${GELU[@]}" --metrics-out "$RESULTS/gelu_bench_$GPU.json"
 step lenet-cpp 60 --smi bash -c 'SMALL_LENET=($SMALL_LENET_S); lenet cpp --act cpp'
@@ -360,6 +365,7 @@ step gpt-cold 150 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-cold --
 step gpt-warm 100 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-warm --tokenizer '$WORK/tokenizer.json'"
 step gpt-gpt2tok 120 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-gpt2tok --tokenizer '$GPT2TOK'"
 step ladder 600 bash -c 'SMALL_LADDER=($SMALL_LADDER_S); ladder'
+[ "$BUILD_WAIT" = early ] || finish build
 step report 60 bash -c report
 
 # exit 0 only when every step asked for is ok
