@@ -178,6 +178,8 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
     p.add_argument("--calls", type=int, default=0,
                    help="calls per sample (default: by size, from 1000 at 2^10 down to 1 on CPU and 2 on GPU)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch and the op (default: torch's own choice, one per core)")
     p.add_argument("--kernel-times", action="store_true",
                    help="on a GPU, also profile the kernels of ATen and the op at the largest size")
     p.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="implementations to leave out")
@@ -185,8 +187,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.log2 and not all(0 <= k <= 32 for k in args.log2):
         p.error("--log2: sizes from 2^0 to 2^32")
-    if args.repeats < 0 or args.calls < 0:
-        p.error("--repeats and --calls must be positive")
+    if args.repeats < 0 or args.calls < 0 or args.threads < 0:
+        p.error("--repeats, --calls and --threads must be positive")
     return args
 
 
@@ -200,6 +202,8 @@ def main(argv=None):
             files.check_output(args.metrics_out, "--metrics-out")
     except files.OutputError as e:
         sys.exit(f"error: {e}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     repeats = args.repeats or (20 if device.type == "cuda" else 7)
     sizes = args.log2 or (list(range(16, 29, 2)) if device.type == "cuda" else [10, 13, 16, 20, 24])
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else \

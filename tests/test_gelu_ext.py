@@ -1,4 +1,5 @@
 """gelu_ext against F.gelu(approximate="tanh"): values, gradients, dtypes, shapes, registration."""
+import json
 import os
 import sys
 
@@ -9,6 +10,7 @@ from torch.testing import assert_close
 
 import gelu_ext
 import lenet5
+from conftest import REPO
 
 built = pytest.mark.skipif(not gelu_ext.is_built(), reason=gelu_ext.BUILD_HINT)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -265,6 +267,46 @@ def test_cuda_misaligned_and_strided_views(dtype, offset):
     x = sample((2**16 + 7,), dtype, "cuda")
     check_against_reference(gelu_ext.gelu, x, view=lambda t: t[offset:])
     check_against_reference(gelu_ext.gelu, x, view=lambda t: t[offset::3])
+
+
+# ------------------------------------------------------------------ benchmarks/gelu_bench.py
+
+def gelu_bench():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gelu_bench
+    return gelu_bench
+
+
+@built
+def test_gelu_bench_writes_its_table(tmp_path):
+    out = tmp_path / "bench.json"
+    result = gelu_bench().main(["--log2", "8", "11", "--repeats", "2", "--metrics-out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["ext_measured"] is True and [r["n"] for r in saved["rows"]] == [256, 2048]
+    row = saved["rows"][0]
+    assert row["calls"] == 1000 and row["ext_vs_aten"] == row["aten_ms"] / row["ext_ms"]
+    assert row["ext_vs_aten_per_round"][0] <= row["ext_vs_aten_per_round"][1] <= row["ext_vs_aten_per_round"][2]
+    assert result["float32_max_backward_error"]["ext"] < 1e-6
+
+
+def test_gelu_bench_measures_the_others_without_the_op(tmp_path, monkeypatch, capsys):
+    """Not built (or, on a GPU, built without its CUDA kernel): ATen and the rest are still measured."""
+    bench = gelu_bench()
+    monkeypatch.setattr(gelu_ext.ops, "_C", None)
+    monkeypatch.setattr(gelu_ext.ops, "_IMPORT_ERROR", ImportError("simulated"), raising=False)
+    out = tmp_path / "bench.json"
+    bench.main(["--log2", "8", "--repeats", "1", "--metrics-out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["ext_measured"] is False and "not built" in saved["ext_missing_reason"]
+    assert saved["rows"][0]["aten_ms"] > 0 and "ext_ms" not in saved["rows"][0]
+    assert capsys.readouterr().out.startswith("note: the ext op is not measured: ")
+
+
+def test_gelu_bench_knows_a_build_without_the_cuda_kernel(monkeypatch):
+    bench = gelu_bench()
+    monkeypatch.setattr(gelu_ext.ops, "_C", type("C", (), {"with_cuda": 0}))
+    assert "without its CUDA kernel" in bench.ext_missing_reason(torch.device("cuda"))
+    assert bench.ext_missing_reason(torch.device("cpu")) is None
 
 
 # ------------------------------------------------------------------ used to train LeNet-5
