@@ -13,6 +13,7 @@ decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,12 +62,22 @@ def load_comparison(spec):
         return None
 
 
-def comparison(spec, val_docs):
-    """The compared tokenizer's bytes per token on the validation documents (None where it cannot be loaded)."""
+def comparison(spec, tokenizer, val_docs):
+    """The compared tokenizer's bytes per token on the validation documents, and document by document
+    the own tokenizer's token count over its (a few dozen documents: the spread says how firm the
+    total is); None where it cannot be loaded."""
     other = load_comparison(spec)
-    return {"compare": spec, "compare_source": other and other.source, "compare_sha256": other and other.sha256,
-            "compare_vocab_size": other and other.vocab_size,
-            "gpt2_val_bytes_per_token": bytes_per_token(other.tokenizer, val_docs) if other else None}
+    result = {"compare": spec, "compare_source": other and other.source, "compare_sha256": other and other.sha256,
+              "compare_vocab_size": other and other.vocab_size,
+              "gpt2_val_bytes_per_token": bytes_per_token(other.tokenizer, val_docs) if other else None,
+              "val_docs_own_fewer_tokens": None, "val_token_ratio_per_doc": None}
+    if other:
+        ratios = sorted(len(a.ids) / len(b.ids) for a, b in zip(
+            tokenizer.encode_batch(val_docs, add_special_tokens=False),
+            other.tokenizer.encode_batch(val_docs, add_special_tokens=False)))
+        result["val_docs_own_fewer_tokens"] = sum(r < 1 for r in ratios)
+        result["val_token_ratio_per_doc"] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+    return result
 
 
 def tokenize_corpus(splits, tokenizer, seq_len):
@@ -168,7 +179,7 @@ def run(args):
                "text": str(text), "corpus": wos.corpus_identity(text), "out": str(args.out),
                "cpu": files.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
-    metrics.update(comparison(args.compare, val_docs))
+    metrics.update(comparison(args.compare, tokenizer, val_docs))
     if args.seq_len:
         metrics.update(tokenize_corpus(splits, tokenizer, args.seq_len))
 
