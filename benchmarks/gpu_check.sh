@@ -215,7 +215,8 @@ smi_start() {
 smi_stop() { [ -z "${SMI_PIDS:-}" ] || kill $SMI_PIDS 2>/dev/null; SMI_PIDS=""; }
 
 SKIP=""  # step<TAB>why, from the import check
-RESERVE=$(( REHEARSE ? 20 : 30 ))  # kept for the report and the last publish
+RESERVE=$(( REHEARSE ? 20 : 30 ))  # kept for the report and the last publish; a sixth of a small budget
+[ "$RESERVE" -le $(( BUDGET / 6 )) ] || RESERVE=$(( BUDGET / 6 ))
 
 # step NAME CAP [--smi] [--bg] CMD...: CMD under timeout at min(CAP, what the budget leaves), its
 # output in logs/NAME.log; then (--bg: at `finish NAME`) one line with its status, and OUT brought up
@@ -322,11 +323,11 @@ if [ "$REHEARSE" = 1 ]; then
     LADDER_ROWS=2 GELU=(--device cpu --log2 10 12 --repeats 2) TESTS=(-k cuda)
     BUILD=rehearse_build NAME12M=4K
     # the steps use the extension already built here: its rehearsal build need not hold them up
-    BUILD_WAIT=early
+    BUILD_WAIT=early BUILD_CAP=$BUDGET  # a loaded login node: a niced build may take minutes
     python -c 'import sys, gelu_ext; sys.exit(not gelu_ext.is_built())' 2>/dev/null && BUILD_WAIT=late
 else
     SMALL_LENET=() SMALL_GPT=() SMALL_LADDER=() SMALL_TOK=() LADDER_ROWS=99 GELU=(--device cuda) TESTS=()
-    BUILD=build NAME12M=12M BUILD_WAIT=early
+    BUILD=build NAME12M=12M BUILD_WAIT=early BUILD_CAP=150
 fi
 export LADDER_ROWS NAME12M
 # arrays do not cross `bash -c`: pass them as strings the functions split again
@@ -350,7 +351,7 @@ publish
 # Most valuable first; caps are about twice an H200's time for each (the first H200 call: 284 s in all).
 # The build runs beside the steps that do not need the extension (two compiler processes of 16 cores),
 # niced so that the steps measured meanwhile keep their CPU.
-step build 150 --bg nice -n 10 bash -c "$BUILD"
+step build "$BUILD_CAP" --bg nice -n 10 bash -c "$BUILD"
 step lenet-torch 60 --smi bash -c 'SMALL_LENET=($SMALL_LENET_S); lenet torch --act torch'
 step tokenizer 90 python tokenizer_train.py --text "$TEXT" --out "$WORK/tokenizer.json" --force \
     --compare "${GPT2TOK:-none}" --cache-dir "$WORK/data-cache" --metrics-out "$RESULTS/tokenizer_$GPU.json" \
