@@ -156,3 +156,30 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     blocks, _ = gpt_train.wos.tokenize_blocks(splits, tok, 33)
     val = batches.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
+
+
+def test_term_right_after_a_usr1_checkpoint_still_exits_3(corpus, tmp_path):
+    """Slurm's USR1, then a TERM while the process is exiting (seen: 0.3 s later): the handlers stay
+    until the process is gone, so it still exits with 3 (gpt.sh requeues on 3), never 143."""
+    import threading
+    from conftest import start_script, tiny_args, wait_for
+    from training.checkpoints import latest_checkpoint
+    proc = start_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", "--tokens", str(3000 * 8 * 32),
+                                                   "--ckpt-every", "0"))
+    checkpointed = threading.Event()
+
+    def watch():  # the stop message, then everything else (the pipe must not fill up)
+        for line in proc.stderr:
+            if "checkpointed at step" in line:
+                checkpointed.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert wait_for(lambda: any((tmp_path / "run").glob("events.out.tfevents.*")), proc=proc)
+    time.sleep(0.5)  # the loop is running
+    proc.send_signal(signal.SIGUSR1)
+    assert checkpointed.wait(120)
+    while proc.poll() is None:  # TERMs until it has exited: every moment of its exit gets one
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.005)
+    assert proc.wait() == metrics.STOP_EXIT_CODE
+    assert latest_checkpoint(tmp_path / "run")[0] is not None

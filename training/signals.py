@@ -1,6 +1,8 @@
 """Stop signals. gpt_train.py calls catch_early() before its slow imports (torch takes seconds to
 load), so that Slurm's warning (USR1) or a scancel (TERM) arriving during start-up is remembered
-instead of killing the job unsaved; the StopFlag then takes over for the whole run."""
+instead of killing the job unsaved; the StopFlag then takes over for the whole run, and at exit
+USR1/TERM are ignored, so that a TERM during the exit itself does not turn its code into 143."""
+import atexit
 import signal
 import sys
 
@@ -10,6 +12,15 @@ PENDING = []  # signals that arrived before the StopFlag existed
 def catch_early():
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: PENDING.append(signum))
+    atexit.register(ignore_stops)  # registered first, so it runs last of the exit functions
+
+
+def ignore_stops():
+    """At exit: Python resets its handlers to the default (death) before tearing torch down, which
+    takes a while; a TERM then (Slurm's, seen 0.3 s after USR1) would end a checkpointed run with 143,
+    and gpt.sh requeues only on 3. SIG_IGN is the one setting that survives that reset."""
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class StopFlag:
