@@ -37,8 +37,8 @@ from tqdm import tqdm
 from transformers import GPT2Config
 
 from data import files, wos
-from training import CACHE_HOME, UserError, device
-from training.batches import batch_stream, evaluate
+from training import CACHE_HOME, UserError, device, lm_loss, sample
+from training.batches import batch_stream, validate
 from training.budget import Budget, choose_micro_batch, due, plan_budget
 from training.checkpoints import (TrainState, check_same_run, latest_checkpoint, load_state, open_run_dir,
                                   run_identity, save_checkpoint)
@@ -105,11 +105,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2 as GPT2Config describes it (pre-LayerNorm, tanh-GELU, tied embeddings), no dropout.
     Parameter names follow transformers' GPT2LMHeadModel without its `transformer.` prefix.
-    attention: "sdpa" (training) or "eager" (the textbook form, for the benchmark's ladder)."""
+    attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
 
-    def __init__(self, cfg: GPT2Config, attention="sdpa"):
+    def __init__(self, cfg: GPT2Config, attention="sdpa", loss="plain"):
         super().__init__()
-        self.cfg, self.attention = cfg, attention
+        self.cfg, self.attention, self.loss = cfg, attention, loss
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
@@ -127,12 +127,16 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets):
-        T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
+    def forward(self, idx, targets=None):  # the mean loss; without targets the next token's logits (B, V)
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))  # (B, T, C)
         for block in self.h:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        x = self.ln_f(x)
+        if targets is None:  # sampling (training/sample.py)
+            return self.lm_head(x[:, -1])
+        if self.loss == "chunked":  # never all the fp32 logits at once (training/lm_loss.py)
+            return lm_loss.chunked_cross_entropy(x, self.lm_head.weight, targets)
+        logits = self.lm_head(x)  # (B, T, V)
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
@@ -189,11 +193,13 @@ def build_parser():
     add("--compile-cache", type=Path, default=CACHE_HOME / "torch-compile",
         help="inductor/Triton cache, kept across runs and nodes")
     add("--fused-adamw", choices=["on", "off"], default="on", help="one kernel for all parameters")
+    add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
     add("--seed", type=int, default=0, help="weights, data order, split")
     add("--val-fraction", type=finite_float, default=0.005, help="held-out documents")
     add("--eval-every", type=int, default=50, help="steps between validation losses")
     add("--val-batches", type=int, default=20, help="micro-batches per validation")
     add("--log-every", type=int, default=10, help="steps between logged points")
+    add("--sample-tokens", type=int, default=48, help="continuing fixed prompts at each validation; 0: none")
     add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only at the end and on signals")
     add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
@@ -277,6 +283,7 @@ class Setup:
     identity: dict  # what a resume must match
     info: dict  # the run's description: device, precision, params... (start-up line, metrics)
     writer: SummaryWriter | None  # TensorBoard, on the main process
+    sampler: sample.Sampler | None  # continuations of fixed validation prompts, on the main process
 
 
 def train_loop(setup, state, stop):
@@ -365,14 +372,6 @@ def log_point(setup, state, mean_loss, perf, grad_norm, bar):
     bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()
 
 
-def validate(setup, step):
-    val = evaluate(setup.model, setup.blocks["validation"], setup.accelerator, setup.budget.micro_batch,
-                   setup.args.val_batches)
-    if setup.writer:
-        setup.writer.add_scalar("val/loss", val, step)
-    return val
-
-
 # ----------------------------------------------------------------------------- the phases
 
 def set_up(args, argv, stack):
@@ -383,17 +382,17 @@ def set_up(args, argv, stack):
     out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / time.strftime("%Y%m%d-%H%M%S"),
                                  args.metrics_out, accelerator, stack)
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
-    tokenizer = wos.load_tokenizer(args.tokenizer)
+    tok = wos.open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     state, saved_identity = load_state(ckpt) if ckpt else (TrainState(), {})
-    identity = run_identity(args, tokenizer.get_vocab_size(), accelerator.num_processes)
+    identity = {**run_identity(args, tok.vocab_size, accelerator.num_processes), "tokenizer": tok.sha256[:16]}
     check_same_run(saved_identity, identity)  # a resume must continue the same run
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
         splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
-        blocks, stats = wos.tokenize_blocks(splits, tokenizer, args.seq_len + 1)
-    cfg = model_config(tokenizer.get_vocab_size(), tokenizer.token_to_id(wos.EOT), n_layer=args.n_layer,
-                       n_head=args.n_head, n_embd=args.n_embd, n_positions=args.seq_len)
-    model = GPT(cfg).to(accelerator.device)
+        blocks, stats = wos.tokenize_blocks(splits, tok.tokenizer, args.seq_len + 1)
+    cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                       n_positions=args.seq_len)
+    model = GPT(cfg, loss=args.loss).to(accelerator.device)
     micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, dev.precision, args.global_batch,
                                              PRESETS[args.preset]["micro_batch"], saved_identity.get("micro_batch"))
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len)
@@ -402,15 +401,16 @@ def set_up(args, argv, stack):
     if ckpt:
         accelerator.load_state(str(ckpt))
     if accelerator.is_main_process:
-        print(startup_line(info, budget, micro_source, tokenizer.get_vocab_size()) +
+        print(startup_line(info, budget, micro_source, tok.vocab_size) +
               (f"; {dev.note}" if dev.note else "") + (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
         print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
               f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}")
         if not ckpt:
             files.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
-    writer = SummaryWriter(out_dir) if accelerator.is_main_process else None
+    writer, sampler = ((SummaryWriter(out_dir), sample.Sampler(tok.tokenizer, blocks["validation"], args.sample_tokens))
+                       if accelerator.is_main_process else (None, None))
     return (Setup(args, accelerator, model, train_model, optimizer, budget, blocks, out_dir,
-                  {**identity, "micro_batch": budget.micro_batch}, info, writer), state, stats)
+                  {**identity, "micro_batch": budget.micro_batch}, info, writer, sampler), state, stats)
 
 
 def train(args, argv, stop):
@@ -426,7 +426,8 @@ def train(args, argv, stop):
         val_loss = validate(setup, state.step)
         info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
         metrics = {**final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
-                                   time.perf_counter() - t_start, setup.info), **info}
+                                   time.perf_counter() - t_start, setup.info), **info,
+                   "samples": setup.sampler and setup.sampler.last}  # the final continuations
         if setup.accelerator.is_main_process:
             setup.writer.close()
             for path in [setup.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):

@@ -1,6 +1,7 @@
 """Batches for the loop and the evaluation: sharded across processes by accelerate, a position of
 two integers (epoch, batch) so that a resume sees what an uninterrupted run would, and on a GPU
-pinned host memory with non-blocking copies."""
+pinned host memory with non-blocking copies. validate(): the validation loss and the model's
+continuations of fixed prompts (training/sample.py), logged."""
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
@@ -52,3 +53,16 @@ def evaluate(model, blocks, accelerator, micro_batch, max_batches):
     total = accelerator.reduce(total, reduction="sum")
     model.train()
     return (total[0] / total[1]).item() if total[1] else float("nan")
+
+
+def validate(setup, step):
+    """The validation loss at `step` (every process takes part), logged to TensorBoard with the
+    continuations of the fixed validation prompts (setup.sampler, main process only). Called outside
+    the timed part of the loop."""
+    val = evaluate(setup.model, setup.blocks["validation"], setup.accelerator, setup.budget.micro_batch,
+                   setup.args.val_batches)
+    if setup.writer:
+        setup.writer.add_scalar("val/loss", val, step)
+        if setup.sampler:
+            setup.sampler(setup.model, setup.accelerator, setup.writer, step, val)
+    return val

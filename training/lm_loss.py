@@ -1,0 +1,53 @@
+"""The language-model loss without the full logits (`gpt_train.py --loss chunked`, a speed candidate).
+
+The plain loss materialises (tokens, vocabulary) logits in fp32 and keeps them for the backward:
+64 x 1024 x 16,384 x 4 bytes = 4 GiB per global batch on the lab shape, written and read again
+several times per step. `chunked_cross_entropy` walks the tokens in chunks, and for each chunk
+computes the logits, the loss and, at once, the gradient of the loss with respect to the logits
+(softmax - one-hot) / tokens, which it turns straight into the gradients of the hidden states and of
+the LM head's weight (as Liger-Kernel's fused linear cross-entropy does). Only one chunk's logits
+exist at a time, and the backward is a scaling of gradients already computed: no recomputation.
+"""
+import torch
+import torch.nn.functional as F
+
+CHUNK_TOKENS = 4096  # 4,096 x 50,304 fp32 logits = 0.8 GB at most at a time
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk):
+        # hidden (N, C), weight (V, C), targets (N,); under autocast the matmuls run in its dtype
+        n = targets.numel()
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, n, chunk):
+            h, t = hidden[start:start + chunk], targets[start:start + chunk]
+            logits = F.linear(h, weight).float()  # (chunk, V): the only logits alive
+            lse = torch.logsumexp(logits, dim=-1)
+            loss += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            grad[torch.arange(len(t), device=t.device), t] -= 1.0
+            grad /= n  # d(mean loss)/d(logits)
+            grad_hidden[start:start + chunk] = grad.to(h.dtype) @ weight.to(h.dtype)
+            grad_weight += (grad.t().to(h.dtype) @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
+
+
+def chunked_cross_entropy(hidden, weight, targets, chunk=CHUNK_TOKENS):
+    """Mean cross-entropy of the logits hidden @ weight.T against targets, equal to
+    F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1)) and its gradients
+    (tested), never holding more than `chunk` tokens' logits. hidden (B, T, C), targets (B, T)."""
+    hidden, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _ChunkedCrossEntropy.apply(hidden, weight, targets, chunk)
+    total = sum(F.cross_entropy(F.linear(hidden[s:s + chunk], weight).float(), targets[s:s + chunk], reduction="sum")
+                for s in range(0, targets.numel(), chunk))  # evaluation: the loss only
+    return total / targets.numel()
