@@ -12,10 +12,12 @@ torchvision (md5-checked) where there is internet. This file holds the model, th
 TensorBoard logging and the same loop driven by PyTorch Lightning.
 """
 import argparse
+import contextlib
 import logging
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -245,26 +247,76 @@ def run(args):
     params = sum(p.numel() for p in model.parameters())
     print(f"LeNet-5 ({params:,} parameters), act={args.act}, engine={args.engine}, device={device}, "
           f"{len(train_set):,} train / {len(test_set):,} test images, logs in {out_dir}")
-    files.write_json(out_dir / "args.json", vars(args))
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
     fit = fit_lightning if args.engine == "lightning" else fit_plain
-    history, train_seconds, curve, steps = fit(args, model, train_set, test_set, digits, out_dir, device)
-
-    last = history[-1]
-    metrics = {"test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
-               "steps": steps,
-               "train_seconds": round(train_seconds, 3), "device": str(device), "device_name": device_name(device),
-               "act": args.act, "engine": args.engine, "params": params, "batch_size": args.batch_size,
-               "lr": args.lr, "seed": args.seed, "torch": torch.__version__, "command": "python lenet5.py " + " ".join(args.argv),
-               "history": history, "train_loss_curve": curve, "out_dir": str(out_dir)}
-    files.write_json(out_dir / "metrics.json", metrics)
-    if args.metrics_out:
-        files.write_json(args.metrics_out, metrics)
-    if args.save:
-        torch.save(model.state_dict(), args.save)
+    record = {"history": [], "train_seconds": 0.0, "curve": [], "steps": 0}  # filled by fit as it goes
+    try:
+        with quiet_writer_thread():
+            files.write_json(out_dir / "args.json", vars(args))
+            fit(args, model, train_set, test_set, digits, out_dir, device, record)
+    except OSError as e:  # a full or failing disk under out_dir: TensorBoard's event file, the images, args.json
+        raise UserError(keep_what_we_can(args, model, metrics_of(args, record, device, params, out_dir),
+                                         f"writing the run's logs in {out_dir} failed ({e.strerror or e})")) from None
+    metrics = metrics_of(args, record, device, params, out_dir)
+    keep_what_we_can(args, model, metrics)
+    try:
+        files.write_json(out_dir / "metrics.json", metrics)
+    except OSError as e:
+        raise UserError(f"writing {out_dir / 'metrics.json'} failed ({e.strerror or e}); "
+                        f"the metrics are in --metrics-out where given") from None
+    last = metrics["history"][-1]
     print(f"test accuracy {last['test_accuracy']:.2%}, test loss {last['test_loss']:.4f}, "
-          f"{train_seconds:.1f} s training on {device}")
+          f"{metrics['train_seconds']:.1f} s training on {device}")
     return metrics
+
+
+def metrics_of(args, record, device, params, out_dir):
+    """The run's metrics from what fit recorded (after a failure: up to the last whole epoch)."""
+    last = record["history"][-1] if record["history"] else {"test_accuracy": None, "test_loss": None}
+    return {"test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
+            "steps": record["steps"], "train_seconds": round(record["train_seconds"], 3), "device": str(device),
+            "device_name": device_name(device), "act": args.act, "engine": args.engine, "params": params,
+            "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "torch": torch.__version__,
+            "command": "python lenet5.py " + " ".join(args.argv), "history": record["history"],
+            "train_loss_curve": record["curve"], "out_dir": str(out_dir)}
+
+
+def keep_what_we_can(args, model, metrics, failure=None):
+    """--metrics-out and --save (often on another disk than the run folder); after a failure, also what
+    was kept, in the one line that stops the run."""
+    kept = []
+    if failure:
+        metrics = metrics | {"stopped": failure}
+    for flag, path, write in (("--metrics-out", args.metrics_out, lambda p: files.write_json(p, metrics)),
+                              ("--save", args.save, lambda p: torch.save(model.state_dict(), p))):
+        if path is None:
+            continue
+        try:
+            write(path)
+            kept.append(f"{'metrics' if flag == '--metrics-out' else 'weights'} in {path}")
+        except OSError as e:
+            if not failure:
+                raise UserError(f"{flag} {path}: {e.strerror or e}") from None
+    if failure:
+        done = f"after epoch {metrics['history'][-1]['epoch']}" if metrics["history"] else "before the first epoch ended"
+        return f"{failure} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept (no --metrics-out/--save)")
+    return None
+
+
+@contextlib.contextmanager
+def quiet_writer_thread():
+    """TensorBoard's writer thread keeps a failed write (a full disk) for the main thread, which stops
+    the run in one line, and then re-raises it, so threading would print a second, long traceback."""
+    previous = threading.excepthook
+
+    def hook(info):
+        if not (isinstance(info.exc_value, OSError) and type(info.thread).__name__ == "_AsyncWriterThread"):
+            previous(info)
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 def device_name(device):
@@ -273,10 +325,11 @@ def device_name(device):
     return f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
 
 
-def epoch_done(writer, model, digits, device, history, epoch, step, test_loss, test_acc, train_seconds):
-    """What both engines do after an epoch: the test figures in TensorBoard, images, GPU use, a line."""
+def epoch_done(writer, model, digits, device, record, epoch, step, test_loss, test_acc, train_seconds):
+    """What both engines do after an epoch: the record, the test figures in TensorBoard, images, GPU use, a line."""
     check_finite(test_loss, f"test loss after epoch {epoch}")
-    history.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
+    record["history"].append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
+    record["steps"], record["train_seconds"] = step, train_seconds
     writer.add_scalar("test/loss", test_loss, step)
     writer.add_scalar("test/accuracy", test_acc, step)
     log_images(writer, model, digits, epoch)
@@ -292,34 +345,35 @@ def add_graph(writer, model, digits):
 
 # ----------------------------------------------------------------------------- the plain loop (--engine plain)
 
-def fit_plain(args, model, train_set, test_set, digits, out_dir, device):
-    """(history, train_seconds, train-loss curve, steps): AdamW with warm-up + cosine, a test pass after every
-    epoch."""
+def fit_plain(args, model, train_set, test_set, digits, out_dir, device, record):
+    """AdamW with warm-up + cosine, a test pass after every epoch; history, times, the train-loss curve and
+    steps go into `record` as they happen."""
     train_loader = Batches(train_set, args.batch_size, shuffle=True, seed=args.seed)
     test_loader = Batches(test_set, 1000, shuffle=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.epochs * len(train_loader)))
     writer = SummaryWriter(out_dir)
     add_graph(writer, model, digits)
-    step, train_seconds, history, curve = 0, 0.0, [], []
+    step, train_seconds = 0, 0.0
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
-        step = train_epoch(model, train_loader, optimizer, scheduler, writer, step, args.log_every, epoch, curve)
+        step = train_epoch(model, train_loader, optimizer, scheduler, writer, step, args.log_every, epoch,
+                           record["curve"])
         if device.type == "cuda":
             torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
         train_seconds += time.perf_counter() - t0
         test_loss, test_acc = test(model, test_loader)
-        epoch_done(writer, model, digits, device, history, epoch, step, test_loss, test_acc, train_seconds)
+        epoch_done(writer, model, digits, device, record, epoch, step, test_loss, test_acc, train_seconds)
+    writer.flush()  # raises what the writer thread could not write; close() alone would not
     writer.close()
-    return history, train_seconds, curve, step
 
 
 # ----------------------------------------------------------------------------- Lightning (--engine lightning)
 
-def fit_lightning(args, model, train_set, test_set, digits, out_dir, device):
+def fit_lightning(args, model, train_set, test_set, digits, out_dir, device, record):
     """The same model, batches, optimizer, schedule and test pass, driven by lightning.Trainer: it runs
     the loop, steps optimizer and scheduler, runs the test pass and the callbacks. The data already
-    lives on the device, so it moves nothing. Returns what fit_plain returns."""
+    lives on the device, so it moves nothing. Fills `record` as fit_plain does."""
     try:
         import lightning as L  # here, not at the top: the import takes ~4 s the plain loop need not pay
     except ImportError as e:
@@ -329,24 +383,24 @@ def fit_lightning(args, model, train_set, test_set, digits, out_dir, device):
     train_loader = Batches(train_set, args.batch_size, shuffle=True, seed=args.seed)
     logger = L.pytorch.loggers.TensorBoardLogger(out_dir, name="", version="", default_hp_metric=False)
     add_graph(logger.experiment, model, digits)
-    lit = lightning_module(L)(model, args, args.epochs * len(train_loader))
-    epochs = epoch_callback(L)(digits, device)
+    lit = lightning_module(L)(model, args, args.epochs * len(train_loader), record["curve"])
+    epochs = epoch_callback(L)(digits, device, record)
     trainer = L.Trainer(accelerator=device.type, devices=1, max_epochs=args.epochs, logger=logger,
                         callbacks=[epochs], enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0, log_every_n_steps=args.log_every)
     trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=Batches(test_set, 1000, shuffle=False))
+    logger.experiment.flush()  # raises what the writer thread could not write
     logger.experiment.close()
-    return epochs.history, epochs.train_seconds, lit.curve, trainer.global_step
 
 
 def lightning_module(L):
     """LeNet-5 as a LightningModule (the class is made on first use, with lightning imported)."""
 
     class LitLeNet5(L.LightningModule):
-        def __init__(self, model, args, total_steps):
+        def __init__(self, model, args, total_steps, curve):
             super().__init__()
             self.model, self.args, self.total_steps = model, args, total_steps
-            self.test_result, self.curve = None, []
+            self.test_result, self.curve = None, curve
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -386,8 +440,8 @@ def epoch_callback(L):
     does what the plain loop does after an epoch (epoch_done)."""
 
     class EpochEnd(L.Callback):
-        def __init__(self, digits, device):
-            self.digits, self.device, self.history, self.train_seconds = digits, device, [], 0.0
+        def __init__(self, digits, device, record):
+            self.digits, self.device, self.record, self.train_seconds = digits, device, record, 0.0
 
         def on_train_epoch_start(self, trainer, lit):
             self.t0 = time.perf_counter()
@@ -399,7 +453,7 @@ def epoch_callback(L):
 
         def on_validation_end(self, trainer, lit):  # after the module's on_validation_epoch_end
             test_loss, test_acc = lit.test_result
-            epoch_done(trainer.logger.experiment, lit.model, self.digits, self.device, self.history,
+            epoch_done(trainer.logger.experiment, lit.model, self.digits, self.device, self.record,
                        trainer.current_epoch + 1, trainer.global_step, test_loss, test_acc, self.train_seconds)
 
     return EpochEnd

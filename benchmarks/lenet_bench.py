@@ -1,12 +1,17 @@
-"""LeNet-5: this repository's default run against the lab's original recipe, side by side.
+"""LeNet-5 side by side in one process: the default recipe against the lab's original one, or two GELUs.
 
-    python benchmarks/lenet_bench.py --data-dir ../shared/data --metrics-out report/results/lenet_bench_cpu.json
+    python benchmarks/lenet_bench.py --data-dir ../shared/data --metrics-out report/results/lenet_bench_recipe_cpu.json
+    python benchmarks/lenet_bench.py --data-dir ../shared/data --act-pair --metrics-out lenet_bench_act.json
 
-The original recipe: batch 64, Adam 1e-3, torchvision's MNIST Dataset with the ToTensor
-transform (one PIL image per sample), --baseline-epochs epochs. The default run is
-`lenet5.py` with its default flags, once with its own loop and once with `--engine lightning`
-(the same model, data and schedule driven by PyTorch Lightning). Same process, same device,
-same model; the three alternate within each repeat, and medians are reported.
+Recipe (the default mode): for each seed (0, 1, 2), --baseline-epochs epochs of the handout's recipe
+(batch 64, Adam 1e-3, torchvision's MNIST with ToTensor: one PIL image per sample), then
+`lenet5.py` with its default flags on the same seed (with --lightning, also `--engine lightning`).
+The runs alternate, so drift on a shared machine hits all alike; reported are every seed's test
+accuracy, median and range of the times, and each seed's ratio to the baseline epoch timed next to it.
+
+--act-pair: `lenet5.py --act torch` and `--act cpp` (the own C++/CUDA GELU, gelu_ext) with the
+default recipe, per seed, alternating which goes first; median and range of each, and the paired
+ratios cpp / torch (below 1: the own op is faster).
 """
 import argparse
 import os
@@ -25,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import lenet5  # noqa: E402
 from data import files  # noqa: E402
+from data.mnist import MNISTError, find_mnist  # noqa: E402
 
 
 def original_recipe(data_dir, device, epochs, seed):
@@ -59,68 +65,127 @@ def original_recipe(data_dir, device, epochs, seed):
     return seconds, accuracies
 
 
+def default_run(args, seed, *flags):
+    """lenet5.py with its default recipe (plus flags) on this seed, in a throw-away run folder; its metrics."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return lenet5.main(["--data-dir", str(args.data_dir), "--no-download", "--device", args.device,
+                            "--seed", str(seed), "--out-dir", tmp, *flags])
+
+
+def spread(values):
+    """Median and [min, max] of a few noisy measurements."""
+    return {"median": statistics.median(values), "range": [min(values), max(values)]}
+
+
+def recipe(args, device):
+    """Per seed: the original recipe's epochs, then the default run (and Lightning); the comparison."""
+    per_seed = []
+    for seed in args.seeds:
+        base_seconds, base_acc = original_recipe(args.data_dir, device, args.baseline_epochs, seed)
+        ours = default_run(args, seed)
+        row = {"seed": seed, "baseline_epoch_seconds": base_seconds, "baseline_accuracy": base_acc,
+               "default_train_seconds": ours["train_seconds"], "default_accuracy": ours["test_accuracy"],
+               "ratio_to_baseline_epoch": ours["train_seconds"] / base_seconds[0]}
+        if args.lightning:
+            lit = default_run(args, seed, "--engine", "lightning")
+            row |= {"lightning_train_seconds": lit["train_seconds"], "lightning_accuracy": lit["test_accuracy"],
+                    "lightning_to_plain": lit["train_seconds"] / ours["train_seconds"]}
+        per_seed.append(row)
+    return summarise_recipe(per_seed, ours)
+
+
+def summarise_recipe(per_seed, last):
+    """The JSON of recipe mode: the per-seed rows, medians and ranges, in the keys make_report reads."""
+    base = [statistics.median(r["baseline_epoch_seconds"][i] for r in per_seed)
+            for i in range(len(per_seed[0]["baseline_epoch_seconds"]))]
+    ours = spread([r["default_train_seconds"] for r in per_seed])
+    result = {"mode": "recipe", "per_seed": per_seed, "repeats": len(per_seed),
+              "recipe": {k: last[k] for k in ("epochs", "batch_size", "lr", "steps")},
+              "baseline_epoch_seconds": base, "baseline_accuracy": per_seed[0]["baseline_accuracy"],
+              "baseline_first_epoch_range": spread([r["baseline_epoch_seconds"][0] for r in per_seed])["range"],
+              "default_epochs": last["epochs"], "default_train_seconds": ours["median"],
+              "default_train_seconds_range": ours["range"],
+              "default_accuracy": min(r["default_accuracy"] for r in per_seed),
+              "ratio_to_one_baseline_epoch": ours["median"] / base[0],
+              "paired_ratios": spread([r["ratio_to_baseline_epoch"] for r in per_seed])}
+    if "lightning_train_seconds" in per_seed[0]:
+        result |= {"lightning_train_seconds": statistics.median(r["lightning_train_seconds"] for r in per_seed),
+                   "lightning_accuracy": min(r["lightning_accuracy"] for r in per_seed),
+                   "all_lightning_to_plain": [r["lightning_to_plain"] for r in per_seed]}
+        result["lightning_to_plain"] = statistics.median(result["all_lightning_to_plain"])
+    return result
+
+
+def act_pair(args, device):
+    """Per seed, --act torch and --act cpp with the default recipe, alternating which goes first."""
+    per_seed = []
+    for i, seed in enumerate(args.seeds):
+        order = ("torch", "cpp") if i % 2 == 0 else ("cpp", "torch")
+        runs = {act: default_run(args, seed, "--act", act) for act in order}
+        per_seed.append({"seed": seed, "first": order[0],
+                         **{f"{act}_train_seconds": runs[act]["train_seconds"] for act in order},
+                         **{f"{act}_accuracy": runs[act]["test_accuracy"] for act in order},
+                         "cpp_to_torch": runs["cpp"]["train_seconds"] / runs["torch"]["train_seconds"]})
+    return {"mode": "act_pair", "per_seed": per_seed, "repeats": len(per_seed),
+            "recipe": {k: runs["torch"][k] for k in ("epochs", "batch_size", "lr", "steps")},
+            "torch_train_seconds": spread([r["torch_train_seconds"] for r in per_seed]),
+            "cpp_train_seconds": spread([r["cpp_train_seconds"] for r in per_seed]),
+            "cpp_to_torch": spread([r["cpp_to_torch"] for r in per_seed])}
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LAB5_DATA", REPO / "data")),
-                   help="MNIST root with MNIST/raw/ (default: %(default)s)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="(default: %(default)s)")
-    p.add_argument("--baseline-epochs", type=int, default=1, help="(default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="alternating pairs of runs; medians are reported, "
-                                                          "since a shared VM is noisy (default: %(default)s)")
+                   help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one interleaved repeat per seed")
+    p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the original recipe per seed")
+    p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
+    p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the comparison here as JSON")
     return p.parse_args(argv)
+
+
+def check(args):
+    """Everything a user can get wrong, before any training: one line, not a traceback half-way."""
+    if args.baseline_epochs < 1 or any(seed < 0 for seed in args.seeds):
+        raise lenet5.UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
+    if args.metrics_out:
+        files.check_output(args.metrics_out, "--metrics-out")
+    device = lenet5.pick_device(args.device)
+    find_mnist(args.data_dir, download=False)
+    if args.act_pair:
+        lenet5.make_gelu("cpp", device)  # says how to build gelu_ext if it is not built
+    return device
+
+
+def report(result, device_name):
+    lines = [f"\n{device_name}, {result['repeats']} interleaved repeats (one per seed)"]
+    for r in result["per_seed"]:
+        lines.append("  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()
+                                      if not isinstance(v, list)))
+    if result["mode"] == "recipe":
+        lines.append(f"  default ({result['default_epochs']} epochs) median {result['default_train_seconds']:.2f} s = "
+                     f"{result['ratio_to_one_baseline_epoch']:.2f} x one original epoch; lowest accuracy "
+                     f"{result['default_accuracy']:.2%}")
+    else:
+        c = result["cpp_to_torch"]
+        lines.append(f"  cpp / torch: median {c['median']:.3f} [{c['range'][0]:.3f}-{c['range'][1]:.3f}]")
+    print("\n".join(lines))
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
-        device = lenet5.pick_device(args.device)
-        lenet5.find_mnist(args.data_dir, download=False)  # one clear line if the files are missing
-    except lenet5.UserError as e:
+        device = check(args)
+    except (lenet5.UserError, MNISTError, files.OutputError) as e:
         sys.exit(f"error: {e}")
-
-    base_runs, ours_runs, lit_runs = [], [], []
-    for _ in range(args.repeats):  # alternate, so that drift on the machine hits all alike
-        base_runs.append(original_recipe(args.data_dir, device, args.baseline_epochs, args.seed))
-        for engine, runs in (("plain", ours_runs), ("lightning", lit_runs)):
-            with tempfile.TemporaryDirectory() as tmp:
-                runs.append(lenet5.main(["--data-dir", str(args.data_dir), "--no-download", "--device", args.device,
-                                         "--seed", str(args.seed), "--engine", engine, "--out-dir", tmp]))
-    base_seconds = [statistics.median(run[0][i] for run in base_runs) for i in range(args.baseline_epochs)]
-    base_acc = base_runs[0][1]  # seeded: the same in every repeat
-    ours = ours_runs[0] | {"train_seconds": statistics.median(run["train_seconds"] for run in ours_runs)}
-    lit = lit_runs[0] | {"train_seconds": statistics.median(run["train_seconds"] for run in lit_runs)}
+    result = act_pair(args, device) if args.act_pair else recipe(args, device)
     device_name = lenet5.device_name(device)
-    result = {
-        "device_name": device_name,
-        "baseline_epoch_seconds": [round(s, 3) for s in base_seconds],
-        "baseline_accuracy": base_acc,
-        "default_train_seconds": ours["train_seconds"],
-        "default_epochs": ours["epochs"],
-        "default_accuracy": ours["test_accuracy"],
-        "ratio_to_one_baseline_epoch": ours["train_seconds"] / base_seconds[0],
-        "repeats": args.repeats,
-        "lightning_train_seconds": lit["train_seconds"],
-        "lightning_accuracy": lit["test_accuracy"],
-        "lightning_to_plain": lit["train_seconds"] / ours["train_seconds"],
-        "all_baseline_first_epoch_seconds": [round(run[0][0], 3) for run in base_runs],
-        "all_default_train_seconds": [run["train_seconds"] for run in ours_runs],
-        "all_lightning_train_seconds": [run["train_seconds"] for run in lit_runs],
-        "all_lightning_to_plain": [b["train_seconds"] / a["train_seconds"] for a, b in zip(ours_runs, lit_runs)],
-        "cpu_model": files.cpu_name(), "torch": torch.__version__,
-        "command": "python " + " ".join(sys.argv),
-    }
-    print(f"\n{device_name}, medians of {args.repeats} alternating repeats")
-    for i, (s, a) in enumerate(zip(base_seconds, base_acc), 1):
-        print(f"  original recipe, epoch {i}: {s:6.2f} s, test accuracy {a:.2%}")
-    print(f"  default lenet5.py, {ours['epochs']} epochs: {ours['train_seconds']:6.2f} s, "
-          f"test accuracy {ours['test_accuracy']:.2%}")
-    print(f"  --engine lightning, {lit['epochs']} epochs: {lit['train_seconds']:6.2f} s, "
-          f"test accuracy {lit['test_accuracy']:.2%}")
-    print(f"  default training time = {result['ratio_to_one_baseline_epoch']:.2f} x one original epoch; "
-          f"Lightning / plain = {result['lightning_to_plain']:.2f} "
-          f"(per repeat {', '.join(f'{r:.2f}' for r in result['all_lightning_to_plain'])})")
+    result |= {"device_name": device_name, "cpu_model": files.cpu_name(), "torch": torch.__version__,
+               "command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/lenet_bench.py", *argv])}
+    report(result, device_name)
     if args.metrics_out:
         files.write_json(args.metrics_out, result)
     return result

@@ -11,7 +11,7 @@ import torch
 
 import lenet5
 from data import files
-from conftest import REPO, free_port, run_script
+from conftest import REPO, free_port, run_script, write_tiny_mnist
 
 
 # --------------------------------------------------------------------- model
@@ -203,3 +203,80 @@ def test_lightning_real_mnist_one_epoch_reaches_98_percent(shared_data, tmp_path
     metrics = lenet5.main(["--data-dir", str(shared_data), "--no-download", "--epochs", "1", "--engine", "lightning",
                            "--device", "cpu", "--out-dir", str(tmp_path / "run")])
     assert metrics["test_accuracy"] >= 0.98, metrics
+
+
+# --------------------------------------------------------------------- a full disk under the run folder
+
+def test_a_full_disk_at_the_event_file_stops_in_one_line_keeping_metrics_and_weights(tiny_mnist, tmp_path,
+                                                                                      monkeypatch, capsys):
+    import errno
+    from tensorboard.summary.writer import record_writer
+    real_write, calls = record_writer.RecordWriter.write, []
+
+    def write(self, data):  # the disk fills up part-way through the second epoch's logging
+        calls.append(1)
+        if len(calls) > 30:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, data)
+    monkeypatch.setattr(record_writer.RecordWriter, "write", write)
+    run, kept, weights = tmp_path / "run", tmp_path / "elsewhere" / "m.json", tmp_path / "elsewhere" / "w.pt"
+    kept.parent.mkdir()
+    with pytest.raises(SystemExit) as stop:
+        lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--epochs", "3",
+                     "--batch-size", "50", "--log-every", "2", "--out-dir", str(run), "--metrics-out", str(kept),
+                     "--save", str(weights)])
+    message = str(stop.value.code)
+    assert message.startswith("error: writing the run's logs in ") and str(run) in message
+    assert "No space left on device" in message and f"metrics in {kept}" in message and f"weights in {weights}" in message
+    assert len(message.splitlines()) == 1 and "Traceback" not in capsys.readouterr().err
+    metrics = json.loads(kept.read_text())
+    assert "No space left on device" in metrics["stopped"] and 1 <= len(metrics["history"]) < 3
+    assert torch.load(weights)["conv1.weight"].shape == (6, 1, 5, 5)
+
+
+# --------------------------------------------------------------------- benchmarks/lenet_bench.py
+
+@pytest.fixture
+def bench(tmp_path):
+    """benchmarks/lenet_bench.py, imported, and tiny MNIST in torchvision's layout (plain files) for its baseline."""
+    import gzip
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import lenet_bench
+    raw = write_tiny_mnist(tmp_path / "mnist" / "MNIST" / "raw", n_train=300, n_test=100)
+    gz = raw / "train-images-idx3-ubyte.gz"
+    (raw / "train-images-idx3-ubyte").write_bytes(gzip.decompress(gz.read_bytes()))
+    gz.unlink()
+    return lenet_bench, tmp_path / "mnist"
+
+
+def test_lenet_bench_recipe_pairs_each_seed_with_a_baseline_epoch(bench, tmp_path):
+    lenet_bench, data = bench
+    out = tmp_path / "bench.json"
+    result = lenet_bench.main(["--data-dir", str(data), "--device", "cpu", "--seeds", "0", "1",
+                               "--metrics-out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert [r["seed"] for r in result["per_seed"]] == [0, 1] and result["repeats"] == 2
+    for r in result["per_seed"]:
+        assert r["ratio_to_baseline_epoch"] == pytest.approx(r["default_train_seconds"] / r["baseline_epoch_seconds"][0])
+    assert result["default_accuracy"] == min(r["default_accuracy"] for r in result["per_seed"])
+    assert result["recipe"]["epochs"] == result["default_epochs"] == lenet5.parse_args([]).epochs
+    times = [r["default_train_seconds"] for r in result["per_seed"]]
+    assert result["default_train_seconds_range"] == [min(times), max(times)]
+
+
+def test_lenet_bench_act_pair_alternates_torch_and_cpp(bench, tmp_path):
+    pytest.importorskip("gelu_ext._C", reason="gelu_ext not built")
+    lenet_bench, data = bench
+    result = lenet_bench.main(["--data-dir", str(data), "--device", "cpu", "--seeds", "0", "1", "--act-pair"])
+    assert [r["first"] for r in result["per_seed"]] == ["torch", "cpp"]
+    for r in result["per_seed"]:
+        assert r["cpp_to_torch"] == pytest.approx(r["cpp_train_seconds"] / r["torch_train_seconds"])
+        assert r["cpp_accuracy"] == pytest.approx(r["torch_accuracy"], abs=0.05)  # the same model and data
+    ratios = [r["cpp_to_torch"] for r in result["per_seed"]]
+    assert result["cpp_to_torch"] == {"median": pytest.approx(sum(ratios) / 2), "range": [min(ratios), max(ratios)]}
+
+
+def test_lenet_bench_missing_data_is_one_line(tmp_path):
+    result = run_script("benchmarks/lenet_bench.py", "--data-dir", str(tmp_path), "--device", "cpu")
+    assert result.returncode == 1 and result.stderr.startswith("error: MNIST files missing")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -155,3 +155,83 @@ def test_nvidia_smi_logs_become_figures(tmp_path):
     assert "![nvidia-smi](gpu_nvidia_smi.png)" in text and "gpu_nvidia_smi_utilization.png" in text
     for name in ("gpu_nvidia_smi.png", "gpu_nvidia_smi_utilization.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG")
+
+
+# --------------------------------------------------------------------- inputs that must not break the report
+
+def newer_run_beside(runs, tmp_path, metrics_text):
+    """A copy of the runs with a newer LeNet-5 run whose metrics.json is metrics_text."""
+    root = tmp_path / "runs"
+    shutil.copytree(runs / "runs", root)
+    newer = root / "lenet5" / "z-newer"
+    newer.mkdir()
+    (newer / "args.json").write_text("{}")
+    (newer / "metrics.json").write_text(metrics_text)
+    older = root / "lenet5" / "a" / "args.json"
+    os.utime(older, (older.stat().st_mtime - 100, older.stat().st_mtime - 100))
+    return root, newer
+
+
+@pytest.mark.parametrize("metrics_text, reason", [("[1, 2]", "is a JSON list, not an object"),
+                                                  ("{}", "is neither a LeNet-5 run"),
+                                                  ('{"act": "torch", "test_accuracy": "0.99"}',
+                                                   "has 'test_accuracy': \"0.99\", not a number")])
+def test_a_newer_run_with_unusable_metrics_does_not_hide_an_older_good_one(runs, tmp_path, capsys, metrics_text,
+                                                                             reason):
+    root, newer = newer_run_beside(runs, tmp_path, metrics_text)
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(root), "--results", str(tmp_path / "none"), "--out", str(out),
+                      "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    assert f"skipped the newer run {newer}: metrics.json {reason}" in text
+    assert f"Run `{root / 'lenet5' / 'a'}`" in text
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(line.startswith("warning: ") for line in err.splitlines())
+
+
+def test_a_string_where_a_number_belongs_in_a_results_file_is_one_line(tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "lenet_bench_bad.json").write_text(json.dumps({
+        "device_name": "cpu", "baseline_epoch_seconds": ["6.9"], "baseline_accuracy": [0.977], "default_epochs": 3,
+        "default_train_seconds": 9.0, "default_accuracy": 0.991, "ratio_to_one_baseline_epoch": 1.3}))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
+                      "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    assert f"left out {results / 'lenet_bench_bad.json'}: a field is missing or of the wrong type" in text
+    assert "no LeNet-5 benchmark found" in text and "| 6.9" not in text
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: left out") and "Traceback" not in err[0]
+
+
+def fake_chromium(tmp_path, body):
+    script = tmp_path / "chromium"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_chromium_that_fails_leaves_no_links_to_missing_screenshots(runs, tmp_path, monkeypatch):
+    monkeypatch.setattr(browser, "find_browser", lambda: fake_chromium(tmp_path, "exit 1"))
+    out = tmp_path / "out"
+    make_report.main([str(runs / "runs" / "lenet5" / "a"), "--results", str(tmp_path / "none"), "--out", str(out)])
+    text = (out / "results.md").read_text()
+    assert not list(out.glob("*tensorboard*.png")) and "tensorboard_scalars.png)" not in text
+    assert "no screenshot lenet_tensorboard_scalars.png: Chromium exited with 1" in text
+
+
+def test_a_hanging_chromium_is_killed_and_the_report_still_written(runs, tmp_path, monkeypatch):
+    import time
+    pid_file = tmp_path / "pid"
+    monkeypatch.setattr(browser, "find_browser", lambda: fake_chromium(tmp_path, f"echo $$ > {pid_file}; sleep 600"))
+    monkeypatch.setattr(browser, "BROWSER_TIMEOUT", 3)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    make_report.main([str(runs / "runs" / "lenet5" / "a"), "--results", str(tmp_path / "none"), "--out", str(out)])
+    assert time.monotonic() - t0 < 100  # one bounded wait, not one per screenshot, not 120 s
+    text = (out / "results.md").read_text()
+    assert "Chromium did not finish within 3 s; killed; no further screenshots tried" in text
+    assert "tensorboard_scalars.png)" not in text
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # the hung process is gone
