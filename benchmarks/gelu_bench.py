@@ -13,6 +13,7 @@ says why the op is missing.
 """
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -218,6 +219,7 @@ def main(argv=None):
     cols = list(impls) + (["copy"] if device.type == "cuda" else [])
     print(f"{'n':>10} {'calls':>5} " + " ".join(f"{name + ' ms':>10}" for name in cols)
           + ("" if missing else f" {'ext GB/s':>9} {'ext/aten':>8} {'per round':>15}"))
+    load_before = os.getloadavg()  # on a shared machine, how busy it was is part of the result
     rows = []
     for log2 in sizes:
         n = 2**log2
@@ -233,6 +235,7 @@ def main(argv=None):
     result = {"device_name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "command": "python " + " ".join(sys.argv), "build": gelu_ext.build_info(),
               "ext_measured": not missing, "ext_missing_reason": missing, "dtype": args.dtype, "repeats": repeats,
+              "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
               "float32_max_backward_error": None if not gelu_ext.is_built() else max_backward_error(),
               "n": last["n"], **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
                                                         "copy_ms", "ext_vs_copy") if k in last},
