@@ -15,8 +15,11 @@
 #SBATCH --output=runs/slurm/%x-%j.out
 #SBATCH --open-mode=append
 set -uo pipefail
-SCRIPT=$0  # under sbatch a spool copy: Slurm knows the submitted path
-[ "${0##*/}" = slurm_script ] && SCRIPT=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'Command=[^ ]*' | cut -d= -f2-)
+SCRIPT=$0  # under sbatch a spool copy: Slurm records the submitted path, then the arguments
+if [ "${0##*/}" = slurm_script ]; then
+    SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
+    [ $# -eq 0 ] || SCRIPT=${SCRIPT%" $*"}  # the path may hold spaces: cut the arguments, not at a space
+fi
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
 # One run directory per job (unless --out-dir is given): a requeued job keeps its id, so it finds

@@ -1,23 +1,31 @@
 #!/bin/bash
 # GPT-2 on WOS, data parallel over N nodes x G GPUs (DDP: torchrun per node, accelerate inside).
-#   sbatch --nodes=2 --gres=gpu:4 slurm/gpt_multi.sh [gpt_train.py flags]
+#   sbatch slurm/gpt_multi.sh [gpt_train.py flags]                  2 nodes x 1 GPU (a course cluster's nodes)
+#   sbatch --nodes=2 --gres=gpu:4 slurm/gpt_multi.sh ...            nodes with 4 GPUs: ask on the command line
 #   sbatch --nodes=2 --gres=none slurm/gpt_multi.sh --preset tiny    CPU-only nodes: one process each (gloo)
 #   bash slurm/gpt_multi.sh ...          without Slurm: all GPUs of this machine (one process on a CPU)
 # Each node runs one process per allocated GPU; the global batch is kept by accumulation.
 # Submit from the repository root (log in runs/slurm/, appended across restarts); elsewhere add -o %x-%j.out.
+# The nodes talk over the first network interface NCCL picks; where that is the wrong one (a node
+# with several: Ethernet beside InfiniBand, docker0, a management port), name the one the nodes share:
+#   NCCL_SOCKET_IFNAME=eth0 sbatch slurm/gpt_multi.sh ...    (`ip -brief addr` on a node lists them;
+# sbatch passes the environment on). NCCL_DEBUG=INFO logs which one it took.
 #SBATCH --job-name=gpt-multi
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
-#SBATCH --gres=gpu:4
-#SBATCH --cpus-per-task=16
+#SBATCH --gres=gpu:1
+#SBATCH --cpus-per-task=8
 #SBATCH --time=00:20:00
 #SBATCH --signal=B:USR1@90
 #SBATCH --requeue
 #SBATCH --output=runs/slurm/%x-%j.out
 #SBATCH --open-mode=append
 set -uo pipefail
-SCRIPT=$0  # under sbatch a spool copy: Slurm knows the submitted path
-[ "${0##*/}" = slurm_script ] && SCRIPT=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'Command=[^ ]*' | cut -d= -f2-)
+SCRIPT=$0  # under sbatch a spool copy: Slurm records the submitted path, then the arguments
+if [ "${0##*/}" = slurm_script ]; then
+    SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
+    [ $# -eq 0 ] || SCRIPT=${SCRIPT%" $*"}  # the path may hold spaces: cut the arguments, not at a space
+fi
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
 OUT_DIR=$(out_dir_flag "$@")  # one run directory per job unless --out-dir is given (as in gpt.sh)

@@ -12,9 +12,11 @@
 #SBATCH --output=runs/slurm/%x-%j.out
 #SBATCH --open-mode=append
 set -euo pipefail
-# Under sbatch this file runs from a spool copy (.../slurm_script); Slurm knows the submitted path.
-SCRIPT=$0
-[ "${0##*/}" = slurm_script ] && SCRIPT=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'Command=[^ ]*' | cut -d= -f2-)
+SCRIPT=$0  # under sbatch a spool copy: Slurm records the submitted path, then the arguments
+if [ "${0##*/}" = slurm_script ]; then
+    SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
+    [ $# -eq 0 ] || SCRIPT=${SCRIPT%" $*"}  # the path may hold spaces: cut the arguments, not at a space
+fi
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
 exec python "$REPO/lenet5.py" "$@"

@@ -5,7 +5,9 @@
 munged, slurmctld and two slurmd (nodes labn1, labn2: one host, two ports) run as root with every
 file in one temporary folder; stop() ends only the daemons started here, by their pids. Needs
 Debian's slurm-wlm and munge, root, and the node names resolving (`127.0.0.1 labn1 labn2` in
-/etc/hosts). Partitions mirror the course cluster: `normal` (default, 20 min) and `debug` (5 min).
+/etc/hosts). Partitions mirror the course cluster: `normal` (default, 20 min) and `debug` (5 min),
+and each node has one GPU, as a course node has: a GRES slot (gres.conf points it at /dev/null), so
+`--gres=gpu:1` is granted, `--gres=gpu:4` refused, and the job gets SLURM_GPUS_ON_NODE; no real GPU.
 """
 import os
 import shutil
@@ -71,6 +73,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=3600
 KillWait=30
+GresTypes=gpu
 """
 
 
@@ -94,10 +97,12 @@ class SlurmCluster:
         (r / "munge.key").chmod(0o400)
         text = CONF.format(host=socket.gethostname(), ctld_port=free_port(), root=r)
         for node in NODES:
-            text += f"NodeName={node} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 Port={free_port()} CPUs=16\n"
+            text += (f"NodeName={node} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 Port={free_port()} "
+                     "CPUs=16 Gres=gpu:1\n")
         text += f"PartitionName=normal Nodes={','.join(NODES)} Default=YES MaxTime=20 State=UP\n"
         text += f"PartitionName=debug Nodes={','.join(NODES)} MaxTime=5 State=UP\n"
         self.conf.write_text(text)
+        (r / "gres.conf").write_text("Name=gpu File=/dev/null\n")  # read from slurm.conf's folder
         self._daemon(["munged", f"--key-file={r}/munge.key", f"--socket={r}/munge.sock", f"--pid-file={r}/munged.pid",
                       f"--log-file={r}/munged.log", f"--seed-file={r}/munged.seed"], r / "munged.pid")
         self._daemon(["slurmctld", "-f", str(self.conf)], r / "slurmctld.pid")

@@ -1,7 +1,8 @@
 """The launchers under a real Slurm cluster (tests/slurm_cluster.py): sbatch as a student types it.
 
-The test cluster has no GPUs, so `--gres=none` on the command line overrides the scripts' GPU
-request, as a student would on a CPU partition. Everything else is the scripts as committed.
+The test cluster's nodes have one GPU slot each but no real GPU, so the single-process launchers get
+`--gres=none` on the command line, as a student would on a CPU partition; gpt_multi.sh runs with its
+own default (one GPU a node) and so one CPU process a node. Everything else is the scripts as committed.
 """
 import json
 import time
@@ -61,7 +62,7 @@ def test_paths_are_read_from_the_submit_folder_on_the_debug_queue(slurm, tiny_mn
 
 def test_sbatch_tokenizer_trains_and_caches_the_blocks(slurm, corpus, tmp_path):
     job_id = slurm.sbatch("-o", tmp_path / "%x-%j.out", "slurm/tokenizer.sh", "--text", corpus / "X.txt",
-                          "--vocab-size", "512", "--out", tmp_path / "tok.json", "--block-size", "32", "--cache-dir",
+                          "--vocab-size", "512", "--out", tmp_path / "tok.json", "--seq-len", "32", "--cache-dir",
                           tmp_path / "cache", "--compare", "none", "--metrics-out", tmp_path / "m.json", cwd=REPO)
     job = slurm.wait(job_id)
     assert job["JobState"] == "COMPLETED" and job["Partition"] == "normal", why(job, slurm)
@@ -102,12 +103,17 @@ def test_scancel_leaves_a_resumable_checkpoint(slurm, corpus, tmp_path):
     assert resumed["resumed"] and resumed["steps"] == 4000
 
 
-def test_two_nodes_one_cpu_process_each_match_one_process(slurm, corpus, tmp_path):
+def test_two_nodes_one_gpu_each_by_default_match_one_process(slurm, corpus, tmp_path):
+    """gpt_multi.sh as its header's first line submits it: 2 nodes x 1 GPU (a course cluster's nodes,
+    where the old default of 4 GPUs a node is refused at submission)."""
+    with pytest.raises(RuntimeError, match="Requested node configuration is not available"):
+        slurm.sbatch("--gres=gpu:4", "-o", tmp_path / "%x-%j.out", "slurm/gpt_multi.sh", cwd=REPO)
     common = ["--tokens", str(12 * 8 * 32), "--fused-adamw", "off"]
-    job_id = slurm.sbatch("--nodes=2", "--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt_multi.sh",
+    job_id = slurm.sbatch("-o", tmp_path / "%x-%j.out", "slurm/gpt_multi.sh",
                           *tiny_args(corpus, tmp_path / "two", *common), cwd=REPO)
     job = slurm.wait(job_id)
     assert job["JobState"] == "COMPLETED", why(job, slurm)
+    assert "GPUs 0," in log_of(job) and "x 1 processes" in log_of(job)  # one GPU granted a node, one rank each
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())
     one = gpt_train.main(tiny_args(corpus, tmp_path / "one", *common))
     assert two["world_size"] == 2 and job["NumNodes"] == "2" and two["tokens_seen"] == one["tokens_seen"]
@@ -127,3 +133,15 @@ def test_two_nodes_usr1_checkpoint_requeue_and_resume(slurm, corpus, tmp_path):
     one = gpt_train.main(tiny_args(corpus, tmp_path / "one", *common, "--ckpt-every", "0"))
     assert two["resumed"] and two["world_size"] == 2 and two["tokens_seen"] == one["tokens_seen"]
     assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], abs=1e-3)
+
+
+def test_launchers_run_from_a_repository_path_with_a_space(slurm, tiny_mnist, tmp_path):
+    """Slurm records the submitted path and the arguments in one field, joined by spaces: the launcher
+    must find itself (and common.sh beside it) in "lab 5/slurm/", not in "lab"."""
+    (tmp_path / "lab 5").symlink_to(REPO)
+    job_id = slurm.sbatch("--gres=none", "-o", tmp_path / "%x-%j.out", tmp_path / "lab 5" / "slurm" / "lenet.sh",
+                          "--epochs", "1", "--data-dir", tiny_mnist, "--no-download", "--out-dir", tmp_path / "run",
+                          "--metrics-out", tmp_path / "m.json", cwd=tmp_path)
+    job = slurm.wait(job_id)
+    assert job["JobState"] == "COMPLETED", why(job, slurm)
+    assert json.loads((tmp_path / "m.json").read_text())["epochs"] == 1
