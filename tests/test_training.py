@@ -1,5 +1,6 @@
 """training/: device decisions and MFU, the token budget and micro-batch, throughput, the stop flag,
 evaluation without recompiles: the machinery gpt_train.py calls, tested on its own."""
+import json
 import math
 import os
 import signal
@@ -41,9 +42,12 @@ def test_precision_impossible_requests_are_errors():
         device.resolve_precision("bf16", "cuda", (7, 5))
 
 
-def test_compile_auto_is_regional_on_sm80_and_off_on_turing_and_cpu():
-    assert device.resolve_compile("auto", "cuda", (7, 5))[0] == "off"
-    assert "sm75" in device.resolve_compile("auto", "cuda", (7, 5))[1]
+def test_compile_auto_is_regional_on_sm70_and_newer_and_off_below_and_on_cpu():
+    # inductor refuses only compute capability < 7.0: a 2080Ti (sm75) compiles too
+    assert device.resolve_compile("auto", "cuda", (7, 5)) == ("regional", "")
+    assert device.resolve_compile("auto", "cuda", (7, 0)) == ("regional", "")
+    assert device.resolve_compile("auto", "cuda", (6, 1))[0] == "off"
+    assert "sm61" in device.resolve_compile("auto", "cuda", (6, 1))[1]
     assert device.resolve_compile("auto", "cuda", (9, 0)) == ("regional", "")
     assert device.resolve_compile("auto", "cpu", (0, 0))[0] == "off"
     assert device.resolve_compile("whole", "cuda", (9, 0))[0] == "whole"
@@ -54,6 +58,11 @@ def test_mfu_peak_table():
     assert device.peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp16") == 53.8e12
     assert device.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 156e12
     assert device.peak_flops("Some Unknown GPU", "bf16") is None
+    # the most specific name wins: an NVL card is not the SXM part whose name it contains
+    assert device.peak_flops("NVIDIA H200 NVL", "bf16") == 835e12
+    assert device.peak_flops("NVIDIA H100 NVL", "bf16") == 835e12
+    assert device.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert device.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
 
 
 # ------------------------------------------------------------------ budget, micro-batch, throughput
@@ -89,6 +98,53 @@ def test_micro_batch_search_backs_off_on_out_of_memory():
     assert tried == [64, 32, 16, 8, 4]
     with pytest.raises(UserError, match="not even a micro-batch of 1"):
         budget.find_micro_batch(lambda m: (_ for _ in ()).throw(torch.OutOfMemoryError("fake")), share=4)
+
+
+def test_micro_batch_search_runs_on_torch_2_4(monkeypatch):
+    """torch 2.4 (requirements.txt allows it) has torch.cuda.OutOfMemoryError but no torch.OutOfMemoryError."""
+    oom = torch.cuda.OutOfMemoryError
+    monkeypatch.delattr(torch, "OutOfMemoryError")
+
+    def try_step(m):
+        if m > 2:
+            raise oom("CUDA out of memory (fake)")
+
+    assert budget.find_micro_batch(try_step, share=8) == 2
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """The probe's CUDA calls on a CPU: a GPU name, no cache to empty, peak-memory resets recorded."""
+    resets = []
+    monkeypatch.setattr(budget, "CACHE_HOME", tmp_path / "lab5")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device))
+    cfg = GPT2Config(vocab_size=64, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+    return gpt_train.GPT(cfg), resets, tmp_path / "lab5" / "micro_batch.json"
+
+
+def test_the_probe_resets_peak_memory_and_remembers_per_share(fake_gpu):
+    model, resets, cache = fake_gpu
+    assert budget.probe_micro_batch(model, "fp32", "cpu", share=8) == (8, "probed")
+    assert resets == ["cpu"]  # the failed tries' peak is not training's
+    assert budget.probe_micro_batch(model, "fp32", "cpu", share=8) == (8, "remembered")
+    assert budget.probe_micro_batch(model, "fp32", "cpu", share=4) == (4, "probed")  # another share: its own entry
+    assert sorted(key.rsplit("|", 1)[1] for key in json.loads(cache.read_text())) == ["share 4", "share 8"]
+
+
+@pytest.mark.parametrize("content", [b"{\"Fake GPU|1x16", b"[1, 2]", b'{"k": "x"}', b"\xff\xfe\x00"])
+def test_a_damaged_probe_cache_is_ignored_and_probed_again(fake_gpu, content):
+    model, _, cache = fake_gpu
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(content)
+    assert budget.probe_micro_batch(model, "fp32", "cpu", share=4) == (4, "probed")
+    assert list(json.loads(cache.read_text()).values()) == [4]
+
+
+def test_the_probe_ballast_counts_ddp_buckets():
+    assert budget.probe_ballast(1000, world=1) == 3000  # AdamW's two moments + the step's temporaries
+    assert budget.probe_ballast(1000, world=8) == 4000  # + DDP's gradient buckets
 
 
 def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
@@ -183,3 +239,28 @@ def test_term_right_after_a_usr1_checkpoint_still_exits_3(corpus, tmp_path):
         time.sleep(0.005)
     assert proc.wait() == metrics.STOP_EXIT_CODE
     assert latest_checkpoint(tmp_path / "run")[0] is not None
+
+
+# ------------------------------------------------------------------ fp16 loss scaling
+
+def test_a_step_skipped_by_a_real_grad_scaler_with_fused_adamw_is_seen():
+    """With a fused AdamW, GradScaler always calls its step (the kernel skips on inf), so accelerate
+    reports no skipped step; the scale says it: an inf gradient halves it."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    Accelerator(cpu=True)  # accelerate's state, which its optimizer wrapper needs
+    weight = torch.nn.Parameter(torch.ones(4))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    optimizer = AcceleratedOptimizer(torch.optim.AdamW([weight], lr=0.1, fused=True), device_placement=False,
+                                     scaler=scaler)
+    skips = device.SkippedSteps(scaler)
+    for grad_is_inf in (True, False, True):
+        scaler.scale(weight.sum()).backward()
+        if grad_is_inf:
+            weight.grad[0] = float("inf")
+        before = weight.detach().clone()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert skips.last_skipped() == grad_is_inf and torch.equal(weight, before) == grad_is_inf
+    assert scaler.get_scale() == 2.0**10
+    assert not device.SkippedSteps(None).last_skipped()  # bf16/fp32: no scaler, nothing skipped

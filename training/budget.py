@@ -3,6 +3,7 @@ flag, the preset (CPU) or a probe of what fits this GPU; with several processes,
 import gc
 import json
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +63,7 @@ def choose_micro_batch(flag, model, accelerator, precision, global_batch, preset
         return flag, "flag"
     if accelerator.device.type != "cuda":
         return fit_micro_batch(global_batch, world, preset_micro), "preset"
-    micro, source = probe_micro_batch(model, precision, accelerator.device, global_batch // world)
+    micro, source = probe_micro_batch(model, precision, accelerator.device, global_batch // world, world)
     return agree_on_micro_batch(accelerator, micro), source
 
 
@@ -87,28 +88,28 @@ def find_micro_batch(try_step, share):
         try:
             try_step(m)
             return m
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError only exists from torch 2.5
             gc.collect()
             torch.cuda.empty_cache()
     raise UserError("not even a micro-batch of 1 sequence fits on this GPU")
 
 
-def probe_micro_batch(model, precision, device, share):
-    """--micro-batch auto on a GPU: a real forward + backward per candidate, with a ballast the size of
-    AdamW's two moments and DDP's gradient buckets (allocated later). Remembered per GPU name and
-    shape in ~/.cache/lab5/micro_batch.json; delete an entry to probe again."""
+def probe_micro_batch(model, precision, device, share, world=1):
+    """--micro-batch auto on a GPU: a real forward + backward per candidate, with a ballast for what
+    training allocates later (probe_ballast). Remembered per GPU name, shape and this process's share
+    of the global batch in ~/.cache/lab5/micro_batch.json; delete an entry (or the file) to probe again."""
     cfg = model.cfg
     key = (f"{torch.cuda.get_device_name(device)}|{cfg.n_layer}x{cfg.n_embd}|seq {cfg.n_positions}|vocab "
-           f"{cfg.vocab_size}|{precision}|{model.attention}")
+           f"{cfg.vocab_size}|{precision}|{model.attention}|share {share}")
     cache = CACHE_HOME / "micro_batch.json"
-    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    known = read_probe_cache(cache)
     if key in known:
         return fit_micro_batch(share, 1, known[key]), "remembered"
-    n_params = sum(p.numel() for p in model.parameters())
+    ballast_size = probe_ballast(sum(p.numel() for p in model.parameters()), world)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def try_step(m):
-        ballast = torch.empty(3 * n_params, dtype=torch.float32, device=device)
+        ballast = torch.empty(ballast_size, dtype=torch.float32, device=device)
         batch = torch.zeros(m, cfg.n_positions + 1, dtype=torch.long, device=device)  # no RNG: training unchanged
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
             model(batch[:, :-1], batch[:, 1:]).backward()
@@ -116,6 +117,28 @@ def probe_micro_batch(model, precision, device, share):
         del ballast
 
     found = find_micro_batch(try_step, share)
+    torch.cuda.reset_peak_memory_stats(device)  # TensorBoard's peak memory: training's, not the failed tries'
     known[key] = found
-    files.write_json(cache, known)
+    try:
+        files.write_json(cache, known)
+    except files.OutputError as e:  # a read-only home: probe again next time
+        print(f"warning: the probed micro-batch is not remembered: {e}", file=sys.stderr)
     return found, "probed"
+
+
+def probe_ballast(n_params, world):
+    """fp32 elements held beside the probe's own weights and gradients: AdamW's two moments and one
+    more params' worth for the optimizer step's temporaries (3x); under DDP one more for its gradient
+    buckets and the compression hook's copies (4x)."""
+    return (4 if world > 1 else 3) * n_params
+
+
+def read_probe_cache(path):
+    """{key: micro-batch} from micro_batch.json; a missing or damaged file is an empty one (probe again)."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):  # missing, unreadable, not JSON, not UTF-8
+        return {}
+    if not isinstance(known, dict):
+        return {}
+    return {k: v for k, v in known.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}

@@ -12,9 +12,10 @@ from data import files
 from training import UserError
 
 PEAK_TFLOPS = {  # dense tensor-core peak per GPU (bf16/fp16 with fp32 accumulate, tf32) for MFU
-    "H200": (989, 494), "H100 SXM": (989, 494), "H100 PCIe": (756, 378), "H100": (989, 494),
-    "A100": (312, 156), "L40S": (362, 183), "A10": (125, 62), "V100": (125, 15.7), "2080 Ti": (53.8, 13.4),
-}
+    "H200 NVL": (835, 418), "H200": (989, 494), "H100 NVL": (835, 418), "H100 SXM": (989, 494),
+    "H100 PCIe": (756, 378), "H100": (989, 494), "A100": (312, 156), "L40S": (362, 183), "A10": (125, 62),
+    "V100": (125, 15.7), "2080 Ti": (53.8, 13.4),
+}  # the longest name found in the GPU's wins: "H200 NVL" is not an H200 SXM
 
 
 @dataclass(frozen=True)
@@ -68,16 +69,16 @@ def cpu_has_bf16():
 
 
 def resolve_compile(requested, device_type, capability):
-    """(mode, note). auto: `regional` on sm80+ GPUs — each transformer block compiled on its own,
-    so the twelve identical blocks share one graph and the cold compile is a fraction of a
-    whole-model compile. Off on Turing (sm75), which recent Triton no longer targets, and on CPU,
-    where it measured no faster (benchmarks/gpt_bench.py)."""
+    """(mode, note). auto: `regional` on sm70+ GPUs (a 2080Ti, sm75, included) — each transformer
+    block compiled on its own, so the twelve identical blocks share one graph and the cold compile is
+    a fraction of a whole-model compile. Off below sm70, which inductor refuses (its Triton backend
+    needs compute capability 7.0), and on CPU, where it measured no faster (benchmarks/gpt_bench.py)."""
     if requested != "auto":
         return requested, ""
     if device_type == "cpu":
         return "off", "torch.compile off on CPU (no gain measured; --compile regional to force)"
-    if capability < (8, 0):
-        return "off", f"torch.compile skipped: Triton does not target sm{capability[0]}{capability[1]}"
+    if capability < (7, 0):
+        return "off", f"torch.compile skipped: inductor needs sm70+, this GPU is sm{capability[0]}{capability[1]}"
     return "regional", ""
 
 
@@ -94,9 +95,34 @@ def compile_model(model, mode, backend="inductor"):
 def use_compile_cache(directory):
     """Keep inductor's and Triton's caches in `directory` (default ~/.cache/lab5/torch-compile: the
     home file system, shared by a cluster's nodes, unlike inductor's default /tmp), so that a
-    second run, or a requeued job on another node, finds its kernels compiled. User settings win."""
+    second run, or a requeued job on another node, finds its kernels compiled. User settings win.
+    Called before any work: a folder that cannot be written (a read-only HOME) is one line, not a
+    traceback from inside the first compiled step."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(directory) / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path(directory) / "triton"))
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        named = "--compile-cache" if os.environ[variable].startswith(str(directory)) else variable
+        try:
+            files.check_output_dir(os.environ[variable], named)
+        except files.OutputError as e:
+            raise UserError(f"{e}; give a writable --compile-cache or --compile off") from None
+
+
+class SkippedSteps:
+    """fp16: whether GradScaler skipped the optimizer step just taken, read from its scale, which
+    update() lowers exactly when the gradients held inf/NaN. accelerate's optimizer_step_was_skipped
+    cannot tell with a fused AdamW: it supports amp scaling, so GradScaler always calls its step (the
+    kernel itself skips), and accelerate always sees a step taken. One host read per step, fp16 only."""
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+        self.scale = scaler.get_scale() if scaler else None  # after a resume: the checkpoint's scale
+
+    def last_skipped(self):
+        if self.scaler is None:
+            return False
+        before, self.scale = self.scale, self.scaler.get_scale()
+        return self.scale < before
 
 
 def eager_mode():
@@ -112,10 +138,11 @@ def flops_per_token(cfg, seq_len, params):
 
 
 def peak_flops(device_name, precision):
-    for name, (half, tf32) in PEAK_TFLOPS.items():
-        if name.lower() in device_name.lower().replace("-", " "):
-            return (half if precision in ("bf16", "fp16") else tf32) * 1e12
-    return None
+    found = [name for name in PEAK_TFLOPS if name.lower() in device_name.lower().replace("-", " ")]
+    if not found:
+        return None
+    half, tf32 = PEAK_TFLOPS[max(found, key=len)]  # the most specific name: "H200 NVL" before "H200"
+    return (half if precision in ("bf16", "fp16") else tf32) * 1e12
 
 
 def mfu(tokens_per_second, flops_per_tok, peak, world):
