@@ -1,15 +1,24 @@
 """The acceleration ladder: GPT-2 124M training steps, adding one acceleration at a time.
 
     python benchmarks/gpt_bench.py --metrics-out report/results/gpt_bench_cpu.json     # CPU: ~30 min
+    python benchmarks/gpt_bench.py --seq-len 128 --micro-batch 4 --metrics-out gpt_bench_cpu_short.json  # ~15 min
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out report/results/gpt_bench_h200.json
     python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
 From the naive baseline — transformers' GPT2LMHeadModel as GPT2Config makes it (dropout 0.1,
 eager attention), fp32, plain AdamW — each rung keeps everything above it and adds one thing;
 the last rung is gpt_train.py's default on this device; then the alternatives (whole-model compile
-instead of regional; the default minus each acceleration, leave-one-out). Same shapes, same random
-batch, one process; steady-state steps after warm-up (compilation happens in the warm-up steps);
-every row measured --repeats times, interleaved, reported as median and range.
+instead of regional; the default minus each acceleration, leave-one-out; the default with GPT-2's
+vocabulary of 50,304 instead of 16,384); then the speed candidates, rows to measure on the next GPU
+(a chunked loss; SDPA's cuDNN attention on sm90). Same shapes, same random batch, one process;
+steady-state steps after warm-up (compilation happens in the warm-up steps); every row measured
+--repeats times, interleaved, reported as median and range, and written to --metrics-out as each
+row finishes (a row that fails or runs out of memory is recorded as such; the others go on).
+
+Against what: on a GPU, MFU against the datasheet's peak for the row's math (bf16/fp16 tensor cores,
+TF32, or plain fp32 where TF32 is off); on every device, also the fraction of the matmul rate measured
+in the same run (a (micro_batch x seq_len) x 768 x 3,072 matmul, the MLP's first, in the row's
+precision): on a CPU that is the only ceiling there is.
 """
 import argparse
 import gc
@@ -34,9 +43,18 @@ from data import files  # noqa: E402
 from training import device as decisions  # noqa: E402  (`device` is a torch.device below)
 
 
-def ladder(cuda, capability, with_compile=False):
+GPT2_VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64
+FP32_TFLOPS = {  # plain fp32 (CUDA cores, no TF32) per GPU: the MFU peak of the rows with TF32 off
+    "H200": 67, "H100 SXM": 67, "H100 PCIe": 51, "H100": 67, "A100": 19.5, "L40S": 91.6, "A10": 31.2,
+    "V100": 15.7, "2080 Ti": 13.4,
+}
+
+
+def ladder(cuda, capability, with_compile=False, vocab_size=16384):
     """(name, settings) per row: the rungs, each extending the previous one's settings; then, indented,
-    the alternatives: whole-model compile instead of regional, and the default minus each acceleration."""
+    the alternatives (whole-model compile instead of regional, the default minus each acceleration,
+    GPT-2's vocabulary) and the speed candidates. Settings beyond the rungs' keys: vocab_size, loss,
+    sdpa_backend (build() and measure() read them with defaults)."""
     half = decisions.resolve_precision("auto", "cuda" if cuda else "cpu", capability, decisions.cpu_has_bf16())
     compile_ok = decisions.resolve_compile("auto", "cuda" if cuda else "cpu", capability)[0] != "off"
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
@@ -64,11 +82,32 @@ def ladder(cuda, capability, with_compile=False):
         if settings["model"] == "own" and set(change) == {"dropout"}:
             continue  # the own module has no dropout: rung 2 measures it
         what = name.removeprefix("+ ").split(" (")[0].split(",")[0]
+        if what.startswith("own GPT module") and settings["compile"] != "off":  # build() compiles HF's whole
+            what += ": transformers' GPT2LMHeadModel, torch.compile of the whole model"
         out.append((f"  default without {what}", {**settings, **{k: naive[k] for k in change}}))
-    return out
+    return out + extra_rows(settings, cuda, capability, vocab_size)
+
+
+def extra_rows(default, cuda, capability, vocab_size):
+    """The default with GPT-2's vocabulary, and the candidates for the next GPU call (named so: keep
+    one only if its measurement says it pays)."""
+    rows = []
+    if vocab_size != GPT2_VOCAB:
+        rows.append((f"  default with GPT-2's vocabulary ({GPT2_VOCAB:,} instead of {vocab_size:,})",
+                     {**default, "vocab_size": GPT2_VOCAB}))
+    rows.append(("  candidate: chunked loss, no full fp32 logits (--loss chunked)", {**default, "loss": "chunked"}))
+    if cuda and capability >= (9, 0) and cudnn_attention_available():
+        rows.append(("  candidate: SDPA's cuDNN attention backend (sm90)", {**default, "sdpa_backend": "cudnn"}))
+    return rows
+
+
+def cudnn_attention_available():
+    from torch.nn.attention import SDPBackend
+    return hasattr(SDPBackend, "CUDNN_ATTENTION") and torch.backends.cudnn.is_available()
 
 
 def build(settings, vocab_size, seq_len, device):
+    vocab_size = settings.get("vocab_size", vocab_size)
     cfg = gpt_train.model_config(vocab_size, 0, n_positions=seq_len)  # the lab shape: GPT-2 small
     if settings["model"] == "hf":
         cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = settings["dropout"]
@@ -79,7 +118,7 @@ def build(settings, vocab_size, seq_len, device):
             return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
         model, forward = hf, loss_fn
     else:
-        model = gpt_train.GPT(cfg, settings["attention"]).to(device)
+        model = gpt_train.GPT(cfg, settings["attention"], settings.get("loss", "plain")).to(device)
         forward = model
     if settings["compile"] != "off":
         forward = decisions.compile_model(model, settings["compile"]) if settings["model"] == "own" \
@@ -88,26 +127,27 @@ def build(settings, vocab_size, seq_len, device):
     return cfg, model, forward, optimizer
 
 
-def measure(settings, args, device):
+def attention_backend(settings):
+    """SDPA restricted to one backend where a row asks for it (the cuDNN candidate), else torch's choice."""
+    if settings.get("sdpa_backend") == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+    return nullcontext()
+
+
+def timed_steps(settings, args, device, forward, optimizer, vocab_size):
+    """(seconds per step, the first step's extra seconds, the last loss): warm-up and timed steps."""
     cuda = device.type == "cuda"
-    torch.backends.cuda.matmul.allow_tf32 = settings["tf32"]
-    torch.backends.cudnn.allow_tf32 = settings["tf32"]
-    torch.manual_seed(0)
-    cfg, model, forward, optimizer = build(settings, args.vocab_size, args.seq_len, device)
-    params = sum(p.numel() for p in model.parameters())
-    precision = settings["precision"]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings["precision"])
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
-    scaler = torch.amp.GradScaler(enabled=precision == "fp16")
-    batch = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1), device=device)
-    model.train()
+    scaler = torch.amp.GradScaler(enabled=settings["precision"] == "fp16")
+    batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=device)
     times = []
-    torch._dynamo.reset()  # each rung compiles from scratch (inductor's cache may still help)
     for step in range(args.warmup + args.steps):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with autocast:
+        with autocast, attention_backend(settings):
             loss = forward(batch[:, :-1], batch[:, 1:])
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -116,87 +156,268 @@ def measure(settings, args, device):
         if cuda:
             torch.cuda.synchronize()  # sync point: the step's GPU work is what is timed
         times.append(time.perf_counter() - t0)
-    first, times = times[0], times[args.warmup:]
+    seconds = statistics.median(times[args.warmup:])
+    return times[args.warmup:], times[0] - seconds, loss.item()
+
+
+def measure(settings, args, device):
+    """One row once: tokens/s, step time, FLOPs per token, MFU against the datasheet (GPU), peak memory (GPU)."""
+    cuda = device.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = settings["tf32"]
+    torch.backends.cudnn.allow_tf32 = settings["tf32"]
+    torch.manual_seed(0)
+    torch._dynamo.reset()  # each rung compiles from scratch (inductor's cache may still help)
+    cfg, model, forward, optimizer = build(settings, args.vocab_size, args.seq_len, device)
+    params = sum(p.numel() for p in model.parameters())
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    model.train()
+    times, first_extra, loss = timed_steps(settings, args, device, forward, optimizer, cfg.vocab_size)
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
-    peak = decisions.peak_flops(torch.cuda.get_device_name(device), precision) if cuda else None
     fpt = decisions.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
-    del model, forward, optimizer
-    gc.collect()
+    peak = datasheet_peak(settings, torch.cuda.get_device_name(device)) if cuda else None
+    out = {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "flops_per_token": fpt,
+           "mfu": fpt * tps / peak if peak else None, "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
+           "first_step_extra_seconds": first_extra,  # compilation (and warm-up) of the first step
+           "loss": loss, "vocab_size": cfg.vocab_size, "matmul_kind": matmul_kind(settings, cuda)}
     if cuda:
-        torch.cuda.empty_cache()
-    return {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "mfu": fpt * tps / peak if peak else None,
-            "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
-            "first_step_extra_seconds": first - seconds,  # compilation (and warm-up) of the first step
-            "loss": loss.item()}
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    cuda = torch.cuda.is_available()
-    p.add_argument("--micro-batch", type=int, default=16 if cuda else 2, help="sequences per step "
-                                                                              "(default: 16 on GPU, 2 on CPU)")
-    p.add_argument("--seq-len", type=int, default=1024, help="(default: %(default)s)")
-    p.add_argument("--vocab-size", type=int, default=16384, help="own tokenizer's (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=3 if cuda else 2, help="untimed steps, compilation included "
-                                                                        "(default: 3 on GPU, 2 on CPU)")
-    p.add_argument("--steps", type=int, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
-    p.add_argument("--only", type=str, default=None, help="comma-separated rung numbers to run (1 = naive)")
-    p.add_argument("--with-compile", action="store_true", help="add the compile rungs where auto leaves them out (CPU)")
-    p.add_argument("--compile-cost", action="store_true", help="instead of the ladder: cold and warm compile seconds "
-                   "of gpt_train.py, regional vs whole model, each in a fresh process with a fresh cache")
-    p.add_argument("--text", type=Path, default=None, help="--compile-cost: corpus (default: gpt_train.py's)")
-    p.add_argument("--tokenizer", default=None, help="--compile-cost: tokenizer.json (default: gpt_train.py's)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every row (default: %(default)s)")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the results here as JSON")
-    args = p.parse_args(argv)
-    device = torch.device("cuda" if cuda else "cpu")
-    device_name = torch.cuda.get_device_name(device) if cuda else \
-        f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
-    if args.compile_cost:
-        return compile_cost(args)
-    rows = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0), args.with_compile)
-    chosen = [(i, *row) for i, row in enumerate(rows, 1) if not args.only or i in {int(x) for x in args.only.split(",")}]
-    print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
-          f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
-    runs = {i: [] for i, _, _ in chosen}
-    for r in range(args.repeats):  # every row once per repeat: drift on the machine hits all rows alike
-        for i, name, settings in chosen:
-            runs[i].append(measure(settings, args, device))
-            print(f"repeat {r + 1}, {i:2d} {name:60s} {runs[i][-1]['tokens_per_second']:10,.0f} tok/s", flush=True)
-    results = summarise(chosen, runs)
-    out = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
-           "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
-           "repeats": args.repeats, "rungs": results}
-    if args.metrics_out:
-        files.write_json(args.metrics_out, out)
+        out["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+    del model, forward, optimizer
+    free_memory(cuda)
     return out
 
 
-def summarise(chosen, runs):
+def free_memory(cuda):
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def try_measure(settings, args, device):
+    """measure(), or {"error": why} for a row that runs out of memory or fails: the other rows go on."""
+    try:
+        return measure(settings, args, device)
+    except Exception as e:  # noqa: BLE001 (any failure of one row; the ladder's other rows still count)
+        text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
+        error = "out of memory" if oom else f"{type(e).__name__}: {text}"
+    free_memory(device.type == "cuda")
+    torch._dynamo.reset()
+    return {"error": error}
+
+
+def datasheet_peak(settings, device_name):
+    """FLOP/s of the row's math on this GPU: 16-bit tensor cores, TF32, or plain fp32 with TF32 off."""
+    if settings["precision"] in ("bf16", "fp16") or settings["tf32"]:
+        return decisions.peak_flops(device_name, settings["precision"])
+    for name, tflops in FP32_TFLOPS.items():
+        if name.lower() in device_name.lower().replace("-", " "):
+            return tflops * 1e12
+    return None
+
+
+# ----------------------------------------------------------------------------- what the hardware does
+
+def matmul_kind(settings, cuda):
+    """The matmul a row's linear layers run: bf16/fp16 under autocast, TF32 where on, else fp32."""
+    if settings["precision"] in ("bf16", "fp16"):
+        return settings["precision"]
+    return "tf32" if cuda and settings["tf32"] else "fp32"
+
+
+def matmul_rate(kind, m, device, k=768, n=3072):
+    """FLOP/s of an (m x k) @ (k x n) matmul in `kind` (the MLP's first at the ladder's shape): the
+    median of 3 timings of back-to-back calls (~0.2 s each), after a warm-up call."""
+    cuda = device.type == "cuda"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind, torch.float32)
+    torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+    g = torch.Generator(device).manual_seed(0)
+    a = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+    b = torch.randn(k, n, device=device, dtype=dtype, generator=g)
+
+    def timed(calls):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            a @ b
+        if cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / calls
+
+    calls = max(1, min(1000, int(0.2 / max(timed(1), 1e-6))))  # the first call warms up and sizes the rest
+    return 2 * m * k * n / statistics.median(timed(calls) for _ in range(3))
+
+
+def measure_rates(kinds, m, device):
+    return {kind: matmul_rate(kind, m, device) for kind in sorted(kinds)}
+
+
+# ----------------------------------------------------------------------------- the run
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    cuda = torch.cuda.is_available()
+    add = p.add_argument
+    add("--micro-batch", type=int, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, 2 on CPU)")
+    add("--seq-len", type=int, default=1024, help="(default: %(default)s)")
+    add("--vocab-size", type=int, default=16384, help="own tokenizer's (default: %(default)s)")
+    add("--warmup", type=int, default=3 if cuda else 2, help="untimed steps, compilation included "
+                                                             "(default: 3 on GPU, 2 on CPU)")
+    add("--steps", type=int, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
+    add("--only", type=str, default=None, help="comma-separated row numbers to run (1 = naive)")
+    add("--with-compile", action="store_true", help="add the compile rungs where auto leaves them out (CPU)")
+    add("--fit-max", type=int, default=128, help="GPU: the largest micro-batch tried for the default row and "
+        "the GPT-2-vocabulary row (then halved until one fits; 0: not measured) (default: %(default)s)")
+    add("--compile-cost", action="store_true", help="instead of the ladder: cold and warm compile seconds "
+        "of gpt_train.py, regional vs whole model, each in a fresh process with a fresh cache")
+    add("--text", type=Path, default=None, help="--compile-cost: corpus (default: gpt_train.py's)")
+    add("--tokenizer", default=None, help="--compile-cost: tokenizer.json (default: gpt_train.py's)")
+    add("--repeats", type=int, default=3, help="interleaved repeats of every row (default: %(default)s)")
+    add("--metrics-out", type=Path, default=None, help="write the results here as JSON (after every row)")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
+    args = p.parse_args(argv)
+    if min(args.micro_batch, args.seq_len, args.vocab_size, args.steps, args.repeats) <= 0 or args.warmup < 0:
+        p.error("sizes, --steps and --repeats must be > 0, --warmup >= 0")
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if args.metrics_out:
+        files.check_output(args.metrics_out, "--metrics-out")
+    if args.compile_cost:
+        return compile_cost(args)
+    rows = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0), args.with_compile, args.vocab_size)
+    try:
+        wanted = {int(x) for x in args.only.split(",")} if args.only else set(range(1, len(rows) + 1))
+    except ValueError:
+        p.error(f"--only takes row numbers 1..{len(rows)}, got {args.only!r}")
+    if not wanted <= set(range(1, len(rows) + 1)):
+        p.error(f"--only: the ladder has rows 1..{len(rows)} here, got {args.only!r}")
+    chosen = [(i, *row) for i, row in enumerate(rows, 1) if i in wanted]
+    fit = fit_rows(rows) if cuda and args.fit_max else set()
+    return run_ladder(args, device, chosen, fit)
+
+
+def fit_rows(rows):
+    """The default (the last rung) and the GPT-2-vocabulary row: their largest micro-batch is measured."""
+    last_rung = max(i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" "))
+    return {last_rung} | {i for i, (_, s) in enumerate(rows, 1) if "vocab_size" in s}
+
+
+def run_ladder(args, device, chosen, fit):
+    """Every row once per repeat (drift on the machine hits all rows alike), the matmul rates once per
+    repeat too; the JSON rewritten after every row."""
+    cuda = device.type == "cuda"
+    device_name = torch.cuda.get_device_name(device) if cuda else \
+        f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
+          f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
+    m = args.micro_batch * args.seq_len
+    kinds = {matmul_kind(settings, cuda) for _, _, settings in chosen}
+    runs, rates, fits = {i: [] for i, _, _ in chosen}, [], {}
+    head = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
+            "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
+            "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count()}
+    for r in range(args.repeats):
+        rates.append(measure_rates(kinds, m, device))
+        print(f"repeat {r + 1}: matmul {m} x 768 x 3072: " +
+              ", ".join(f"{k} {v / 1e12:.3f} TFLOP/s" for k, v in rates[-1].items()), flush=True)
+        for i, name, settings in chosen:
+            runs[i].append(try_measure(settings, args, device))
+            if r == 0 and i in fit:
+                fits[i] = largest_micro_batch(settings, args, device)
+            got = runs[i][-1]
+            print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s"
+                  if "error" not in got else got["error"]), flush=True)
+            out = {**head, "matmul": summarise_rates(rates, m), "rungs": summarise(chosen, runs, rates, fits)}
+            if args.metrics_out:
+                files.write_json(args.metrics_out, out)
+    print_table(out["rungs"])
+    return out
+
+
+def largest_micro_batch(settings, args, device):
+    """GPU: the largest micro-batch (of --fit-max, halved) whose training step fits, or why none does."""
+    from training.budget import find_micro_batch
+    from training import UserError
+
+    def try_step(micro):
+        measure(settings, argparse.Namespace(**{**vars(args), "micro_batch": micro, "warmup": 1, "steps": 1}),
+                device)
+    try:
+        return find_micro_batch(try_step, args.fit_max)
+    except UserError as e:
+        return str(e)
+    finally:
+        free_memory(True)
+
+
+def summarise_rates(rates, m):
+    kinds = rates[0].keys() if rates else []
+    return {"shape": [m, 768, 3072],
+            "flops_per_second": {k: statistics.median(r[k] for r in rates) for k in kinds},
+            "flops_per_second_range": {k: [min(r[k] for r in rates), max(r[k] for r in rates)] for k in kinds}}
+
+
+def summarise(chosen, runs, rates, fits):
     """Per row: the median over repeats (tokens/s, ms/step), the spread (min, max tokens/s), the
-    speed-up against the first row, and whether a rung is within the noise of the one before it
-    (their ranges overlap)."""
+    speed-up against the first row, whether a rung is within the noise of the one before it (their
+    ranges overlap), and its fraction of the measured matmul rate; a row whose every repeat failed
+    keeps its error."""
     results, base, previous = [], None, None
     for i, name, _ in chosen:
-        tps = [m["tokens_per_second"] for m in runs[i]]
-        row = {"name": name, "tokens_per_second": statistics.median(tps), "tokens_per_second_range": [min(tps), max(tps)],
-               "ms_per_step": statistics.median(m["ms_per_step"] for m in runs[i]),
-               "mfu": statistics.median(m["mfu"] for m in runs[i]) if runs[i][0]["mfu"] else None,
-               "first_step_extra_seconds": statistics.median(m["first_step_extra_seconds"] for m in runs[i]),
-               "repeats": runs[i]}
+        good = [m for m in runs[i] if "error" not in m]
+        errors = [m["error"] for m in runs[i] if "error" in m]
+        if not good:
+            results.append({"name": name, "error": errors[0] if errors else "not measured yet", "repeats": runs[i]})
+            continue
+        results.append(row := summarise_row(name, good, rates))
+        if errors:  # some repeats failed, others did not
+            row["errors"] = errors
+        if i in fits:
+            row["largest_micro_batch"] = fits[i]
         base = base or row["tokens_per_second"]
         row["speedup"] = row["tokens_per_second"] / base
         if not name.startswith(" "):
             if previous:
-                row["within_noise_of_previous"] = min(tps) <= previous[1] and previous[0] <= max(tps)
+                lo, hi = row["tokens_per_second_range"]
+                row["within_noise_of_previous"] = lo <= previous[1] and previous[0] <= hi
             previous = row["tokens_per_second_range"]
-        results.append(row)
+    return results
+
+
+def summarise_row(name, good, rates):
+    tps = [m["tokens_per_second"] for m in good]
+    row = {"name": name, "tokens_per_second": statistics.median(tps), "tokens_per_second_range": [min(tps), max(tps)],
+           "ms_per_step": statistics.median(m["ms_per_step"] for m in good),
+           "flops_per_token": good[0]["flops_per_token"], "vocab_size": good[0]["vocab_size"],
+           "mfu": statistics.median(m["mfu"] for m in good) if good[0]["mfu"] else None,
+           "first_step_extra_seconds": statistics.median(m["first_step_extra_seconds"] for m in good),
+           "matmul_kind": good[0]["matmul_kind"], "repeats": good}
+    if "peak_memory_GiB" in good[0]:
+        row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
+    kind_rates = [r[row["matmul_kind"]] for r in rates if row["matmul_kind"] in r]
+    # the row's FLOP/s over what this device's matmul does in the same math, measured in this run
+    row["fraction_of_matmul_rate"] = (row["flops_per_token"] * row["tokens_per_second"] / statistics.median(kind_rates)
+                                      if kind_rates else None)
+    return row
+
+
+def print_table(rows):
+    for row in rows:
+        if "error" in row:
+            print(f"   {row['name']:60s} {row['error']}")
+            continue
+        lo, hi = row["tokens_per_second_range"]
         mfu = f"{row['mfu']:6.1%}" if row["mfu"] else "     -"
         noise = "  (within noise of the rung above)" if row.get("within_noise_of_previous") else ""
-        print(f"{i:2d} {name:60s} {row['tokens_per_second']:9,.0f} tok/s [{min(tps):,.0f}-{max(tps):,.0f}] "
-              f"MFU {mfu} x{row['speedup']:.2f}{noise}", flush=True)
-    return results
+        matmul = f"{row['fraction_of_matmul_rate']:6.1%}" if row["fraction_of_matmul_rate"] else "     -"
+        print(f"   {row['name']:60s} {row['tokens_per_second']:9,.0f} tok/s [{lo:,.0f}-{hi:,.0f}] MFU {mfu} "
+              f"of matmul {matmul} x{row['speedup']:.2f}{noise}", flush=True)
 
 
 # ----------------------------------------------------------------------------- --compile-cost
