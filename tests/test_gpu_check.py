@@ -183,3 +183,35 @@ def test_a_cut_step_and_a_failed_import_leave_a_line_and_the_next_steps_run(tmp_
     assert status["report"] == "ok"
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "imports missing: import datasets: ImportError: No module named 'dill'" in log
+
+
+FAKE_NVIDIA_SMI = """#!/bin/bash
+case "$*" in
+    -L) echo "GPU 0: Fake GPU (UUID: GPU-0)" ;;
+    *name*) echo "Fake GPU 80GB" ;;
+    *-lms*) echo "timestamp, utilization.gpu [%]"; while sleep 0.25; do echo "$(date +%T), 42 %"; done ;;
+    *utilization.gpu*nounits*) echo 42 ;;
+    "") echo "| Fake GPU 80GB | 42% |" ;;
+    *) exit 1 ;;
+esac
+"""
+
+
+def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(tmp_path, tiny_mnist, text_file):
+    """The GPU path's own plumbing with a stand-in nvidia-smi (the training itself runs on the CPU):
+    the GPU's name in the results, the 250 ms CSV and the snapshot taken during the step, both logged
+    only while it runs."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    result = gpu_check("--mnist", tiny_mnist, "--text", text_file, "--out", tmp_path / "out", "--only",
+                       "lenet-torch,report", "--cap", "lenet-torch=12", env=env, timeout=200)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["gpu"] == "Fake_GPU_80GB" and results["rehearsal"] is False, result.stdout[-2000:]
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
+        csv = tar.extractfile("logs/nvidia-smi-lenet-torch.csv").read().decode().splitlines()
+        snapshot = tar.extractfile("logs/nvidia-smi-during-lenet-torch.txt").read().decode()
+    assert csv[0] == "timestamp, utilization.gpu [%]" and len(csv) > 10 and snapshot.startswith("| Fake GPU 80GB")
+    still = subprocess.run(["pgrep", "-f", str(tmp_path / "bin")], capture_output=True, text=True).stdout
+    assert still == "", "nvidia-smi loggers left running"
