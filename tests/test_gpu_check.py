@@ -212,6 +212,7 @@ def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(tmp_path, t
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
         csv = tar.extractfile("logs/nvidia-smi-lenet-torch.csv").read().decode().splitlines()
         snapshot = tar.extractfile("logs/nvidia-smi-during-lenet-torch.txt").read().decode()
+        assert tar.extractfile("logs/nvidia-smi.txt").read().decode() == snapshot  # the report's figure
     assert csv[0] == "timestamp, utilization.gpu [%]" and len(csv) > 10 and snapshot.startswith("| Fake GPU 80GB")
     still = subprocess.run(["pgrep", "-f", str(tmp_path / "bin")], capture_output=True, text=True).stdout
     assert still == "", "nvidia-smi loggers left running"
