@@ -284,7 +284,7 @@ def gelu_bench():
 @built
 def test_gelu_bench_writes_its_table(tmp_path):
     out = tmp_path / "bench.json"
-    result = gelu_bench().main(["--log2", "8", "11", "--repeats", "2", "--metrics-out", str(out)])
+    result = gelu_bench().main(["--device", "cpu", "--log2", "8", "11", "--repeats", "2", "--metrics-out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["ext_measured"] is True and [r["n"] for r in saved["rows"]] == [256, 2048]
     row = saved["rows"][0]
@@ -299,7 +299,7 @@ def test_gelu_bench_measures_the_others_without_the_op(tmp_path, monkeypatch, ca
     monkeypatch.setattr(gelu_ext.ops, "_C", None)
     monkeypatch.setattr(gelu_ext.ops, "_IMPORT_ERROR", ImportError("simulated"), raising=False)
     out = tmp_path / "bench.json"
-    bench.main(["--log2", "8", "--repeats", "1", "--metrics-out", str(out)])
+    bench.main(["--device", "cpu", "--log2", "8", "--repeats", "1", "--metrics-out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["ext_measured"] is False and "not built" in saved["ext_missing_reason"]
     assert saved["rows"][0]["aten_ms"] > 0 and "ext_ms" not in saved["rows"][0]
