@@ -104,9 +104,10 @@ def build_parser():
 
 
 def weights_file(run_dir):
-    """The final weights a finished run keeps, else the newest checkpoint that verifies; None if neither."""
+    """The final weights a finished run keeps (checkpoints.FINAL_WEIGHTS), else the model file of the
+    newest checkpoint that verifies (an unfinished run, or --keep-checkpoints); None if neither."""
     from training import checkpoints
-    final = run_dir / getattr(checkpoints, "FINAL_WEIGHTS", "final-weights.pt")
+    final = run_dir / getattr(checkpoints, "FINAL_WEIGHTS", "final/model.pt")
     if final.is_file():
         return final
     ckpt, _ = checkpoints.latest_checkpoint(run_dir)
