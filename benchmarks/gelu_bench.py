@@ -184,7 +184,8 @@ def parse_args(argv):
                    help="CPU threads for torch and the op (default: torch's own choice, one per core)")
     p.add_argument("--kernel-times", action="store_true",
                    help="on a GPU, also profile the kernels of ATen and the op at the largest size")
-    p.add_argument("--skip", nargs="*", default=[], choices=list(IMPLS), help="implementations to leave out")
+    p.add_argument("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"],
+                   help="implementations to leave out (ATen, the baseline, stays)")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the table here as JSON")
     args = p.parse_args(argv)
     if args.log2 and not all(0 <= k <= 32 for k in args.log2):
@@ -192,6 +193,35 @@ def parse_args(argv):
     if args.repeats < 0 or args.calls < 0 or args.threads < 0:
         p.error("--repeats, --calls and --threads must be positive")
     return args
+
+
+def table_line(row, cols, with_ext):
+    line = f"{row['n']:>10} {row['calls']:>5} " + " ".join(f"{row[name + '_ms']:>10.4f}" for name in cols)
+    if with_ext:
+        lo, _, hi = row["ext_vs_aten_per_round"]
+        line += f" {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>8.2f} {lo:>7.2f}-{hi:.2f}"
+    return line
+
+
+def measure_all(args, impls, device, dtype, repeats):
+    """The rows, smallest size first; a size the GPU has no memory for ends the table there."""
+    cols = list(impls) + (["copy"] if device.type == "cuda" else [])
+    with_ext = "ext" in impls
+    print(f"{'n':>10} {'calls':>5} " + " ".join(f"{name + ' ms':>10}" for name in cols)
+          + (f" {'ext GB/s':>9} {'ext/aten':>8} {'per round':>15}" if with_ext else ""))
+    rows, stopped = [], None
+    for log2 in args.log2:
+        n = 2**log2
+        try:
+            row = measure_size(n, impls, device, dtype, repeats, args.calls or default_calls(n, device))
+        except torch.cuda.OutOfMemoryError:
+            stopped = f"2^{log2}: out of GPU memory; the table ends before it"
+            print(f"note: {stopped}", flush=True)
+            torch.cuda.empty_cache()
+            break
+        rows.append(row)
+        print(table_line(row, cols, with_ext), flush=True)
+    return rows, stopped
 
 
 def main(argv=None):
@@ -207,7 +237,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (20 if device.type == "cuda" else 7)
-    sizes = args.log2 or (list(range(16, 29, 2)) if device.type == "cuda" else [10, 13, 16, 20, 24])
+    args.log2 = args.log2 or (list(range(16, 29, 2)) if device.type == "cuda" else [10, 13, 16, 20, 24])
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else \
         f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
     missing = ext_missing_reason(device)
@@ -216,31 +246,21 @@ def main(argv=None):
         print(f"note: the ext op is not measured: {missing}", flush=True)
 
     print(f"{device_name}, {args.dtype}, forward+backward, ms per call, median of {repeats} rounds")
-    cols = list(impls) + (["copy"] if device.type == "cuda" else [])
-    print(f"{'n':>10} {'calls':>5} " + " ".join(f"{name + ' ms':>10}" for name in cols)
-          + ("" if missing else f" {'ext GB/s':>9} {'ext/aten':>8} {'per round':>15}"))
     load_before = os.getloadavg()  # on a shared machine, how busy it was is part of the result
-    rows = []
-    for log2 in sizes:
-        n = 2**log2
-        row = measure_size(n, impls, device, dtype, repeats, args.calls or default_calls(n, device))
-        rows.append(row)
-        line = f"{n:>10} {row['calls']:>5} " + " ".join(f"{row[name + '_ms']:>10.4f}" for name in cols)
-        if not missing:
-            line += f" {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>8.2f} " + \
-                "{:>5.2f}-{:.2f}".format(row["ext_vs_aten_per_round"][0], row["ext_vs_aten_per_round"][2])
-        print(line, flush=True)
-
+    rows, stopped = measure_all(args, impls, device, dtype, repeats)
+    if not rows:
+        sys.exit(f"error: {stopped}")
     last = rows[-1]
     result = {"device_name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "command": "python " + " ".join(sys.argv), "build": gelu_ext.build_info(),
-              "ext_measured": not missing, "ext_missing_reason": missing, "dtype": args.dtype, "repeats": repeats,
+              "ext_measured": "ext" in impls, "ext_missing_reason": missing, "stopped": stopped,
+              "dtype": args.dtype, "repeats": repeats,
               "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
               "float32_max_backward_error": None if not gelu_ext.is_built() else max_backward_error(),
               "n": last["n"], **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
                                                         "copy_ms", "ext_vs_copy") if k in last},
               "rows": rows}
-    if args.kernel_times and device.type == "cuda" and {"aten", "ext"} <= impls.keys():
+    if args.kernel_times and device.type == "cuda" and "ext" in impls:
         result["kernel_times"] = kernel_times(last["n"], impls, dtype)
         for k in result["kernel_times"]:
             print(f"{k['ms']:8.3f} ms  x{k['count']:<3} {k['kernel'][:110]}")

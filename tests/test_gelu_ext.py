@@ -306,6 +306,22 @@ def test_gelu_bench_measures_the_others_without_the_op(tmp_path, monkeypatch, ca
     assert capsys.readouterr().out.startswith("note: the ext op is not measured: ")
 
 
+def test_gelu_bench_ends_the_table_at_a_size_without_memory(tmp_path, monkeypatch):
+    """A 2080Ti (11 GiB) cannot hold the composites' temporaries at 2^28: the sizes before stay."""
+    bench = gelu_bench()
+    measure = bench.measure_size
+
+    def measure_or_oom(n, *rest):
+        if n > 2**9:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        return measure(n, *rest)
+    monkeypatch.setattr(bench, "measure_size", measure_or_oom)
+    out = tmp_path / "bench.json"
+    bench.main(["--device", "cpu", "--log2", "8", "9", "10", "--repeats", "1", "--metrics-out", str(out)])
+    saved = json.loads(out.read_text())
+    assert [r["n"] for r in saved["rows"]] == [256, 512] and saved["stopped"].startswith("2^10: out of GPU memory")
+
+
 def test_gelu_bench_knows_a_build_without_the_cuda_kernel(monkeypatch):
     bench = gelu_bench()
     monkeypatch.setattr(gelu_ext.ops, "_C", type("C", (), {"with_cuda": 0}))
