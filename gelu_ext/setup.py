@@ -13,6 +13,7 @@ Environment:
 import os
 import platform
 import shutil
+import sys
 from pathlib import Path
 
 
@@ -31,7 +32,10 @@ def find_cuda_home():
 
 find_cuda_home()
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ImportError:
+    sys.exit("gelu_ext: torch is not importable here; build with pip install --no-build-isolation -e ./gelu_ext")
 from setuptools import setup  # noqa: E402
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
