@@ -3,6 +3,8 @@ screenshots of it, and Chromium's print-to-PDF of report.md.
 
     find_browser()                       -> the Chromium executable, or None
     serve_tensorboard(logdir)            -> a context manager: the base URL of a server that answers, or None
+    storage_front(base, items)           -> a context manager: a same-origin front whose setup page writes
+                                            localStorage (TensorBoard's "ignore outliers" lives only there)
     screenshot(url, path, width, height) -> None when the PNG was written, else the reason in one line
     write_pdf(markdown_path, pdf_path)   -> report.md as HTML, printed to PDF
 
@@ -10,6 +12,7 @@ Every wait is bounded: a Chromium that hangs is killed with its whole process gr
 BROWSER_TIMEOUT seconds, and the caller gets a reason instead of an exception.
 """
 import contextlib
+import http.server
 import json
 import os
 import shutil
@@ -18,7 +21,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -66,6 +72,60 @@ def serve_tensorboard(logdir):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def front_handler(base, items):
+    """Requests to the front: /lab5-storage?next=PATH answers a page that stores `items` and opens PATH;
+    everything else is passed to base and its answer back."""
+    script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in items.items())
+
+    class Front(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.startswith("/lab5-storage?"):
+                target = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)["next"][0]
+                page = f"<script>{script}location.replace({json.dumps(target)});</script>"
+                return self.reply(200, {"Content-Type": "text/html"}, page.encode())
+            self.forward()
+
+        def do_POST(self):
+            self.forward()
+
+        def forward(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+            headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "x-xsrf-protected")}
+            request = urllib.request.Request(base + self.path, data=body, method=self.command, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    self.reply(answer.status, answer.headers, answer.read())
+            except urllib.error.HTTPError as e:
+                self.reply(e.code, e.headers, e.read())
+
+        def reply(self, status, headers, body):
+            self.send_response(status)
+            for key in ("Content-Type", "Content-Encoding"):
+                if headers.get(key):
+                    self.send_header(key, headers[key])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # quiet: the report's own output is what matters
+            pass
+    return Front
+
+
+@contextlib.contextmanager
+def storage_front(base, items):
+    """A front for the server at base on another port of 127.0.0.1, so a browser's localStorage for it
+    can be written before the page loads: TensorBoard reads settings such as "ignore outliers in chart
+    scaling" (`_ignoreYOutliers`, on by default) from localStorage only, never from the URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), front_handler(base, items))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def browser(*args, timeout=None):

@@ -11,6 +11,7 @@ import argparse
 import json
 import struct
 import sys
+import urllib.parse
 from pathlib import Path
 
 import matplotlib
@@ -131,9 +132,10 @@ def load_run(run_dir, problems):
 
 
 def load_results(results_dir, problems):
-    """{file stem: (its JSON, its path)} for every report/results/*.json that parses."""
+    """{file stem: (its JSON, its path)} for every JSON under report/results (subfolders too: a GPU
+    machine's results arrive as a folder of their own) that parses."""
     out = {}
-    for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
+    for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
         try:
             out[path.stem] = json.loads(path.read_text()), path
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -289,12 +291,16 @@ def ladder_figure(name, bench, out):
 
 # ----------------------------------------------------------------------------- TensorBoard in a real browser
 
-SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter)]: the cards that matter
-    "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0"),
-               ("lenet_tensorboard_layers.png", "images&tagFilter=layers")],
+SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height)]: the cards that
+    # matter; a scalars window ends below the filter's one row of cards, before TensorBoard repeats them by category
+    "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0", 500),
+               ("lenet_tensorboard_layers.png", "images&tagFilter=layers", 1000)],
     "gpt": [("gpt_tensorboard_scalars.png", "scalars&tagFilter=train%2Floss%7Cval%2Floss%7Ctokens_per_second"
-                                            "&_smoothingWeight=0")],
+                                            "&_smoothingWeight=0", 500)],
 }
+
+
+TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every point inside the y range
 
 
 def tensorboard_screenshots(runs, out, problems):
@@ -309,13 +315,23 @@ def tensorboard_screenshots(runs, out, problems):
             if base is None:
                 problems.append(f"TensorBoard on {run['dir']} did not answer; no screenshots of it")
                 continue
-            for file, page in SHOTS.get(run["kind"], []):
-                failure = browser.screenshot(f"{base}/?darkMode=false#{page}", out / file, 1600, 1000)
-                if failure:
-                    problems.append(f"{failure}; no further screenshots tried")
-                    return lines
-                lines.append(f"![TensorBoard: {page.split('&')[0]} of {run['dir'].name}]({file})")
+            if not run_screenshots(run, base, out, lines, problems):
+                return lines
     return lines
+
+
+def run_screenshots(run, base, out, lines, problems):
+    """The SHOTS of one run, through a front that turns outlier-ignoring off (the full range of every
+    curve is shown); False after Chromium failed."""
+    with browser.storage_front(base, TENSORBOARD_SETTINGS) as front:
+        for file, page, height in SHOTS.get(run["kind"], []):
+            target = urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
+            failure = browser.screenshot(f"{front}/lab5-storage?next={target}", out / file, 1600, height)
+            if failure:
+                problems.append(f"{failure}; no further screenshots tried")
+                return False
+            lines.append(f"![TensorBoard: {page.split('&')[0]} of {run['dir'].name}]({file})")
+    return True
 
 
 # ----------------------------------------------------------------------------- tables
