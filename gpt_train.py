@@ -40,11 +40,11 @@ from data import files, wos
 from training import CACHE_HOME, UserError, device, lm_loss, sample
 from training.batches import batch_stream, validate
 from training.budget import Budget, choose_micro_batch, due, plan_budget
-from training.checkpoints import (TrainState, check_same_run, latest_checkpoint, load_state, open_run_dir,
-                                  run_identity, save_checkpoint)
-from training.metrics import (STOP_EXIT_CODE, LossWindow, Throughput, describe_run, final_metrics, startup_line,
-                              summary_line)
-from training.signals import StopFlag, stop_agreed
+from training.checkpoints import (TrainState, check_same_run, load_state, open_run_dir, remove_checkpoints, restore,
+                                  run_identity, save_checkpoint, save_final)
+from training.metrics import (STOP_EXIT_CODE, LossWindow, Throughput, describe_run, final_metrics, log_point,
+                              startup_line, summary_line)
+from training.signals import StopAgreement, StopFlag
 
 REPO = Path(__file__).resolve().parent
 
@@ -200,7 +200,9 @@ def build_parser():
     add("--val-batches", type=int, default=20, help="micro-batches per validation")
     add("--log-every", type=int, default=10, help="steps between logged points")
     add("--sample-tokens", type=int, default=48, help="continuing fixed prompts at each validation; 0: none")
-    add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only at the end and on signals")
+    add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only on signals")
+    add("--keep-checkpoints", action="store_true", help="keep the optimizer checkpoints of a finished run, and "
+        "write one after its last step (else only its final weights stay: final/model.pt)")
     add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
@@ -221,6 +223,8 @@ def parse_args(argv):
         p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     if args.preset == "lab" and args.seq_len > 1024:
         p.error(f"--seq-len {args.seq_len} exceeds GPT-2's 1024 positions")
+    if not 0 <= args.seed < 2**32:  # numpy's seed range
+        p.error(f"--seed must be in [0, 2^32), got {args.seed}")
     if args.lr <= 0:
         p.error(f"--lr must be > 0, got {args.lr}")
     for name in ("eval_every", "val_batches", "log_every"):
@@ -247,7 +251,7 @@ def make_accelerator(dev):
     handlers = [GradScalerKwargs(init_scale=2.0**12)] if dev.precision == "fp16" else []  # 2^16 overflows at first
     # cpu=True where there is no GPU: only then does accelerate turn torchrun's processes into gloo ranks
     accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(dev.precision, dev.precision), cpu=not dev.cuda,
-                              kwargs_handlers=handlers)
+                              kwargs_handlers=handlers + device.ddp_handlers(dev.precision))  # 16-bit all-reduce
     if dev.cuda:
         torch.set_float32_matmul_precision("high")  # TF32 tensor cores for whatever stays in fp32
     return accelerator
@@ -262,8 +266,6 @@ def accelerate(model, args, accelerator, dev):
                                    {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
                                   eps=1e-8, fused=args.fused_adamw == "on")
     model, optimizer = accelerator.prepare(model, optimizer)
-    if dev.compile_mode != "off":
-        device.use_compile_cache(args.compile_cache)
     return model, device.compile_model(model, dev.compile_mode), optimizer
 
 
@@ -293,6 +295,7 @@ def train_loop(setup, state, stop):
     batches = batch_stream(setup.blocks["train"], accelerator, budget.micro_batch, args.global_batch, args.seed,
                            state.micro_batches)
     losses, perf = LossWindow(state.loss_window, accelerator.device), Throughput(state)
+    skips, stop_agreed = device.SkippedSteps(accelerator.scaler), StopAgreement(accelerator, stop)
     setup.train_model.train()
     with tqdm(total=budget.total_steps, initial=state.step, disable=not accelerator.is_main_process, desc="train",
               mininterval=2) as bar:
@@ -310,17 +313,20 @@ def train_loop(setup, state, stop):
                 group["lr"] = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
             setup.optimizer.step()  # fp16: skipped when the gradients overflowed
             setup.optimizer.zero_grad(set_to_none=True)
-            state.lr_step += not accelerator.optimizer_step_was_skipped  # a skipped step does not advance the schedule
+            state.lr_step += not skips.last_skipped()  # a skipped step does not advance the schedule
             tokens = n_micro * budget.tokens_per_micro
             state.step, state.micro_batches, state.tokens_seen = (state.step + 1, state.micro_batches + n_micro,
                                                                   state.tokens_seen + tokens)
             losses.steps += 1
-            eval_due, ckpt_due, last = due(state.step, args.eval_every, args.ckpt_every, budget.total_steps)
-            if state.step % args.log_every == 0 or last:
-                log_point(setup, state, losses.mean(accelerator), perf, grad_norm, bar)  # sync point: the loss is read
+            eval_due, ckpt_due, last = due(state.step, args.eval_every, args.ckpt_every, budget.total_steps,
+                                           args.keep_checkpoints)
+            logged = state.step % args.log_every == 0 or last
+            if logged:  # sync point: the loss is read
+                log_point(setup, state, losses.mean(accelerator), perf, grad_norm, bar,
+                          lr_at(state.lr_step - 1, args.lr, budget.total_steps, args.warmup))
             elif (first or eval_due or ckpt_due) and accelerator.device.type == "cuda":
                 torch.cuda.synchronize()  # sync point: the step's GPU work is done before the clock stops
-            stopping = stop_agreed(accelerator, stop)  # with several processes: a sync point (a small all-reduce)
+            stopping = stop_agreed(at_sync_point=logged or first or eval_due or ckpt_due)  # else the last step's
             perf.step_done(time.perf_counter() - t0, tokens)
             bar.update()
             if eval_due:  # ---- untimed: evaluation, checkpoints
@@ -346,41 +352,18 @@ def lr_at(step, peak, total, warmup_fraction):
     return peak * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def log_point(setup, state, mean_loss, perf, grad_norm, bar):
-    """Every log_every steps and at the end: the loss curve, throughput, TensorBoard, the bar."""
-    if not math.isfinite(mean_loss):
-        ckpt, _ = latest_checkpoint(setup.out_dir)
-        raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
-                        f"{ckpt or 'none'} (try a lower --lr)")
-    state.losses.append([state.step, mean_loss])
-    tps = perf.window_tokens_per_second()
-    if tps:
-        state.throughput.append([state.step, tps])
-    if setup.writer:
-        scalars = {"train/loss": mean_loss, "train/grad_norm": float(grad_norm),
-                   "train/lr": lr_at(state.lr_step - 1, setup.args.lr, setup.budget.total_steps, setup.args.warmup)}
-        if tps:
-            scalars["perf/tokens_per_second"] = tps
-            scalars["perf/step_ms"] = setup.budget.accum * setup.budget.tokens_per_micro / tps * 1e3
-            info = setup.info
-            if info["peak"]:
-                scalars["perf/mfu"] = device.mfu(tps, info["flops_per_token"], info["peak"], info["world_size"])
-        if setup.accelerator.device.type == "cuda":
-            scalars.update(device.gpu_stats(setup.accelerator.device))
-        for k, v in scalars.items():
-            setup.writer.add_scalar(k, v, state.step)
-    bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()
-
-
 # ----------------------------------------------------------------------------- the phases
 
 def set_up(args, argv, stack):
     """Device decisions, the run directory and inputs (checked before any work), the data, the model
     and its accelerations; a resume's state. Returns (Setup, TrainState, corpus statistics)."""
     dev = device.decide(args.precision, args.compile)
+    if dev.compile_mode != "off":
+        device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
     accelerator = make_accelerator(dev)
     out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / time.strftime("%Y%m%d-%H%M%S"),
-                                 args.metrics_out, accelerator, stack)
+                                 args.metrics_out, accelerator, stack,
+                                 inputs={"--text": args.text, "--tokenizer": args.tokenizer})  # never overwritten
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = wos.open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     state, saved_identity = load_state(ckpt) if ckpt else (TrainState(), {})
@@ -399,7 +382,7 @@ def set_up(args, argv, stack):
     info = describe_run(args, argv, dev, model, text, budget, accelerator.num_processes)
     model, train_model, optimizer = accelerate(model, args, accelerator, dev)
     if ckpt:
-        accelerator.load_state(str(ckpt))
+        restore(accelerator, ckpt)  # a damaged file: one line naming it
     if accelerator.is_main_process:
         print(startup_line(info, budget, micro_source, tok.vocab_size) +
               (f"; {dev.note}" if dev.note else "") + (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
@@ -428,11 +411,14 @@ def train(args, argv, stop):
         metrics = {**final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
                                    time.perf_counter() - t_start, setup.info), **info,
                    "samples": setup.sampler and setup.sampler.last}  # the final continuations
+        save_final(setup.accelerator, setup.model, setup.out_dir)  # for sampling; outside the timing
         if setup.accelerator.is_main_process:
             setup.writer.close()
             for path in [setup.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
                 files.write_json(path, metrics)
             print(summary_line(metrics))
+        if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
+            remove_checkpoints(setup.accelerator, setup.out_dir)
         return metrics
 
 

@@ -72,7 +72,11 @@ def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path, capsys):
     assert metrics["train_seconds"] > 0 and metrics["total_seconds"] > metrics["train_seconds"]
     assert metrics["tokens_per_second"] > 0 and metrics["precision"] == "fp32" and metrics["params"] > 0
     assert metrics["mfu"] is None and metrics["world_size"] == 1 and metrics["vocab_size"] == 512
-    assert list((tmp_path / "run").glob("ckpt-*"))  # the final checkpoint
+    assert not list((tmp_path / "run").glob("ckpt-*"))  # a finished run keeps its weights, not the optimizer's
+    weights = torch.load(tmp_path / "run" / "final" / "model.pt", weights_only=True)
+    config = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    assert weights["wte.weight"].shape == (512, 32) and config["n_embd"] == 32
+    assert metrics["corpus"]["name"] == "other" and metrics["corpus"]["documents"] == 300  # from the content
     with pytest.raises(SystemExit, match="finished run"):  # never overwritten
         gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "20000"))
 
@@ -134,11 +138,11 @@ def test_two_processes_match_one_for_the_same_global_batch(corpus, tmp_path):
 
 def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, monkeypatch):
     """GradScaler skips a step whose gradients overflowed (fp16 only, so on a GPU); the schedule must
-    not count it. Here accelerate's report of a skipped step is faked for the first three steps."""
-    from accelerate import Accelerator
+    not count it. Here the loop is told of three skipped steps; that the scale tells them, with a real
+    GradScaler and a fused AdamW, is test_training's test_a_step_skipped_by_a_real_grad_scaler..."""
     reports = iter([True] * 3)
-    monkeypatch.setattr(Accelerator, "optimizer_step_was_skipped", property(lambda self: next(reports, False)))
-    gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32)))
+    monkeypatch.setattr(device.SkippedSteps, "last_skipped", lambda self: next(reports, False))
+    gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32), "--keep-checkpoints"))
     state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert state["step"] == 10 and state["lr_step"] == 7
 
@@ -250,7 +254,7 @@ def test_usr1_during_start_up_is_not_lost(corpus, tmp_path):
 
 def unfinished_run(corpus, run_dir, *extra):
     """A run stopped at its last checkpoint: the finished run minus its metrics (as if cut just before)."""
-    common = ["--tokens", str(12 * 8 * 32), "--ckpt-every", "4", "--log-every", "1", *extra]
+    common = ["--tokens", str(12 * 8 * 32), "--ckpt-every", "4", "--log-every", "1", "--keep-checkpoints", *extra]
     reference = gpt_train.main(tiny_args(corpus, run_dir, *common))
     (run_dir / "metrics.json").unlink()
     return reference, common
@@ -294,6 +298,30 @@ def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, c
     result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", *common), *change)
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
     assert result.stderr.startswith("error: the checkpoint was made with " + message)
+
+
+def test_gpt2s_tokenizer_from_its_folder_end_to_end_with_resume(corpus, shared_data, tmp_path):
+    from data import wos
+    gpt2 = shared_data / "gpt2-tokenizer"  # the folder AutoTokenizer.from_pretrained takes
+    reference, common = unfinished_run(corpus, tmp_path / "run", "--tokenizer", str(gpt2))
+    assert reference["vocab_size"] == 50304 and math.isfinite(reference["final_val_loss"])  # 50,257 padded
+    resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common))
+    assert resumed["resumed"] and resumed["vocab_size"] == 50304
+    assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
+    caches = {p.name for p in (corpus / "cache").rglob("tokens-v1-*")}  # one token cache per tokenizer
+    own, theirs = (wos.open_tokenizer(t).sha256[:16] for t in (corpus / "tok.json", gpt2))
+    assert f"tokens-v1-{theirs}" in caches and own != theirs
+
+
+def test_the_own_tokenizer_as_a_file_or_its_folder_is_the_same_run(corpus, tmp_path):
+    import shutil
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    shutil.copy(corpus / "tok.json", folder / "tokenizer.json")
+    reference, common = unfinished_run(corpus, tmp_path / "run")  # started with the file
+    resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common, "--tokenizer", str(folder)))
+    assert resumed["resumed"] and resumed["vocab_size"] == 512  # the run identity keys the tokenizer's content
+    assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
 
 
 def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path):

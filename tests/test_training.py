@@ -264,3 +264,47 @@ def test_a_step_skipped_by_a_real_grad_scaler_with_fused_adamw_is_seen():
         assert skips.last_skipped() == grad_is_inf and torch.equal(weight, before) == grad_is_inf
     assert scaler.get_scale() == 2.0**10
     assert not device.SkippedSteps(None).last_skipped()  # bf16/fp32: no scaler, nothing skipped
+
+
+# ------------------------------------------------------------------ several processes
+
+def _ddp_rank(rank, port, out_dir):
+    """One of two gloo processes: the DDP settings gpt_train asks accelerate for, and the stop agreement."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from accelerate import Accelerator
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", kwargs_handlers=device.ddp_handlers("bf16"))
+    model = accelerator.prepare(torch.nn.Linear(8, 8))
+    model(torch.ones(2, 8)).sum().backward()  # the bf16 hook runs on gloo
+    group = dist.distributed_c10d._get_default_group()
+    report = {"hooks": len(model._comm_hooks), "bucket_view": model.gradient_as_bucket_view,
+              "timeout_s": group._get_backend(torch.device("cpu")).options._timeout.total_seconds(),
+              "grad_finite": bool(torch.isfinite(model.module.weight.grad).all())}
+    stop = SimpleNamespace(signal=None)
+    agree, stopped = signals.StopAgreement(accelerator, stop), {}
+    for step in range(1, 9):
+        if rank == 1 and step == 3:
+            stop.signal = "SIGTERM"  # one process gets the signal during step 3
+        if agree(at_sync_point=step == 6) and "lagged" not in stopped:
+            stopped["lagged"] = step
+    stop.signal = None
+    agree = signals.StopAgreement(accelerator, stop)
+    stop.signal = "SIGTERM" if rank == 0 else None
+    stopped["at_sync_point"] = agree(at_sync_point=True)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({**report, **stopped}))
+    accelerator.end_training()  # the process group ends cleanly: no abort at exit
+
+
+def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagged(tmp_path):
+    """bf16 on two processes: the bf16 compression hook is registered and gradients stay in DDP's
+    buckets; the process group times out in 5 minutes, not 30; a stop signal on one process stops
+    both after the same step, one step later (no host sync on the running step), at once at a sync point."""
+    torch.multiprocessing.spawn(_ddp_rank, args=(free_port(), tmp_path), nprocs=2)
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert reports[0] == reports[1]
+    assert reports[0] == {"hooks": 1, "bucket_view": True, "timeout_s": 300.0, "grad_finite": True,
+                          "lagged": 4, "at_sync_point": True}
+    assert device.ddp_handlers("fp32")[0].comm_hook.value == "no"  # fp32 training: fp32 gradients

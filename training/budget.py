@@ -39,10 +39,12 @@ class Budget:
         return min(self.accum, self.total_micro - micro_done)
 
 
-def due(step, eval_every, ckpt_every, total_steps):
-    """(evaluation due, checkpoint due, last step) after `step`; the final evaluation follows the loop."""
+def due(step, eval_every, ckpt_every, total_steps, final_ckpt=True):
+    """(evaluation due, checkpoint due, last step) after `step`; the final evaluation follows the loop.
+    final_ckpt False: none after the last step (a finished run keeps only its final weights)."""
     last = step == total_steps
-    return step % eval_every == 0 and not last, bool(ckpt_every and step % ckpt_every == 0) or last, last
+    ckpt = final_ckpt if last else bool(ckpt_every and step % ckpt_every == 0)
+    return step % eval_every == 0 and not last, ckpt, last
 
 
 def plan_budget(tokens, global_batch, micro_batch, world, seq_len):

@@ -6,9 +6,12 @@ and the run directory (checked, locked, never overwritten once finished).
     latest_checkpoint       the newest checkpoint that verifies against its manifest
     run_identity            what a resume must match; check_same_run refuses anything else
     open_run_dir            outputs checked, folder locked, the checkpoint to resume from found
+    restore                 accelerate's load_state; a damaged file is named in one line
+    save_final              after a successful run: the final weights kept, the optimizer checkpoints removed
 """
 import json
 import os
+import pickle
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
@@ -21,6 +24,10 @@ from training import UserError
 
 MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
+# What a finished run keeps (training/sample.py loads it): the model's state_dict (torch.save: the tied
+# lm_head/wte weight is one tensor, which safetensors refuses) and the GPT2Config it was built from.
+FINAL_WEIGHTS = "final/model.pt"
+FINAL_CONFIG = "final/config.json"
 
 
 @dataclass
@@ -91,6 +98,64 @@ def verify_checkpoint(path):
     return None
 
 
+def restore(accelerator, ckpt):
+    """accelerate's load_state, with what it gets wrong for us: a file that is not a checkpoint (one the
+    manifest vouched for: damaged before it was hashed) is named in one line, not an UnpicklingError
+    traceback; and a damaged random_states_<rank>.pkl, which accelerate skips with a log line nobody
+    sees (the resumed run would silently lose its RNG state), is refused the same way."""
+    rng_file = ckpt / f"random_states_{accelerator.process_index}.pkl"
+    problem = load_problem(rng_file)
+    if problem:
+        raise damaged(ckpt, rng_file, problem)
+    try:
+        accelerator.load_state(str(ckpt))
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, OSError) as e:
+        culprit = next((p for p in sorted(ckpt.iterdir()) if p.suffix in (".bin", ".pt", ".pkl") and load_problem(p)),
+                       ckpt)
+        raise damaged(ckpt, culprit, e) from None
+
+
+def load_problem(path):
+    """None if accelerate's loader (weights only: a planted pickle runs no code) reads `path`, else the error."""
+    from accelerate.utils import load
+    try:
+        load(path, map_location="cpu")
+        return None
+    except Exception as e:
+        return e
+
+
+def damaged(ckpt, path, error):
+    why = (str(error).splitlines() or [type(error).__name__])[0][:200]
+    return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
+                     f"resume from the checkpoint before it, or pick a new --out-dir")
+
+
+def save_final(accelerator, model, out_dir):
+    """After a successful run, outside the timed loop: the final weights and config (FINAL_WEIGHTS,
+    FINAL_CONFIG: for sampling), written to final.tmp and renamed. The optimizer checkpoints (~1.2 GB
+    each at the lab shape: weights + two Adam moments) go once the metrics are written (remove_checkpoints)."""
+    import torch
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        net = accelerator.unwrap_model(model)
+        final = out_dir / Path(FINAL_WEIGHTS).parent
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save(net.state_dict(), tmp / Path(FINAL_WEIGHTS).name)
+        files.write_json(tmp / Path(FINAL_CONFIG).name, net.cfg.to_dict())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+
+
+def remove_checkpoints(accelerator, out_dir):
+    if accelerator.is_main_process:
+        for ckpt in out_dir.glob("ckpt-*"):
+            shutil.rmtree(ckpt)
+
+
 def latest_checkpoint(out_dir):
     """(the newest checkpoint that verifies, [(name, why skipped) for newer ones that did not])."""
     skipped = []
@@ -112,6 +177,16 @@ def run_identity(args, vocab_size, world):
             "global_batch": args.global_batch, "world_size": world, "seed": args.seed}
 
 
+def run_outputs(out_dir, metrics_out):
+    """{flag: path} of what a run writes, for the check against its inputs (the --out-dir files that
+    are also --metrics-out counted once)."""
+    outputs = {"--metrics-out": metrics_out, "--out-dir": out_dir}
+    for name in ("metrics.json", "args.json", FINAL_WEIGHTS, FINAL_CONFIG):
+        if not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
+            outputs[f"--out-dir's {name}"] = out_dir / name
+    return outputs
+
+
 def check_same_run(saved, current):
     """A resume continues the same run: refuse, in one line, anything that would change it."""
     for key, value in current.items():
@@ -120,11 +195,14 @@ def check_same_run(saved, current):
                             f"resume with the same settings or pick a new --out-dir")
 
 
-def open_run_dir(out_dir, metrics_out, accelerator, stack):
-    """(out_dir, the checkpoint to resume from or None). Checks the outputs, locks the folder until
-    `stack` closes (a finished run is never overwritten); with several processes, the main one's answer."""
+def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None):
+    """(out_dir, the checkpoint to resume from or None). Checks the outputs (none may be one of the
+    `inputs`, {flag: path}), locks the folder until `stack` closes (a finished run is never
+    overwritten); with several processes, the main one's answer."""
     ckpt = None
     if accelerator.is_main_process:
+        files.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),
+                                       {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
         files.check_output_dir(out_dir, "--out-dir")
         if metrics_out:
             files.check_output(metrics_out, "--metrics-out")

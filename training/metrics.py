@@ -4,7 +4,10 @@ import math
 
 import torch
 
-from training.device import flops_per_token, mfu
+from data import wos
+from training import UserError
+from training.checkpoints import latest_checkpoint
+from training.device import flops_per_token, gpu_stats, mfu
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
@@ -114,12 +117,40 @@ class LossWindow:
 
 
 def describe_run(args, argv, dev, model, text, budget, world):
-    """The run as the metrics record it (and the start-up line shows it)."""
+    """The run as the metrics record it (and the start-up line shows it). `corpus`: what the text is,
+    from its content (stand-in, WOS46985 or other; wos.corpus_identity), so that the report never
+    labels a run by its path."""
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
     return {"precision": dev.precision, "compile": dev.compile_mode, "attention": model.attention,
             "tf32": "on" if dev.cuda else "off", "fused_adamw": args.fused_adamw, "world_size": world,
             "device_name": dev.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
-            "text": str(text), "preset": args.preset, "global_batch": args.global_batch,
+            "text": str(text), "corpus": wos.corpus_identity(text), "preset": args.preset,
+            "global_batch": args.global_batch,
             "micro_batch": budget.micro_batch, "seq_len": args.seq_len,
             "command": "python gpt_train.py " + " ".join(argv), "peak": dev.peak,
             "flops_per_token": flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)}
+
+
+def log_point(setup, state, mean_loss, perf, grad_norm, bar, lr):
+    """Every log_every steps and at the end: the loss curve, throughput, TensorBoard, the bar."""
+    if not math.isfinite(mean_loss):
+        ckpt, _ = latest_checkpoint(setup.out_dir)
+        raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
+                        f"{ckpt or 'none'} (try a lower --lr)")
+    state.losses.append([state.step, mean_loss])
+    tps = perf.window_tokens_per_second()
+    if tps:
+        state.throughput.append([state.step, tps])
+    if setup.writer:
+        scalars = {"train/loss": mean_loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
+        if tps:
+            scalars["perf/tokens_per_second"] = tps
+            scalars["perf/step_ms"] = setup.budget.accum * setup.budget.tokens_per_micro / tps * 1e3
+            info = setup.info
+            if info["peak"]:
+                scalars["perf/mfu"] = mfu(tps, info["flops_per_token"], info["peak"], info["world_size"])
+        if setup.accelerator.device.type == "cuda":
+            scalars.update(gpu_stats(setup.accelerator.device))
+        for k, v in scalars.items():
+            setup.writer.add_scalar(k, v, state.step)
+    bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()

@@ -45,11 +45,39 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
-def stop_agreed(accelerator, stop):
-    """Whether any process got a stop signal; all then stop after the same step, well within
-    torchrun's 30 s grace."""
-    import torch  # here, not at the top: this module is imported before torch, to catch signals early
-    flag = stop.signal is not None
-    if accelerator.num_processes == 1:
-        return flag
-    return accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), reduction="sum").item() > 0
+class StopAgreement:
+    """Whether every process stops after this step (called once per step by all of them).
+
+    One process: its own flag. Several: the flag's all-reduce is enqueued every step and its result
+    copied to pinned host memory behind an event; the next step reads that copy, which waits only for
+    the previous step's GPU work, not for the step the GPU is still running (a read of this step's
+    result would drain the pipeline every step). Every process reads the same value after the same
+    step: the stop comes one step after the signal reached any of them, well within torchrun's 30 s
+    grace. At a sync point of the loop (a log point, a checkpoint) this step's value is read at once."""
+
+    def __init__(self, accelerator, stop):
+        self.accelerator, self.stop, self.pending = accelerator, stop, None
+
+    def __call__(self, at_sync_point):
+        import torch  # here, not at the top: this module is imported before torch, to catch signals early
+        flag = self.stop.signal is not None
+        if self.accelerator.num_processes == 1:
+            return flag
+        device = self.accelerator.device
+        reduced = self.accelerator.reduce(torch.tensor([float(flag)], device=device), reduction="sum")
+        if at_sync_point:
+            self.pending = None
+            return reduced.item() > 0
+        previous, self.pending = self.pending, (reduced, None)
+        if device.type == "cuda":
+            host = torch.empty(1, pin_memory=True)
+            host.copy_(reduced, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.pending = (host, event)
+        if previous is None:
+            return False
+        value, event = previous
+        if event is not None:
+            event.synchronize()  # the previous step's work: done, or nearly
+        return value.item() > 0
