@@ -95,7 +95,7 @@ def test_a_tiny_run_writes_samples_to_tensorboard_and_its_metrics(corpus, tmp_pa
     texts = text_events(run)
     assert set(texts) == {"samples/greedy/text_summary", "samples/sampled/text_summary"}
     for tag, events in texts.items():
-        assert [step for step, _ in events] == [4, 8, 8]  # each evaluation, and the end
+        assert [step for step, _ in events] == [4, 8]  # each evaluation and the end (step 8: the end's kept)
         assert all("**→**" in text for _, text in events)
     samples = metrics["samples"]
     assert samples["step"] == 8 and samples["val_loss"] == metrics["final_val_loss"] and samples["new_tokens"] == 12
