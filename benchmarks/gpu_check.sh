@@ -215,7 +215,7 @@ smi_start() {
 smi_stop() { [ -z "${SMI_PIDS:-}" ] || kill $SMI_PIDS 2>/dev/null; SMI_PIDS=""; }
 
 SKIP=""  # step<TAB>why, from the import check
-RESERVE=$(( REHEARSE ? 20 : 30 ))  # kept for the report and the last publish; a sixth of a small budget
+RESERVE=30  # kept for the report and the last publish; a sixth of a small budget
 [ "$RESERVE" -le $(( BUDGET / 6 )) ] || RESERVE=$(( BUDGET / 6 ))
 
 # step NAME CAP [--smi] [--bg] CMD...: CMD under timeout at min(CAP, what the budget leaves), its
@@ -322,12 +322,13 @@ if [ "$REHEARSE" = 1 ]; then
     SMALL_TOK=(--vocab-size 1024 --seq-len 64)  # the tiny preset's: gpt_train reads the cache it writes
     LADDER_ROWS=2 GELU=(--device cpu --log2 10 12 --repeats 2) TESTS=(-k cuda)
     BUILD=rehearse_build NAME12M=4K
-    # the steps use the extension already built here: its rehearsal build need not hold them up
-    BUILD_WAIT=early BUILD_CAP=$BUDGET  # a loaded login node: a niced build may take minutes
-    python -c 'import sys, gelu_ext; sys.exit(not gelu_ext.is_built())' 2>/dev/null && BUILD_WAIT=late
+    # the steps use the extension already built here, if there is one: then its rehearsal build comes
+    # last, so that on a small login node it does not take their CPU
+    BUILD_AT=first
+    python -c 'import sys, gelu_ext; sys.exit(not gelu_ext.is_built())' 2>/dev/null && BUILD_AT=last
 else
     SMALL_LENET=() SMALL_GPT=() SMALL_LADDER=() SMALL_TOK=() LADDER_ROWS=99 GELU=(--device cuda) TESTS=()
-    BUILD=build NAME12M=12M BUILD_WAIT=early BUILD_CAP=150
+    BUILD=build NAME12M=12M BUILD_AT=first
 fi
 export LADDER_ROWS NAME12M
 # arrays do not cross `bash -c`: pass them as strings the functions split again
@@ -351,12 +352,12 @@ publish
 # Most valuable first; caps are about twice an H200's time for each (the first H200 call: 284 s in all).
 # The build runs beside the steps that do not need the extension (two compiler processes of 16 cores),
 # niced so that the steps measured meanwhile keep their CPU.
-step build "$BUILD_CAP" --bg nice -n 10 bash -c "$BUILD"
+[ "$BUILD_AT" = last ] || step build 150 --bg nice -n 10 bash -c "$BUILD"
 step lenet-torch 60 --smi bash -c 'SMALL_LENET=($SMALL_LENET_S); lenet torch --act torch'
 step tokenizer 90 python tokenizer_train.py --text "$TEXT" --out "$WORK/tokenizer.json" --force \
     --compare "${GPT2TOK:-none}" --cache-dir "$WORK/data-cache" --metrics-out "$RESULTS/tokenizer_$GPU.json" \
     "${SMALL_TOK[@]}"
-[ "$BUILD_WAIT" = late ] || finish build
+finish build
 step cuda-tests 130 python -m pytest -q -p no:cacheprovider tests/test_gelu_ext.py "${TESTS[@]}"
 step gelu-bench 90 python benchmarks/gelu_bench.py "${GELU[@]}" --metrics-out "$RESULTS/gelu_bench_$GPU.json"
 step lenet-cpp 60 --smi bash -c 'SMALL_LENET=($SMALL_LENET_S); lenet cpp --act cpp'
@@ -365,7 +366,7 @@ step gpt-cold 150 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-cold --
 step gpt-warm 100 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-warm --tokenizer '$WORK/tokenizer.json'"
 step gpt-gpt2tok 120 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-gpt2tok --tokenizer '$GPT2TOK'"
 step ladder 600 bash -c 'SMALL_LADDER=($SMALL_LADDER_S); ladder'
-[ "$BUILD_WAIT" = early ] || finish build
+[ "$BUILD_AT" = first ] || step build 600 bash -c "$BUILD"
 for n in gpt-cold gpt-warm lenet-torch; do  # the report's nvidia-smi figure: one taken during training
     [ ! -f "$LOGS/nvidia-smi-during-$n.txt" ] || { cp "$LOGS/nvidia-smi-during-$n.txt" "$LOGS/nvidia-smi.txt"; break; }
 done
