@@ -372,8 +372,10 @@ def summarise(chosen, runs, rates, fits):
     for i, name, _ in chosen:
         good = [m for m in runs[i] if "error" not in m]
         errors = [m["error"] for m in runs[i] if "error" in m]
+        if not runs[i]:  # not measured yet (the file is rewritten after every row)
+            continue
         if not good:
-            results.append({"name": name, "error": errors[0] if errors else "not measured yet", "repeats": runs[i]})
+            results.append({"name": name, "error": errors[0], "repeats": runs[i]})
             continue
         results.append(row := summarise_row(name, good, rates))
         if errors:  # some repeats failed, others did not

@@ -65,7 +65,7 @@ def test_a_failing_row_is_recorded_and_the_others_written_as_they_finish(tmp_pat
         calls.append(settings.get("loss"))
         out = tmp_path / "m.json"
         if len(calls) == 2:  # the first row is on disk before the second starts
-            assert json.loads(out.read_text())["rungs"][0]["tokens_per_second"] == 1000.0
+            assert [r["tokens_per_second"] for r in json.loads(out.read_text())["rungs"]] == [1000.0]
         if settings.get("loss") == "chunked":
             raise RuntimeError("kernel failed\nsecond line")
         return {"tokens_per_second": 1000.0, "ms_per_step": 1.0, "flops_per_token": 1e6, "mfu": None,
