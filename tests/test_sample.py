@@ -52,6 +52,18 @@ def test_chunked_loss_under_bf16_autocast_is_close_to_the_plain_one():
         torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-3)
 
 
+def test_the_chunked_loss_traces_under_torch_compile():
+    """gpt_train --compile whole traces the loss too (regional leaves it eager): the same loss and gradients."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(2, 8, 16), torch.randn(64, 16)
+    targets = torch.randint(0, 64, (2, 8))
+    compiled = torch.compile(lambda h, w, t: lm_loss.chunked_cross_entropy(h, w, t, 5), backend="aot_eager",
+                             fullgraph=True)
+    expected = loss_and_grads(plain_loss, hidden, weight, targets)
+    for g, e in zip(loss_and_grads(compiled, hidden, weight, targets), expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
 def test_a_chunked_loss_run_follows_the_plain_one(corpus, tmp_path):
     common = ["--tokens", str(10 * 8 * 32), "--sample-tokens", "0"]
     plain = gpt_train.main(tiny_args(corpus, tmp_path / "plain", *common))
