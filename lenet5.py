@@ -289,19 +289,20 @@ def keep_what_we_can(args, model, metrics, failure=None):
     kept = []
     if failure:
         metrics = metrics | {"stopped": failure}
-    for flag, path, write in (("--metrics-out", args.metrics_out, lambda p: files.write_json(p, metrics)),
-                              ("--save", args.save, lambda p: torch.save(model.state_dict(), p))):
+    for flag, what, path, write in (
+            ("--metrics-out", "metrics", args.metrics_out, lambda p: files.write_json(p, metrics)),
+            ("--save", "weights", args.save, lambda p: torch.save(model.state_dict(), p))):
         if path is None:
             continue
         try:
             write(path)
-            kept.append(f"{'metrics' if flag == '--metrics-out' else 'weights'} in {path}")
+            kept.append(f"{what} in {path}")
         except OSError as e:
             if not failure:
                 raise UserError(f"{flag} {path}: {e.strerror or e}") from None
     if failure:
         done = f"after epoch {metrics['history'][-1]['epoch']}" if metrics["history"] else "before the first epoch ended"
-        return f"{failure} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept (no --metrics-out/--save)")
+        return f"{failure} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept")
     return None
 
 
