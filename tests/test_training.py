@@ -308,3 +308,106 @@ def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagg
     assert reports[0] == {"hooks": 1, "bucket_view": True, "timeout_s": 300.0, "grad_finite": True,
                           "lagged": 4, "at_sync_point": True}
     assert device.ddp_handlers("fp32")[0].comm_hook.value == "no"  # fp32 training: fp32 gradients
+
+
+# ------------------------------------------------------------------ runs: what they keep, what they refuse
+
+def test_a_finished_run_keeps_final_weights_not_checkpoints_and_its_save_is_not_training_time(corpus, tmp_path,
+                                                                                            monkeypatch):
+    from conftest import tiny_args
+    slow_save = gpt_train.save_final
+
+    def save_final(*args):
+        time.sleep(10.0)  # a slow file system: none of it may count as training (the 4 steps: ~0.1-3 s)
+        slow_save(*args)
+
+    monkeypatch.setattr(gpt_train, "save_final", save_final)
+    metrics_ = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(4 * 8 * 32), "--ckpt-every", "1"))
+    assert metrics_["train_seconds"] < 10.0
+    assert not list((tmp_path / "run").glob("ckpt-*")) and (tmp_path / "run" / "final" / "model.pt").is_file()
+    kept = gpt_train.main(tiny_args(corpus, tmp_path / "kept", "--tokens", str(4 * 8 * 32), "--ckpt-every", "0",
+                                    "--keep-checkpoints"))
+    assert [p.name for p in (tmp_path / "kept").glob("ckpt-*")] == ["ckpt-0000004"]  # the last step's
+    a, b = (torch.load(d / "final" / "model.pt", weights_only=True) for d in (tmp_path / "run", tmp_path / "kept"))
+    assert kept["final_train_loss"] == metrics_["final_train_loss"] and torch.equal(a["wte.weight"], b["wte.weight"])
+
+
+def test_the_stand_in_corpus_is_named_from_its_content(corpus, shared_data, tmp_path):
+    import shutil
+    from conftest import tiny_args
+    text = tmp_path / "X.txt"  # a path that says nothing: the name comes from the content
+    shutil.copy(shared_data / "wos-standin" / "X.txt", text)
+    metrics_ = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--text", str(text), "--cache-dir",
+                                        str(tmp_path / "cache"), "--tokens", str(2 * 8 * 32)))
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics_["corpus"]["name"] == saved["corpus"]["name"] == "stand-in"
+    assert saved["corpus"]["documents"] > 1000 and len(saved["corpus"]["sha256"]) == 64
+
+
+@pytest.mark.parametrize("flag", ["--metrics-out", "--out-dir"])
+def test_no_output_is_an_input(corpus, tmp_path, flag):
+    import shutil
+    from conftest import run_script, tiny_args
+    tokenizer = tmp_path / "tok.json"
+    shutil.copy(corpus / "tok.json", tokenizer)
+    target = tokenizer if flag == "--metrics-out" else tmp_path  # --out-dir: its args.json... no: the folder
+    if flag == "--out-dir":
+        target = tmp_path / "tokfolder"
+        target.mkdir()
+        shutil.copy(corpus / "tok.json", target / "tokenizer.json")
+        tokenizer = target
+    result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", "--tokenizer", str(tokenizer)),
+                        flag, str(target))
+    assert result.returncode == 1 and "would overwrite --tokenizer" in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert json.loads((target if flag == "--out-dir" else tmp_path).joinpath(
+        "tokenizer.json" if flag == "--out-dir" else "tok.json").read_text())  # untouched: still the tokenizer
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_numpy_refuses_is_one_line(seed):
+    from conftest import run_script
+    result = run_script("gpt_train.py", "--seed", seed)
+    assert result.returncode == 2 and "--seed must be in [0, 2^32)" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unwritable_compile_cache_is_one_line_before_any_work(corpus, tmp_path):
+    from conftest import run_script, tiny_args
+    (tmp_path / "file").write_text("x")
+    home = tmp_path / "file" / "home"  # as a read-only HOME: nothing can be created under it
+    result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", "--compile", "regional", "--text",
+                                                   str(tmp_path / "not-read-yet.txt")),
+                        env={**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: --compile-cache {home / '.cache' / 'lab5' / 'torch-compile'}")
+    assert "--compile off" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def _finished_with_checkpoints(corpus, run_dir):
+    from conftest import tiny_args
+    common = ["--tokens", str(8 * 8 * 32), "--ckpt-every", "4", "--keep-checkpoints"]
+    gpt_train.main(tiny_args(corpus, run_dir, *common))
+    (run_dir / "metrics.json").unlink()  # as if cut after its last checkpoint
+    newest = sorted(run_dir.glob("ckpt-*[0-9]"))[-1]
+    return tiny_args(corpus, run_dir, *common), newest
+
+
+def _rehash(ckpt):
+    """The manifest rewritten over the damage: a file damaged before it was hashed."""
+    from data import files
+    from training.checkpoints import MANIFEST
+    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": files.sha256_file(p)}
+                for p in sorted(ckpt.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files.write_json(ckpt / MANIFEST, manifest)
+
+
+@pytest.mark.parametrize("victim", ["pytorch_model.bin", "optimizer.bin", "random_states_0.pkl"])
+def test_a_damaged_checkpoint_file_the_manifest_vouches_for_is_named_in_one_line(corpus, tmp_path, victim):
+    from conftest import run_script
+    args, newest = _finished_with_checkpoints(corpus, tmp_path / "run")
+    (newest / victim).write_bytes(b"this is not a checkpoint, " * 40)
+    _rehash(newest)
+    result = run_script("gpt_train.py", *args)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: checkpoint file {newest / victim} is damaged") and f"delete {newest}" in line

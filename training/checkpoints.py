@@ -11,7 +11,6 @@ and the run directory (checked, locked, never overwritten once finished).
 """
 import json
 import os
-import pickle
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
@@ -109,9 +108,11 @@ def restore(accelerator, ckpt):
         raise damaged(ckpt, rng_file, problem)
     try:
         accelerator.load_state(str(ckpt))
-    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, KeyError, OSError) as e:
+    except Exception as e:  # garbage makes pickle raise anything (UnpicklingError, IndexError, EOFError...)
         culprit = next((p for p in sorted(ckpt.iterdir()) if p.suffix in (".bin", ".pt", ".pkl") and load_problem(p)),
-                       ckpt)
+                       None)
+        if culprit is None:  # every file reads: not damage, a bug to see whole
+            raise
         raise damaged(ckpt, culprit, e) from None
 
 
