@@ -27,8 +27,8 @@
 #
 # --rehearse runs every step on the CPU at the smallest sizes (1,000 documents, vocabulary 1,024,
 # tiny GPT preset for 4,096 tokens, LeNet-5 for one epoch of 1,024 images, GELU at 2^10 and 2^12,
-# two ladder rows at sequence 16): the install, the import check, the (CPU) build, each command
-# line, the cuts and the results written as they come, before any GPU time is spent.
+# the ladder's first row at sequence 16): the install, the import check, the (CPU) build, each
+# command line, the cuts and the results written as they come, before any GPU time is spent.
 set -uo pipefail
 START=$(date +%s)  # the budget's clock: install, unpacking and build count
 CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
@@ -288,51 +288,33 @@ gpt() {  # gpt NAME FLAGS...: the cold run's compile cache is the warm run's
         --ckpt-every 0 --out-dir "$WORK/runs/gpt/$GPU-$name" --metrics-out "$RESULTS/gpt_run_${name}_$GPU.json" \
         "${SMALL_GPT[@]}" "$@"
 }
-# The ladder one row per process (gpt_bench.py --only N), each written as it finishes, so a cut keeps
-# the rows done and a row that fails (out of memory on a small GPU) does not stop the others.
-ladder() {
-    local i rows rc=0
-    mkdir -p "$WORK/ladder"
-    rows=$(python -c 'import sys, torch; sys.path.insert(0, "benchmarks"); import gpt_bench
-cuda = torch.cuda.is_available()
-print(len(gpt_bench.ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0))))') || return 1
-    for (( i = 1; i <= rows && i <= LADDER_ROWS; i++ )); do
-        if python benchmarks/gpt_bench.py --repeats 1 --only "$i" --metrics-out "$WORK/ladder/row-$i.json" \
-            "${SMALL_LADDER[@]}"; then
-            python "$TOOLS" ladder "$WORK/ladder" "$RESULTS/gpt_bench_$GPU.json"
-        else
-            echo "row $i failed"; rc=1
-        fi
-    done
-    return $rc
-}
 report() {
     local runs=()
     for d in "$WORK/runs/lenet5/$GPU-torch" "$WORK/runs/gpt/$GPU-$NAME12M-cold"; do [ -d "$d" ] && runs+=("$d"); done
     python report/make_report.py "${runs[@]}" --runs-root "$WORK/runs" --results "$RESULTS" --gpu-logs "$LOGS" \
         --out "$WORK/report" --no-screenshots
 }
-export -f build rehearse_build lenet gpt ladder report
+export -f build rehearse_build lenet gpt report
 export REPO WORK RESULTS GPU MNIST TEXT TOOLS
 
 if [ "$REHEARSE" = 1 ]; then
     SMALL_LENET=(--epochs 1 --device cpu)
     SMALL_GPT=(--preset tiny --tokens 4096 --val-batches 2)
-    SMALL_LADDER=(--seq-len 16 --micro-batch 1 --vocab-size 64 --warmup 1 --steps 1)
+    SMALL_LADDER=(--seq-len 16 --micro-batch 1 --vocab-size 64 --warmup 1 --steps 1 --only 1)
     SMALL_TOK=(--vocab-size 1024 --seq-len 64)  # the tiny preset's: gpt_train reads the cache it writes
-    LADDER_ROWS=2 GELU=(--device cpu --log2 10 12 --repeats 2) TESTS=(-k cuda)
+    GELU=(--device cpu --log2 10 12 --repeats 2) TESTS=(-k cuda)
     BUILD=rehearse_build NAME12M=4K
     # the steps use the extension already built here, if there is one: then its rehearsal build comes
     # last, so that on a small login node it does not take their CPU
     BUILD_AT=first
     python -c 'import sys, gelu_ext; sys.exit(not gelu_ext.is_built())' 2>/dev/null && BUILD_AT=last
 else
-    SMALL_LENET=() SMALL_GPT=() SMALL_LADDER=() SMALL_TOK=() LADDER_ROWS=99 GELU=(--device cuda) TESTS=()
+    SMALL_LENET=() SMALL_GPT=() SMALL_LADDER=() SMALL_TOK=() GELU=(--device cuda) TESTS=()
     BUILD=build NAME12M=12M BUILD_AT=first
 fi
-export LADDER_ROWS NAME12M
+export NAME12M
 # arrays do not cross `bash -c`: pass them as strings the functions split again
-export SMALL_LENET_S="${SMALL_LENET[*]}" SMALL_GPT_S="${SMALL_GPT[*]}" SMALL_LADDER_S="${SMALL_LADDER[*]}"
+export SMALL_LENET_S="${SMALL_LENET[*]}" SMALL_GPT_S="${SMALL_GPT[*]}"
 
 # Every step's imports, checked once before the first step: a step that cannot import is skipped
 # with the reason, the others run. Modules imported inside functions are named here too.
@@ -365,7 +347,9 @@ step lenet-lightning 75 --smi bash -c 'SMALL_LENET=($SMALL_LENET_S); lenet light
 step gpt-cold 150 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-cold --tokenizer '$WORK/tokenizer.json'"
 step gpt-warm 100 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-warm --tokenizer '$WORK/tokenizer.json'"
 step gpt-gpt2tok 120 --smi bash -c "SMALL_GPT=(\$SMALL_GPT_S); gpt $NAME12M-gpt2tok --tokenizer '$GPT2TOK'"
-step ladder 600 bash -c 'SMALL_LADDER=($SMALL_LADDER_S); ladder'
+# one repeat a row; gpt_bench.py rewrites its JSON after every row, so a cut keeps the rows done
+step ladder 600 python benchmarks/gpt_bench.py --repeats 1 --metrics-out "$RESULTS/gpt_bench_$GPU.json" \
+    "${SMALL_LADDER[@]}"
 [ "$BUILD_AT" = first ] || step build 600 bash -c "$BUILD"
 for n in gpt-cold gpt-warm lenet-torch; do  # the report's nvidia-smi figure: one taken during training
     [ ! -f "$LOGS/nvidia-smi-during-$n.txt" ] || { cp "$LOGS/nvidia-smi-during-$n.txt" "$LOGS/nvidia-smi.txt"; break; }

@@ -1,11 +1,10 @@
 """What benchmarks/gpu_check.sh needs Python for: choosing the carried wheels a machine lacks, checking
-requirements and each step's imports before the first step, merging the ladder's rows, and writing the
-one results file back after every step.
+requirements and each step's imports before the first step, cutting MNIST for a rehearsal, and writing
+the one results file back after every step.
 
     python benchmarks/gpu_check_tools.py missing-wheels WHEELDIR          wheels whose package is not installed
     python benchmarks/gpu_check_tools.py requirements DIST...             one line per unmet requirement
     python benchmarks/gpu_check_tools.py imports STEP=mod,mod ...         STEP<TAB>ok | STEP<TAB>why, one a line
-    python benchmarks/gpu_check_tools.py ladder ROWDIR OUT.json           rows gpt_bench.py wrote one by one
     python benchmarks/gpu_check_tools.py results WORK OUT.json            every step's status and results
     python benchmarks/gpu_check_tools.py mnist-subset SRC DST N_TRAIN N_TEST   the first N images (rehearsal)
 
@@ -84,28 +83,6 @@ def imports(specs):
         print(f"{step}\t{why or 'ok'}", flush=True)
 
 
-def ladder(row_dir, out):
-    """gpt_bench.py runs one row per process (--only N), so a cut ladder keeps its finished rows; here
-    they become one file in gpt_bench.py's format, speed-ups against the first row."""
-    rows = []
-    for path in sorted(Path(row_dir).glob("row-*.json"), key=lambda p: int(p.stem.split("-")[1])):
-        bench = json.loads(path.read_text())
-        rows += bench["rungs"]
-    if not rows:
-        return
-    previous = None
-    for row in rows:
-        row["speedup"] = row["tokens_per_second"] / rows[0]["tokens_per_second"]
-        row.pop("within_noise_of_previous", None)
-        if not row["name"].startswith(" "):
-            if previous:
-                lo, hi = row["tokens_per_second_range"]
-                row["within_noise_of_previous"] = lo <= previous[1] and previous[0] <= hi
-            previous = row["tokens_per_second_range"]
-    bench.update(rungs=rows, command=bench["command"].rsplit(" --only ", 1)[0] + " (one process per row)")
-    write(out, bench)
-
-
 def results(work, out):
     """results.json: the run's facts, an entry per step in order (status, seconds), and every JSON
     result the steps wrote, by file name."""
@@ -151,6 +128,6 @@ def write(path, obj):
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     sys.exit({"missing-wheels": lambda: missing_wheels(*args), "requirements": lambda: requirements(args),
-              "imports": lambda: imports(args), "ladder": lambda: ladder(*args),
+              "imports": lambda: imports(args),
               "results": lambda: results(*args),
               "mnist-subset": lambda: mnist_subset(*args)}[command]())

@@ -121,19 +121,6 @@ def test_each_step_imports_are_checked_and_the_failure_named():
                                           "'no_such_module'", "c\tok"]
 
 
-def test_ladder_rows_written_one_by_one_become_one_table(tmp_path):
-    for i, (name, tps) in enumerate([("naive", 100.0), ("+ sdpa", 150.0), ("  default without sdpa", 120.0)], 1):
-        row = {"name": name, "tokens_per_second": tps, "tokens_per_second_range": [tps, tps], "speedup": 1.0,
-               "ms_per_step": 1.0, "mfu": None}
-        (tmp_path / f"row-{i}.json").write_text(json.dumps(
-            {"device_name": "cpu", "command": f"python gpt_bench.py --only {i}", "rungs": [row]}))
-    tools("ladder", tmp_path, tmp_path / "gpt_bench.json")
-    bench = json.loads((tmp_path / "gpt_bench.json").read_text())
-    assert [r["speedup"] for r in bench["rungs"]] == [1.0, 1.5, 1.2]
-    assert bench["rungs"][1]["within_noise_of_previous"] is False and "within_noise_of_previous" not in bench["rungs"][2]
-    assert bench["command"] == "python gpt_bench.py (one process per row)"
-
-
 def test_rehearsal_from_a_prepared_folder_writes_results_as_steps_end(tmp_path, small_tokenizer):
     """The --from layout (MNIST under DIR/MNIST/raw, the corpus gzipped with its source) read as on the
     GPU; LeNet-5 trains; every step has an entry; the report is built from the results; <= 8 files."""
