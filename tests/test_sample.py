@@ -153,10 +153,16 @@ def test_sampling_reads_the_final_weights_or_else_the_newest_checkpoint(finished
     ("missing", "no such run directory"),
     ("no args", "no readable args.json"),
     ("no weights", "no weights"),
+    ("tokenizer moved", "no such file (train one with tokenizer_train.py); pass the run tokenizer with --tokenizer"),
 ])
 def test_sampling_errors_are_one_line(finished_run, tmp_path, case, message):
+    import shutil
     run = tmp_path / "run"
-    if case != "missing":
+    if case == "tokenizer moved":
+        shutil.copytree(finished_run, run)
+        run_args = json.loads((run / "args.json").read_text())
+        (run / "args.json").write_text(json.dumps({**run_args, "tokenizer": str(tmp_path / "gone.json")}))
+    elif case != "missing":
         run.mkdir()
     if case == "no weights":
         (run / "args.json").write_text((finished_run / "args.json").read_text())

@@ -93,7 +93,7 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m training.sample", description="Continue a prompt with the weights "
                                 "of a gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run_dir", type=Path, help="the run's --out-dir (args.json and its weights)")
-    p.add_argument("--prompt", default="", help="text to continue; empty: from <|endoftext|>")
+    p.add_argument("--prompt", default="", help="text to continue ('': from <|endoftext|>)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens")
     p.add_argument("--temperature", type=float, default=TEMPERATURE, help="0: greedy")
     p.add_argument("--top-k", type=int, default=TOP_K, help="sample among the k most likely; 0: all")
@@ -130,7 +130,10 @@ def load_run(run_dir, tokenizer_spec, device):
     weights = weights_file(run_dir)
     if weights is None:
         raise UserError(f"{run_dir}: no weights (neither final weights nor a complete checkpoint)")
-    tok = wos.open_tokenizer(tokenizer_spec or run_args["tokenizer"])
+    try:  # args.json holds the path as typed when the run started (relative to where it started)
+        tok = wos.open_tokenizer(tokenizer_spec or run_args["tokenizer"])
+    except wos.TextError as e:
+        raise UserError(f"{e}{'' if tokenizer_spec else '; pass the run tokenizer with --tokenizer'}") from None
     cfg = gpt_train.model_config(tok.vocab_size, tok.eot, n_layer=run_args["n_layer"], n_head=run_args["n_head"],
                                  n_embd=run_args["n_embd"], n_positions=run_args["seq_len"])
     model = gpt_train.GPT(cfg)
