@@ -321,7 +321,8 @@ def run_ladder(args, device, chosen, fit):
     runs, rates, fits = {i: [] for i, _, _ in chosen}, [], {}
     head = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
-            "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count()}
+            "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
+            "load_average_at_start": os.getloadavg()[0]}  # other work on the machine: read the ranges with it
     for r in range(args.repeats):
         rates.append(measure_rates(kinds, m, device))
         print(f"repeat {r + 1}: matmul {m} x 768 x 3072: " +
@@ -333,7 +334,8 @@ def run_ladder(args, device, chosen, fit):
             got = runs[i][-1]
             print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s"
                   if "error" not in got else got["error"]), flush=True)
-            out = {**head, "matmul": summarise_rates(rates, m), "rungs": summarise(chosen, runs, rates, fits)}
+            out = {**head, "load_average_now": os.getloadavg()[0], "matmul": summarise_rates(rates, m),
+                   "rungs": summarise(chosen, runs, rates, fits)}
             if args.metrics_out:
                 files.write_json(args.metrics_out, out)
     print_table(out["rungs"])

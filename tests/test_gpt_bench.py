@@ -84,6 +84,7 @@ def test_a_failing_row_is_recorded_and_the_others_written_as_they_finish(tmp_pat
     assert chunked == {"name": rows[numbers[1] - 1][0], "error": "RuntimeError: kernel failed",
                        "repeats": [{"error": "RuntimeError: kernel failed"}] * 2}
     assert out["matmul"]["flops_per_second"] == {"fp32": 4e9, "bf16": 8e9}
+    assert out["load_average_at_start"] >= 0 and out["load_average_now"] >= 0  # how busy the machine was
 
 
 @pytest.mark.parametrize("flags, message", [(["--only", "99"], "the ladder has rows 1.."),
