@@ -256,16 +256,19 @@ finish() {
 }
 
 # The extension, built in a copy of its sources and moved into gelu_ext/ by a rename (a process that
-# has the old one loaded keeps it), for this GPU only. CPU-only is said in one line.
+# has the old one loaded keeps it), for this GPU only. CPU-only is said in one line (the step's status).
 build() {
     rm -rf "$WORK/gelu_ext-src" && cp -r gelu_ext "$WORK/gelu_ext-src" && rm -f "$WORK"/gelu_ext-src/_C.*.so || return 1
     (cd "$WORK/gelu_ext-src" && unset TORCH_CUDA_ARCH_LIST && python setup.py -q build_ext --inplace) || return 1
     local so
     so=$(ls "$WORK"/gelu_ext-src/_C.*.so) || return 1
     cp "$so" "gelu_ext/.${so##*/}.tmp" && mv -f "gelu_ext/.${so##*/}.tmp" "gelu_ext/${so##*/}"
-    python -c 'import gelu_ext, torch
-cuda = gelu_ext.built_with_cuda()
-print("gelu_ext: CPU + CUDA kernels" if cuda else f"gelu_ext: CPU-only build (nvcc not found or unusable; torch CUDA {torch.version.cuda})")'
+    python -c 'import sys, torch, gelu_ext
+if gelu_ext.built_with_cuda():
+    print("gelu_ext: CPU + CUDA kernels")
+else:  # where there is a GPU, a step that failed: the CUDA tests and benchmark need the kernels
+    print(f"gelu_ext: CPU-only build (no usable nvcc for torch CUDA {torch.version.cuda})")
+    sys.exit(torch.cuda.is_available())'
 }
 # The rehearsal runs the same build but leaves an existing extension in place: others may be using it.
 rehearse_build() {
