@@ -128,7 +128,7 @@ def test_corrupt_data_is_one_clear_line(tiny_mnist, tmp_path):
 
 def test_help_shows_defaults():
     result = run_script("lenet5.py", "--help")
-    assert result.returncode == 0 and "(default: 3)" in result.stdout and "(default: 256)" in result.stdout
+    assert result.returncode == 0 and "(default: 2)" in result.stdout and "(default: 128)" in result.stdout
 
 
 def test_sbatch_scripts_parse():
