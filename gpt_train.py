@@ -309,8 +309,9 @@ def train_loop(setup, state, stop):
                     accelerator.backward(loss / n_micro)  # fp16: the loss is scaled here (GradScaler)
                 losses.add(loss.detach() / n_micro)  # on the device: no sync
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)  # fp16: unscaled first
+            lr = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
             for group in setup.optimizer.param_groups:
-                group["lr"] = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
+                group["lr"] = lr
             setup.optimizer.step()  # fp16: skipped when the gradients overflowed
             setup.optimizer.zero_grad(set_to_none=True)
             state.lr_step += not skips.last_skipped()  # a skipped step does not advance the schedule
@@ -318,12 +319,9 @@ def train_loop(setup, state, stop):
             state.step, state.micro_batches, state.tokens_seen = (state.step + 1, state.micro_batches + n_micro,
                                                                   state.tokens_seen + tokens)
             losses.steps += 1
-            eval_due, ckpt_due, last = due(state.step, args.eval_every, args.ckpt_every, budget.total_steps,
-                                           args.keep_checkpoints)
-            logged = state.step % args.log_every == 0 or last
+            logged, eval_due, ckpt_due, last = due(state.step, args, budget.total_steps)
             if logged:  # sync point: the loss is read
-                log_point(setup, state, losses.mean(accelerator), perf, grad_norm, bar,
-                          lr_at(state.lr_step - 1, args.lr, budget.total_steps, args.warmup))
+                log_point(setup, state, losses.mean(accelerator), perf, grad_norm, bar, lr)
             elif (first or eval_due or ckpt_due) and accelerator.device.type == "cuda":
                 torch.cuda.synchronize()  # sync point: the step's GPU work is done before the clock stops
             stopping = stop_agreed(at_sync_point=logged or first or eval_due or ckpt_due)  # else the last step's
@@ -334,10 +332,9 @@ def train_loop(setup, state, stop):
             if stopping or ckpt_due:
                 state.loss_window = losses.saved()  # a resume continues this log point's mean
                 save_checkpoint(accelerator, setup.out_dir, state, setup.identity)
-            if stopping and not last:
-                if accelerator.is_main_process:
-                    print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; run again with "
-                          f"--out-dir {setup.out_dir} to resume", file=sys.stderr)
+            if stopping and not last:  # accelerator.print: on the main process only
+                accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; run again with "
+                                  f"--out-dir {setup.out_dir} to resume", file=sys.stderr)
                 break
     perf.close()
     return perf

@@ -350,8 +350,8 @@ def test_no_output_is_an_input(corpus, tmp_path, flag):
     from conftest import run_script, tiny_args
     tokenizer = tmp_path / "tok.json"
     shutil.copy(corpus / "tok.json", tokenizer)
-    target = tokenizer if flag == "--metrics-out" else tmp_path  # --out-dir: its args.json... no: the folder
-    if flag == "--out-dir":
+    target = tokenizer
+    if flag == "--out-dir":  # the tokenizer's folder as the run directory
         target = tmp_path / "tokfolder"
         target.mkdir()
         shutil.copy(corpus / "tok.json", target / "tokenizer.json")
@@ -368,7 +368,8 @@ def test_no_output_is_an_input(corpus, tmp_path, flag):
 def test_a_seed_numpy_refuses_is_one_line(seed):
     from conftest import run_script
     result = run_script("gpt_train.py", "--seed", seed)
-    assert result.returncode == 2 and "--seed must be in [0, 2^32)" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "--seed must be in [0, 2^32)" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_an_unwritable_compile_cache_is_one_line_before_any_work(corpus, tmp_path):

@@ -39,12 +39,13 @@ class Budget:
         return min(self.accum, self.total_micro - micro_done)
 
 
-def due(step, eval_every, ckpt_every, total_steps, final_ckpt=True):
-    """(evaluation due, checkpoint due, last step) after `step`; the final evaluation follows the loop.
-    final_ckpt False: none after the last step (a finished run keeps only its final weights)."""
+def due(step, args, total_steps):
+    """(log point, evaluation, checkpoint, last step) due after `step`, from the run's flags; the final
+    evaluation follows the loop, and a checkpoint after the last step is written only with
+    --keep-checkpoints (a finished run keeps its final weights instead)."""
     last = step == total_steps
-    ckpt = final_ckpt if last else bool(ckpt_every and step % ckpt_every == 0)
-    return step % eval_every == 0 and not last, ckpt, last
+    ckpt = args.keep_checkpoints if last else bool(args.ckpt_every and step % args.ckpt_every == 0)
+    return step % args.log_every == 0 or last, step % args.eval_every == 0 and not last, ckpt, last
 
 
 def plan_budget(tokens, global_batch, micro_batch, world, seq_len):
