@@ -188,8 +188,8 @@ def build_parser():
     add("--grad-clip", type=finite_float, default=1.0, help="gradient norm clipped to this")
     add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
-        help="torch.compile each transformer block (regional) or the whole model; auto: regional on sm80+ GPUs, "
-             "off on Turing and CPU")
+        help="torch.compile each transformer block (regional) or the whole model; auto: regional on sm70+ GPUs "
+             "(a 2080Ti too), off on CPU")
     add("--compile-cache", type=Path, default=CACHE_HOME / "torch-compile",
         help="inductor/Triton cache, kept across runs and nodes")
     add("--fused-adamw", choices=["on", "off"], default="on", help="one kernel for all parameters")
