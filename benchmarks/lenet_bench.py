@@ -1,7 +1,10 @@
 """LeNet-5 side by side in one process: the default recipe against the lab's original one, or two GELUs.
 
-    python benchmarks/lenet_bench.py --data-dir ../shared/data --metrics-out report/results/lenet_bench_recipe_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/lenet_bench.py --data-dir ../shared/data --device cpu \
+        --metrics-out report/results/lenet_bench_2x128_cpu.json
     python benchmarks/lenet_bench.py --data-dir ../shared/data --act-pair --metrics-out lenet_bench_act.json
+
+(One thread on a CPU that other jobs share: two threads there wait on each other's time slices.)
 
 Recipe (the default mode): for each seed (0, 1, 2), --baseline-epochs epochs of the handout's recipe
 (batch 64, Adam 1e-3, torchvision's MNIST with ToTensor: one PIL image per sample), then
