@@ -166,8 +166,10 @@ def _agree(rank, port, found, out_dir):
     from accelerate import Accelerator
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    agreed = budget.agree_on_micro_batch(Accelerator(cpu=True), found[rank])
+    accelerator = Accelerator(cpu=True)
+    agreed = budget.agree_on_micro_batch(accelerator, found[rank])
     (out_dir / f"rank{rank}").write_text(str(agreed))
+    accelerator.end_training()  # the process group ends cleanly: a gloo rank left to exit mid-teardown can abort
 
 
 def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
