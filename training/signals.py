@@ -64,7 +64,8 @@ class StopAgreement:
         if self.accelerator.num_processes == 1:
             return flag
         device = self.accelerator.device
-        reduced = self.accelerator.reduce(torch.tensor([float(flag)], device=device), reduction="sum")
+        # torch.full: a fill kernel; torch.tensor([...], device=cuda) would copy from the host and sync
+        reduced = self.accelerator.reduce(torch.full((1,), float(flag), device=device), reduction="sum")
         if at_sync_point:
             self.pending = None
             return reduced.item() > 0
