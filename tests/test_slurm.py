@@ -11,6 +11,7 @@ import pytest
 
 import gpt_train
 from conftest import REPO, tiny_args
+from training.checkpoints import latest_checkpoint
 
 
 def log_of(job):
@@ -97,7 +98,7 @@ def test_scancel_leaves_a_resumable_checkpoint(slurm, corpus, tmp_path):
     slurm.run("scancel", str(job_id))  # TERM to every process of the job
     job = slurm.wait(job_id)
     assert job["JobState"] == "CANCELLED" and job["Restarts"] == "0", why(job, slurm)
-    state = json.loads((gpt_train.latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
+    state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert 0 < state["step"] < 4000  # --ckpt-every 0: only the signal wrote it
     resumed = gpt_train.main(args)
     assert resumed["resumed"] and resumed["steps"] == 4000
