@@ -171,7 +171,10 @@ def new_run_dir(out_dir, act, engine):
 
 
 def check_outputs(args):
-    """Every file the run will write, checked before any training: none of the work is lost at the end."""
+    """Every file the run will write, checked before any training: none of the work is lost at the end,
+    and no output overwrites an input (an MNIST file, or a file beside them)."""
+    files.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
+                                   {"--data-dir": args.data_dir})
     if args.metrics_out:
         files.check_output(args.metrics_out, "--metrics-out")
     if args.save:
@@ -255,15 +258,15 @@ def run(args):
         with quiet_writer_thread():
             files.write_json(out_dir / "args.json", vars(args))
             fit(args, model, train_set, test_set, digits, out_dir, device, record)
-    except OSError as e:  # a full or failing disk under out_dir: TensorBoard's event file, the images, args.json
+    except (OSError, files.OutputError) as e:  # a full or failing disk under out_dir: the event file, images, args.json
         raise UserError(keep_what_we_can(args, model, metrics_of(args, record, device, params, out_dir),
-                                         f"writing the run's logs in {out_dir} failed ({e.strerror or e})")) from None
+                                         f"writing the run's logs in {out_dir} failed ({why(e)})")) from None
     metrics = metrics_of(args, record, device, params, out_dir)
     keep_what_we_can(args, model, metrics)
     try:
         files.write_json(out_dir / "metrics.json", metrics)
-    except OSError as e:
-        raise UserError(f"writing {out_dir / 'metrics.json'} failed ({e.strerror or e}); "
+    except files.OutputError as e:
+        raise UserError(f"writing {out_dir / 'metrics.json'} failed ({why(e)}); "
                         f"the metrics are in --metrics-out where given") from None
     last = metrics["history"][-1]
     print(f"test accuracy {last['test_accuracy']:.2%}, test loss {last['test_loss']:.4f}, "
@@ -282,6 +285,11 @@ def metrics_of(args, record, device, params, out_dir):
             "train_loss_curve": record["curve"], "out_dir": str(out_dir)}
 
 
+def why(error):
+    """An OSError's reason without its errno prefix; files.OutputError is already one line."""
+    return getattr(error, "strerror", None) or error
+
+
 def keep_what_we_can(args, model, metrics, failure=None):
     """--metrics-out and --save (often on another disk than the run folder); after a failure, also what
     was kept, in the one line that stops the run."""
@@ -296,9 +304,9 @@ def keep_what_we_can(args, model, metrics, failure=None):
         try:
             write(path)
             kept.append(f"{what} in {path}")
-        except OSError as e:
+        except (OSError, files.OutputError) as e:
             if not failure:
-                raise UserError(f"{flag} {path}: {e.strerror or e}") from None
+                raise UserError(f"{flag} {path}: {why(e)}") from None
     if failure:
         done = f"after epoch {metrics['history'][-1]['epoch']}" if metrics["history"] else "before the first epoch ended"
         return f"{failure} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept")

@@ -174,6 +174,17 @@ def test_unwritable_outputs_fail_before_training(tiny_mnist, tmp_path, flag, mak
     assert "epoch 1" not in result.stdout  # nothing was trained, so nothing is lost
 
 
+
+@pytest.mark.parametrize("flag", ["--metrics-out", "--save"])
+def test_an_output_onto_an_mnist_file_is_refused_and_the_file_kept(tiny_mnist, tmp_path, flag):
+    target = tiny_mnist / "t10k-labels-idx1-ubyte"
+    before = target.read_bytes()
+    result = run_script("lenet5.py", "--data-dir", tiny_mnist, "--no-download", "--device", "cpu",
+                        "--out-dir", tmp_path / "run", flag, target)
+    assert result.returncode == 1 and "would overwrite --data-dir" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "epoch 1" not in result.stdout
+    assert target.read_bytes() == before
+
 # --------------------------------------------------------------------- PyTorch Lightning (--engine lightning)
 
 def tags_of(run_dir):
