@@ -132,15 +132,49 @@ def load_run(run_dir, problems):
 
 
 def load_results(results_dir, problems):
-    """{file stem: (its JSON, its path)} for every JSON under report/results (subfolders too: a GPU
-    machine's results arrive as a folder of their own) that parses."""
+    """{path relative to results_dir: (its JSON, its path)} for every JSON under report/results that
+    parses (subfolders too: a GPU machine's results arrive as a folder of their own, where a file may
+    have the same name as one outside it). gpu_check.sh's results.json holds its results by file stem:
+    each becomes an entry of its own, as if the file lay beside it."""
     out = {}
     for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
+        key = path.relative_to(results_dir).as_posix()
         try:
-            out[path.stem] = json.loads(path.read_text()), path
+            data = json.loads(path.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             problems.append(f"unreadable {path}: {e}")
+            continue
+        if path.name == "results.json" and isinstance(data, dict) and isinstance(data.get("results"), dict):
+            out.update(embedded_results(path, key, data["results"], problems))
+        else:
+            out[key] = data, path
     return out
+
+
+def embedded_results(path, key, results, problems):
+    """The results gpu_check.sh packed into one results.json, keyed as the files they were."""
+    folder = key.rpartition("/")[0]
+    out = {}
+    for stem, data in results.items():
+        if isinstance(data, dict) and "unreadable" in data:
+            problems.append(f"unreadable {stem}.json in {path}: {data['unreadable']}")
+            continue
+        out[f"{folder}/{stem}.json".lstrip("/")] = data, f"{path}: results.{stem}"
+    return out
+
+
+def result_name(key):
+    """The file name of a results key without .json: what its prefix (lenet_run, gpt_bench...) is read from."""
+    return key.rpartition("/")[2].removesuffix(".json")
+
+
+def figure_name(key, results):
+    """A results file's figure: its file name, or, where two files share the name, its relative path
+    with '/' as '_' (report/results/x.json and report/results/h200/x.json draw two figures)."""
+    name = result_name(key)
+    if sum(result_name(k) == name for k in results) > 1:
+        return key.removesuffix(".json").replace("/", "_")
+    return name
 
 
 # ----------------------------------------------------------------------------- figures
@@ -227,7 +261,7 @@ def gpt_curves(s, m, path):
     tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
               for tag in ("train/loss", "val/loss", "perf/tokens_per_second")}
     size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
-    corpus = "stand-in corpus, not WOS" if is_standin(m.get("text")) else "WOS"
+    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(corpus_name(m), "other corpus, not WOS")
     title = (f"GPT-2 structure, {size}, {corpus} ({m['device_name']} x {m['world_size']}, {m['precision']}, "
              f"{m['tokens_seen']:,} tokens)")
     plot_lines(path, [("loss (nats/token)", {"train": tokens["train/loss"], "validation": tokens["val/loss"]}, "tokens"),
@@ -344,13 +378,22 @@ def rel(path):
         return str(path)
 
 
-def is_standin(text):
-    """Whether a run read the stand-in corpus (data/wos-standin), whose numbers must never be called WOS."""
-    return bool(text) and "standin" in str(text)
+def corpus_name(m):
+    """What corpus a run or tokenizer read: the `corpus.name` its JSON records from the text's content
+    ("stand-in", "WOS46985" or "other"); JSON older than that field is judged by the old rule, the
+    stand-in's folder name in its `text` path."""
+    corpus = m.get("corpus")
+    if isinstance(corpus, dict) and corpus.get("name"):
+        return corpus["name"]
+    return "stand-in" if "standin" in str(m.get("text") or "") else "WOS46985"
 
 
-def corpus_label(text):
-    return " — **stand-in corpus, not WOS**" if is_standin(text) else ""
+def corpus_label(m):
+    """The warning a table carries when its numbers are not WOS's."""
+    name = corpus_name(m)
+    if name == "WOS46985":
+        return ""
+    return " — **stand-in corpus, not WOS**" if name == "stand-in" else f" — **corpus '{name}', not WOS**"
 
 
 def fmt(value, spec=".4g"):
@@ -377,7 +420,7 @@ def gpt_table(m):
             f"{m['val_bits_per_byte']:.3f} | {'yes' if m['success'] else 'no'} | {m['train_seconds']:.1f} | "
             f"{m['total_seconds']:.1f} | {m['tokens_per_second']:,.0f} | {fmt(m['mfu'], '.1%')} | {m['precision']} | "
             f"{m['world_size']} | {m['device_name']} |",
-            "", f"Text: `{rel(m.get('text'))}`{corpus_label(m.get('text'))}; tokenizer: `{rel(m.get('tokenizer'))}`, "
+            "", f"Text: `{rel(m.get('text'))}`{corpus_label(m)}; tokenizer: `{rel(m.get('tokenizer'))}`, "
                 f"vocabulary {m['vocab_size']:,}, {m['params']:,} parameters, preset `{m.get('preset')}`."]
 
 
@@ -396,11 +439,17 @@ def ladder_table(bench):
 
 
 def gelu_table(bench):
+    """gelu_bench.py's rows; a build without the op's kernels for the device (`ext_measured` false)
+    has no ext times: its columns say "not measured" and the JSON's reason follows the table."""
+    measured = bench.get("ext_measured", True)
     rows = [f"{bench['device_name']}, {bench['dtype']}, forward + backward (ms, median):", "",
             "| n | ATen | lab's composite | Python Function | ext | ext vs ATen |", "|---|---|---|---|---|---|"]
     for r in bench["rows"]:
-        rows.append(f"| 2^{r['n'].bit_length() - 1} | {r['aten_ms']:.3f} | {r.get('seed_ms', 0):.3f} | "
-                    f"{r.get('python_ms', 0):.3f} | {r['ext_ms']:.3f} | {r['ext_vs_aten']:.2f}× |")
+        ext = f"{r['ext_ms']:.3f} | {r['ext_vs_aten']:.2f}×" if measured else "not measured | not measured"
+        rows.append(f"| 2^{r['n'].bit_length() - 1} | {r['aten_ms']:.3f} | {fmt(r.get('seed_ms'), '.3f')} | "
+                    f"{fmt(r.get('python_ms'), '.3f')} | {ext} |")
+    if not measured:
+        rows += ["", f"ext not measured: {bench.get('ext_missing_reason') or 'no reason recorded'}."]
     return rows
 
 
@@ -447,7 +496,7 @@ def tokenizer_table(t):
             "train docs | val docs | text |", "|---|---|---|---|---|---|---|---|",
             f"| {t['vocab_size']:,} | {t['train_seconds']:.1f} | {t['val_bytes_per_token']:.3f} | "
             f"{fmt(t.get('gpt2_val_bytes_per_token'), '.3f')} | {t['val_round_trip_failures']} | "
-            f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t.get('text'))} |"]
+            f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t)} |"]
 
 
 def run_section(run, table, curves, file, out, missing):
@@ -470,10 +519,10 @@ def result_sections(results, prefix, table, what, results_dir, problems, figure=
     """One table per report/results/<prefix>*.json (and its figure, where given), or the line saying
     there is none; a file whose fields do not fit is named in `problems` and left out."""
     lines = []
-    for key in sorted(k for k in results if k.startswith(prefix)):
+    for key in sorted(k for k in results if result_name(k).startswith(prefix)):
         data, path = results[key]
         try:
-            section = table(data) + [""] + (figure(key, data, out) if figure else [])
+            section = table(data) + [""] + (figure(figure_name(key, results), data, out) if figure else [])
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             problems.append(f"left out {path}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
             continue

@@ -253,3 +253,71 @@ def test_the_screenshots_front_turns_outlier_ignoring_off_and_passes_tensorboard
             tags = "/data/plugin/scalars/tags"
             assert json.loads(get(front + tags)) == json.loads(get(base + tags)) != {}
             assert get(front + "/") == get(base + "/")  # TensorBoard's page itself, from the front's origin
+
+
+# --------------------------------------------------------------------- results files: names, fields, corpus
+
+def gelu_json(device, measured=True):
+    row = {"n": 1024, "aten_ms": 0.5, "seed_ms": 1.5, "python_ms": 2.0}
+    if measured:
+        row.update(ext_ms=0.25, ext_vs_aten=2.0)
+    return {"device_name": device, "dtype": "float32", "ext_measured": measured,
+            "ext_missing_reason": None if measured else "gelu_ext was built without CUDA kernels", "rows": [row]}
+
+
+def ladder_json(device):
+    return {"device_name": device, "micro_batch": 2, "seq_len": 64, "vocab_size": 512,
+            "rungs": [{"name": "naive", "tokens_per_second": 100.0, "ms_per_step": 1.0, "mfu": None, "speedup": 1.0}]}
+
+
+def test_results_files_with_one_name_in_two_folders_are_both_reported(tmp_path):
+    results = tmp_path / "results"
+    (results / "h200").mkdir(parents=True)
+    for folder, device in ((results, "outer cpu"), (results / "h200", "inner gpu")):
+        (folder / "gelu_bench_x.json").write_text(json.dumps(gelu_json(device)))
+        (folder / "gpt_bench_x.json").write_text(json.dumps(ladder_json(device)))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
+                      "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    assert text.count("outer cpu, float32") == 1 and text.count("inner gpu, float32") == 1
+    assert "![gpt_bench_x](gpt_bench_x.png)" in text and "![h200_gpt_bench_x](h200_gpt_bench_x.png)" in text
+    assert (out / "gpt_bench_x.png").is_file() and (out / "h200_gpt_bench_x.png").is_file()
+
+
+def test_a_gelu_benchmark_without_the_kernel_says_not_measured_and_why(tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "gelu_bench_cpuonly.json").write_text(json.dumps(gelu_json("some gpu", measured=False)))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
+                      "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    assert "| 2^10 | 0.500 | 1.500 | 2.000 | not measured | not measured |" in text
+    assert "ext not measured: gelu_ext was built without CUDA kernels." in text
+    assert "left out" not in text and "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("metrics, name", [
+    ({"corpus": {"name": "stand-in"}, "text": "/d/WebOfScience/WOS46985/X.txt"}, "stand-in"),  # content decides
+    ({"corpus": {"name": "WOS46985"}, "text": "/d/wos-standin/X.txt"}, "WOS46985"),
+    ({"corpus": {"name": "other"}, "text": "/d/mine/X.txt"}, "other"),
+    ({"text": "/d/wos-standin/X.txt"}, "stand-in"),  # older JSON: the path rule
+    ({"text": "/d/WebOfScience/WOS46985/X.txt"}, "WOS46985")])
+def test_the_corpus_is_named_from_the_recorded_identity_first(metrics, name):
+    assert make_report.corpus_name(metrics) == name
+    label = make_report.corpus_label(metrics)
+    assert (label == "") == (name == "WOS46985") and ("not WOS" in label) == (name != "WOS46985")
+
+
+def test_a_tokenizer_on_another_corpus_is_not_called_wos(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "tokenizer_x.json").write_text(json.dumps({
+        "vocab_size": 1024, "train_seconds": 1.0, "val_bytes_per_token": 3.0, "val_round_trip_failures": 0,
+        "num_train_docs": 10, "num_val_docs": 1, "text": "/d/WebOfScience/WOS46985/X.txt",
+        "corpus": {"name": "other"}}))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
+                      "--no-screenshots"])
+    assert "`/d/WebOfScience/WOS46985/X.txt` — **corpus 'other', not WOS** |" in (out / "results.md").read_text()
