@@ -250,10 +250,6 @@ def matmul_rate(kind, m, device, k=768, n=3072):
     return 2 * m * k * n / statistics.median(timed(calls) for _ in range(3))
 
 
-def measure_rates(kinds, m, device):
-    return {kind: matmul_rate(kind, m, device) for kind in sorted(kinds)}
-
-
 # ----------------------------------------------------------------------------- the run
 
 def build_parser():
@@ -309,33 +305,34 @@ def fit_rows(rows):
 
 
 def run_ladder(args, device, chosen, fit):
-    """Every row once per repeat (drift on the machine hits all rows alike), the matmul rates once per
-    repeat too; the JSON rewritten after every row."""
+    """Every row once per repeat (drift on the machine hits all rows alike), each just after a matmul
+    in its precision (its fraction of that rate is read against what the machine did at that moment);
+    the JSON rewritten after every row."""
     cuda = device.type == "cuda"
     device_name = torch.cuda.get_device_name(device) if cuda else \
         f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
     print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
           f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
     m = args.micro_batch * args.seq_len
-    kinds = {matmul_kind(settings, cuda) for _, _, settings in chosen}
     runs, rates, fits = {i: [] for i, _, _ in chosen}, [], {}
     head = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
             "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg()[0]}  # other work on the machine: read the ranges with it
     for r in range(args.repeats):
-        rates.append(measure_rates(kinds, m, device))
-        print(f"repeat {r + 1}: matmul {m} x 768 x 3072: " +
-              ", ".join(f"{k} {v / 1e12:.3f} TFLOP/s" for k, v in rates[-1].items()), flush=True)
         for i, name, settings in chosen:
-            runs[i].append(try_measure(settings, args, device))
+            kind = matmul_kind(settings, cuda)
+            rates.append({kind: matmul_rate(kind, m, device)})
+            runs[i].append(got := try_measure(settings, args, device))
+            if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
+                got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rates[-1][kind]
             if r == 0 and i in fit:
                 fits[i] = largest_micro_batch(settings, args, device)
-            got = runs[i][-1]
-            print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s"
+            print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s, "
+                  f"{got['fraction_of_matmul_rate']:6.1%} of {kind} matmul {rates[-1][kind] / 1e12:.3f} TFLOP/s"
                   if "error" not in got else got["error"]), flush=True)
             out = {**head, "load_average_now": os.getloadavg()[0], "matmul": summarise_rates(rates, m),
-                   "rungs": summarise(chosen, runs, rates, fits)}
+                   "rungs": summarise(chosen, runs, fits)}
             if args.metrics_out:
                 files.write_json(args.metrics_out, out)
     print_table(out["rungs"])
@@ -359,13 +356,16 @@ def largest_micro_batch(settings, args, device):
 
 
 def summarise_rates(rates, m):
-    kinds = rates[0].keys() if rates else []
-    return {"shape": [m, 768, 3072],
-            "flops_per_second": {k: statistics.median(r[k] for r in rates) for k in kinds},
-            "flops_per_second_range": {k: [min(r[k] for r in rates), max(r[k] for r in rates)] for k in kinds}}
+    """The matmul rates measured before the rows, per precision: median and range."""
+    by_kind = {}
+    for r in rates:
+        for kind, rate in r.items():
+            by_kind.setdefault(kind, []).append(rate)
+    return {"shape": [m, 768, 3072], "flops_per_second": {k: statistics.median(v) for k, v in by_kind.items()},
+            "flops_per_second_range": {k: [min(v), max(v)] for k, v in by_kind.items()}}
 
 
-def summarise(chosen, runs, rates, fits):
+def summarise(chosen, runs, fits):
     """Per row: the median over repeats (tokens/s, ms/step), the spread (min, max tokens/s), the
     speed-up against the first row, whether a rung is within the noise of the one before it (their
     ranges overlap), and its fraction of the measured matmul rate; a row whose every repeat failed
@@ -379,7 +379,7 @@ def summarise(chosen, runs, rates, fits):
         if not good:
             results.append({"name": name, "error": errors[0], "repeats": runs[i]})
             continue
-        results.append(row := summarise_row(name, good, rates))
+        results.append(row := summarise_row(name, good))
         if errors:  # some repeats failed, others did not
             row["errors"] = errors
         if i in fits:
@@ -394,7 +394,7 @@ def summarise(chosen, runs, rates, fits):
     return results
 
 
-def summarise_row(name, good, rates):
+def summarise_row(name, good):
     tps = [m["tokens_per_second"] for m in good]
     row = {"name": name, "tokens_per_second": statistics.median(tps), "tokens_per_second_range": [min(tps), max(tps)],
            "ms_per_step": statistics.median(m["ms_per_step"] for m in good),
@@ -404,10 +404,9 @@ def summarise_row(name, good, rates):
            "matmul_kind": good[0]["matmul_kind"], "repeats": good}
     if "peak_memory_GiB" in good[0]:
         row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
-    kind_rates = [r[row["matmul_kind"]] for r in rates if row["matmul_kind"] in r]
-    # the row's FLOP/s over what this device's matmul does in the same math, measured in this run
-    row["fraction_of_matmul_rate"] = (row["flops_per_token"] * row["tokens_per_second"] / statistics.median(kind_rates)
-                                      if kind_rates else None)
+    # the row's FLOP/s over what this device's matmul did in the same math just before it (median of repeats)
+    fractions = [m["fraction_of_matmul_rate"] for m in good if "fraction_of_matmul_rate" in m]
+    row["fraction_of_matmul_rate"] = statistics.median(fractions) if fractions else None
     return row
 
 
