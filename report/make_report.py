@@ -270,27 +270,157 @@ def gpt_curves(s, m, path):
     return [f"![GPT-2 loss and throughput]({path.name})"]
 
 
-def nvidia_smi_figures(log_dir, out):
-    """From benchmarks/gpu_check.sh's logs: the nvidia-smi snapshot as an image, and the utilisation
-    logged every 500 ms beside each training run (nvidia-smi-<run>.csv)."""
-    lines = []
-    snapshot = log_dir / "nvidia-smi.txt"
-    if snapshot.is_file():
-        text = snapshot.read_text()
-        fig = plt.figure(figsize=(9, 0.16 * len(text.splitlines()) + 0.4))
-        fig.text(0.01, 0.99, text, family="monospace", fontsize=7, va="top")
-        fig.savefig(out / "gpu_nvidia_smi.png", dpi=120)
-        plt.close(fig)
-        lines.append("![nvidia-smi](gpu_nvidia_smi.png)")
-    series = {}
-    for csv_path in sorted(log_dir.glob("nvidia-smi-*.csv")):
-        rows = [r.split(",") for r in csv_path.read_text().splitlines()[1:] if r.count(",") >= 2]
-        util = [float(r[1].strip().split()[0]) for r in rows if r[1].strip().split()[0].replace(".", "").isdigit()]
-        series[csv_path.stem.removeprefix("nvidia-smi-")] = [(i * 0.5, u) for i, u in enumerate(util)]
-    if series:
-        plot_lines(out / "gpu_nvidia_smi_utilization.png", [("GPU utilisation %", series, "seconds")],
-                   "nvidia-smi, every 500 ms during each run", ymin0=0)
-        lines.append("![nvidia-smi utilisation](gpu_nvidia_smi_utilization.png)")
+# ----------------------------------------------------------------------------- GPU slots
+
+GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is drawn from, gpu_check.sh steps
+    # that write them); the names match both the first H200 folder's files and gpu_check.sh's logs
+    "gpu_utilization.png": ("GPU utilisation and power during the 12M-token GPT run",
+                            r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-cold"),
+    "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-cold"),
+    "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet.*\.txt",
+                             "lenet-torch"),
+    "gpu_gpt_run.png": ("the 12M-token GPT run's curves", r"gpt_run_12M-cold.*\.json", "tokenizer,gpt-cold"),
+    "gpu_ladder.png": ("the acceleration ladder on the GPU", r"gpt_bench.*\.json", "ladder"),
+}
+PREFERRED = ("cold", "torch")  # of several matching files: the cold-cache GPT run, LeNet with --act torch
+
+
+def gpu_folder_files(folder):
+    """{file name: a function returning its text} for the files of a GPU results folder: those lying in
+    it (the layout of report/results/h200-2026-11-30, or gpu_check.sh's logs/) and those packed in
+    gpu_check.sh's logs.tar.gz; results.json's entries as their own files."""
+    import tarfile
+    files = {p.name: p.read_text for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".csv", ".txt")}
+    files.update({p.name: p.read_text for p in sorted(folder.rglob("*.json")) if p.name != "results.json"})
+    packed = folder / "logs.tar.gz"
+    if packed.is_file():
+        with tarfile.open(packed) as tar:
+            for member in tar.getmembers():
+                if member.isfile():
+                    text = tar.extractfile(member).read().decode(errors="replace")
+                    files.setdefault(Path(member.name).name, lambda text=text: text)
+    if (folder / "results.json").is_file():
+        packed = json.loads((folder / "results.json").read_text()).get("results", {})
+        files.update({f"{stem}.json": (lambda d=d: json.dumps(d)) for stem, d in packed.items()})
+    return files
+
+
+def pick(files, pattern):
+    """The file name matching pattern, the PREFERRED kind first, then the shortest name."""
+    import re
+    names = [n for n in files if re.fullmatch(pattern, n)]
+    return min(names, key=lambda n: (not any(p in n for p in PREFERRED), len(n), n), default=None)
+
+
+def smi_series(text):
+    """nvidia-smi --query-gpu CSV -> {column: [(seconds since the first row, value)]}; N/A cells skipped."""
+    from datetime import datetime
+    lines = [line.split(",") for line in text.splitlines() if line.strip()]
+    header = [h.strip().split(" [")[0] for h in lines[0]]
+    series, start = {h: [] for h in header[1:]}, None
+    for row in lines[1:]:
+        try:
+            when = datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f")
+        except ValueError:
+            continue  # a warning line nvidia-smi wrote into the log
+        start = start or when
+        for name, cell in zip(header[1:], row[1:]):
+            value = cell.strip().split(" ")[0]
+            if value.replace(".", "", 1).isdigit():
+                series[name].append(((when - start).total_seconds(), float(value)))
+    return series
+
+
+def gpu_name(files):
+    """The GPU's name, from any nvidia-smi snapshot in the folder ('the GPU' when there is none)."""
+    import re
+    for name in sorted(n for n in files if n.startswith("nvidia-smi") and n.endswith(".txt")):
+        found = re.search(r"\|\s+\d+\s+(NVIDIA [A-Za-z0-9 -]+?)\s{2,}", files[name]())
+        if found:
+            return found.group(1)
+    return "the GPU"
+
+
+def utilization_figure(files, csv_name, path):
+    series = smi_series(files[csv_name]())
+    steps = [b[0] - a[0] for a, b in zip(series["utilization.gpu"], series["utilization.gpu"][1:])]
+    every = f"every {sorted(steps)[len(steps) // 2] * 1000:.0f} ms, " if steps else ""
+    plot_lines(path, [("GPU utilisation (%)", {"utilization.gpu": series["utilization.gpu"]}, "seconds"),
+                      ("power (W)", {"power.draw": series.get("power.draw", [])}, "seconds")],
+               f"nvidia-smi on {gpu_name(files)}, {every}during the GPT run ({csv_name})", ymin0=0)
+
+
+def terminal_figure(text, title, path):
+    """An nvidia-smi snapshot as the terminal showed it: its text, monospaced, light on dark."""
+    lines = text.rstrip("\n").splitlines()
+    width = max(len(line) for line in lines)
+    fig = plt.figure(figsize=(0.085 * width + 0.3, 0.17 * len(lines) + 0.6), facecolor="#1e1e1e")
+    fig.text(0.5, 0.995, title, color="#dddddd", fontsize=8, ha="center", va="top")
+    fig.text(0.01, 1 - 0.35 / (0.17 * len(lines) + 0.6), "\n".join(lines), family="DejaVu Sans Mono",
+             fontsize=8.5, color="#e8e8e8", va="top", linespacing=1.2)
+    fig.savefig(path, dpi=150, facecolor=fig.get_facecolor(), bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+
+
+def draw_slot(slot, files, name, out):
+    """Draw one GPU slot from the file `name` of the folder."""
+    if slot == "gpu_utilization.png":
+        utilization_figure(files, name, out / slot)
+    elif slot.startswith("nvidia_smi_"):
+        terminal_figure(files[name](), f"{name}, {gpu_name(files)}", out / slot)
+    elif slot == "gpu_gpt_run.png":
+        gpt_curves(scalars_from_metrics(json.loads(files[name]())), json.loads(files[name]()), out / slot)
+    else:
+        ladder_figure(slot.removesuffix(".png"), json.loads(files[name]()), out)
+
+
+def folder_time(folder, files):
+    """When a GPU folder was measured, as a sortable string: gpu_check.sh's started_utc, else the first
+    nvidia-smi CSV row, else the folder's mtime (a git checkout gives every file the same one)."""
+    from datetime import datetime, timezone
+    if (folder / "results.json").is_file():
+        started = json.loads((folder / "results.json").read_text()).get("started_utc")
+        if started:
+            return started.rstrip("Z")
+    for name in sorted(n for n in files if n.endswith(".csv")):
+        first = next((line for line in files[name]().splitlines()[1:] if line[:1].isdigit()), None)
+        if first:
+            return first.split(",")[0].strip().replace("/", "-").replace(" ", "T").split(".")[0]
+    return datetime.fromtimestamp(folder.stat().st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def newest_gpu_folder(results_dir):
+    """The GPU results folder under results_dir measured last (nvidia-smi files, or gpu_check.sh's
+    logs.tar.gz), or None."""
+    folders = [d for d in sorted(results_dir.rglob("*")) if d.is_dir() and (
+        any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "logs.tar.gz").is_file())]
+    return max(folders, key=lambda d: folder_time(d, gpu_folder_files(d)), default=None)
+
+
+def fill_command(steps):
+    return (f"`bash benchmarks/gpu_check.sh --only {steps} --out report/results/gpu-$(date +%F)` on a GPU node, "
+            "then `python report/make_report.py`")
+
+
+def gpu_slot_lines(folder, results_dir, out, todo, problems):
+    """Each GPU slot drawn from folder (one line with its image and source), or one line saying what
+    is missing and the command that fills it (also in `todo`, which main prints)."""
+    files = gpu_folder_files(folder) if folder else {}
+    for path in sorted(results_dir.glob("*.json")) if folder and not folder.is_relative_to(results_dir) else []:
+        files.setdefault(path.name, path.read_text)  # gpu_check.sh's own report: logs and results apart
+    lines = [f"From `{rel(folder)}`:" if folder else f"No GPU results folder under `{rel(results_dir)}`.", ""]
+    for slot, (what, pattern, steps) in GPU_SLOTS.items():
+        name = pick(files, pattern)
+        try:
+            if name:
+                draw_slot(slot, files, name, out)
+                lines.append(f"![{what}]({slot}) from `{name}`")
+                continue
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            problems.append(f"GPU slot {slot}: {name} does not fit ({type(e).__name__}: {e})")
+        why = f"{name} unusable" if name else (f"no file like {pattern} in {rel(folder)}" if folder else "no GPU results")
+        todo.append(f"`{slot}` ({what}): {why}; fill it with {fill_command(steps)}")
+        lines.append(f"- {todo[-1]}")
     return lines
 
 
@@ -302,9 +432,9 @@ def gpu_figure(runs, out):
                 series.setdefault(tag, {})[f"{run['kind']} ({run['dir'].name})"] = run["scalars"][tag]
     if not series:
         return ["- no GPU utilisation recorded: the runs above ran on the CPU (NVML curves appear only for GPU runs)"]
-    plot_lines(out / "gpu_utilization.png", [(tag, pts, "step") for tag, pts in series.items()],
+    plot_lines(out / "gpu_nvml.png", [(tag, pts, "step") for tag, pts in series.items()],
                "GPU utilisation and memory (NVML)")
-    return ["![GPU utilisation](gpu_utilization.png)"]
+    return ["![GPU utilisation (NVML)](gpu_nvml.png)"]
 
 
 def ladder_figure(name, bench, out):
@@ -540,8 +670,10 @@ def parse_args(argv):
                    help="benchmark/tokenizer JSON files (default: %(default)s)")
     p.add_argument("--out", type=Path, default=REPO / "report" / "generated", help="(default: %(default)s)")
     p.add_argument("--no-screenshots", action="store_true", help="skip the TensorBoard screenshots (Chromium)")
-    p.add_argument("--gpu-logs", type=Path, default=None, help="benchmarks/gpu_check.sh's logs/ folder: "
-                                                                "nvidia-smi snapshot and utilisation")
+    p.add_argument("--gpu", "--gpu-logs", type=Path, default=None, dest="gpu",
+                   help="the GPU results folder whose nvidia-smi files and runs fill the GPU figures: "
+                        "gpu_check.sh's OUT or its logs/, or a folder like report/results/h200-2026-11-30 "
+                        "(default: the newest such folder under --results)")
     p.add_argument("--pdf", action="store_true", help="also render report/report.md to report/report.pdf")
     return p.parse_args(argv)
 
@@ -571,7 +703,7 @@ def lenet_lines(run, results, args, problems):
                                    "LeNet-5 benchmark", args.results, problems)
 
 
-def other_lines(by_kind, results, args, problems):
+def other_lines(by_kind, results, args, problems, todo):
     """GELU, tokenizer, GPT, the ladder, GPU use and the screenshots."""
     lines = ["", "## GELU operator", ""]
     lines += result_sections(results, "gelu_bench", gelu_table, "GELU benchmark", args.results, problems)
@@ -587,8 +719,9 @@ def other_lines(by_kind, results, args, problems):
     lines += result_sections(results, "gpt_bench", ladder_table, "acceleration ladder", args.results, problems,
                              ladder_figure, args.out)
     lines += ["", "## GPU utilisation", ""] + gpu_figure(list(by_kind.values()), args.out)
-    if args.gpu_logs:
-        lines += nvidia_smi_figures(args.gpu_logs, args.out)
+    folder = args.gpu or (newest_gpu_folder(args.results) if args.results.is_dir() else None)
+    lines += ["", "## GPU figures the report links", ""]
+    lines += gpu_slot_lines(folder, args.results, args.out, todo, problems)
     if not args.no_screenshots:
         lines += ["", "## TensorBoard, as a browser shows it", ""]
         lines += tensorboard_screenshots([by_kind[k] for k in ("lenet5", "gpt") if k in by_kind], args.out, problems)
@@ -604,12 +737,15 @@ def main(argv=None):
     lines = ["# Generated results", "",
              "Written by `python report/make_report.py`; every number is read from the files named.", ""]
     lines += lenet_lines(by_kind.get("lenet5"), results, args, problems)
-    lines += other_lines(by_kind, results, args, problems)
+    todo = []
+    lines += other_lines(by_kind, results, args, problems, todo)
     if problems:
         lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in problems]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     summary = f"wrote {args.out / 'results.md'} and {len(list(args.out.glob('*.png')))} figures"
     print(summary + (f"; {len(problems)} problem(s) with the inputs" if problems else ""))
+    for line in todo:
+        print(f"GPU figure missing: {line}")
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     if args.pdf:

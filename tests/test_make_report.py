@@ -140,21 +140,83 @@ def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
     assert f"{accuracy:.2%}" in text
 
 
-def test_nvidia_smi_logs_become_figures(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    (logs / "nvidia-smi.txt").write_text("+----------------------+\n| NVIDIA-SMI 580.00   GPU 0: NVIDIA H200  |\n"
-                                          "|  45C  P0  300W / 700W |  20000MiB / 143771MiB |  97%  Default |\n")
-    (logs / "nvidia-smi-gpt-12M.csv").write_text(
-        "timestamp, utilization.gpu [%], utilization.memory [%], memory.used [MiB], power.draw [W]\n"
-        + "".join(f"2026/11/30 07:00:{i:02d}.000, {u} %, 40 %, 20000 MiB, 300 W\n" for i, u in enumerate([0, 50, 97, 98])))
+SMI_HEADER = "timestamp, utilization.gpu [%], utilization.memory [%], memory.used [MiB], power.draw [W]\n"
+
+
+def smi_csv(start_minute, utils):
+    return SMI_HEADER + "".join(f"2026/12/0{start_minute} 07:00:{i:02d}.000, {u} %, 40 %, 20000 MiB, {100 + 3 * u} W\n"
+                                for i, u in enumerate(utils))
+
+
+def smi_snapshot(gpu, util):
+    return ("+----------------------+\n| NVIDIA-SMI 580.00     Driver Version: 580.00 |\n"
+            f"|   0  {gpu}                    On  |\n|  45C  P0  300W / 700W |  20000MiB / 143771MiB |  {util}%  Default |\n")
+
+
+def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_path, capsys):
+    import tarfile
+    results = tmp_path / "results"
+    older = results / "h200-old"  # report/results/h200-2026-11-30's layout: loose files
+    older.mkdir(parents=True)
+    (older / "smi-gpt-12M-cold.csv").write_text(smi_csv(1, [0, 50, 97, 98]))
+    (older / "nvidia-smi-during-gpt-12M-cold.txt").write_text(smi_snapshot("NVIDIA H200", 97))
+    newer = results / "gpu-new"  # gpu_check.sh's OUT: results.json and logs.tar.gz
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "nvidia-smi-gpt-cold.csv").write_text(smi_csv(2, [0, 100, 100, 100, 0]))
+    (tmp_path / "logs" / "nvidia-smi-during-gpt-cold.txt").write_text(smi_snapshot("NVIDIA GeForce RTX 2080 Ti", 99))
+    (tmp_path / "logs" / "nvidia-smi-during-lenet-cpp.txt").write_text(smi_snapshot("NVIDIA GeForce RTX 2080 Ti", 12))
+    (tmp_path / "logs" / "nvidia-smi-during-lenet-torch.txt").write_text(smi_snapshot("NVIDIA GeForce RTX 2080 Ti", 15))
+    newer.mkdir()
+    with tarfile.open(newer / "logs.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "logs", arcname="logs")
+    (newer / "results.json").write_text(json.dumps({"started_utc": "2026-12-02T06:59:00Z", "steps": [],
+                                                    "results": {"gpt_bench_NVIDIA_2080": ladder_json("2080 Ti")}}))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
+                      "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    assert f"From `{newer}`:" in text
+    assert "(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv`" in text
+    assert "(nvidia_smi_gpt.png) from `nvidia-smi-during-gpt-cold.txt`" in text
+    assert "(nvidia_smi_lenet.png) from `nvidia-smi-during-lenet-torch.txt`" in text  # --act torch's, not cpp's
+    assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_2080.json`" in text
+    assert "![gpt_bench_NVIDIA_2080](gpt_bench_NVIDIA_2080.png)" in text  # results.json's entries are tabled too
+    for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png", "gpu_ladder.png"):
+        assert (out / slot).read_bytes().startswith(b"\x89PNG"), slot
+    # the one slot the folder cannot fill: one line, with the command that fills it, printed too
+    line = ("`gpu_gpt_run.png` (the 12M-token GPT run's curves): no file like gpt_run_12M-cold.*\\.json in "
+            f"{newer}; fill it with `bash benchmarks/gpu_check.sh --only tokenizer,gpt-cold --out")
+    assert line in text and line in capsys.readouterr().out
+
+
+def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path, capsys):
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "none"), "--out", str(out),
+                      "--no-screenshots"])
+    text, printed = (out / "results.md").read_text(), capsys.readouterr().out
+    for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-cold"), ("nvidia_smi_gpt.png", "tokenizer,gpt-cold"),
+                        ("nvidia_smi_lenet.png", "lenet-torch"), ("gpu_ladder.png", "ladder")):
+        line = next(line for line in text.splitlines() if line.startswith(f"- `{slot}`"))
+        assert f"no GPU results; fill it with `bash benchmarks/gpu_check.sh --only {steps} --out" in line
+        assert line.removeprefix("- ") in printed
+        assert not (out / slot).exists()
+
+
+def test_gpu_check_logs_folder_and_its_results_fill_the_slots(tmp_path):
+    """gpu_check.sh's own report step: --gpu-logs LOGS with the results in another folder."""
+    logs, results = tmp_path / "logs", tmp_path / "results"
+    logs.mkdir()
+    results.mkdir()
+    (logs / "nvidia-smi-gpt-cold.csv").write_text(smi_csv(1, [0, 97]))
+    (logs / "nvidia-smi-during-lenet-torch.txt").write_text(smi_snapshot("NVIDIA H200", 15))
+    (results / "gpt_bench_NVIDIA_H200.json").write_text(json.dumps(ladder_json("H200")))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
                       "--gpu-logs", str(logs), "--no-screenshots"])
     text = (out / "results.md").read_text()
-    assert "![nvidia-smi](gpu_nvidia_smi.png)" in text and "gpu_nvidia_smi_utilization.png" in text
-    for name in ("gpu_nvidia_smi.png", "gpu_nvidia_smi_utilization.png"):
-        assert (out / name).read_bytes().startswith(b"\x89PNG")
+    assert "(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv`" in text
+    assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_H200.json`" in text
+    assert "- `nvidia_smi_gpt.png` (nvidia-smi during GPT training): no file like" in text
 
 
 # --------------------------------------------------------------------- inputs that must not break the report
