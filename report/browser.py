@@ -12,9 +12,11 @@ Every wait is bounded: a Chromium that hangs is killed with its whole process gr
 BROWSER_TIMEOUT seconds, and the caller gets a reason instead of an exception.
 """
 import contextlib
+import html as html_lib
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
@@ -159,30 +162,56 @@ def screenshot(url, path, width, height):
 PDF_CSS = """
 body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10.5pt; line-height: 1.5; margin: 0; }
 h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
-img { max-width: 100%; display: block; margin: 6px auto; }
+h1, h2, h3, h4 { break-after: avoid; }
+img { max-width: 100%; max-height: 215mm; display: block; margin: 6px auto; }
+figure { margin: 0; break-inside: avoid; } figure p { margin: 4px 0; }
 table { border-collapse: collapse; font-size: 9pt; margin: 6px 0; } td, th { border: 1px solid #bbb; padding: 2px 5px; }
+tr { break-inside: avoid; } thead { display: table-header-group; }
 code, pre { font-family: "Noto Sans Mono CJK SC", monospace; font-size: 8.5pt; } pre { white-space: pre-wrap; }
 blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-left: 10px; }
 @page { size: A4; margin: 16mm 14mm; }
 """
+# Chinese text needs no space where a source line was broken; beside full-width punctuation never
+CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"
+CJK_PUNCT = "\u3000-\u303f\uff00-\uffef\u2018-\u201d\u2026\u00b7"
+SOFT_BREAK = re.compile(f"(?<=[{CJK}])\\s*\\n\\s*(?=[{CJK}])|(?<=[{CJK_PUNCT}])\\s*\\n\\s*|\\s*\\n\\s*(?=[{CJK_PUNCT}])")
+# an image paragraph and the italic caption paragraph after it: kept on one page as one <figure>
+FIGURE = re.compile(r"(<p><img [^>]*></p>)\s*(<p><em>.*?</em></p>)", re.S)
+
+
+def join_cjk_lines(html):
+    """Soft line breaks between Chinese characters, or beside Chinese punctuation, removed (a browser
+    would render them as spaces: "硬件、 PyTorch"); <pre> blocks left as they are."""
+    parts = re.split(r"(<pre[\s>].*?</pre>)", html, flags=re.S)
+    return "".join(part if part.startswith("<pre") else SOFT_BREAK.sub("", part) for part in parts)
+
+
+def report_html(markdown_text):
+    """report.md as the HTML Chromium prints: titled by its first H1, lines joined, figures kept whole."""
+    import markdown
+    body = join_cjk_lines(markdown.markdown(markdown_text, extensions=["tables", "fenced_code"]))
+    body = FIGURE.sub(r"<figure>\1\2</figure>", body)
+    h1 = re.search(r"<h1[^>]*>(.*?)</h1>", body, re.S)
+    title = html_lib.escape(html_lib.unescape(re.sub(r"<[^>]+>", "", h1.group(1))).strip()) if h1 else "report"
+    return (f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><title>{title}</title>'
+            f"<style>{PDF_CSS}</style></head><body>{body}</body></html>")
 
 
 def write_pdf(markdown_path, pdf_path):
     """report.md -> HTML (python-markdown: tables, code) -> PDF by Chromium's print-to-pdf; Chinese
     text in Noto CJK (Debian's fonts-noto-cjk). The HTML sits beside report.md so figure links resolve."""
-    import markdown
     if not find_browser():
         raise SystemExit("error: --pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
-    body = markdown.markdown(markdown_path.read_text(), extensions=["tables", "fenced_code"])
-    html = markdown_path.with_suffix(".pdf.html")
-    html.write_text(f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><style>{PDF_CSS}</style></head>'
-                    f"<body>{body}</body></html>")
+    with tempfile.NamedTemporaryFile("w", suffix=".html", prefix=".pdf-", dir=markdown_path.parent,
+                                     delete=False) as html:
+        html.write(report_html(markdown_path.read_text()))
+    html = Path(html.name)
     try:
         browser("--no-pdf-header-footer", f"--print-to-pdf={pdf_path}", html.resolve().as_uri())
     except BrowserError as e:
         raise SystemExit(f"error: no {pdf_path}: {e}") from None
     finally:
         html.unlink()
-    if not pdf_path.exists():
+    if not Path(pdf_path).exists():
         raise SystemExit(f"error: Chromium wrote no {pdf_path}")
     return pdf_path

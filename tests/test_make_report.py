@@ -383,3 +383,44 @@ def test_a_tokenizer_on_another_corpus_is_not_called_wos(tmp_path):
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
                       "--no-screenshots"])
     assert "`/d/WebOfScience/WOS46985/X.txt` — **corpus 'other', not WOS** |" in (out / "results.md").read_text()
+
+
+# --------------------------------------------------------------------- the PDF
+
+def require_pdf_tools():
+    if not browser.find_browser() or not all(shutil.which(t) for t in ("pdftotext", "pdfinfo", "pdfimages")):
+        if os.environ.get("LAB5_REQUIRE_BROWSER") == "1":
+            pytest.fail("Chromium and poppler required (LAB5_REQUIRE_BROWSER=1)")
+        pytest.skip("no Chromium or poppler (apt-get install chromium fonts-noto-cjk poppler-utils)")
+
+
+def poppler(*args):
+    import subprocess
+    return subprocess.run(list(args), capture_output=True, text=True, check=True).stdout
+
+
+def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its_caption(tmp_path):
+    import re
+    from PIL import Image
+    require_pdf_tools()
+    Image.new("RGB", (600, 180), (40, 90, 160)).save(tmp_path / "wide.png")
+    figures = "".join(  # fillers of varied length: unkept, figures 5 and 12 would lose their captions' ends
+        "这段填充文字把图推向页面底部。" * (5 * k % 17 + 1) + f"\n\n![wide](wide.png)\n\n*图 {k}：图的说明，它必须和图在同一页上；\n"
+        + "说明很长" * 60 + f"。说明{k}结束。*\n\n" for k in range(1, 13))
+    (tmp_path / "r.md").write_text(
+        "# 测试报告：GELU 与 `GPT-2`\n\n"
+        "第一段的第一行在这里断开\n第二行接着写，硬件、\nPyTorch 版本和命令，\n都记录在 JSON 中。\n\n" + figures
+        + "| 列一 | 列二 |\n|---|---|\n" + "".join(f"| 第 {i} 行 | 数值 {i} |\n" for i in range(60)))
+    pdf = browser.write_pdf(tmp_path / "r.md", tmp_path / "r.pdf")
+    assert re.search(r"^Title:\s+测试报告：GELU 与 GPT-2$", poppler("pdfinfo", str(pdf)), re.M)
+    text = poppler("pdftotext", str(pdf), "-")
+    assert "第一段的第一行在这里断开第二行接着写，硬件、PyTorch 版本和命令，都记录在 JSON 中。" in text.replace("\n", "")
+    cjk = "[\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]"
+    prose = text.split("列一")[0]  # (pdftotext separates table cells by spaces: not the text's)
+    assert not re.search(f"{cjk} +{cjk}|[、，。：；] ", prose), re.findall(f".{{3}}{cjk} +{cjk}.{{3}}|[、，。：；] ..", prose)
+    pages = [int(line.split()[0]) for line in poppler("pdfimages", "-list", str(pdf)).splitlines()[2:]]
+    assert len(pages) == 12
+    for k, page in enumerate(pages, 1):  # each image's page holds all of its caption
+        on_page = poppler("pdftotext", "-f", str(page), "-l", str(page), str(pdf), "-").replace("\n", "")
+        assert f"图 {k}：图的说明" in on_page and f"说明{k}结束。" in on_page, (k, page)
+    assert [p.name for p in tmp_path.glob(".pdf-*")] == []  # the HTML printed is removed
