@@ -5,7 +5,7 @@ screenshots of it, and Chromium's print-to-PDF of report.md.
     serve_tensorboard(logdir)            -> a context manager: the base URL of a server that answers, or None
     storage_front(base, items)           -> a context manager: a same-origin front whose setup page writes
                                             localStorage (TensorBoard's "ignore outliers" lives only there)
-    screenshot(url, path, width, height) -> None when the PNG was written, else the reason in one line
+    screenshot(url, path, w, h, scale)   -> None when the PNG was written, else the reason in one line
     write_pdf(markdown_path, pdf_path)   -> report.md as HTML, printed to PDF
 
 Every wait is bounded: a Chromium that hangs is killed with its whole process group after
@@ -149,11 +149,13 @@ def browser(*args, timeout=None):
         raise BrowserError(f"Chromium exited with {code}")
 
 
-def screenshot(url, path, width, height):
-    """Photograph url into path (PNG); None when it worked, else why not, in one line."""
+def screenshot(url, path, width, height, scale=1):
+    """Photograph url into path (PNG) with a window of width x height CSS px, `scale` device pixels
+    each; None when it worked, else why not, in one line."""
     path.unlink(missing_ok=True)  # so an old file cannot pass for a new screenshot
     try:
-        browser(f"--window-size={width},{height}", "--virtual-time-budget=10000", f"--screenshot={path}", url)
+        browser(f"--window-size={width},{height}", f"--force-device-scale-factor={scale}",
+                "--virtual-time-budget=10000", f"--screenshot={path}", url)
     except BrowserError as e:
         return f"no screenshot {path.name}: {e}"
     return None if path.is_file() else f"no screenshot {path.name}: Chromium wrote no file"

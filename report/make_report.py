@@ -11,6 +11,7 @@ import argparse
 import json
 import struct
 import sys
+import tempfile
 import urllib.parse
 from pathlib import Path
 
@@ -455,16 +456,55 @@ def ladder_figure(name, bench, out):
 
 # ----------------------------------------------------------------------------- TensorBoard in a real browser
 
-SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height)]: the cards that
-    # matter; a scalars window ends below the filter's one row of cards, before TensorBoard repeats them by category
-    "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0", 500),
-               ("lenet_tensorboard_layers.png", "images&tagFilter=layers", 1000)],
+SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
+    # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only
+    "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0", 900),
+               ("lenet_tensorboard_layers.png", "images&tagFilter=layers", 1100)],
     "gpt": [("gpt_tensorboard_scalars.png", "scalars&tagFilter=train%2Floss%7Cval%2Floss%7Ctokens_per_second"
-                                            "&_smoothingWeight=0", 500)],
+                                            "&_smoothingWeight=0", 900)],
 }
-
-
+SHOT_WIDTH, SHOT_SCALE = 1400, 2  # CSS px, device pixels per CSS px: tick labels legible at print size
 TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every point inside the y range
+
+
+def card_box(pixels):
+    """(left, top, right, bottom) of the cards in the first section of a TensorBoard page: the white
+    box right of the grey sidebar, below the "Tags matching" header's divider, down to the box's end."""
+    import numpy as np
+    white = (pixels == 255).all(axis=2)
+    row = int(pixels.shape[0] * 0.6)
+    xs = np.flatnonzero(white[row])
+    if len(xs) == 0 or white[row, :xs[0]].any():
+        raise ValueError("no white card box right of the sidebar")
+    left, right = xs[0] + 1, xs[-1]
+    across = white[:, left:right].mean(axis=1)  # rows of the box: white; its borders and divider: not
+    top = np.argmax(across > 0.9)
+    divider = top + np.argmax(across[top:] < 0.5)
+    cards = divider + np.argmax(across[divider:] > 0.9)
+    margin = white[cards:, left + 4]  # the box's left margin, white down to its bottom border
+    bottom = cards + (np.argmax(~margin) if not margin.all() else len(margin))
+    return left, cards, right, bottom
+
+
+def crop_to_cards(path):
+    """Crop a TensorBoard screenshot to its cards (no toolbar, sidebar, header or repeated sections),
+    white margins trimmed to 12 px; None, or why the page did not look like TensorBoard's."""
+    import numpy as np
+    from PIL import Image
+    image = Image.open(path).convert("RGB")
+    try:
+        left, top, right, bottom = card_box(np.asarray(image))
+    except ValueError as e:
+        return f"{path.name} left uncropped: {e}"
+    cards = image.crop((left, top, right, bottom))
+    dark = (np.asarray(cards) < 235).any(axis=2)  # text, lines, images: not the page's grey (245)
+    ink, rows = np.flatnonzero(dark.any(axis=0)), np.flatnonzero(dark.any(axis=1))
+    if len(ink) == 0:
+        return f"{path.name} left uncropped: its card box is empty"
+    pad = 12
+    cards.crop((max(0, ink[0] - pad), max(0, rows[0] - pad), min(cards.width, ink[-1] + pad),
+                min(cards.height, rows[-1] + pad))).save(path)
+    return None
 
 
 def tensorboard_screenshots(runs, out, problems):
@@ -484,16 +524,47 @@ def tensorboard_screenshots(runs, out, problems):
     return lines
 
 
+def event_runs(folder, unpack_to):
+    """{kind: {"dir", "kind"}}: the TensorBoard event folders of a GPU results folder (tb-lenet and
+    tb-gpt-12M-cold as in h200-2026-11-30, or gpu_check.sh's runs.tar.gz unpacked into unpack_to),
+    the cold-cache GPT run and LeNet with --act torch first: committed events, unlike runs/."""
+    import tarfile
+    if (folder / "runs.tar.gz").is_file():
+        with tarfile.open(folder / "runs.tar.gz") as tar:
+            tar.extractall(unpack_to, filter="data")
+    dirs = {p.parent.relative_to(root).as_posix(): p.parent  # named inside their folder: its own path may say "gpt"
+            for root in (folder, unpack_to) for p in root.rglob("events.out.tfevents.*")}
+    found = {}
+    for kind, word in (("lenet5", "lenet"), ("gpt", "gpt")):
+        named = {name: d for name, d in dirs.items() if word in name}
+        best = pick(named, ".*")
+        if best:
+            found[kind] = {"dir": named[best], "kind": kind}
+    return found
+
+
+def screenshot_sources(by_kind, args, unpack_to):
+    """The runs whose TensorBoard is photographed: the runs given on the command line; else the GPU
+    results folder's events where it has them; else the newest runs under --runs-root."""
+    if args.runs:
+        return [by_kind[k] for k in ("lenet5", "gpt") if k in by_kind]
+    folder = args.gpu or (newest_gpu_folder(args.results) if args.results.is_dir() else None)
+    committed = event_runs(folder, unpack_to) if folder else {}
+    return [committed.get(k) or by_kind[k] for k in ("lenet5", "gpt") if k in committed or k in by_kind]
+
+
 def run_screenshots(run, base, out, lines, problems):
     """The SHOTS of one run, through a front that turns outlier-ignoring off (the full range of every
     curve is shown); False after Chromium failed."""
     with browser.storage_front(base, TENSORBOARD_SETTINGS) as front:
         for file, page, height in SHOTS.get(run["kind"], []):
             target = urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
-            failure = browser.screenshot(f"{front}/lab5-storage?next={target}", out / file, 1600, height)
+            failure = browser.screenshot(f"{front}/lab5-storage?next={target}", out / file, SHOT_WIDTH, height,
+                                         scale=SHOT_SCALE)
             if failure:
                 problems.append(f"{failure}; no further screenshots tried")
                 return False
+            problems.extend(filter(None, [crop_to_cards(out / file)]))
             lines.append(f"![TensorBoard: {page.split('&')[0]} of {run['dir'].name}]({file})")
     return True
 
@@ -724,7 +795,8 @@ def other_lines(by_kind, results, args, problems, todo):
     lines += gpu_slot_lines(folder, args.results, args.out, todo, problems)
     if not args.no_screenshots:
         lines += ["", "## TensorBoard, as a browser shows it", ""]
-        lines += tensorboard_screenshots([by_kind[k] for k in ("lenet5", "gpt") if k in by_kind], args.out, problems)
+        with tempfile.TemporaryDirectory() as unpacked:
+            lines += tensorboard_screenshots(screenshot_sources(by_kind, args, Path(unpacked)), args.out, problems)
     return lines
 
 

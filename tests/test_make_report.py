@@ -98,6 +98,7 @@ def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsy
 
 
 def test_tensorboard_screenshots_from_a_real_server_and_browser(runs, tmp_path):
+    import numpy as np
     from PIL import Image, ImageStat
     if not browser.find_browser():
         if os.environ.get("LAB5_REQUIRE_BROWSER") == "1":
@@ -113,9 +114,13 @@ def test_tensorboard_screenshots_from_a_real_server_and_browser(runs, tmp_path):
     for shot in shots:
         image = Image.open(shot).convert("L")
         stat = ImageStat.Stat(image)
-        assert image.width >= 1000 and stat.stddev[0] > 20, shot  # a rendered page, not a blank one
+        assert image.width >= 1000 and stat.stddev[0] > 10, shot  # rendered cards, not a blank page
         assert f"]({shot.name})" in text
-    assert "did not answer" not in text
+        pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+        orange = (np.abs(pixels - (245, 124, 0)).sum(axis=2) < 30).mean(axis=1)
+        assert (orange > 0.5).sum() < 30, shot  # cropped: not the toolbar's ~110 orange rows (a step slider: ~8)
+        assert not (pixels[:, :40] == 245).all(axis=(0, 2)).any(), shot  # nor the grey sidebar at the left
+    assert "did not answer" not in text and "uncropped" not in text
 
 
 def test_every_image_link_in_the_report_resolves():
@@ -424,3 +429,27 @@ def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its
         on_page = poppler("pdftotext", "-f", str(page), "-l", str(page), str(pdf), "-").replace("\n", "")
         assert f"图 {k}：图的说明" in on_page and f"说明{k}结束。" in on_page, (k, page)
     assert [p.name for p in tmp_path.glob(".pdf-*")] == []  # the HTML printed is removed
+
+
+def test_screenshots_are_taken_of_the_gpu_folders_committed_events(runs, tmp_path):
+    import tarfile
+    from types import SimpleNamespace
+    loose = tmp_path / "results" / "h200"
+    for name in ("tb-lenet", "tb-gpt-12M-warm", "tb-gpt-12M-cold"):
+        (loose / name).mkdir(parents=True)
+        (loose / name / "events.out.tfevents.1.x").write_bytes(b"")
+    (loose / "nvidia-smi-during-lenet.txt").write_text(smi_snapshot("NVIDIA H200", 15))
+    args = SimpleNamespace(runs=[], gpu=None, results=tmp_path / "results")
+    cpu_gpt = {"dir": runs / "runs" / "gpt" / "b", "kind": "gpt"}
+    shots = make_report.screenshot_sources({"gpt": cpu_gpt}, args, tmp_path / "unpack1")
+    assert [s["dir"] for s in shots] == [loose / "tb-lenet", loose / "tb-gpt-12M-cold"]
+    packed = tmp_path / "results" / "gpu-check"  # gpu_check.sh's OUT: the events in runs.tar.gz
+    packed.mkdir()
+    with tarfile.open(packed / "runs.tar.gz", "w:gz") as tar:
+        tar.add(loose / "tb-lenet" / "events.out.tfevents.1.x", arcname="runs/lenet5/NVIDIA_H200-torch/events.out.tfevents.1.x")
+    shots = make_report.screenshot_sources({"gpt": cpu_gpt}, SimpleNamespace(runs=[], gpu=packed, results=args.results),
+                                           tmp_path / "unpack2")
+    assert [s["dir"] for s in shots] == [tmp_path / "unpack2" / "runs" / "lenet5" / "NVIDIA_H200-torch", cpu_gpt["dir"]]
+    explicit = make_report.screenshot_sources({"gpt": cpu_gpt}, SimpleNamespace(runs=[cpu_gpt["dir"]], gpu=packed,
+                                                                                results=args.results), tmp_path)
+    assert explicit == [cpu_gpt]  # runs named on the command line win
