@@ -539,8 +539,20 @@ def event_runs(folder, unpack_to):
         named = {name: d for name, d in dirs.items() if word in name}
         best = pick(named, ".*")
         if best:
-            found[kind] = {"dir": named[best], "kind": kind}
+            packed = not named[best].is_relative_to(folder)
+            found[kind] = {"dir": named[best], "kind": kind,
+                           "source": f"{rel(folder)}/runs.tar.gz: {best}" if packed else rel(named[best])}
     return found
+
+
+def committed_run(kind, args, problems):
+    """{"dir", "kind", "images", "scalars"} of the GPU results folder's events of this kind, or None."""
+    folder = args.gpu or (newest_gpu_folder(args.results) if args.results.is_dir() else None)
+    with tempfile.TemporaryDirectory() as unpacked:
+        run = event_runs(folder, Path(unpacked)).get(kind) if folder else None
+        if run:
+            run["scalars"], run["images"] = load_events(run["dir"], problems)
+    return run
 
 
 def screenshot_sources(by_kind, args, unpack_to):
@@ -764,8 +776,10 @@ def lenet_lines(run, results, args, problems):
     lines = ["## LeNet-5", ""]
     lines += run_section(run, lenet_table, lenet_curves, "lenet_curves.png", args.out,
                          f"- no LeNet-5 run found under {args.runs_root / 'lenet5'}")
-    if run:
-        lines += lenet_images(run, args.out)
+    images = run or committed_run("lenet5", args, problems)
+    if images:
+        source = images.get("source") or rel(images["dir"])
+        lines += [f"Intermediate layers of `{source}`:", ""] + lenet_images(images, args.out)
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
     lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results, problems,
                              curves_from_json(lenet_curves), args.out)

@@ -453,3 +453,16 @@ def test_screenshots_are_taken_of_the_gpu_folders_committed_events(runs, tmp_pat
     explicit = make_report.screenshot_sources({"gpt": cpu_gpt}, SimpleNamespace(runs=[cpu_gpt["dir"]], gpu=packed,
                                                                                 results=args.results), tmp_path)
     assert explicit == [cpu_gpt]  # runs named on the command line win
+
+
+def test_without_a_lenet_run_the_layer_images_come_from_the_gpu_folders_events(runs, tmp_path):
+    gpu = tmp_path / "results" / "h200"
+    shutil.copytree(runs / "runs" / "lenet5" / "a", gpu / "tb-lenet", ignore=shutil.ignore_patterns("*.json", "*.pt"))
+    (gpu / "nvidia-smi-during-lenet.txt").write_text(smi_snapshot("NVIDIA H200", 15))
+    out = tmp_path / "out"
+    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "results"), "--out", str(out),
+                      "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    assert f"Intermediate layers of `{gpu / 'tb-lenet'}`:" in text
+    for name in ("lenet_conv1_filters.png", "lenet_conv1_feature_maps.png", "lenet_conv2_feature_maps.png"):
+        assert f"]({name})" in text and (out / name).read_bytes().startswith(b"\x89PNG")
