@@ -4,8 +4,10 @@ accelerations and the loop, which is what a reader comes for.
     signals.py      USR1/TERM/Ctrl-C: caught from the script's first line, the StopFlag, its agreement
     device.py       precision and compile decisions per device; compile cache; peak FLOP/s and MFU
     budget.py       the token budget in whole micro-batches; micro-batch plan, GPU probe, agreement
-    batches.py      this process's batches, resumable at (epoch, batch); the validation loss
-    checkpoints.py  the typed TrainState; save / verify / latest; run identity; the run directory
+    batches.py      this process's batches, resumable at (epoch, batch); the validation loss and samples
+    lm_loss.py      the chunked cross-entropy (--loss chunked): the fp32 logits never whole
+    sample.py       continuations of fixed validation prompts; `python -m training.sample RUN_DIR --prompt ...`
+    checkpoints.py  the typed TrainState; save / verify / latest; run identity; the run directory; final weights
     metrics.py      throughput, the final metrics, the start-up and summary lines, SUCCESS_LOSS
 """
 import os
