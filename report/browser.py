@@ -176,7 +176,8 @@ blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-l
 # Chinese text needs no space where a source line was broken; beside full-width punctuation never
 CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"
 CJK_PUNCT = "\u3000-\u303f\uff00-\uffef\u2018-\u201d\u2026\u00b7"
-SOFT_BREAK = re.compile(f"(?<=[{CJK}])\\s*\\n\\s*(?=[{CJK}])|(?<=[{CJK_PUNCT}])\\s*\\n\\s*|\\s*\\n\\s*(?=[{CJK_PUNCT}])")
+SOFT_BREAK = re.compile(f"(?<=[{CJK}])\\s*\\n\\s*(?=[{CJK}])"
+                        f"|(?<=[{CJK_PUNCT}])\\s*\\n\\s*|\\s*\\n\\s*(?=[{CJK_PUNCT}])")
 # an image paragraph and the italic caption paragraph after it: kept on one page as one <figure>
 FIGURE = re.compile(r"(<p><img [^>]*></p>)\s*(<p><em>.*?</em></p>)", re.S)
 

@@ -1,11 +1,16 @@
 """Regenerate the report's figures and results tables from run directories and benchmark JSON.
 
-    python report/make_report.py                          # newest runs/lenet5/* and runs/gpt/* + report/results/*.json
+    python report/make_report.py --pdf                    # everything, then report/report.pdf
     python report/make_report.py runs/lenet5/A runs/gpt/B --out /tmp/report
+    python report/make_report.py --gpu OUT                # GPU figures from gpu_check.sh's OUT folder
 
-Reads TensorBoard event files (tensorboard's EventAccumulator) and the metrics.json every run
-writes; writes PNG figures and results.md into --out (default report/generated/). Whatever is
-missing is named in results.md ("no GPT run found under runs/gpt"), never filled in.
+Reads TensorBoard event files (tensorboard's EventAccumulator), the metrics.json every run writes and
+every JSON under report/results (subfolders too); writes PNG figures and results.md into --out
+(default report/generated/). The GPU figures the report links (GPU_SLOTS) come from the newest GPU
+results folder under report/results (report/results/h200-2026-11-30's layout, or gpu_check.sh's OUT
+copied there), and so do the TensorBoard screenshots and layer images unless runs are named. Whatever
+is missing is named in results.md ("no GPT run found under runs/gpt", a GPU figure's filling
+command), never filled in.
 """
 import argparse
 import json
@@ -419,7 +424,8 @@ def gpu_slot_lines(folder, results_dir, out, todo, problems):
                 continue
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             problems.append(f"GPU slot {slot}: {name} does not fit ({type(e).__name__}: {e})")
-        why = f"{name} unusable" if name else (f"no file like {pattern} in {rel(folder)}" if folder else "no GPU results")
+        why = (f"{name} unusable" if name else f"no file like {pattern} in {rel(folder)}" if folder
+               else "no GPU results")
         todo.append(f"`{slot}` ({what}): {why}; fill it with {fill_command(steps)}")
         lines.append(f"- {todo[-1]}")
     return lines

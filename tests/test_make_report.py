@@ -155,7 +155,8 @@ def smi_csv(start_minute, utils):
 
 def smi_snapshot(gpu, util):
     return ("+----------------------+\n| NVIDIA-SMI 580.00     Driver Version: 580.00 |\n"
-            f"|   0  {gpu}                    On  |\n|  45C  P0  300W / 700W |  20000MiB / 143771MiB |  {util}%  Default |\n")
+            f"|   0  {gpu}                    On  |\n"
+            f"|  45C  P0  300W / 700W |  20000MiB / 143771MiB |  {util}%  Default |\n")
 
 
 def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_path, capsys):
@@ -422,7 +423,8 @@ def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its
     assert "第一段的第一行在这里断开第二行接着写，硬件、PyTorch 版本和命令，都记录在 JSON 中。" in text.replace("\n", "")
     cjk = "[\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]"
     prose = text.split("列一")[0]  # (pdftotext separates table cells by spaces: not the text's)
-    assert not re.search(f"{cjk} +{cjk}|[、，。：；] ", prose), re.findall(f".{{3}}{cjk} +{cjk}.{{3}}|[、，。：；] ..", prose)
+    stray = f"{cjk} +{cjk}|[、，。：；] "
+    assert not re.search(stray, prose), re.findall(f".{{3}}(?:{stray}).{{3}}", prose)
     pages = [int(line.split()[0]) for line in poppler("pdfimages", "-list", str(pdf)).splitlines()[2:]]
     assert len(pages) == 12
     for k, page in enumerate(pages, 1):  # each image's page holds all of its caption
@@ -446,7 +448,8 @@ def test_screenshots_are_taken_of_the_gpu_folders_committed_events(runs, tmp_pat
     packed = tmp_path / "results" / "gpu-check"  # gpu_check.sh's OUT: the events in runs.tar.gz
     packed.mkdir()
     with tarfile.open(packed / "runs.tar.gz", "w:gz") as tar:
-        tar.add(loose / "tb-lenet" / "events.out.tfevents.1.x", arcname="runs/lenet5/NVIDIA_H200-torch/events.out.tfevents.1.x")
+        tar.add(loose / "tb-lenet" / "events.out.tfevents.1.x",
+                arcname="runs/lenet5/NVIDIA_H200-torch/events.out.tfevents.1.x")
     shots = make_report.screenshot_sources({"gpt": cpu_gpt}, SimpleNamespace(runs=[], gpu=packed, results=args.results),
                                            tmp_path / "unpack2")
     assert [s["dir"] for s in shots] == [tmp_path / "unpack2" / "runs" / "lenet5" / "NVIDIA_H200-torch", cpu_gpt["dir"]]
