@@ -9,6 +9,7 @@ and the run directory (checked, locked, never overwritten once finished).
     restore                 accelerate's load_state; a damaged file is named in one line
     save_final              after a successful run: the final weights kept, the optimizer checkpoints removed
 """
+import contextlib
 import json
 import os
 import shutil
@@ -64,13 +65,15 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
     accelerator.wait_for_everyone()
     # model, optimizer, GradScaler, every process's RNG states; torch.save format because safetensors
     # cannot hold the tied lm_head/wte weight and says so at every save
-    accelerator.save_state(str(tmp), safe_serialization=False)
+    with failed_write_explained(tmp, "a checkpoint"):
+        accelerator.save_state(str(tmp), safe_serialization=False)
     accelerator.wait_for_everyone()  # every process's files are on disk before the manifest and the rename
     if accelerator.is_main_process:
-        files.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
-        manifest = {p.name: {"bytes": p.stat().st_size, "sha256": files.sha256_file(p)}
-                    for p in sorted(tmp.iterdir()) if p.is_file()}
-        files.write_json(tmp / MANIFEST, manifest)
+        with failed_write_explained(tmp, "a checkpoint"):
+            files.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
+            manifest = {p.name: {"bytes": p.stat().st_size, "sha256": files.sha256_file(p)}
+                        for p in sorted(tmp.iterdir()) if p.is_file()}
+            files.write_json(tmp / MANIFEST, manifest)
         if final.exists():  # the same step saved before (a resumed run stopped again at once)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -78,6 +81,21 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+@contextlib.contextmanager
+def failed_write_explained(tmp, what):
+    """A full or failing disk while `what` is written into `tmp`: the partial folder goes (its space back,
+    nothing half-written left) and the run stops in one line instead of torch's C++ traceback
+    (inline_container.cc, basic_ios::clear). Older checkpoints are untouched, so the run resumes."""
+    try:
+        yield
+    except (OSError, RuntimeError, files.OutputError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        reason = getattr(e, "strerror", None) or lines[-1][:200]
+        raise UserError(f"writing {what} into {tmp} failed ({reason}); the older checkpoints in {tmp.parent} "
+                        f"are intact: free space there, then run the same command to resume") from None
 
 
 def verify_checkpoint(path):
@@ -143,9 +161,10 @@ def save_final(accelerator, model, out_dir):
         final = out_dir / Path(FINAL_WEIGHTS).parent
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save(net.state_dict(), tmp / Path(FINAL_WEIGHTS).name)
-        files.write_json(tmp / Path(FINAL_CONFIG).name, net.cfg.to_dict())
+        with failed_write_explained(tmp, "the final weights"):
+            tmp.mkdir()
+            torch.save(net.state_dict(), tmp / Path(FINAL_WEIGHTS).name)
+            files.write_json(tmp / Path(FINAL_CONFIG).name, net.cfg.to_dict())
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
