@@ -179,7 +179,7 @@ CJK_PUNCT = "\u3000-\u303f\uff00-\uffef\u2018-\u201d\u2026\u00b7"
 SOFT_BREAK = re.compile(f"(?<=[{CJK}])\\s*\\n\\s*(?=[{CJK}])"
                         f"|(?<=[{CJK_PUNCT}])\\s*\\n\\s*|\\s*\\n\\s*(?=[{CJK_PUNCT}])")
 # an image paragraph and the italic caption paragraph after it: kept on one page as one <figure>
-FIGURE = re.compile(r"(<p><img [^>]*></p>)\s*(<p><em>.*?</em></p>)", re.S)
+FIGURE = re.compile(r"(<p><img [^>]*></p>)\s*(<p><em>(?:(?!</p>).)*</p>)", re.S)  # (never past its </p>)
 
 
 def join_cjk_lines(html):

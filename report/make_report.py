@@ -781,11 +781,11 @@ def find_runs(args, problems):
 def lenet_lines(run, results, args, problems):
     lines = ["## LeNet-5", ""]
     lines += run_section(run, lenet_table, lenet_curves, "lenet_curves.png", args.out,
-                         f"- no LeNet-5 run found under {args.runs_root / 'lenet5'}")
+                         f"- no LeNet-5 run found under {rel(args.runs_root / 'lenet5')}")
     images = run or committed_run("lenet5", args, problems)
     if images:
         source = images.get("source") or rel(images["dir"])
-        lines += [f"Intermediate layers of `{source}`:", ""] + lenet_images(images, args.out)
+        lines += ["", f"Intermediate layers of `{source}`:", ""] + lenet_images(images, args.out)
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
     lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", args.results, problems,
                              curves_from_json(lenet_curves), args.out)
@@ -802,7 +802,7 @@ def other_lines(by_kind, results, args, problems, todo):
     lines += result_sections(results, "tokenizer", tokenizer_table, "tokenizer metrics", args.results, problems)
     lines += ["", "## GPT-2", ""]
     lines += run_section(by_kind.get("gpt"), gpt_table, gpt_curves, "gpt_curves.png", args.out,
-                         f"- no GPT run found under {args.runs_root / 'gpt'}")
+                         f"- no GPT run found under {rel(args.runs_root / 'gpt')}")
     lines += ["", "Runs whose metrics were kept in report/results:", ""]
     lines += result_sections(results, "gpt_run", gpt_table, "GPT run metrics", args.results, problems,
                              curves_from_json(gpt_curves), args.out)

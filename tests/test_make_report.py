@@ -469,3 +469,12 @@ def test_without_a_lenet_run_the_layer_images_come_from_the_gpu_folders_events(r
     assert f"Intermediate layers of `{gpu / 'tb-lenet'}`:" in text
     for name in ("lenet_conv1_filters.png", "lenet_conv1_feature_maps.png", "lenet_conv2_feature_maps.png"):
         assert f"]({name})" in text and (out / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_figure_holds_one_image_and_only_its_own_caption():
+    html = browser.report_html("# T\n\n![a](a.png)\n\n*图 1：甲。*\n<!-- a note -->\n\n正文。\n\n"
+                               "![b](b.png)\n\n*图 2：乙。*\n\n![c](c.png)\n\n没有说明的图后面的正文。\n")
+    import re
+    figures = re.findall("<figure>(.*?)</figure>", html, re.S)
+    assert [f.count("<img") for f in figures] == [1, 1] and "图 1：甲。" in figures[0] and "正文" not in figures[0]
+    assert "图 2：乙。" in figures[1] and '<p><img alt="c" src="c.png" /></p>' in html  # no caption: no figure
