@@ -472,7 +472,7 @@ def test_without_a_lenet_run_the_layer_images_come_from_the_gpu_folders_events(r
 
 
 def test_a_figure_holds_one_image_and_only_its_own_caption():
-    html = browser.report_html("# T\n\n![a](a.png)\n\n*图 1：甲。*\n<!-- a note -->\n\n正文。\n\n"
+    html = browser.report_html("# T\n\n![a](a.png)\n\n*图 1：甲。*<!-- a note after the caption -->\n\n正文。\n\n"
                                "![b](b.png)\n\n*图 2：乙。*\n\n![c](c.png)\n\n没有说明的图后面的正文。\n")
     import re
     figures = re.findall("<figure>(.*?)</figure>", html, re.S)
