@@ -435,13 +435,13 @@ def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its
 
 def test_screenshots_are_taken_of_the_gpu_folders_committed_events(runs, tmp_path):
     import tarfile
-    from types import SimpleNamespace
     loose = tmp_path / "results" / "h200"
     for name in ("tb-lenet", "tb-gpt-12M-warm", "tb-gpt-12M-cold"):
         (loose / name).mkdir(parents=True)
         (loose / name / "events.out.tfevents.1.x").write_bytes(b"")
     (loose / "nvidia-smi-during-lenet.txt").write_text(smi_snapshot("NVIDIA H200", 15))
-    args = SimpleNamespace(runs=[], gpu=None, results=tmp_path / "results")
+    results = tmp_path / "results"
+    args = make_report.parse_args(["--results", str(results)])
     cpu_gpt = {"dir": runs / "runs" / "gpt" / "b", "kind": "gpt"}
     shots = make_report.screenshot_sources({"gpt": cpu_gpt}, args, tmp_path / "unpack1")
     assert [s["dir"] for s in shots] == [loose / "tb-lenet", loose / "tb-gpt-12M-cold"]
@@ -450,11 +450,11 @@ def test_screenshots_are_taken_of_the_gpu_folders_committed_events(runs, tmp_pat
     with tarfile.open(packed / "runs.tar.gz", "w:gz") as tar:
         tar.add(loose / "tb-lenet" / "events.out.tfevents.1.x",
                 arcname="runs/lenet5/NVIDIA_H200-torch/events.out.tfevents.1.x")
-    shots = make_report.screenshot_sources({"gpt": cpu_gpt}, SimpleNamespace(runs=[], gpu=packed, results=args.results),
-                                           tmp_path / "unpack2")
+    with_gpu = make_report.parse_args(["--results", str(results), "--gpu", str(packed)])
+    shots = make_report.screenshot_sources({"gpt": cpu_gpt}, with_gpu, tmp_path / "unpack2")
     assert [s["dir"] for s in shots] == [tmp_path / "unpack2" / "runs" / "lenet5" / "NVIDIA_H200-torch", cpu_gpt["dir"]]
-    explicit = make_report.screenshot_sources({"gpt": cpu_gpt}, SimpleNamespace(runs=[cpu_gpt["dir"]], gpu=packed,
-                                                                                results=args.results), tmp_path)
+    named = make_report.parse_args([str(cpu_gpt["dir"]), "--results", str(results), "--gpu", str(packed)])
+    explicit = make_report.screenshot_sources({"gpt": cpu_gpt}, named, tmp_path)
     assert explicit == [cpu_gpt]  # runs named on the command line win
 
 
