@@ -282,7 +282,9 @@ GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is draw
     # that write them); the names match both the first H200 folder's files and gpu_check.sh's logs
     "gpu_utilization.png": ("GPU utilisation and power during the 12M-token GPT run",
                             r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-cold"),
-    "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-cold"),
+    # the warm run's snapshot first: the first H200 folder's cold snapshot is the ramp's first second (311 W)
+    "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*warm.*\.txt|"
+                           r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-cold"),
     "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet.*\.txt",
                              "lenet-torch"),
     "gpu_gpt_run.png": ("the 12M-token GPT run's curves", r"gpt_run_12M-cold.*\.json", "tokenizer,gpt-cold"),
@@ -312,10 +314,14 @@ def gpu_folder_files(folder):
 
 
 def pick(files, pattern):
-    """The file name matching pattern, the PREFERRED kind first, then the shortest name."""
+    """The file name matching pattern (alternatives joined by | are tried in order), the PREFERRED kind
+    first, then the shortest name."""
     import re
-    names = [n for n in files if re.fullmatch(pattern, n)]
-    return min(names, key=lambda n: (not any(p in n for p in PREFERRED), len(n), n), default=None)
+    for alternative in pattern.split("|"):
+        names = [n for n in files if re.fullmatch(alternative, n)]
+        if names:
+            return min(names, key=lambda n: (not any(p in n for p in PREFERRED), len(n), n))
+    return None
 
 
 def smi_series(text):
