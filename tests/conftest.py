@@ -1,5 +1,6 @@
 """Shared test fixtures: the repository on sys.path, the real data under ../shared/data, tiny MNIST files,
 a generated corpus with its tokenizer, and a private Slurm cluster."""
+import contextlib
 import gzip
 import os
 import random
@@ -169,3 +170,21 @@ def small_tokenizer():
     """A 512-token BPE of text_file's documents, trained once per session."""
     import tokenizer_train
     return tokenizer_train.train_bpe(generated_docs(400), vocab_size=512)
+
+
+@contextlib.contextmanager
+def tmpfs(where, size, read_only=False):
+    """A real small or read-only disk on `where` for the block (a tmpfs: root, as in CI, ignores file
+    modes, so only a mount makes a folder unwritable); the test skips where mount is not permitted."""
+    options = ("ro," if read_only else "") + f"size={size}"
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                                 capture_output=True).returncode == 0
+    except FileNotFoundError:  # no mount command
+        mounted = False
+    if not mounted:
+        pytest.skip("mount -t tmpfs not permitted here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)

@@ -1,7 +1,6 @@
 """tokenizer_train.py: the BPE, its measures, the script (the pipeline it uses: test_wos.py)."""
 import json
 import os
-import subprocess
 import time
 
 import huggingface_hub.constants as hf_constants
@@ -9,7 +8,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 import tokenizer_train
-from conftest import generated_docs, run_script
+from conftest import generated_docs, run_script, tmpfs
 from data import wos
 
 
@@ -171,14 +170,9 @@ def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path):
     """Issue 19.9 (root ignores file modes, so a read-only mount; skipped where mount is not permitted)."""
     cache = tmp_path / "ro-cache"
     cache.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(cache)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mount not permitted here")
-    try:
+    with tmpfs(cache, "64k", read_only=True):
         result = run_script("tokenizer_train.py", "--text", text_file, "--compare", "none",
                             "--out", tmp_path / "t.json", "--cache-dir", cache)
-    finally:
-        subprocess.run(["umount", str(cache)], check=True)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-800:]
     assert result.stderr.startswith(f"error: --cache-dir {cache} cannot be written (Read-only file system)")
     assert "training" not in result.stdout
