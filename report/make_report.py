@@ -451,14 +451,23 @@ def gpu_figure(runs, out):
 
 
 def ladder_figure(name, bench, out):
-    rungs = bench["rungs"]
+    """Bars with each row's range over its repeats (the ladder's argument rests on them); the rungs in
+    blue, the alternatives (leave-one-out, candidates) in grey below a line; a failed row is left out."""
+    rungs = [r for r in bench["rungs"] if r.get("tokens_per_second")]
+    speeds = [r["tokens_per_second"] for r in rungs]
+    spans = [r.get("tokens_per_second_range") or [v, v] for r, v in zip(rungs, speeds)]
+    errors = [[v - lo for v, (lo, _) in zip(speeds, spans)], [hi - v for v, (_, hi) in zip(speeds, spans)]]
+    alternative = [r["name"].startswith(" ") for r in rungs]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rungs) + 1.2))
-    ax.barh(range(len(rungs)), [r["tokens_per_second"] for r in rungs], color="tab:blue")
-    ax.set_yticks(range(len(rungs)), [r["name"].split(" (")[0].split(":")[0] for r in rungs], fontsize=8)
+    ax.barh(range(len(rungs)), speeds, xerr=errors, capsize=2, error_kw={"elinewidth": 0.8},
+            color=["tab:gray" if a else "tab:blue" for a in alternative])
+    ax.set_yticks(range(len(rungs)), [r["name"].split(" (")[0].split(":")[0].strip() for r in rungs], fontsize=8)
     ax.invert_yaxis()
-    for i, r in enumerate(rungs):
-        ax.text(r["tokens_per_second"], i, f" x{r['speedup']:.2f}", va="center", fontsize=7)
-    ax.set_xlabel("tokens / s")
+    if any(alternative):
+        ax.axhline(alternative.index(True) - 0.5, color="black", linewidth=0.6, linestyle="--")
+    for i, (r, (_, hi)) in enumerate(zip(rungs, spans)):
+        ax.text(hi, i, f" x{r['speedup']:.2f}" if r.get("speedup") else "", va="center", fontsize=7)
+    ax.set_xlabel("tokens / s (bar: median; whisker: range over the repeats)")
     ax.set_title(f"Acceleration ladder, {bench['device_name']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)

@@ -478,3 +478,13 @@ def test_a_figure_holds_one_image_and_only_its_own_caption():
     figures = re.findall("<figure>(.*?)</figure>", html, re.S)
     assert [f.count("<img") for f in figures] == [1, 1] and "图 1：甲。" in figures[0] and "正文" not in figures[0]
     assert "图 2：乙。" in figures[1] and '<p><img alt="c" src="c.png" /></p>' in html  # no caption: no figure
+
+
+def test_the_ladder_figure_draws_ranges_and_leaves_out_a_failed_row(tmp_path):
+    bench = {"device_name": "CPU", "rungs": [
+        {"name": "naive: x", "tokens_per_second": 10.0, "tokens_per_second_range": [9.0, 12.0], "speedup": 1.0},
+        {"name": "+ bf16", "tokens_per_second": 20.0, "tokens_per_second_range": [18.0, 21.0], "speedup": 2.0},
+        {"name": "  default without bf16", "tokens_per_second": 11.0, "speedup": 1.1},
+        {"name": "  candidate: out of memory", "error": "CUDA out of memory"}]}
+    lines = make_report.ladder_figure("ladder", bench, tmp_path)
+    assert lines == ["![ladder](ladder.png)"] and (tmp_path / "ladder.png").stat().st_size > 1000
