@@ -161,6 +161,15 @@ def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
     assert device.mfu(1000, 6e6, None, world=1) is None
 
 
+def leave_without_teardown(accelerator):
+    """The end of a spawned test rank: both ranks past their last collective, then out without the
+    interpreter's teardown. Ending the group (end_training) and letting Python exit still aborted a
+    finished rank now and then under load ('terminate called without an active exception': gloo's
+    threads at exit), which failed the test though every checked value was written."""
+    accelerator.wait_for_everyone()
+    os._exit(0)
+
+
 def _agree(rank, port, found, out_dir):
     """One process of a 2-process job, with the environment torchrun would give it."""
     from accelerate import Accelerator
@@ -169,7 +178,7 @@ def _agree(rank, port, found, out_dir):
     accelerator = Accelerator(cpu=True)
     agreed = budget.agree_on_micro_batch(accelerator, found[rank])
     (out_dir / f"rank{rank}").write_text(str(agreed))
-    accelerator.end_training()  # the process group ends cleanly: a gloo rank left to exit mid-teardown can abort
+    leave_without_teardown(accelerator)
 
 
 def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
@@ -297,7 +306,7 @@ def _ddp_rank(rank, port, out_dir):
     stop.signal = "SIGTERM" if rank == 0 else None
     stopped["at_sync_point"] = agree(at_sync_point=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({**report, **stopped}))
-    accelerator.end_training()  # the process group ends cleanly: no abort at exit
+    leave_without_teardown(accelerator)
 
 
 def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagged(tmp_path):
