@@ -79,16 +79,7 @@ def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
 
 
 def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsys):
-    import os
-    import shutil
-    root = tmp_path / "runs"
-    shutil.copytree(runs / "runs", root)
-    broken = root / "lenet5" / "z-newer"
-    broken.mkdir()
-    (broken / "args.json").write_text("{}")
-    (broken / "metrics.json").write_text('{"test_accuracy": 0.9')  # cut off mid-write
-    older = root / "lenet5" / "a" / "args.json"
-    os.utime(older, (older.stat().st_mtime - 100, older.stat().st_mtime - 100))
+    root, broken = newer_run_beside(runs, tmp_path, '{"test_accuracy": 0.9')  # cut off mid-write
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(root), "--results", str(tmp_path / "none"), "--out", str(out)])
     text = (out / "results.md").read_text()
