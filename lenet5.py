@@ -260,13 +260,13 @@ def run(args):
             fit(args, model, train_set, test_set, digits, out_dir, device, record)
     except (OSError, files.OutputError) as e:  # a full or failing disk under out_dir: the event file, images, args.json
         raise UserError(keep_what_we_can(args, model, metrics_of(args, record, device, params, out_dir),
-                                         f"writing the run's logs in {out_dir} failed ({why(e)})")) from None
+                                         f"writing the run's logs in {out_dir} failed ({files.reason(e)})")) from None
     metrics = metrics_of(args, record, device, params, out_dir)
     keep_what_we_can(args, model, metrics)
     try:
         files.write_json(out_dir / "metrics.json", metrics)
     except files.OutputError as e:
-        raise UserError(f"writing {out_dir / 'metrics.json'} failed ({why(e)}); "
+        raise UserError(f"writing {out_dir / 'metrics.json'} failed ({files.reason(e)}); "
                         f"the metrics are in --metrics-out where given") from None
     last = metrics["history"][-1]
     print(f"test accuracy {last['test_accuracy']:.2%}, test loss {last['test_loss']:.4f}, "
@@ -285,11 +285,6 @@ def metrics_of(args, record, device, params, out_dir):
             "train_loss_curve": record["curve"], "out_dir": str(out_dir)}
 
 
-def why(error):
-    """An OSError's reason without its errno prefix; files.OutputError is already one line."""
-    return getattr(error, "strerror", None) or error
-
-
 def keep_what_we_can(args, model, metrics, failure=None):
     """--metrics-out and --save (often on another disk than the run folder); after a failure, also what
     was kept, in the one line that stops the run."""
@@ -306,7 +301,7 @@ def keep_what_we_can(args, model, metrics, failure=None):
             kept.append(f"{what} in {path}")
         except (OSError, files.OutputError) as e:
             if not failure:
-                raise UserError(f"{flag} {path}: {why(e)}") from None
+                raise UserError(f"{flag} {path}: {files.reason(e)}") from None
     if failure:
         done = f"after epoch {metrics['history'][-1]['epoch']}" if metrics["history"] else "before the first epoch ended"
         return f"{failure} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept")

@@ -21,6 +21,11 @@ import threading
 from pathlib import Path
 
 
+def reason(error):
+    """An OSError's reason without its errno prefix ("No space left on device"); any other error as it reads."""
+    return getattr(error, "strerror", None) or error
+
+
 class OutputError(Exception):
     """An output path that cannot be written: reported as one line before any work starts."""
 
@@ -53,7 +58,7 @@ def write_json(path, obj):
     except OSError as e:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+        raise OutputError(f"cannot write {path}: {reason(e)}") from None
 
 
 def create_exclusive(path, attempts=8):
@@ -119,7 +124,7 @@ def probe_folder(folder, named):
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
             pass
     except OSError as e:
-        raise OutputError(f"{named} cannot be written ({e.strerror or e})") from None
+        raise OutputError(f"{named} cannot be written ({reason(e)})") from None
 
 
 class RunLock:
