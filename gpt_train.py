@@ -44,7 +44,7 @@ from training.checkpoints import (TrainState, check_same_run, load_state, open_r
                                   run_identity, save_checkpoint, save_final)
 from training.metrics import (STOP_EXIT_CODE, LossWindow, Throughput, describe_run, final_metrics, log_point,
                               startup_line, summary_line)
-from training.signals import StopAgreement, StopFlag
+from training.signals import StopAgreement, StopFlag, no_teardown_after_collectives
 
 REPO = Path(__file__).resolve().parent
 
@@ -430,4 +430,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    with no_teardown_after_collectives(agreed=(0, STOP_EXIT_CODE)):  # a finished rank must not abort at exit
+        main()

@@ -77,6 +77,20 @@ GresTypes=gpu
 """
 
 
+def log_size(path):
+    try:
+        return os.path.getsize(path)
+    except (OSError, TypeError):  # not written yet, or no StdOut field
+        return None
+
+
+def log_tail(path, chars=3000):
+    try:
+        return open(path, errors="replace").read()[-chars:]
+    except (OSError, TypeError):
+        return "(none)"
+
+
 class SlurmCluster:
     def __init__(self):
         # munged wants every folder above its socket searchable by all: not pytest's 0700 tmp dirs
@@ -151,24 +165,30 @@ class SlurmCluster:
 
     def wait(self, job_id, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
              timeout=300, requeue_now=True):
-        """Poll until the job is in one of `states`. A requeued job waits for its BeginTime (Slurm adds
-        ~2 minutes); requeue_now moves it to now, as `scontrol update` lets an admin do, but only once
-        the run before it has fully left its node (all nodes idle) and a second more has passed: slurmd
-        refuses a job whose credential was issued in the same second as the old one's revocation
-        ("Job credential revoked"; both times are whole seconds)."""
-        deadline, idle_since = time.time() + timeout, None
+        """Poll until the job is in one of `states`; give up after `timeout` s without a sign of life (a
+        new state, or its log growing), so that a loaded machine's slow run is waited for and a hung one
+        is not. A requeued job waits for its BeginTime (Slurm adds ~2 minutes); requeue_now moves it to
+        now, as `scontrol update` lets an admin do, but only once the run before it has fully left its
+        node (all nodes idle) and a second more has passed: slurmd refuses a job whose credential was
+        issued in the same second as the old one's revocation ("Job credential revoked"; both times are
+        whole seconds)."""
+        deadline, idle_since, seen = time.time() + timeout, None, None
         while time.time() < deadline:
             job = self.job(job_id)
             if job["JobState"] in states:
                 return job
+            life = (job["JobState"], job.get("Restarts"), log_size(job.get("StdOut")))
+            if life != seen:
+                deadline, seen = time.time() + timeout, life
             waiting = requeue_now and job["JobState"] == "PENDING" and job.get("Reason") == "BeginTime"
             idle_since = (idle_since or time.time()) if waiting and self.idle() else None
             if idle_since and time.time() - idle_since >= 2:
                 self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")  # StartTime: the begin time
                 idle_since = None
             time.sleep(0.5)
-        raise TimeoutError(f"job {job_id} still {job['JobState']} after {timeout} s\n"
-                           f"{self.run('scontrol', 'show', 'job', str(job_id))}\n{self.logs()}")
+        raise TimeoutError(f"job {job_id} still {job['JobState']}, no sign of life for {timeout} s\n"
+                           f"{self.run('scontrol', 'show', 'job', str(job_id))}\n"
+                           f"--- the job's log (end):\n{log_tail(job.get('StdOut'))}\n{self.logs()}")
 
     def idle(self):
         return all(state == "idle" for state in self.run("sinfo", "-h", "-N", "-o", "%T").split())

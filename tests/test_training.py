@@ -4,6 +4,8 @@ import json
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 from transformers import GPT2Config
 
 import gpt_train
-from conftest import free_port, tmpfs
+from conftest import REPO, free_port, tmpfs
 from training import UserError, batches, budget, device, metrics, signals
 from training.checkpoints import TrainState
 
@@ -190,6 +192,46 @@ def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
 
 
 # ------------------------------------------------------------------ the stop flag
+
+EXITING_RANK = """
+import atexit, pathlib, sys
+from accelerate import Accelerator
+from training.signals import no_teardown_after_collectives
+
+def main():
+    accelerator = Accelerator(cpu=True)  # gloo ranks when RANK/WORLD_SIZE say so
+    mark = pathlib.Path(sys.argv[1], f"teardown{accelerator.process_index}")
+    atexit.register(mark.touch)  # runs only in the interpreter's teardown
+    accelerator.wait_for_everyone()  # a collective just before the end, as gpt_train's last ones
+    sys.exit(int(sys.argv[2]) if sys.argv[2].isdigit() else sys.argv[2])
+
+with no_teardown_after_collectives(agreed=(0, 3)):
+    main()
+"""
+
+
+def exiting_ranks(tmp_path, code, world):
+    script = tmp_path / "rank.py"
+    script.write_text(EXITING_RANK)
+    port, env = free_port(), {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, script, tmp_path, code], stderr=subprocess.PIPE, text=True,
+                              env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
+                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                                             if world > 1 else {})}) for r in range(world)]
+    return [(p.wait(timeout=300), p.stderr.read()) for p in ranks]
+
+
+@pytest.mark.parametrize("code, rc", [("0", 0), ("3", 3), ("error: bad input", 1)])
+def test_ranks_leave_with_their_code_and_without_teardown(tmp_path, code, rc):
+    """A finished rank must not abort in the interpreter's teardown (a gloo worker dropping a
+    collective's last reference then: exit -6, a finished run marked failed); so the ranks of a
+    multi-process run skip it, keeping main()'s exit code and message. One process exits normally."""
+    ranks = exiting_ranks(tmp_path, code, world=2)
+    assert [r for r, _ in ranks] == [rc, rc], ranks
+    assert not list(tmp_path.glob("teardown*"))  # no atexit ran: no teardown
+    assert all(("error: bad input" in err) == (rc == 1) for _, err in ranks)
+    assert exiting_ranks(tmp_path, code, world=1)[0][0] == rc and (tmp_path / "teardown0").exists()
+
 
 def test_a_second_ctrl_c_aborts_at_once():
     previous = signal.getsignal(signal.SIGINT)

@@ -3,6 +3,8 @@ load), so that Slurm's warning (USR1) or a scancel (TERM) arriving during start-
 instead of killing the job unsaved; the StopFlag then takes over for the whole run, and at exit
 USR1/TERM are ignored, so that a TERM during the exit itself does not turn its code into 143."""
 import atexit
+import contextlib
+import os
 import signal
 import sys
 
@@ -21,6 +23,35 @@ def ignore_stops():
     and gpt.sh requeues only on 3. SIG_IGN is the one setting that survives that reset."""
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def no_teardown_after_collectives(agreed=(0, 3)):
+    """Around a script's main(): a process of a multi-process run (torchrun, accelerate launch) leaves
+    without the interpreter's teardown, with main()'s exit code, once every rank is past its last
+    collective. The backend's worker thread can still hold the last reference to a finished
+    collective; when it drops it while Python finalizes, the thread dies taking the GIL and the
+    process aborts ("terminate called without an active exception", exit -6), so torchrun and Slurm
+    call a finished run failed. Seen here in 2-rank gloo runs on CPU under load, 6 of 40 without and
+    8 of 20 with destroy_process_group (pytorch/pytorch#190489). `agreed`: the exit codes every rank
+    reaches together (done; checkpointed on a stop signal), which end with a last barrier, so that no
+    rank is gone while another is still in a collective. One process: a normal exit."""
+    code = 0
+    try:
+        yield
+    except SystemExit as e:
+        code = e.code
+    import torch.distributed as dist  # loaded by now: main() has run
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        sys.exit(code)
+    if (code or 0) in agreed:
+        dist.barrier()  # not after an error: the other ranks may never come (torchrun ends them)
+    if isinstance(code, str):  # sys.exit("error: ...") prints the message and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 class StopFlag:
