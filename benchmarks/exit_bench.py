@@ -1,0 +1,125 @@
+"""How often does a finished 2-rank job abort at exit? Three ways to end it, interleaved.
+
+    python benchmarks/exit_bench.py --runs 20 --hogs 1 --metrics-out report/results/exit_bench_cpu.json
+
+Each run is `torchrun --nproc_per_node 2` of one small job (gloo on CPU, accelerate, a DDP Linear,
+5 AdamW steps, a last barrier), ended one of three ways:
+
+    plain        return from the script (what gpt_train.py did before)
+    destroy      accelerator.end_training(), i.e. destroy_process_group(), then return
+    no_teardown  training.signals.no_teardown_after_collectives (what gpt_train.py does now)
+
+A run counts as aborted when a rank printed "terminate called" (a gloo worker thread dropped a
+finished collective's last reference while Python was finalizing: exit -6, a failed torchrun).
+The abort needs a busy machine: --hogs starts that many CPU-bound processes beside the runs, and the
+load average is recorded. The modes alternate, so the machine's drift hits all of them alike.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from data import files  # noqa: E402
+
+MODES = ("plain", "destroy", "no_teardown")
+
+JOB = """
+import sys
+import torch
+from accelerate import Accelerator
+from training.signals import no_teardown_after_collectives
+
+def job(mode):
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(64, 64)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    for _ in range(5):
+        accelerator.backward(model(torch.randn(8, 64)).square().mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.wait_for_everyone()
+    if mode == "destroy":
+        accelerator.end_training()
+
+if sys.argv[1] == "no_teardown":
+    with no_teardown_after_collectives():
+        job(sys.argv[1])
+else:
+    job(sys.argv[1])
+"""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=int, default=20, help="runs of each mode")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--hogs", type=int, default=1, help="CPU-bound processes beside the runs")
+    p.add_argument("--timeout", type=float, default=300, help="seconds for one run")
+    p.add_argument("--metrics-out", type=Path, help="write the counts here (JSON)")
+    args = p.parse_args(argv)
+    if args.runs < 1 or args.hogs < 0:
+        p.error("--runs must be at least 1 and --hogs at least 0")
+    return args
+
+
+def one_run(script, mode, timeout):
+    """(outcome, last lines of output): "ok", "aborted" (terminate called) or "failed" (anything else)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), mode]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "failed", f"no end after {timeout} s"
+    output = result.stdout + result.stderr
+    if "terminate called" in output:
+        return "aborted", output[-1500:]
+    return ("ok" if result.returncode == 0 else "failed"), output[-1500:]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if args.metrics_out:
+            files.check_output(args.metrics_out, "--metrics-out")  # before the long part
+    except files.OutputError as e:
+        sys.exit(f"error: {e}")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    counts = {m: {"runs": 0, "ok": 0, "aborted": 0, "failed": 0} for m in args.modes}
+    load_start, t0 = os.getloadavg(), time.time()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            script = Path(tmp) / "job.py"
+            script.write_text(JOB)
+            for _ in tqdm(range(args.runs), desc="rounds"):
+                for mode in args.modes:
+                    outcome, tail = one_run(script, mode, args.timeout)
+                    counts[mode]["runs"] += 1
+                    counts[mode][outcome] += 1
+                    if outcome == "failed":
+                        print(f"\n{mode}: failed without an abort:\n{tail}", file=sys.stderr)
+    finally:
+        for hog in hogs:
+            hog.kill()
+    import torch
+    metrics = {"command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/exit_bench.py", *argv]),
+               "device_name": f"{files.cpu_name()}, {os.cpu_count()} cores", "torch": torch.__version__,
+               "hogs": args.hogs, "load_average_1min_start_end": [load_start[0], os.getloadavg()[0]],
+               "seconds": round(time.time() - t0, 1), "modes": counts}
+    for mode, c in counts.items():
+        print(f"{mode:12s} {c['aborted']:3d} of {c['runs']} aborted, {c['failed']} failed otherwise")
+    if args.metrics_out:
+        files.write_json(args.metrics_out, metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""benchmarks/exit_bench.py: each mode's runs counted and written as strict JSON; bad values refused
+before any run."""
+import json
+
+from conftest import run_script
+
+
+def test_one_round_of_the_gpt_train_way_out_is_counted(tmp_path):
+    out = tmp_path / "exit.json"
+    result = run_script("benchmarks/exit_bench.py", "--runs", "1", "--modes", "no_teardown", "--hogs", "0",
+                        "--metrics-out", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["modes"] == {"no_teardown": {"runs": 1, "ok": 1, "aborted": 0, "failed": 0}}
+    assert metrics["hogs"] == 0 and "--runs 1" in metrics["command"]
+
+
+def test_bad_values_are_one_line_before_any_run(tmp_path):
+    result = run_script("benchmarks/exit_bench.py", "--runs", "0")
+    assert result.returncode == 2 and "--runs must be at least 1" in result.stderr
+    (tmp_path / "folder").mkdir()
+    result = run_script("benchmarks/exit_bench.py", "--metrics-out", tmp_path / "folder")
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        f"error: --metrics-out {tmp_path / 'folder'} is a folder; give a file name"]
