@@ -409,6 +409,11 @@ def newest_gpu_folder(results_dir):
     return max(folders, key=lambda d: folder_time(d, gpu_folder_files(d)), default=None)
 
 
+def gpu_results_folder(args):
+    """--gpu, else the newest GPU results folder under --results, else None."""
+    return args.gpu or (newest_gpu_folder(args.results) if args.results.is_dir() else None)
+
+
 def fill_command(steps):
     return (f"`bash benchmarks/gpu_check.sh --only {steps} --out report/results/gpu-$(date +%F)` on a GPU node, "
             "then `python report/make_report.py`")
@@ -568,7 +573,7 @@ def event_runs(folder, unpack_to):
 
 def committed_run(kind, args, problems):
     """{"dir", "kind", "images", "scalars"} of the GPU results folder's events of this kind, or None."""
-    folder = args.gpu or (newest_gpu_folder(args.results) if args.results.is_dir() else None)
+    folder = gpu_results_folder(args)
     with tempfile.TemporaryDirectory() as unpacked:
         run = event_runs(folder, Path(unpacked)).get(kind) if folder else None
         if run:
@@ -581,7 +586,7 @@ def screenshot_sources(by_kind, args, unpack_to):
     results folder's events where it has them; else the newest runs under --runs-root."""
     if args.runs:
         return [by_kind[k] for k in ("lenet5", "gpt") if k in by_kind]
-    folder = args.gpu or (newest_gpu_folder(args.results) if args.results.is_dir() else None)
+    folder = gpu_results_folder(args)
     committed = event_runs(folder, unpack_to) if folder else {}
     return [committed.get(k) or by_kind[k] for k in ("lenet5", "gpt") if k in committed or k in by_kind]
 
@@ -825,7 +830,7 @@ def other_lines(by_kind, results, args, problems, todo):
     lines += result_sections(results, "gpt_bench", ladder_table, "acceleration ladder", args.results, problems,
                              ladder_figure, args.out)
     lines += ["", "## GPU utilisation", ""] + gpu_figure(list(by_kind.values()), args.out)
-    folder = args.gpu or (newest_gpu_folder(args.results) if args.results.is_dir() else None)
+    folder = gpu_results_folder(args)
     lines += ["", "## GPU figures the report links", ""]
     lines += gpu_slot_lines(folder, args.results, args.out, todo, problems)
     if not args.no_screenshots:

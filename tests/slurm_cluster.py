@@ -97,11 +97,10 @@ class SlurmCluster:
         self.root = Path(tempfile.mkdtemp(prefix="lab5-slurm-"))
         self.root.chmod(0o755)
         self.conf = self.root / "slurm.conf"
-        # jobs inherit this environment (sbatch --export=ALL): the same Python as the caller's, and one
-        # thread a process: the nodes claim 16 CPUs on what may be a 2-core machine, where a job's
-        # OpenMP threads beside other load wait on each other (a tiny GPT step 4x slower, measured)
+        # jobs inherit this environment (sbatch --export=ALL): the same Python as the caller's, and under
+        # pytest conftest's one thread a process (the nodes claim 16 CPUs on what may be a 2-core machine)
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": path, "OMP_NUM_THREADS": "1"}
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": path}
         self.pid_files = []
 
     def start(self):

@@ -212,7 +212,7 @@ with no_teardown_after_collectives(agreed=(0, 3)):
 def exiting_ranks(tmp_path, code, world):
     script = tmp_path / "rank.py"
     script.write_text(EXITING_RANK)
-    port, env = free_port(), {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    port, env = free_port(), {**os.environ, "PYTHONPATH": str(REPO)}
     ranks = [subprocess.Popen([sys.executable, script, tmp_path, code], stderr=subprocess.PIPE, text=True,
                               env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
                                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}

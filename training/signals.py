@@ -26,7 +26,7 @@ def ignore_stops():
 
 
 @contextlib.contextmanager
-def no_teardown_after_collectives(agreed=(0, 3)):
+def no_teardown_after_collectives(agreed=(0,)):
     """Around a script's main(): a process of a multi-process run (torchrun, accelerate launch) leaves
     without the interpreter's teardown, with main()'s exit code, once every rank is past its last
     collective. The backend's worker thread can still hold the last reference to a finished
@@ -34,7 +34,7 @@ def no_teardown_after_collectives(agreed=(0, 3)):
     process aborts ("terminate called without an active exception", exit -6), so torchrun and Slurm
     call a finished run failed. benchmarks/exit_bench.py (2-rank gloo runs on CPU under load): 2 of 20
     aborted, 2 of 20 with destroy_process_group, 0 of 20 this way (pytorch/pytorch#190489).
-    `agreed`: the exit codes every rank reaches together (done; checkpointed on a stop signal); they
+    `agreed`: the exit codes every rank reaches together (0, done; gpt_train adds STOP_EXIT_CODE); they
     end with a last barrier, so that no rank is gone while another is still in a collective.
     One process: a normal exit."""
     code = 0
