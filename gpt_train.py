@@ -425,7 +425,7 @@ def main(argv=None):
     try:
         with StopFlag() as stop:  # from the start: a signal during set-up must not kill the job
             return train(args, argv, stop)
-    except (UserError, wos.TextError, files.OutputError) as e:
+    except UserError as e:  # TextError, OutputError too
         sys.exit(f"error: {e}")
 
 

@@ -29,13 +29,10 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from data import files
-from data.mnist import MNIST, Batches, MNISTError, find_mnist
+from data.files import UserError
+from data.mnist import MNIST, Batches, find_mnist
 
 REPO = Path(__file__).resolve().parent
-
-
-class UserError(Exception):
-    """What a user can get wrong (data, flags, device, outputs): one line on stderr, never a traceback."""
 
 
 # ----------------------------------------------------------------------------- model
@@ -233,7 +230,7 @@ def main(argv=None):
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     try:
         return run(args)
-    except (UserError, MNISTError, files.OutputError) as e:
+    except UserError as e:  # MNISTError, OutputError too
         sys.exit(f"error: {e}")
 
 

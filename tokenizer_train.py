@@ -142,7 +142,7 @@ def main(argv=None):
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(args)
-    except (wos.TextError, files.OutputError) as e:
+    except files.UserError as e:  # TextError, OutputError too
         sys.exit(f"error: {e}")
 
 

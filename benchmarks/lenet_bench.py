@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import lenet5  # noqa: E402
 from data import files  # noqa: E402
-from data.mnist import MNISTError, find_mnist  # noqa: E402
+from data.mnist import find_mnist  # noqa: E402
 
 
 def original_recipe(data_dir, device, epochs, seed):
@@ -153,7 +153,7 @@ def parse_args(argv):
 def check(args):
     """Everything a user can get wrong, before any training: one line, not a traceback half-way."""
     if args.baseline_epochs < 1 or any(seed < 0 for seed in args.seeds):
-        raise lenet5.UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
+        raise files.UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
     if args.metrics_out:
         files.check_output(args.metrics_out, "--metrics-out")
     device = lenet5.pick_device(args.device)
@@ -182,7 +182,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         device = check(args)
-    except (lenet5.UserError, MNISTError, files.OutputError) as e:
+    except files.UserError as e:  # MNISTError, OutputError too
         sys.exit(f"error: {e}")
     result = act_pair(args, device) if args.act_pair else recipe(args, device)
     device_name = lenet5.device_name(device)

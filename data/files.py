@@ -1,6 +1,7 @@
 """Files the scripts share: strict JSON written atomically, output paths checked before any work,
 a lock on a run directory, and content hashes.
 
+    UserError                  the base of every one-line user error (OutputError, TextError, ...)
     write_json(path, obj)      own tmp file + rename; NaN/inf become null (strict JSON, any reader)
     check_output(path, what)   before training: the path can be written, or one clear error
     check_outputs_not_inputs   before training: no output path is one of the run's inputs
@@ -26,7 +27,12 @@ def reason(error):
     return getattr(error, "strerror", None) or error
 
 
-class OutputError(Exception):
+class UserError(Exception):
+    """What a user can get wrong (flags, data, paths): every script's main() prints it as one line
+    on stderr and exits non-zero, never a traceback. Each concern subclasses it for its own name."""
+
+
+class OutputError(UserError):
     """An output path that cannot be written: reported as one line before any work starts."""
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from data.files import UserError
+
 FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -24,7 +26,7 @@ FILES = {  # split -> (images, labels), the official names (torchvision's layout
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisation
 
 
-class MNISTError(Exception):
+class MNISTError(UserError):
     """Missing or damaged MNIST files: said in one line by the scripts, never a traceback."""
 
 

@@ -49,7 +49,7 @@ def default_tokenizer():
     return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
 
 
-class TextError(Exception):
+class TextError(files.UserError):
     """Missing or unusable text: reported as one line, never as a traceback."""
 
 

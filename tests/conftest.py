@@ -25,6 +25,11 @@ sys.path.insert(0, str(REPO))
 SHARED_DATA = Path(os.environ.get("LAB5_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: over ~10 s here (real training runs, Slurm, a browser, builds); "
+                                       "the quick subset is pytest -m 'not slow' tests")
+
+
 def require_or_skip(reason, required_by):
     """Skip a test for a missing `reason`, or fail it where CI sets the env `required_by` to 1."""
     if os.environ.get(required_by) == "1":

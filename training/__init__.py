@@ -16,5 +16,4 @@ from pathlib import Path
 CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lab5"  # shared on a cluster
 
 
-class UserError(Exception):
-    """Bad flags, data or run directory: reported as one line, never as a traceback."""
+from data.files import UserError  # noqa: E402,F401  the one base of one-line errors, re-exported

@@ -156,7 +156,7 @@ def main(argv=None):
     from training import UserError
     try:
         model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
-    except (UserError, wos.TextError) as e:
+    except UserError as e:  # TextError too
         sys.exit(f"error: {e}")
     ids = tok.tokenizer.encode(args.prompt, add_special_tokens=False).ids or [tok.eot]
     rng = torch.Generator(args.device).manual_seed(args.seed)
