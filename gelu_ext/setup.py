@@ -4,7 +4,9 @@
 
 --no-build-isolation builds against the torch already installed (never a second download), and
 -e keeps the package importable from the repository, where the scripts and tests import it.
-Environment:
+An nvcc whose CUDA major version differs from the one torch was built with (torch.version.cuda)
+stops the build in one line saying what to do: load the CUDA module that matches torch, or build
+CPU-only. Environment:
     GELU_EXT_CPU_ONLY=1         skip the CUDA kernels even where nvcc exists
     CUDA_HOME=/usr/local/cuda   where nvcc and the CUDA headers live (found by itself if unset)
     TORCH_CUDA_ARCH_LIST        GPU architectures; default: the visible GPU's, or, on a machine
@@ -12,7 +14,9 @@ Environment:
 """
 import os
 import platform
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,8 +43,33 @@ except ImportError:
 from setuptools import setup  # noqa: E402
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
+
+def nvcc_version(nvcc):
+    """"13.0" from `nvcc --version` ("Cuda compilation tools, release 13.0, V13.0.88"), or None."""
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found[1] if found else None
+
+
+def check_cuda_major(nvcc):
+    """torch's own check fails with a traceback deep in the build: say it first, with the ways out."""
+    version = nvcc_version(nvcc)
+    if version and version.split(".")[0] != torch.version.cuda.split(".")[0]:
+        sys.exit(f"gelu_ext: {nvcc} is CUDA {version} but torch {torch.__version__} was built with CUDA "
+                 f"{torch.version.cuda}: load the CUDA module that matches torch (e.g. module load "
+                 f"cuda/{torch.version.cuda}) and build again, or build without the CUDA kernels: "
+                 f"GELU_EXT_CPU_ONLY=1 pip install --no-build-isolation -e ./gelu_ext")
+
+
 cpu_only = os.environ.get("GELU_EXT_CPU_ONLY", "0") == "1"
-with_cuda = not cpu_only and CUDA_HOME is not None and (Path(CUDA_HOME) / "bin" / "nvcc").exists()
+nvcc = Path(CUDA_HOME) / "bin" / "nvcc" if CUDA_HOME else None
+# A CPU build of torch (torch.version.cuda None) cannot load CUDA kernels: build CPU-only there.
+with_cuda = not cpu_only and torch.version.cuda is not None and nvcc is not None and nvcc.exists()
+if with_cuda:
+    check_cuda_major(nvcc)
 
 # -fopenmp: at::parallel_for is inline in ATen's headers and without it runs on one thread. Only
 # compiled with it, not linked: the OpenMP runtime is the one torch already loaded (libgomp).

@@ -1,6 +1,7 @@
 """gelu_ext against F.gelu(approximate="tanh"): values, gradients, dtypes, shapes, registration."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -343,3 +344,54 @@ def test_lenet5_says_how_to_build_when_extension_missing(tiny_mnist, tmp_path, m
     monkeypatch.setattr(gelu_ext.ops, "_IMPORT_ERROR", ImportError("simulated"), raising=False)
     with pytest.raises(SystemExit, match="pip install --no-build-isolation -e ./gelu_ext"):
         lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--act", "cpp", "--out-dir", str(tmp_path / "r")])
+
+
+# ------------------------------------------------------------------ the build: nvcc against torch's CUDA
+
+def fake_cuda_home(root, release):
+    """A CUDA_HOME whose bin/nvcc reports `release` (and the header setup.py looks for): no compiler."""
+    (root / "bin").mkdir(parents=True)
+    (root / "include").mkdir()
+    (root / "include" / "cuda_runtime.h").write_text("")
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    return root
+
+
+def run_setup(tmp_path, release, **env):
+    """gelu_ext/setup.py --name (reads the configuration, builds nothing) with a fake nvcc; from tmp_path,
+    so nothing is written beside the sources."""
+    home = fake_cuda_home(tmp_path / "cuda", release)
+    env = {**{k: v for k, v in os.environ.items() if k != "GELU_EXT_CPU_ONLY"}, "CUDA_HOME": str(home),
+           "PATH": f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}", **env}
+    return subprocess.run([sys.executable, str(REPO / "gelu_ext" / "setup.py"), "--name"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def other_major():
+    return f"{int(torch.version.cuda.split('.')[0]) + 1}.0"
+
+
+torch_cuda = pytest.mark.skipif(torch.version.cuda is None, reason="a CPU build of torch: no CUDA major to differ from")
+
+
+@torch_cuda
+def test_build_with_nvcc_of_another_cuda_major_stops_in_one_line_naming_the_ways_out(tmp_path):
+    done = run_setup(tmp_path, other_major())
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    # the last line, and the only one of ours (on a machine without a GPU, torch's cpp_extension logs
+    # "No CUDA runtime is found" on import, before it)
+    line = done.stderr.strip().splitlines()[-1]
+    assert [l for l in done.stderr.splitlines() if "gelu_ext" in l] == [line]
+    assert f"is CUDA {other_major()} but torch {torch.__version__} was built with CUDA {torch.version.cuda}" in line
+    assert f"module load cuda/{torch.version.cuda}" in line
+    assert "GELU_EXT_CPU_ONLY=1 pip install --no-build-isolation -e ./gelu_ext" in line
+
+
+@torch_cuda
+def test_build_with_nvcc_of_torchs_cuda_major_or_cpu_only_goes_on(tmp_path):
+    same = run_setup(tmp_path / "same", f"{torch.version.cuda.split('.')[0]}.9")  # a minor difference is fine
+    assert same.returncode == 0 and "building CPU + CUDA kernels" in same.stdout, same.stderr
+    cpu = run_setup(tmp_path / "cpu", other_major(), GELU_EXT_CPU_ONLY="1")
+    assert cpu.returncode == 0 and "building CPU-only kernels" in cpu.stdout, cpu.stderr
