@@ -6,7 +6,8 @@ screenshots of it, and Chromium's print-to-PDF of report.md.
     storage_front(base, items)           -> a context manager: a same-origin front whose setup page writes
                                             localStorage (TensorBoard's "ignore outliers" lives only there)
     screenshot(url, path, w, h, scale)   -> None when the PNG was written, else the reason in one line
-    write_pdf(markdown_path, pdf_path)   -> report.md as HTML, printed to PDF
+    write_pdf(markdown_path, pdf_path)   -> report.md (or the text given) as HTML, printed to PDF
+    is_png(path)                         -> whether a file is a PNG worth showing (not empty, not foreign)
 
 Every wait is bounded: a Chromium that hangs is killed with its whole process group after
 BROWSER_TIMEOUT seconds, and the caller gets a reason instead of an exception.
@@ -30,13 +31,24 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from data.files import UserError
+
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 BROWSER_TIMEOUT = 120  # seconds; a screenshot takes ~5 s, a PDF ~10 s
 
 
-class BrowserError(Exception):
+class BrowserError(UserError):
     """Chromium failed, hung or wrote nothing: the message says which, in one line."""
+
+
+def is_png(path):
+    """A file a page may show: a PNG signature and more than a header (Chromium can leave 0 bytes)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 64
+    except OSError:
+        return False
 
 
 def find_browser():
@@ -158,7 +170,12 @@ def screenshot(url, path, width, height, scale=1):
                 "--virtual-time-budget=10000", f"--screenshot={path}", url)
     except BrowserError as e:
         return f"no screenshot {path.name}: {e}"
-    return None if path.is_file() else f"no screenshot {path.name}: Chromium wrote no file"
+    if not path.is_file():
+        return f"no screenshot {path.name}: Chromium wrote no file"
+    if not is_png(path):
+        path.unlink()
+        return f"no screenshot {path.name}: Chromium wrote no PNG"
+    return None
 
 
 PDF_CSS = """
@@ -200,21 +217,23 @@ def report_html(markdown_text):
             f"<style>{PDF_CSS}</style></head><body>{body}</body></html>")
 
 
-def write_pdf(markdown_path, pdf_path):
-    """report.md -> HTML (python-markdown: tables, code) -> PDF by Chromium's print-to-pdf; Chinese
-    text in Noto CJK (Debian's fonts-noto-cjk). The HTML sits beside report.md so figure links resolve."""
+def write_pdf(markdown_path, pdf_path, text=None):
+    """report.md (or `text`, its filled copy) -> HTML (python-markdown: tables, code) -> PDF by Chromium's
+    print-to-pdf; Chinese text in Noto CJK (Debian's fonts-noto-cjk). The HTML sits beside report.md so
+    figure links resolve. A failure is a BrowserError, one line."""
     if not find_browser():
-        raise SystemExit("error: --pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
+        raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
+    text = markdown_path.read_text() if text is None else text
     with tempfile.NamedTemporaryFile("w", suffix=".html", prefix=".pdf-", dir=markdown_path.parent,
                                      delete=False) as html:
-        html.write(report_html(markdown_path.read_text()))
+        html.write(report_html(text))
     html = Path(html.name)
     try:
         browser("--no-pdf-header-footer", f"--print-to-pdf={pdf_path}", html.resolve().as_uri())
     except BrowserError as e:
-        raise SystemExit(f"error: no {pdf_path}: {e}") from None
+        raise BrowserError(f"no {pdf_path}: {e}") from None
     finally:
         html.unlink()
     if not Path(pdf_path).exists():
-        raise SystemExit(f"error: Chromium wrote no {pdf_path}")
+        raise BrowserError(f"Chromium wrote no {pdf_path}")
     return pdf_path

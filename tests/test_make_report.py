@@ -10,10 +10,7 @@ from torch.utils.tensorboard import SummaryWriter
 import gpt_train
 import lenet5
 from conftest import REPO, tiny_args, write_tiny_mnist
-
-sys.path.insert(0, str(REPO / "report"))
-import browser  # noqa: E402
-import make_report  # noqa: E402
+from report import browser, figures, inputs, make_report, screenshots, tables
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +34,8 @@ def runs(tmp_path_factory, request):
 
 def test_figures_and_tables_match_the_runs(runs, tmp_path):
     out = tmp_path / "out"
-    make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out)])
+    make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out),
+                      "--all-figures"])
     for figure in ("lenet_curves.png", "lenet_conv1_filters.png", "lenet_conv1_feature_maps.png",
                    "lenet_conv2_feature_maps.png", "gpt_curves.png", "gpt_bench_test.png"):
         data = (out / figure).read_bytes()
@@ -71,7 +69,7 @@ def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     writer.close()
     (run / "events.out.tfevents.0.broken").write_bytes(b"\x00garbage, not a record" * 10)
     out = tmp_path / "out"
-    make_report.main([str(run), "--results", str(tmp_path / "none"), "--out", str(out)])
+    make_report.main([str(run), "--results", str(tmp_path / "none"), "--out", str(out), "--all-figures"])
     text = (out / "results.md").read_text()
     assert "corrupt event file" in text and "events.out.tfevents.0.broken" in text
     assert (out / "lenet_curves.png").exists()
@@ -84,7 +82,7 @@ def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsy
     make_report.main(["--runs-root", str(root), "--results", str(tmp_path / "none"), "--out", str(out)])
     text = (out / "results.md").read_text()
     assert f"skipped the newer run {broken}: unreadable metrics.json" in text
-    assert f"Run `{root / 'lenet5' / 'a'}`" in text  # the older, readable run is the one reported
+    assert f"): `{root / 'lenet5' / 'a'}`" in text  # the older, readable run is the one reported
     assert "skipped the newer run" in capsys.readouterr().err
 
 
@@ -170,7 +168,7 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
                                                     "results": {"gpt_bench_NVIDIA_2080": ladder_json("2080 Ti")}}))
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
-                      "--no-screenshots"])
+                      "--no-screenshots", "--all-figures"])
     text = (out / "results.md").read_text()
     assert f"From `{newer}`:" in text
     assert "(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv`" in text
@@ -243,7 +241,7 @@ def test_a_newer_run_with_unusable_metrics_does_not_hide_an_older_good_one(runs,
                       "--no-screenshots"])
     text = (out / "results.md").read_text()
     assert f"skipped the newer run {newer}: metrics.json {reason}" in text
-    assert f"Run `{root / 'lenet5' / 'a'}`" in text
+    assert f"): `{root / 'lenet5' / 'a'}`" in text
     err = capsys.readouterr().err
     assert "Traceback" not in err and all(line.startswith("warning: ") for line in err.splitlines())
 
@@ -305,7 +303,7 @@ def test_the_screenshots_front_turns_outlier_ignoring_off_and_passes_tensorboard
             return answer.read().decode()
     with browser.serve_tensorboard(runs / "runs" / "lenet5" / "a") as base:
         assert base, "TensorBoard did not answer"
-        with browser.storage_front(base, make_report.TENSORBOARD_SETTINGS) as front:
+        with browser.storage_front(base, screenshots.TENSORBOARD_SETTINGS) as front:
             page = get(f"{front}/lab5-storage?next=" + urllib.parse.quote("/?darkMode=false#scalars", safe=""))
             assert 'localStorage.setItem("_ignoreYOutliers", "false");' in page  # TensorBoard's key, off
             assert page.index("localStorage.setItem") < page.index('location.replace("/?darkMode=false#scalars")')
@@ -337,7 +335,7 @@ def test_results_files_with_one_name_in_two_folders_are_both_reported(tmp_path):
         (folder / "gpt_bench_x.json").write_text(json.dumps(ladder_json(device)))
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
-                      "--no-screenshots"])
+                      "--no-screenshots", "--all-figures"])
     text = (out / "results.md").read_text()
     assert text.count("outer cpu, float32") == 1 and text.count("inner gpu, float32") == 1
     assert "![gpt_bench_x](gpt_bench_x.png)" in text and "![h200_gpt_bench_x](h200_gpt_bench_x.png)" in text
@@ -364,8 +362,8 @@ def test_a_gelu_benchmark_without_the_kernel_says_not_measured_and_why(tmp_path,
     ({"text": "/d/wos-standin/X.txt"}, "stand-in"),  # older JSON: the path rule
     ({"text": "/d/WebOfScience/WOS46985/X.txt"}, "WOS46985")])
 def test_the_corpus_is_named_from_the_recorded_identity_first(metrics, name):
-    assert make_report.corpus_name(metrics) == name
-    label = make_report.corpus_label(metrics)
+    assert inputs.corpus_name(metrics) == name
+    label = tables.corpus_label(metrics)
     assert (label == "") == (name == "WOS46985") and ("not WOS" in label) == (name != "WOS46985")
 
 
@@ -432,20 +430,23 @@ def test_screenshots_are_taken_of_the_gpu_folders_committed_events(runs, tmp_pat
         (loose / name / "events.out.tfevents.1.x").write_bytes(b"")
     (loose / "nvidia-smi-during-lenet.txt").write_text(smi_snapshot("NVIDIA H200", 15))
     results = tmp_path / "results"
-    args = make_report.parse_args(["--results", str(results)])
     cpu_gpt = {"dir": runs / "runs" / "gpt" / "b", "kind": "gpt"}
-    shots = make_report.screenshot_sources({"gpt": cpu_gpt}, args, tmp_path / "unpack1")
+
+    def sources(argv, unpack_to):
+        args = make_report.parse_args(argv)
+        gpu = make_report.gpu_inputs(args, [])
+        return screenshots.screenshot_sources({"gpt": cpu_gpt}, bool(args.runs), gpu, unpack_to, [])
+    shots = sources(["--results", str(results)], tmp_path / "unpack1")
     assert [s["dir"] for s in shots] == [loose / "tb-lenet", loose / "tb-gpt-12M-cold"]
     packed = tmp_path / "results" / "gpu-check"  # gpu_check.sh's OUT: the events in runs.tar.gz
     packed.mkdir()
     with tarfile.open(packed / "runs.tar.gz", "w:gz") as tar:
         tar.add(loose / "tb-lenet" / "events.out.tfevents.1.x",
                 arcname="runs/lenet5/NVIDIA_H200-torch/events.out.tfevents.1.x")
-    with_gpu = make_report.parse_args(["--results", str(results), "--gpu", str(packed)])
-    shots = make_report.screenshot_sources({"gpt": cpu_gpt}, with_gpu, tmp_path / "unpack2")
-    assert [s["dir"] for s in shots] == [tmp_path / "unpack2" / "runs" / "lenet5" / "NVIDIA_H200-torch", cpu_gpt["dir"]]
-    named = make_report.parse_args([str(cpu_gpt["dir"]), "--results", str(results), "--gpu", str(packed)])
-    explicit = make_report.screenshot_sources({"gpt": cpu_gpt}, named, tmp_path)
+    shots = sources(["--results", str(results), "--gpu", str(packed)], tmp_path / "unpack2")
+    # the folder's own events only: the CPU run lying beside it is not named, so not photographed
+    assert [s["dir"] for s in shots] == [tmp_path / "unpack2" / "runs" / "lenet5" / "NVIDIA_H200-torch"]
+    explicit = sources([str(cpu_gpt["dir"]), "--results", str(results), "--gpu", str(packed)], tmp_path)
     assert explicit == [cpu_gpt]  # runs named on the command line win
 
 
@@ -477,5 +478,5 @@ def test_the_ladder_figure_draws_ranges_and_leaves_out_a_failed_row(tmp_path):
         {"name": "+ bf16", "tokens_per_second": 20.0, "tokens_per_second_range": [18.0, 21.0], "speedup": 2.0},
         {"name": "  default without bf16", "tokens_per_second": 11.0, "speedup": 1.1},
         {"name": "  candidate: out of memory", "error": "CUDA out of memory"}]}
-    lines = make_report.ladder_figure("ladder", bench, tmp_path)
+    lines = figures.ladder_figure("ladder", bench, tmp_path)
     assert lines == ["![ladder](ladder.png)"] and (tmp_path / "ladder.png").stat().st_size > 1000

@@ -1,0 +1,202 @@
+"""The report's figures, drawn with matplotlib into PNG files; each returns the Markdown lines that
+show it, so a figure is linked only once it was written.
+
+    plot_lines(path, panels, title)      curves side by side (the shape every run figure shares)
+    lenet_curves / gpt_curves            one run's loss, accuracy, throughput
+    lenet_images(run, out, problems)     the TensorBoard layer images, enlarged and titled
+    utilization_figure, terminal_figure  nvidia-smi's CSV as curves, its snapshot as the terminal showed it
+    ladder_figure(name, bench, out)      the acceleration ladder, bars with their ranges
+    gpu_figure(runs, out)                NVML curves of GPU runs
+"""
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from report.inputs import corpus_name  # noqa: E402
+from training.metrics import SUCCESS_LOSS  # noqa: E402
+
+
+LAYER_IMAGES = (  # TensorBoard image tag -> the figure drawn from it, what it shows
+    ("layers/conv1_filters", "lenet_conv1_filters.png", "conv1: the 6 learned 5x5 filters"),
+    ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png",
+     "conv1 feature maps: one row per test digit, one column per channel (6, 24x24)"),
+    ("layers/conv2_feature_maps", "lenet_conv2_feature_maps.png",
+     "conv2 feature maps: one row per test digit, one column per channel (16, 8x8)"))
+
+
+def plot_lines(path, panels, title, hline=None, ymin0=None):
+    """panels: [(ylabel, {label: [(x, y)]}, xlabel)] side by side; hline = (panel, y, label) draws a
+    dashed reference line; ymin0 = a panel whose y axis starts at zero."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for i, (ax, (ylabel, series, xlabel)) in enumerate(zip(axes[0], panels)):
+        if hline and hline[0] == i:
+            ax.axhline(hline[1], color="gray", linestyle="--", linewidth=1, label=hline[2])
+        if ymin0 == i:
+            ax.set_ylim(bottom=0, top=max((y for pts in series.values() for _, y in pts), default=1) * 1.1)
+        for label, points in series.items():
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o" if len(points) < 20 else None, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def scalars_from_metrics(m):
+    """The curves a metrics JSON keeps, in the {tag: [(step, value)]} form of the event files: so a
+    figure can be redrawn from committed data alone."""
+    if "tokens_seen" in m:  # GPT
+        return {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
+                "perf/tokens_per_second": m.get("throughput_curve", [])}
+    per_epoch = m.get("steps", 0) / m["epochs"]
+    return {"train/loss": m.get("train_loss_curve", []),
+            "test/loss": [(h["epoch"] * per_epoch, h["test_loss"]) for h in m["history"]],
+            "test/accuracy": [(h["epoch"] * per_epoch, h["test_accuracy"]) for h in m["history"]]}
+
+
+def lenet_curves(s, m, path):
+    name = (f"LeNet-5 ({m.get('device_name', m['device'])}, act={m['act']}, engine={m.get('engine', 'plain')}, "
+            f"final test accuracy {m['test_accuracy']:.2%})")
+    plot_lines(path, [("loss", {"train": s.get("train/loss", []), "test": s.get("test/loss", [])}, "step"),
+                      ("test accuracy", {"test": s.get("test/accuracy", [])}, "step")], name)
+    return [f"![LeNet-5 curves]({path.name})"]
+
+
+def lenet_images(run, out, problems):
+    """The intermediate-layer images of one LeNet-5 run, enlarged and titled; the lines that show them.
+    An image that is not a picture (damaged events) is a problem line, not a figure."""
+    lines = []
+    for tag, file, title in LAYER_IMAGES:
+        if tag not in run["images"]:
+            lines.append(f"- no `{tag}` image in {run['dir']}")
+            continue
+        try:
+            labelled_image(run["images"][tag], f"{title}, after the last epoch", out / file)
+        except (OSError, ValueError) as e:  # PIL's UnidentifiedImageError is an OSError
+            problems.append(f"the `{tag}` image of {run['dir']} is not a picture ({type(e).__name__}); no {file}")
+            continue
+        lines.append(f"![{tag}]({file})")
+    return lines
+
+
+def labelled_image(png, title, path):
+    """A TensorBoard image (PNG bytes) enlarged without smoothing, with a title saying what it shows."""
+    from io import BytesIO
+    from PIL import Image
+    image = Image.open(BytesIO(png))
+    scale = max(1.0, 900 / image.width)
+    fig = plt.figure(figsize=(image.width * scale / 100, image.height * scale / 100 + 0.5), dpi=100)
+    ax = fig.add_axes([0, 0, 1, image.height * scale / (image.height * scale + 50)])
+    ax.imshow(image, interpolation="nearest", cmap="gray")
+    ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def gpt_curves(s, m, path):
+    """Loss (train, validation, the lab's goal) and throughput against tokens, for one GPT run."""
+    per_step = m["tokens_seen"] / max(1, m["steps"])
+    tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
+              for tag in ("train/loss", "val/loss", "perf/tokens_per_second")}
+    size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
+    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(corpus_name(m), "other corpus, not WOS")
+    title = (f"GPT-2 structure, {size}, {corpus} ({m['device_name']} x {m['world_size']}, {m['precision']}, "
+             f"{m['tokens_seen']:,} tokens)")
+    plot_lines(path, [("loss (nats/token)", {"train": tokens["train/loss"], "validation": tokens["val/loss"]}, "tokens"),
+                      ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")], title,
+               hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"), ymin0=1)
+    return [f"![GPT-2 loss and throughput]({path.name})"]
+
+def smi_series(text):
+    """nvidia-smi --query-gpu CSV -> {column: [(seconds since the first row, value)]}; N/A cells skipped."""
+    from datetime import datetime
+    lines = [line.split(",") for line in text.splitlines() if line.strip()]
+    header = [h.strip().split(" [")[0] for h in lines[0]]
+    series, start = {h: [] for h in header[1:]}, None
+    for row in lines[1:]:
+        try:
+            when = datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f")
+        except ValueError:
+            continue  # a warning line nvidia-smi wrote into the log
+        start = start or when
+        for name, cell in zip(header[1:], row[1:]):
+            value = cell.strip().split(" ")[0]
+            if value.replace(".", "", 1).isdigit():
+                series[name].append(((when - start).total_seconds(), float(value)))
+    return series
+
+
+def gpu_name(files):
+    """The GPU's name, from any nvidia-smi snapshot in the folder ('the GPU' when there is none)."""
+    import re
+    for name in sorted(n for n in files if n.startswith("nvidia-smi") and n.endswith(".txt")):
+        found = re.search(r"\|\s+\d+\s+(NVIDIA [A-Za-z0-9 -]+?)\s{2,}", files[name]())
+        if found:
+            return found.group(1)
+    return "the GPU"
+
+
+def utilization_figure(files, csv_name, path):
+    series = smi_series(files[csv_name]())
+    steps = [b[0] - a[0] for a, b in zip(series["utilization.gpu"], series["utilization.gpu"][1:])]
+    every = f"every {sorted(steps)[len(steps) // 2] * 1000:.0f} ms, " if steps else ""
+    plot_lines(path, [("GPU utilisation (%)", {"utilization.gpu": series["utilization.gpu"]}, "seconds"),
+                      ("power (W)", {"power.draw": series.get("power.draw", [])}, "seconds")],
+               f"nvidia-smi on {gpu_name(files)}, {every}during the GPT run ({csv_name})", ymin0=0)
+
+
+def terminal_figure(text, title, path):
+    """An nvidia-smi snapshot as the terminal showed it: its text, monospaced, light on dark."""
+    lines = text.rstrip("\n").splitlines()
+    width = max(len(line) for line in lines)
+    fig = plt.figure(figsize=(0.085 * width + 0.3, 0.17 * len(lines) + 0.6), facecolor="#1e1e1e")
+    fig.text(0.5, 0.995, title, color="#dddddd", fontsize=8, ha="center", va="top")
+    fig.text(0.01, 1 - 0.35 / (0.17 * len(lines) + 0.6), "\n".join(lines), family="DejaVu Sans Mono",
+             fontsize=8.5, color="#e8e8e8", va="top", linespacing=1.2)
+    fig.savefig(path, dpi=150, facecolor=fig.get_facecolor(), bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+
+def gpu_figure(runs, out):
+    series = {}
+    for run in runs:
+        for tag in ("gpu/utilization_percent", "gpu/memory_used_GiB"):
+            if run["scalars"].get(tag):
+                series.setdefault(tag, {})[f"{run['kind']} ({run['dir'].name})"] = run["scalars"][tag]
+    if not series:
+        return ["- no GPU utilisation recorded: the runs above ran on the CPU (NVML curves appear only for GPU runs)"]
+    plot_lines(out / "gpu_nvml.png", [(tag, pts, "step") for tag, pts in series.items()],
+               "GPU utilisation and memory (NVML)")
+    return ["![GPU utilisation (NVML)](gpu_nvml.png)"]
+
+
+def ladder_figure(name, bench, out):
+    """Bars with each row's range over its repeats (the ladder's argument rests on them); the rungs in
+    blue, the alternatives (leave-one-out, candidates) in grey below a line; a failed row is left out."""
+    rungs = [r for r in bench["rungs"] if r.get("tokens_per_second")]
+    speeds = [r["tokens_per_second"] for r in rungs]
+    spans = [r.get("tokens_per_second_range") or [v, v] for r, v in zip(rungs, speeds)]
+    errors = [[v - lo for v, (lo, _) in zip(speeds, spans)], [hi - v for v, (_, hi) in zip(speeds, spans)]]
+    alternative = [r["name"].startswith(" ") for r in rungs]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rungs) + 1.2))
+    ax.barh(range(len(rungs)), speeds, xerr=errors, capsize=2, error_kw={"elinewidth": 0.8},
+            color=["tab:gray" if a else "tab:blue" for a in alternative])
+    ax.set_yticks(range(len(rungs)), [r["name"].split(" (")[0].split(":")[0].strip() for r in rungs], fontsize=8)
+    ax.invert_yaxis()
+    if any(alternative):
+        ax.axhline(alternative.index(True) - 0.5, color="black", linewidth=0.6, linestyle="--")
+    for i, (r, (_, hi)) in enumerate(zip(rungs, spans)):
+        ax.text(hi, i, f" x{r['speedup']:.2f}" if r.get("speedup") else "", va="center", fontsize=7)
+    ax.set_xlabel("tokens / s (bar: median; whisker: range over the repeats)")
+    ax.set_title(f"Acceleration ladder, {bench['device_name']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=110)
+    plt.close(fig)
+    return [f"![{name}]({name}.png)"]

@@ -1,0 +1,202 @@
+"""The inputs of a report, read without trusting them: a run folder's metrics.json and event files,
+every JSON under the results folder. What cannot be used becomes one line in `problems`, never an
+exception.
+
+    load_json(text)              strict JSON: NaN, Infinity and overflowing numbers refused
+    read_metrics(run_dir)        (metrics, None) or (None, why not)
+    newest_run(root, problems)   the newest run under root whose metrics can be tabled
+    load_run(run_dir, problems)  {"dir", "metrics", "scalars", "images", "kind"} or None
+    load_results(dir, problems)  {relative path: (JSON, where it came from)}
+    check_event_file(path)       the TFRecord framing walked, CRCs checked
+"""
+import json
+import math
+import struct
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+REPO = Path(__file__).resolve().parents[1]
+NUMBER = (int, float)
+FIELDS = {  # run kind -> what its table and figures read from metrics.json, with the type each must have
+    "lenet5": {"test_accuracy": NUMBER, "test_loss": NUMBER, "epochs": int, "train_seconds": NUMBER,
+               "device": str, "act": str, "params": int},
+    "gpt": {"tokens_seen": int, "steps": int, "final_train_loss": NUMBER, "final_val_loss": NUMBER,
+            "val_bits_per_byte": NUMBER, "success": bool, "train_seconds": NUMBER, "total_seconds": NUMBER,
+            "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
+            "vocab_size": int},
+}
+
+
+def rel(path):
+    """Paths inside the repository as repository-relative, so results.md reads the same on any machine."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def finite(text):
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} does not fit a float")
+    return value
+
+
+def refuse_constant(name):
+    raise ValueError(f"{name} is not a number a table can print (a strict writer writes null)")
+
+
+def load_json(text):
+    """json.loads, refusing NaN/Infinity (Python's writer emits them, ours write null): a NaN accuracy
+    would otherwise be printed as "nan%"."""
+    return json.loads(text, parse_constant=refuse_constant, parse_float=finite)
+
+
+def run_kind(metrics):
+    if "act" in metrics:
+        return "lenet5"
+    if "tokens_seen" in metrics:
+        return "gpt"
+    return None
+
+
+def metrics_problem(metrics):
+    """Why a run's metrics cannot be tabled (None when they can): `[1,2]`, `{}` or a string where a
+    number belongs is named in one line and the run passed over, never a traceback."""
+    if not isinstance(metrics, dict):
+        return f"is a JSON {type(metrics).__name__}, not an object"
+    kind = run_kind(metrics)
+    if kind is None:
+        return "is neither a LeNet-5 run (no 'act') nor a GPT run (no 'tokens_seen')"
+    for key, types in FIELDS[kind].items():
+        if key not in metrics:
+            return f"has no '{key}'"
+        if not isinstance(metrics[key], types):
+            return f"has '{key}': {json.dumps(metrics[key])}, not {'a number' if types is NUMBER else types.__name__}"
+    return None
+
+
+def read_metrics(run_dir):
+    """(metrics, None) when run_dir/metrics.json can be tabled, else (None, why not)."""
+    try:
+        metrics = load_json((run_dir / "metrics.json").read_text())
+    except FileNotFoundError:
+        return None, "no metrics.json (crashed, stopped or still running)"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return None, f"unreadable metrics.json ({e})"
+    problem = metrics_problem(metrics)
+    return (None, f"metrics.json {problem}") if problem else (metrics, None)
+
+
+def newest_run(root, problems):
+    """The most recent run under root whose metrics.json can be tabled; each newer run that was passed
+    over (crashed, still running, metrics broken) is named in `problems`, never skipped silently."""
+    runs = sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
+                  key=lambda d: (d / "args.json").stat().st_mtime, reverse=True)
+    for run_dir in runs:
+        metrics, problem = read_metrics(run_dir)
+        if metrics is not None:
+            return run_dir
+        problems.append(f"skipped the newer run {run_dir}: {problem}")
+    return None
+
+
+def check_event_file(path):
+    """Walk the TFRecord framing (length, CRC, payload, CRC): tensorboard's reader stops silently at
+    corruption, which would make a broken file look like a short run."""
+    data, pos = path.read_bytes(), 0
+    while pos < len(data):
+        header, crc = data[pos:pos + 8], data[pos + 8:pos + 12]
+        if len(crc) < 4 or struct.pack("<I", masked_crc32c(header)) != crc:
+            raise ValueError(f"bad record header at byte {pos}")
+        end = pos + 12 + struct.unpack("<Q", header)[0]
+        payload, crc = data[pos + 12:end], data[end:end + 4]
+        if len(crc) < 4 or struct.pack("<I", masked_crc32c(payload)) != crc:
+            raise ValueError(f"bad or truncated record at byte {pos}")
+        pos = end + 4
+
+
+def load_events(run_dir, problems):
+    """{tag: [(step, value)]} and {image tag: last PNG bytes}; a corrupt file becomes a problem line."""
+    scalars, images = {}, {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        try:
+            check_event_file(path)
+            acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "images": 0})
+            acc.Reload()
+            tags = acc.Tags()
+            for tag in tags["scalars"]:
+                scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+            for tag in tags["images"]:
+                images[tag] = acc.Images(tag)[-1].encoded_image_string
+        except Exception as e:  # truncated or foreign file: say so, keep going
+            problems.append(f"corrupt event file {path}: {type(e).__name__}: {e}")
+    return {tag: sorted(points) for tag, points in scalars.items()}, images
+
+
+def load_run(run_dir, problems):
+    metrics, problem = read_metrics(run_dir)
+    if metrics is None:
+        problems.append(f"left out {run_dir}: {problem}")
+        return None
+    scalars, images = load_events(run_dir, problems)
+    return {"dir": run_dir, "metrics": metrics, "scalars": scalars, "images": images, "kind": run_kind(metrics)}
+
+
+def load_results(results_dir, problems):
+    """{path relative to results_dir: (its JSON, its path)} for every JSON under the results folder
+    that parses (subfolders too: a GPU machine's results arrive as a folder of their own, where a file
+    may have the same name as one outside it). gpu_check.sh's results.json holds its results by file
+    stem: each becomes an entry of its own, as if the file lay beside it."""
+    out = {}
+    for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
+        key = path.relative_to(results_dir).as_posix()
+        try:
+            data = load_json(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            problems.append(f"unreadable {path}: {e}")
+            continue
+        if path.name == "results.json":  # gpu_check.sh's: its entries only (gpu.py names a damaged one)
+            if isinstance(data, dict) and isinstance(data.get("results"), dict):
+                out.update(embedded_results(path, key, data["results"], problems))
+        else:
+            out[key] = data, path
+    return out
+
+
+def embedded_results(path, key, results, problems):
+    """The results gpu_check.sh packed into one results.json, keyed as the files they were."""
+    folder = key.rpartition("/")[0]
+    out = {}
+    for stem, data in results.items():
+        if isinstance(data, dict) and "unreadable" in data:
+            problems.append(f"unreadable {stem}.json in {path}: {data['unreadable']}")
+            continue
+        out[f"{folder}/{stem}.json".lstrip("/")] = data, f"{path}: results.{stem}"
+    return out
+
+
+def result_name(key):
+    """The file name of a results key without .json: what its prefix (lenet_run, gpt_bench...) is read from."""
+    return key.rpartition("/")[2].removesuffix(".json")
+
+
+def figure_name(key, results):
+    """A results file's figure (and placeholder source): its file name, or, where two files share the
+    name, its relative path with '/' as '_' (results/x.json and results/h200/x.json: two figures)."""
+    name = result_name(key)
+    if sum(result_name(k) == name for k in results) > 1:
+        return key.removesuffix(".json").replace("/", "_")
+    return name
+
+
+def corpus_name(m):
+    """What corpus a run or tokenizer read: the `corpus.name` its JSON records from the text's content
+    ("stand-in", "WOS46985" or "other"); JSON older than that field is judged by the old rule, the
+    stand-in's folder name in its `text` path."""
+    corpus = m.get("corpus")
+    if isinstance(corpus, dict) and corpus.get("name"):
+        return corpus["name"]
+    return "stand-in" if "standin" in str(m.get("text") or "") else "WOS46985"

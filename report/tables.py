@@ -1,0 +1,122 @@
+"""The Markdown tables of results.md, one function per kind of JSON; each reads the fields its
+producer writes, and a field that is missing or of the wrong type raises (KeyError, TypeError...),
+which the caller turns into one problem line naming the file.
+
+    lenet_table, gpt_table         a run's metrics.json (or its --metrics-out copy)
+    ladder_table                   benchmarks/gpt_bench.py
+    gelu_table                     benchmarks/gelu_bench.py
+    lenet_bench_table              benchmarks/lenet_bench.py (recipes, or --act torch against cpp)
+    tokenizer_table                tokenizer_train.py
+"""
+from report.inputs import NUMBER, corpus_name, rel
+
+
+def corpus_label(m):
+    """The warning a table carries when its numbers are not WOS's."""
+    name = corpus_name(m)
+    if name == "WOS46985":
+        return ""
+    return " — **stand-in corpus, not WOS**" if name == "stand-in" else f" — **corpus '{name}', not WOS**"
+
+
+def fmt(value, spec=".4g"):
+    """A number as `spec`, a missing one as a dash, anything else as it is."""
+    if value is None:
+        return "—"
+    if isinstance(value, NUMBER):
+        return format(value, spec)
+    return str(value)
+
+
+def lenet_table(m):
+    return ["| test accuracy | test loss | epochs | training s | device | act | parameters |",
+            "|---|---|---|---|---|---|---|",
+            f"| {m['test_accuracy']:.2%} | {m['test_loss']:.4f} | {m['epochs']} | {m['train_seconds']:.1f} | "
+            f"{m.get('device_name', m['device'])} | {m['act']} | {m['params']:,} |"]
+
+
+def gpt_table(m):
+    return ["| tokens | steps | final train loss | val loss | val bits/byte | < 7 | training s | total s | "
+            "tokens/s | MFU | precision | processes | device |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| {m['tokens_seen']:,} | {m['steps']} | {m['final_train_loss']:.3f} | {m['final_val_loss']:.3f} | "
+            f"{m['val_bits_per_byte']:.3f} | {'yes' if m['success'] else 'no'} | {m['train_seconds']:.1f} | "
+            f"{m['total_seconds']:.1f} | {m['tokens_per_second']:,.0f} | {fmt(m['mfu'], '.1%')} | {m['precision']} | "
+            f"{m['world_size']} | {m['device_name']} |",
+            "", f"Text: `{rel(m.get('text'))}`{corpus_label(m)}; tokenizer: `{rel(m.get('tokenizer'))}`, "
+                f"vocabulary {m['vocab_size']:,}, {m['params']:,} parameters, preset `{m.get('preset')}`."]
+
+
+def ladder_table(bench):
+    repeats = bench.get("repeats", 1)
+    rows = [f"{bench['device_name']}, batch {bench['micro_batch']} x {bench['seq_len']}, vocabulary "
+            f"{bench['vocab_size']:,}, " + (f"median of {repeats} interleaved repeats (range in brackets):"
+                                             if repeats > 1 else "one measurement per rung:"), "",
+            "| # | rung | tokens/s | ms/step | MFU | speed-up |", "|---|---|---|---|---|---|"]
+    for i, r in enumerate(bench["rungs"], 1):
+        spread = " [{:,.0f}–{:,.0f}]".format(*r["tokens_per_second_range"]) if "tokens_per_second_range" in r else ""
+        noise = " (within noise of the rung above)" if r.get("within_noise_of_previous") else ""
+        rows.append(f"| {i} | {r['name'].strip()} | {r['tokens_per_second']:,.0f}{spread} | {r['ms_per_step']:,.1f} | "
+                    f"{fmt(r['mfu'], '.1%')} | {r['speedup']:.2f}×{noise} |")
+    return rows
+
+
+def gelu_table(bench):
+    """gelu_bench.py's rows; a build without the op's kernels for the device (`ext_measured` false)
+    has no ext times: its columns say "not measured" and the JSON's reason follows the table."""
+    measured = bench.get("ext_measured", True)
+    rows = [f"{bench['device_name']}, {bench['dtype']}, forward + backward (ms, median):", "",
+            "| n | ATen | lab's composite | Python Function | ext | ext vs ATen |", "|---|---|---|---|---|---|"]
+    for r in bench["rows"]:
+        ext = f"{r['ext_ms']:.3f} | {r['ext_vs_aten']:.2f}×" if measured else "not measured | not measured"
+        rows.append(f"| 2^{r['n'].bit_length() - 1} | {r['aten_ms']:.3f} | {fmt(r.get('seed_ms'), '.3f')} | "
+                    f"{fmt(r.get('python_ms'), '.3f')} | {ext} |")
+    if not measured:
+        rows += ["", f"ext not measured: {bench.get('ext_missing_reason') or 'no reason recorded'}."]
+    return rows
+
+
+def lenet_bench_table(b):
+    """benchmarks/lenet_bench.py's JSON: the recipes side by side (one row per seed where it has them),
+    or, with mode act_pair, --act torch against --act cpp."""
+    if b.get("mode") == "act_pair":
+        return lenet_act_table(b)
+    rows = [f"{b['device_name']}:", "", "| run | training s | test accuracy |", "|---|---|---|"]
+    for i, (s, a) in enumerate(zip(b["baseline_epoch_seconds"], b["baseline_accuracy"]), 1):
+        rows.append(f"| original recipe (batch 64, Adam 1e-3, ToTensor), epoch {i} | {s:.2f} | {a:.2%} |")
+    for r in b.get("per_seed", []):
+        rows.append(f"| default `lenet5.py`, {b['default_epochs']} epochs, seed {r['seed']} | "
+                    f"{r['default_train_seconds']:.2f} | {r['default_accuracy']:.2%} |")
+    if "per_seed" not in b:
+        rows.append(f"| default `lenet5.py`, {b['default_epochs']} epochs | {b['default_train_seconds']:.2f} | "
+                    f"{b['default_accuracy']:.2%} |")
+    if "lightning_train_seconds" in b:
+        rows.append(f"| `lenet5.py --engine lightning`, {b['default_epochs']} epochs | {b['lightning_train_seconds']:.2f} | "
+                    f"{b['lightning_accuracy']:.2%} |")
+    rows += ["", f"Default training time = **{b['ratio_to_one_baseline_epoch']:.2f}×** one original epoch"
+                 + (" (medians of {} interleaved repeats; paired ratios {:.2f}–{:.2f}).".format(
+                     b["repeats"], *b["paired_ratios"]["range"]) if "paired_ratios" in b else ".")]
+    if "lightning_to_plain" in b:
+        rows.append(f"Lightning / plain loop = **{b['lightning_to_plain']:.2f}×** (per repeat: "
+                    + ", ".join(f"{r:.2f}" for r in b["all_lightning_to_plain"]) + ").")
+    return rows
+
+
+def lenet_act_table(b):
+    recipe = b["recipe"]
+    rows = [f"{b['device_name']}, {recipe['epochs']} epochs of batch {recipe['batch_size']}, one interleaved pair "
+            "per seed:", "", "| seed | `--act torch` s | `--act cpp` s | cpp / torch | accuracy torch / cpp |",
+            "|---|---|---|---|---|"]
+    for r in b["per_seed"]:
+        rows.append(f"| {r['seed']} | {r['torch_train_seconds']:.2f} | {r['cpp_train_seconds']:.2f} | "
+                    f"{r['cpp_to_torch']:.3f} | {r['torch_accuracy']:.2%} / {r['cpp_accuracy']:.2%} |")
+    ratio = b["cpp_to_torch"]
+    return rows + ["", "cpp / torch: median **{:.3f}** [{:.3f}–{:.3f}].".format(ratio["median"], *ratio["range"])]
+
+
+def tokenizer_table(t):
+    return ["| vocabulary | training s | val bytes/token | GPT-2's val bytes/token | round-trip failures | "
+            "train docs | val docs | text |", "|---|---|---|---|---|---|---|---|",
+            f"| {t['vocab_size']:,} | {t['train_seconds']:.1f} | {t['val_bytes_per_token']:.3f} | "
+            f"{fmt(t.get('gpt2_val_bytes_per_token'), '.3f')} | {t['val_round_trip_failures']} | "
+            f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t)} |"]
