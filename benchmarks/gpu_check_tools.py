@@ -1,12 +1,16 @@
-"""What benchmarks/gpu_check.sh needs Python for: choosing the carried wheels a machine lacks, checking
-requirements and each step's imports before the first step, cutting MNIST for a rehearsal, and writing
-the one results file back after every step.
+"""What benchmarks/gpu_check.sh needs Python for: checking a prepared folder whole, choosing the carried
+wheels a machine lacks, checking requirements and each step's imports before the first step, cutting
+MNIST for a rehearsal, recording each step and writing the one results file back after every step,
+and, at the end, the plan's second call.
 
+    python benchmarks/gpu_check_tools.py check-prep DIR                    one line on what is wrong with DIR
     python benchmarks/gpu_check_tools.py missing-wheels WHEELDIR          wheels whose package is not installed
     python benchmarks/gpu_check_tools.py requirements DIST...             one line per unmet requirement
     python benchmarks/gpu_check_tools.py imports STEP=mod,mod ...         STEP<TAB>ok | STEP<TAB>why, one a line
+    python benchmarks/gpu_check_tools.py record WORK STEP STATUS SECONDS  one step's entry (any bytes)
     python benchmarks/gpu_check_tools.py results WORK OUT.json            every step's status and results
     python benchmarks/gpu_check_tools.py mnist-subset SRC DST N_TRAIN N_TEST   the first N images (rehearsal)
+    python benchmarks/gpu_check_tools.py cuda-ready | gpt-verdict M.json REHEARSE | plan | summary | second-call | all-ok
 
 Standard library only (plus `packaging`, which pip and transformers bring): it runs before the
 carried packages are installed.
@@ -17,10 +21,13 @@ import importlib.metadata as metadata
 import json
 import math
 import os
+import platform
 import re
 import struct
 import sys
 import traceback
+import zipfile
+import zlib
 from pathlib import Path
 
 
@@ -77,28 +84,54 @@ def imports(specs):
                     importlib.import_module(module)
                     failed[module] = None
                 except BaseException as e:  # SystemExit or an OSError from a broken .so are reasons too
-                    failed[module] = f"import {module}: " + (traceback.format_exception_only(e)[-1].strip()
-                                                             .splitlines()[0])
+                    failed[module] = one_line(f"import {module}: " + traceback.format_exception_only(e)[-1])
             why = why or failed[module]
         print(f"{step}\t{why or 'ok'}", flush=True)
 
 
+def one_line(text, limit=300):
+    """A message as one line of text: tabs, newlines and carriage returns (progress bars) as spaces."""
+    return re.sub(r"[\t\r\n]+", " ", text).strip()[:limit]
+
+
+def from_argv(text):
+    """An argument as text whatever its bytes: what is not UTF-8 becomes U+FFFD, never an error."""
+    return os.fsencode(text).decode("utf-8", "replace")
+
+
+def record(work, step, status, seconds):
+    """Append one step's entry to WORK/steps.jsonl: JSON per line, so no byte of a message breaks it."""
+    entry = {"step": step, "status": one_line(from_argv(status), 400), "seconds": int(seconds) if seconds else None}
+    with open(Path(work) / "steps.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def steps_of(work):
+    """The entries recorded so far; a line that does not parse (a write cut by a kill) is said, not fatal."""
+    path = Path(work) / "steps.jsonl"
+    out = []
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            out.append({"step": None, "status": "unreadable entry: " + one_line(line, 100), "seconds": None})
+    return out
+
+
 def results(work, out):
-    """results.json: the run's facts, an entry per step in order (status, seconds), and every JSON
-    result the steps wrote, by file name."""
+    """results.json: the run's facts, an entry per step in order (status, seconds), an interruption if
+    there was one, and every JSON result the steps wrote, by file name."""
     work = Path(work)
     facts = json.loads((work / "facts.json").read_text()) if (work / "facts.json").exists() else {}
-    steps = []
-    for line in (work / "steps.tsv").read_text().splitlines() if (work / "steps.tsv").exists() else []:
-        name, status, seconds = line.split("\t")
-        steps.append({"step": name, "status": status, "seconds": int(seconds) if seconds else None})
+    if (work / "interrupted").exists():
+        facts["interrupted"] = (work / "interrupted").read_text().strip()
     found = {}
     for path in sorted((work / "results").glob("*.json")):
         try:
             found[path.stem] = json.loads(path.read_text())
-        except json.JSONDecodeError as e:  # a step cut while writing: say so, keep the rest
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # a step cut while writing: say so, keep the rest
             found[path.stem] = {"unreadable": str(e)}
-    write(out, {**facts, "steps": steps, "results": found})
+    write(out, {**facts, "steps": steps_of(work), "results": found})
 
 
 def mnist_subset(src, dst, n_train, n_test):
@@ -119,6 +152,194 @@ def mnist_subset(src, dst, n_train, n_test):
             (dst / name).write_bytes(header + body)
 
 
+# ----------------------------------------------------------------------------- before the first step
+
+PREP_FILES = ["wheels", "MNIST/raw", "X.txt.gz", "corpus_source.tsv", "gpt2-tokenizer/tokenizer.json", "prep.txt"]
+
+
+def check_prep(prep):
+    """A --prepare folder, whole and made for this interpreter: the first problem as one line, exit 1."""
+    prep = Path(prep)
+    for name in PREP_FILES:
+        if not (prep / name).exists():
+            return fail(f"{prep / name} not found: make DIR with --prepare")
+    for check in (prep_python, gz_files, corpus_source, wheels_whole, tokenizer_json):
+        problem = check(prep)
+        if problem:
+            return fail(problem)
+    return 0
+
+
+def fail(message):
+    print(one_line(message, 400))
+    return 1
+
+
+def prep_python(prep):
+    """The wheels are for one Python and platform: on another one pip refuses them (late, at install)."""
+    made = dict(line.split(" ", 1) for line in (prep / "prep.txt").read_text().splitlines() if " " in line)
+    here_py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    here_platform = f"{sys.platform}-{platform.machine()}"
+    if made.get("python") != here_py:
+        return (f"{prep} was prepared for Python {made.get('python', '?')}, {sys.executable} is {here_py}: "
+                f"prepare again with --python {here_py}")
+    if made.get("platform") != here_platform:
+        return f"{prep} was prepared for {made.get('platform', '?')}, this machine is {here_platform}"
+    return None
+
+
+def gz_files(prep):
+    """Every .gz read to its end: not gzip, or cut short, is named here, not in a step's traceback."""
+    for path in [prep / "X.txt.gz", *sorted((prep / "MNIST" / "raw").glob("*.gz"))]:
+        try:
+            with gzip.open(path) as f:
+                while f.read(1 << 22):
+                    pass
+        except (OSError, EOFError, zlib.error) as e:
+            return f"{path} is damaged ({type(e).__name__}: {e}): make DIR again with --prepare"
+    names = {p.name for p in (prep / "MNIST" / "raw").glob("*.gz")}
+    missing = [n for n in MNIST_FILES if f"{n}.gz" not in names]
+    return f"{prep / 'MNIST/raw'} lacks {missing[0]}.gz: make DIR again with --prepare" if missing else None
+
+
+MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
+
+
+def corpus_source(prep):
+    """One line: the corpus's absolute source path, a tab, its document count."""
+    lines = (prep / "corpus_source.tsv").read_bytes().decode("utf-8", "replace").splitlines()
+    fields = lines[0].split("\t") if len(lines) == 1 else []
+    if len(fields) != 2 or not fields[0].startswith("/") or not fields[1].isdigit() or int(fields[1]) == 0:
+        return (f"{prep / 'corpus_source.tsv'} is malformed (want one line: /source/path<TAB>documents): "
+                f"make DIR again with --prepare")
+    return None
+
+
+def wheels_whole(prep):
+    for wheel in sorted((prep / "wheels").glob("*.whl")):
+        try:
+            with zipfile.ZipFile(wheel) as z:
+                bad = z.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            bad = str(e)
+        if bad:
+            return f"wheel {wheel} is damaged ({bad}): make DIR again with --prepare"
+    return None
+
+
+def tokenizer_json(prep):
+    try:
+        json.loads((prep / "gpt2-tokenizer" / "tokenizer.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"{prep / 'gpt2-tokenizer/tokenizer.json'} is not JSON ({e})"
+    return None
+
+
+def cuda_ready():
+    """On a GPU: the extension has its CUDA kernels (else every CUDA test would skip and pytest pass)."""
+    import torch
+    if not torch.cuda.is_available():
+        return fail(f"torch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda or 'none'})")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import gelu_ext
+    if not gelu_ext.is_built():
+        return fail("gelu_ext is not built (the build step failed or did not run)")
+    if not gelu_ext.built_with_cuda():
+        return fail(f"gelu_ext was built without CUDA kernels (no usable nvcc for torch's CUDA {torch.version.cuda})")
+    print("gelu_ext: CPU + CUDA kernels")
+    return 0
+
+
+def gpt_verdict(metrics, rehearsal="0"):
+    """The lab's criterion (train loss < 7) and the steps GradScaler skipped, from a run's metrics."""
+    m = json.loads(Path(metrics).read_text())
+    skipped = m.get("skipped_steps")
+    said = (f"{skipped} of {m['steps']} steps skipped by GradScaler" if skipped is not None
+            else "skipped steps not in gpt_train's metrics")
+    print(f"{m.get('precision', '?')}: train loss {m['final_train_loss']:.3f} "
+          f"({'below' if m['success'] else 'NOT below'} 7), {said}")
+    return 0 if m["success"] or rehearsal == "1" else 1
+
+
+# ----------------------------------------------------------------------------- the plan
+
+LEASE_SECONDS = 15 * 60  # a lent machine's time, all calls together
+START_SECONDS = 120  # what starting it took of that (one to two minutes)
+MARGIN_SECONDS = 30  # the transfers and the warm wait between calls
+
+
+def parse_plan(text):
+    """'step expected cap|...' -> [(step, expected seconds or None for 'beside', estimated?)]."""
+    out = []
+    for item in text.split("|"):
+        step, expected, _ = item.split()
+        out.append((step, int(expected.lstrip("~")), expected.startswith("~")))
+    return out
+
+
+def plan(text, only, budget):
+    """The plan line: each asked step's expected seconds, their sum against the budget."""
+    asked = [p for p in parse_plan(text) if p[0] in only.split()]
+    parts = [f"{s} {'beside' if e == 0 else ('~' if est else '') + str(e)}" for s, e, est in asked]
+    total = sum(e for _, e, _ in asked)
+    verdict = "all fit" if total <= int(budget) else "the steps at the end are cut (the ladder takes what is left)"
+    print(f"plan (seconds each on the 2026-11-30 H200, ~ estimated): {', '.join(parts)}; ~{total} s "
+          f"for a budget of {budget} s: {verdict}")
+
+
+def summary(work, out):
+    steps = steps_of(work)
+    ok = sum(s["status"] == "ok" for s in steps)
+    print(f"done: {ok} steps ok, {len(steps) - ok} not; OUT: {' '.join(sorted(p.name for p in Path(out).iterdir()))}")
+
+
+def settled(entry):
+    """ok, not asked, or a ladder cut by the budget (its design: the rows done are its result)."""
+    status = entry["status"]
+    return status == "ok" or status.startswith("skipped: not asked") or (
+        entry["step"] == "ladder" and status.startswith("cut at"))
+
+
+def second_call(work, text, elapsed, from_arg, rehearsal, out=None):
+    """The exact command for what was cut or failed, in the plan's order, sized to the warm machine's
+    remaining minutes (the lease less its start, this call and a margin); the ladder takes the rest."""
+    steps = steps_of(work)
+    status = {s["step"]: s["status"] for s in steps}
+    again = [s["step"] for s in steps if not settled(s) or (s["step"] == "ladder" and s["status"].startswith("cut"))]
+    if status.get("build") == "ok":
+        again = [s for s in again if s != "build"]
+    elif any(s in again for s in ("cuda-tests", "gelu-bench")) and "build" not in again:
+        again.append("build")
+    if any(s.startswith("gpt-own-vocab") for s in again) and "tokenizer" not in again:
+        again.append("tokenizer")
+    if not [s for s in again if s != "report"]:
+        print("second call: none needed (every step asked for is done)")
+        return 0
+    left = LEASE_SECONDS - START_SECONDS - int(elapsed) - MARGIN_SECONDS
+    budget = min(540, left)
+    chosen, need = [], 30  # the report's
+    for step, expected, _ in parse_plan(text):  # the ladder last: it takes what the others leave
+        if step in again and step not in ("report", "ladder") and need + expected <= budget:
+            chosen.append(step)
+            need += expected
+    if "ladder" in again and budget - need >= 60:
+        chosen.append("ladder")
+    chosen.append("report")
+    base = f"bash benchmarks/gpu_check.sh {'--rehearse ' if rehearsal == '1' else ''}{from_arg + ' ' if from_arg else ''}"
+    base += f"--out {out or 'OUT-2'}"
+    if budget < 90:
+        print(f"second call: no room on this machine (about {max(left, 0)} s of its lease left); on the next: "
+              f"{base} --budget 520 --only {','.join(s for s, _, _ in parse_plan(text) if s in again or s == 'report')}")
+    else:
+        print(f"second call (about {left} s of this machine's lease left): {base} --budget {budget} "
+              f"--only {','.join(chosen)}")
+    return 0
+
+
+def all_ok(work):
+    return 0 if all(settled(s) for s in steps_of(work)) else 1
+
+
 def write(path, obj):
     tmp = Path(f"{path}.tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
@@ -128,6 +349,9 @@ def write(path, obj):
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     sys.exit({"missing-wheels": lambda: missing_wheels(*args), "requirements": lambda: requirements(args),
-              "imports": lambda: imports(args),
-              "results": lambda: results(*args),
+              "imports": lambda: imports(args), "record": lambda: record(*args),
+              "results": lambda: results(*args), "check-prep": lambda: check_prep(*args),
+              "cuda-ready": cuda_ready, "gpt-verdict": lambda: gpt_verdict(*args),
+              "plan": lambda: plan(*args), "summary": lambda: summary(*args),
+              "second-call": lambda: second_call(*args), "all-ok": lambda: all_ok(*args),
               "mnist-subset": lambda: mnist_subset(*args)}[command]())
