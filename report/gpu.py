@@ -71,7 +71,9 @@ def read_gpu_folder(folder):
         if (folder / "results.json").is_file():
             results, found["started"] = packed_results(folder / "results.json")
             files.update({f"{stem}.json": (lambda d=d: json.dumps(d)) for stem, d in results.items()})
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        found["damage"] = f"results.json is cut or not JSON ({e})"
+    except ValueError as e:  # packed_results's own reasons, NaN
         found["damage"] = f"results.json {e}"
     return found
 
@@ -90,9 +92,10 @@ def folder_time(found):
 
 def newest_gpu_folder(results_dir):
     """The GPU results folder under results_dir measured last (nvidia-smi files, or gpu_check.sh's
-    logs.tar.gz), read; or None."""
+    logs.tar.gz or results.json), read; or None."""
     folders = [read_gpu_folder(d) for d in sorted(results_dir.rglob("*")) if d.is_dir() and (
-        any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "logs.tar.gz").is_file())]
+        any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "logs.tar.gz").is_file()
+        or (d / "results.json").is_file())]
     return max(folders, key=folder_time, default=None)
 
 

@@ -1,0 +1,245 @@
+"""report/make_report.py builds from one named set of inputs: runs only when named, the report's
+placeholders from the same files, damaged inputs named in one line, --out never half-written."""
+import ast
+import json
+import math
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from conftest import REPO
+from report import make_report
+
+
+def lenet_metrics(accuracy):
+    return {"act": "torch", "test_accuracy": accuracy, "test_loss": 0.05, "epochs": 2, "train_seconds": 1.5,
+            "device": "cpu", "params": 44426, "steps": 4, "train_loss_curve": [[1, 2.0], [4, 0.5]],
+            "history": [{"epoch": 1, "test_loss": 0.1, "test_accuracy": accuracy - 0.01},
+                        {"epoch": 2, "test_loss": 0.05, "test_accuracy": accuracy}]}
+
+
+@pytest.fixture
+def committed(tmp_path):
+    """A results folder with the committed default LeNet run, and a report using its numbers."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "lenet_run_default_cpu.json").write_text(json.dumps(lenet_metrics(0.9876)))
+    report = tmp_path / "report.md"
+    report.write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}} after {{lenet.epochs}} epochs.\n\n"
+                      "![curves](generated/lenet_curves.png)\n")
+    return results, report
+
+
+def own_run(tmp_path, accuracy=0.4321):
+    """A student's own tiny run: metrics.json, args.json and an event file, under a runs/ tree."""
+    run = tmp_path / "runs" / "lenet5" / "mine"
+    run.mkdir(parents=True)
+    (run / "args.json").write_text("{}")
+    (run / "metrics.json").write_text(json.dumps(lenet_metrics(accuracy)))
+    writer = SummaryWriter(run)
+    for step, value in ((1, 0.2), (4, accuracy)):
+        writer.add_scalar("test/accuracy", value, step)
+    writer.close()
+    return run
+
+
+def build(tmp_path, results, report, *extra):
+    out = tmp_path / "out"
+    make_report.main(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots",
+                      *extra])
+    return out, (out / "results.md").read_text()
+
+
+def snapshot(folder):
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+def test_a_run_lying_under_runs_is_ignored_unless_named(tmp_path, committed, monkeypatch):
+    results, report = committed
+    own_run(tmp_path)
+    monkeypatch.chdir(tmp_path)  # runs/ right where a student would have it
+    before = snapshot(results)
+    out, text = build(tmp_path, results, report)
+    assert "99.88%" not in text and "98.76%" in text and "43.21%" not in text
+    assert "Accuracy 98.76% after 2 epochs." in (out / "report_filled.md").read_text()
+    assert "- `{{lenet.test_accuracy:.2%}}` -> 98.76% -> `" in text
+    assert (out / "lenet_curves.png").read_bytes().startswith(b"\x89PNG")
+    assert snapshot(results) == before  # nothing written under the inputs
+
+
+@pytest.mark.parametrize("how", ["positional", "runs-root"])
+def test_a_named_run_shows_its_numbers_in_tables_figures_and_placeholders(tmp_path, committed, how):
+    results, report = committed
+    run = own_run(tmp_path)
+    before = snapshot(results)
+    named = [str(run)] if how == "positional" else ["--runs-root", str(tmp_path / "runs")]
+    out, text = build(tmp_path, results, report, *named)
+    alias = text.split("## LeNet-5")[1].split("Runs whose metrics")[0]
+    assert f"`{run}`" in alias and "| 43.21% |" in alias and "98.76%" not in alias
+    assert "Accuracy 43.21% after 2 epochs." in (out / "report_filled.md").read_text()
+    assert f"-> 43.21% -> `{run}/metrics.json`" in text
+    assert (out / "lenet_curves.png").read_bytes().startswith(b"\x89PNG")
+    assert snapshot(results) == before
+
+
+def test_an_unknown_placeholder_is_a_problem_line_and_refuses_the_pdf(tmp_path, committed, capsys):
+    results, report = committed
+    report.write_text("# R\n\n{{lenet.nope}} and {{nosuch.x:.1f}}\n")
+    out, text = build(tmp_path, results, report)
+    assert "report placeholder {{lenet.nope}}: " in text and "has no 'nope'" in text
+    assert "report placeholder {{nosuch.x:.1f}}: no input named 'nosuch'" in text
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        make_report.main(["--results", str(results), "--report", str(report), "--out", str(tmp_path / "o2"), "--pdf",
+                          "--pdf-out", str(tmp_path / "r.pdf")])
+    assert str(exit_.value).startswith("error: report placeholder {{lenet.nope}}") and "\n" not in str(exit_.value)
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "r.pdf").exists()  # refused before any work
+
+
+def test_a_report_without_placeholders_is_rendered_as_written(tmp_path, committed):
+    results, report = committed
+    report.write_text("# R\n\nNo numbers {here}.\n")
+    text, problems, used = make_report.facts.fill(report.read_text(), {})
+    assert (text, problems, used) == (report.read_text(), [], [])
+    out, _ = build(tmp_path, results, report)
+    assert not (out / "report_filled.md").exists()
+
+
+def test_placeholders_md_lists_each_key_with_value_and_source(tmp_path, committed):
+    results, report = committed
+    out, _ = build(tmp_path, results, report)
+    listing = (out / "placeholders.md").read_text()
+    assert f"| `{{{{lenet_run_default_cpu.test_accuracy}}}}` | 0.9876 | `{results / 'lenet_run_default_cpu.json'}` |" \
+        in listing
+    assert "| `{{lenet.history.1.test_accuracy}}` | 0.9876 |" in listing
+
+
+def test_a_nan_accuracy_is_never_printed_as_nan_percent(tmp_path, committed):
+    results, report = committed
+    (results / "lenet_run_x_cpu.json").write_text(json.dumps(lenet_metrics(math.nan)))  # Python writes NaN
+    (results / "lenet_run_y_cpu.json").write_text(json.dumps(lenet_metrics(1.0)).replace("1.0,", "1e999,", 1))
+    out, text = build(tmp_path, results, report)
+    assert "nan%" not in text.lower() and "inf%" not in text.lower()
+    assert f"unreadable {results / 'lenet_run_x_cpu.json'}: NaN is not a number a table can print" in text
+    assert f"unreadable {results / 'lenet_run_y_cpu.json'}: the number 1e999 does not fit a float" in text
+
+
+def test_a_null_accuracy_in_a_named_run_is_named_not_tabled(tmp_path, committed):
+    results, report = committed
+    run = own_run(tmp_path)
+    (run / "metrics.json").write_text(json.dumps(lenet_metrics(0.5) | {"test_accuracy": None}))
+    out, text = build(tmp_path, results, report, str(run))
+    assert f"left out {run}: metrics.json has 'test_accuracy': null, not a number" in text
+
+
+# --------------------------------------------------------------------- a damaged GPU results folder
+
+def gpu_folder(results, results_json=None, logs=None):
+    """gpu_check.sh's OUT, the newest GPU folder: results.json and logs.tar.gz, either given as bytes."""
+    folder = results / "gpu-new"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(results_json if results_json is not None else json.dumps(
+        {"started_utc": "2026-12-02T06:59:00Z", "results": {}}))
+    if logs is not None:
+        (folder / "logs.tar.gz").write_bytes(logs)
+    return folder
+
+
+def whole_logs(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "nvidia-smi-during-lenet-torch.txt").write_text("| NVIDIA-SMI |\n" * 3)
+    with tarfile.open(tmp_path / "logs.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "logs", arcname="logs")
+    return (tmp_path / "logs.tar.gz").read_bytes()
+
+
+@pytest.mark.parametrize("damage, results_json, logs", [
+    ("results.json is a JSON list, not an object", "[1, 2]", None),
+    ("results.json has 'results': \"y\", not an object", '{"results": "y"}', None),
+    ("results.json is cut or not JSON (Unterminated string", '{"started_utc": "2026-12-02T06:59:00Z", "resu', None),
+    ("logs.tar.gz is not a whole tarball", None, b"not a tarball at all"),
+    ("logs.tar.gz is not a whole tarball", None, "cut")])
+def test_a_damaged_gpu_folder_is_one_problem_line_and_its_slots_missing(tmp_path, committed, capsys, damage,
+                                                                         results_json, logs):
+    results, report = committed
+    report.write_text("![a](generated/nvidia_smi_lenet.png)\n![b](generated/gpu_ladder.png)\n")
+    logs = whole_logs(tmp_path)[:-40] if logs == "cut" else logs  # the gzip trailer and the last block gone
+    folder = gpu_folder(results, results_json, logs)
+    out, text = build(tmp_path, results, report)
+    problems = [line for line in text.splitlines() if f"GPU results folder {folder}" in line]
+    assert len(problems) == 1 and damage in problems[0], problems
+    for slot in ("nvidia_smi_lenet.png", "gpu_ladder.png"):
+        assert f"- `{slot}` (" in text and f"the folder {folder} is damaged" in text
+        assert not (out / slot).exists()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_cut_runs_archive_is_one_problem_line(tmp_path, committed, capsys):
+    results, report = committed
+    folder = gpu_folder(results, logs=whole_logs(tmp_path))
+    (folder / "runs.tar.gz").write_bytes((tmp_path / "logs.tar.gz").read_bytes()[:-40])
+    out, text = build(tmp_path, results, report, "--all-figures")
+    assert f"GPU results folder {folder}: runs.tar.gz is not a whole tarball" in text
+    assert text.count("runs.tar.gz is not a whole tarball") == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- --out and the PDF's images
+
+def test_a_build_that_fails_leaves_the_old_out_whole(tmp_path, committed, monkeypatch):
+    results, report = committed
+    out, _ = build(tmp_path, results, report)
+    before = snapshot(out)
+    monkeypatch.setattr(make_report, "gpt_lines", lambda *a: 1 / 0)  # a failure half-way through the figures
+    with pytest.raises(ZeroDivisionError):
+        build(tmp_path, results, report)
+    assert snapshot(out) == before and [p.name for p in tmp_path.glob(".out*")] == []
+
+
+def test_an_out_folder_the_report_did_not_write_is_refused(tmp_path, committed):
+    results, report = committed
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("keep me")
+    for out, why in ((tmp_path / "mine", "is not a folder this program wrote"), (results / "gen", "overlap")):
+        with pytest.raises(SystemExit) as exit_:
+            make_report.main(["--results", str(results), "--report", str(report), "--out", str(out)])
+        assert why in str(exit_.value)
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "keep me" and not (results / "gen").exists()
+
+
+def test_an_empty_or_foreign_image_never_goes_into_the_pdf(tmp_path, committed):
+    results, report = committed
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "empty.png").write_bytes(b"")
+    (built / "fake.png").write_text("<html>not a picture</html>")
+    from PIL import Image
+    Image.new("RGB", (40, 40)).save(built / "good.png")
+    args = make_report.parse_args(["--report", str(report), "--out", str(tmp_path / "final")])
+    problems = []
+    text = make_report.checked_images("![e](generated/empty.png) ![f](generated/fake.png) ![g](generated/good.png)",
+                                      args, built, problems)
+    assert "figure missing: `generated/empty.png`" in text and "figure missing: `generated/fake.png`" in text
+    assert f"![g]({(tmp_path / 'final' / 'good.png').as_uri()})" in text
+    assert problems == [f"report image generated/{n}.png is missing, empty or not a PNG; left out of the PDF"
+                        for n in ("empty", "fake")]
+
+
+# --------------------------------------------------------------------- the package
+
+def test_report_never_imports_a_top_level_script():
+    scripts = {p.stem for p in REPO.glob("*.py")}
+    for path in (REPO / "report").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            assert not {n.split(".")[0] for n in names} & scripts, (path.name, names)
+
+
+def test_the_script_runs_from_anywhere_and_an_error_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "report" / "make_report.py"), "--gpu", str(tmp_path / "none"),
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr == f"error: --gpu {tmp_path / 'none'} is not a folder\n"
