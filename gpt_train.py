@@ -5,13 +5,13 @@
     torchrun --nproc_per_node 2 gpt_train.py --preset tiny    # 2 CPU processes (gloo)
     sbatch slurm/gpt.sh                                       # 1 GPU, checkpoints + requeue
     sbatch --nodes=2 slurm/gpt_multi.sh                       # N nodes x G GPUs
-    python gpt_train.py --preset tiny --text ../shared/data/wos-standin/X.txt   # CPU smoke run
+    python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
 
-The model is GPT2Config's architecture (hidden 768, 12 heads, 12 layers, 1024 positions),
-implemented below in ~90 lines so that attention is one SDPA call and nothing runs that training
-does not need. Every acceleration has a flag or a line below; `auto` picks what works on the device.
+The model is training/model.py: GPT2Config's architecture (hidden 768, 12 heads, 12 layers, 1024
+positions) in ~100 lines, attention one SDPA call, nothing that training does not need. Every
+acceleration has a flag or a line below; `auto` picks what works on the device.
 
-Reading order: the model -> presets and flags -> the accelerations (one block, a why each) ->
+Reading order: training/model.py -> presets and flags -> the accelerations (one block, a why each) ->
 train_loop(), the loop whole -> train(), the phases around it. The machinery (device decisions,
 token budget, checkpoints, metrics, signals) is in training/, one module per concern.
 """
@@ -29,115 +29,24 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import GradScalerKwargs, set_seed
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
-from transformers import GPT2Config
 
 from data import files, wos
-from training import CACHE_HOME, UserError, device, lm_loss, sample
+from data.tokenizer import default_tokenizer, open_tokenizer
+from training import CACHE_HOME, UserError, device, sample
 from training.batches import batch_stream, validate
 from training.budget import Budget, choose_micro_batch, due, plan_budget
 from training.checkpoints import (TrainState, check_same_run, load_state, open_run_dir, remove_checkpoints, restore,
                                   run_identity, save_checkpoint, save_final)
 from training.metrics import (STOP_EXIT_CODE, LossWindow, Throughput, describe_run, final_metrics, log_point,
                               startup_line, summary_line)
+from training.model import GPT, model_config
 from training.signals import StopAgreement, StopFlag, no_teardown_after_collectives
 
 REPO = Path(__file__).resolve().parent
-
-
-# ----------------------------------------------------------------------------- the model
-
-def model_config(vocab_size, eot_id, **shape):
-    """GPT2Config: GPT-2 small (12 layers, 12 heads, 768 wide, 1024 positions) unless `shape` says
-    otherwise; no dropout; the vocabulary padded to a multiple of 64 (tensor-core friendly)."""
-    return GPT2Config(vocab_size=(vocab_size + 63) // 64 * 64, activation_function="gelu_new", resid_pdrop=0.0,
-                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eot_id, eos_token_id=eot_id, **shape)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg, attention):
-        super().__init__()
-        self.n_head, self.attention = cfg.n_head, attention
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if self.attention == "sdpa":  # flash attention on sm80+, memory-efficient kernel on older GPUs
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # "eager": the textbook softmax(QK^T / sqrt(d)) V with an explicit (T, T) mask
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
-
-    def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg, attention):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.attn = CausalSelfAttention(cfg, attention)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """GPT-2 as GPT2Config describes it (pre-LayerNorm, tanh-GELU, tied embeddings), no dropout.
-    Parameter names follow transformers' GPT2LMHeadModel without its `transformer.` prefix.
-    attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
-
-    def __init__(self, cfg: GPT2Config, attention="sdpa", loss="plain"):
-        super().__init__()
-        self.cfg, self.attention, self.loss = cfg, attention, loss
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
-        self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
-        self.apply(self._init)
-        for block in self.h:  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
-            for proj in (block.attn.c_proj, block.mlp.c_proj):
-                nn.init.normal_(proj.weight, std=cfg.initializer_range / math.sqrt(2 * cfg.n_layer))
-
-    def _init(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=self.cfg.initializer_range)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def forward(self, idx, targets=None):  # the mean loss; without targets the next token's logits (B, V)
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))  # (B, T, C)
-        for block in self.h:
-            x = block(x)
-        x = self.ln_f(x)
-        if targets is None:  # sampling (training/sample.py)
-            return self.lm_head(x[:, -1])
-        if self.loss == "chunked":  # never all the fp32 logits at once (training/lm_loss.py)
-            return lm_loss.chunked_cross_entropy(x, self.lm_head.weight, targets)
-        logits = self.lm_head(x)  # (B, T, V)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 # ----------------------------------------------------------------------------- presets and flags
@@ -171,7 +80,7 @@ def build_parser():
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
     add("--text", type=Path, default=None, help="X.txt, one document per line; None: data/WebOfScience/"
                                                 "WOS46985/X.txt, downloaded if missing")
-    add("--tokenizer", default=wos.default_tokenizer(), help="tokenizer.json or 'gpt2'; the default is data/"
+    add("--tokenizer", default=default_tokenizer(), help="tokenizer.json or 'gpt2'; the default is data/"
                                                              "tokenizer/tokenizer.json once tokenizer_train.py made it")
     add("--out-dir", type=Path, default=None, help="checkpoints, TensorBoard, metrics of this run; one with a "
                                                    "checkpoint is resumed; None: a new runs/gpt/<time>/")
@@ -188,11 +97,11 @@ def build_parser():
     add("--grad-clip", type=finite_float, default=1.0, help="gradient norm clipped to this")
     add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
-        help="torch.compile each transformer block (regional) or the whole model; auto: regional on sm70+ GPUs "
-             "(a 2080Ti too), off on CPU")
+        help="torch.compile each transformer block (regional) or the whole model (sm70+ GPUs, CPU); auto: off, "
+             "since a 12M-token run does not repay a cold compile (training/device.py)")
     add("--compile-cache", type=Path, default=CACHE_HOME / "torch-compile",
         help="inductor/Triton cache, kept across runs and nodes")
-    add("--fused-adamw", choices=["on", "off"], default="on", help="one kernel for all parameters")
+    add("--fused-adamw", choices=["on", "off"], default="on", help="the whole AdamW update in one kernel")
     add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
     add("--seed", type=int, default=0, help="weights, data order, split")
     add("--val-fraction", type=finite_float, default=0.005, help="held-out documents")
@@ -238,26 +147,30 @@ def parse_args(argv):
 #   precision      16-bit matmuls run on tensor cores (~4x fp32 on a 2080Ti) and move half the bytes;
 #                  bf16 keeps fp32's exponent range, fp16 needs loss scaling (GradScaler)
 #   TF32           what stays in fp32 runs on tensor cores too, with a 10-bit mantissa (sm80+)
-#   SDPA           attention in one fused kernel (flash attention on sm80+), no T x T matrix in memory:
-#                  CausalSelfAttention above
-#   torch.compile  fuses the elementwise work around the matmuls, cuts Python overhead; cached on disk
-#   fused AdamW    one kernel updates every parameter instead of ~10 kernels per tensor
+#   SDPA           attention in one fused kernel, no T x T matrix in memory (flash or cuDNN attention in
+#                  16 bits on sm80+, memory-efficient otherwise; the metrics name the one that ran)
+#   torch.compile  fuses the elementwise work around the matmuls, cuts Python overhead; off by default
+#                  (--compile regional): in 12M tokens the cold compile costs more than it saves
+#   fused AdamW    the whole update (moments, bias correction, step) in one kernel that reads each
+#                  parameter once, where the default multi-tensor (foreach) path makes several passes
 #   micro-batch    the largest that fits (training/budget.py), gradients accumulated to the global
 #                  batch and all-reduced once per optimizer step (no_sync in train_loop)
-#   pinned memory  batches copied to the GPU asynchronously; no loader workers (restarted every epoch)
+#   pinned memory  batches copied to the GPU asynchronously; no loader workers: the token blocks are
+#                  already tensors in memory, so there is nothing for a worker to prepare
 
-def make_accelerator(dev):
+def make_accelerator(decisions):
     """accelerate's Accelerator with this device's precision; TF32 on a GPU."""
-    handlers = [GradScalerKwargs(init_scale=2.0**12)] if dev.precision == "fp16" else []  # 2^16 overflows at first
+    handlers = [GradScalerKwargs(init_scale=2.0**12)] if decisions.precision == "fp16" else []  # 2^16 overflows at first
     # cpu=True where there is no GPU: only then does accelerate turn torchrun's processes into gloo ranks
-    accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(dev.precision, dev.precision), cpu=not dev.cuda,
-                              kwargs_handlers=handlers + device.ddp_handlers(dev.precision))  # 16-bit all-reduce
-    if dev.cuda:
+    accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(decisions.precision, decisions.precision),
+                              cpu=not decisions.cuda,  # 16-bit all-reduce below
+                              kwargs_handlers=handlers + device.ddp_handlers(decisions.precision))
+    if decisions.cuda:
         torch.set_float32_matmul_precision("high")  # TF32 tensor cores for whatever stays in fp32
     return accelerator
 
 
-def accelerate(model, args, accelerator, dev):
+def apply_accelerations(model, args, accelerator, decisions):
     """(the model for checkpoints and evaluation, the compiled one for training steps, the optimizer).
     AdamW decays matrices and embeddings only, fused into one kernel; DDP through accelerate."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -266,7 +179,7 @@ def accelerate(model, args, accelerator, dev):
                                    {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
                                   eps=1e-8, fused=args.fused_adamw == "on")
     model, optimizer = accelerator.prepare(model, optimizer)
-    return model, device.compile_model(model, dev.compile_mode), optimizer
+    return model, device.compile_model(model, decisions.compile_mode), optimizer
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -354,35 +267,35 @@ def lr_at(step, peak, total, warmup_fraction):
 def set_up(args, argv, stack):
     """Device decisions, the run directory and inputs (checked before any work), the data, the model
     and its accelerations; a resume's state. Returns (Setup, TrainState, corpus statistics)."""
-    dev = device.decide(args.precision, args.compile)
-    if dev.compile_mode != "off":
+    decisions = device.decide(args.precision, args.compile)
+    if decisions.compile_mode != "off":
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
-    accelerator = make_accelerator(dev)
+    accelerator = make_accelerator(decisions)
     out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / time.strftime("%Y%m%d-%H%M%S"),
                                  args.metrics_out, accelerator, stack,
                                  inputs={"--text": args.text, "--tokenizer": args.tokenizer})  # never overwritten
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
-    tok = wos.open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
+    tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     state, saved_identity = load_state(ckpt) if ckpt else (TrainState(), {})
     identity = {**run_identity(args, tok.vocab_size, accelerator.num_processes), "tokenizer": tok.sha256[:16]}
     check_same_run(saved_identity, identity)  # a resume must continue the same run
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
         splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
-        blocks, stats = wos.tokenize_blocks(splits, tok.tokenizer, args.seq_len + 1)
+        blocks, stats = wos.tokenize_blocks(splits, tok.tokenizer, wos.tokens_per_block(args.seq_len))
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
     model = GPT(cfg, loss=args.loss).to(accelerator.device)
-    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, dev.precision, args.global_batch,
+    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, decisions.precision, args.global_batch,
                                              PRESETS[args.preset]["micro_batch"], saved_identity.get("micro_batch"))
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len)
-    info = describe_run(args, argv, dev, model, text, budget, accelerator.num_processes)
-    model, train_model, optimizer = accelerate(model, args, accelerator, dev)
+    info = describe_run(args, argv, decisions, model, text, budget, accelerator.num_processes)
+    model, train_model, optimizer = apply_accelerations(model, args, accelerator, decisions)
     if ckpt:
         restore(accelerator, ckpt)  # a damaged file: one line naming it
     if accelerator.is_main_process:
         print(startup_line(info, budget, micro_source, tok.vocab_size) +
-              (f"; {dev.note}" if dev.note else "") + (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
+              (f"; {decisions.note}" if decisions.note else "") + (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
         print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
               f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}")
         if not ckpt:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from data import files
 from data.files import UserError
 from data.mnist import MNIST, Batches, find_mnist
+from training.device import device_name, gpu_stats
 
 REPO = Path(__file__).resolve().parent
 
@@ -135,15 +136,10 @@ def log_images(writer, model, digits, epoch):
 
 
 def log_gpu(writer, device, step):
-    """GPU utilisation and memory from NVML, so no nvidia-smi screenshots are needed."""
-    if device.type != "cuda":
-        return
-    writer.add_scalar("gpu/memory_allocated_GiB", torch.cuda.memory_allocated(device) / 2**30, step)
-    try:  # needs NVML (the nvidia-ml-py package); absent NVML only loses these two curves
-        writer.add_scalar("gpu/utilization_percent", torch.cuda.utilization(device), step)
-        writer.add_scalar("gpu/memory_used_GiB", torch.cuda.device_memory_used(device) / 2**30, step)
-    except Exception:
-        pass
+    """GPU utilisation and memory (NVML where nvidia-ml-py is installed) into TensorBoard."""
+    if device.type == "cuda":
+        for tag, value in gpu_stats(device).items():
+            writer.add_scalar(tag, value, step)
 
 
 def pick_device(name):
@@ -319,12 +315,6 @@ def quiet_writer_thread():
         yield
     finally:
         threading.excepthook = previous
-
-
-def device_name(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
 
 
 def epoch_done(writer, model, digits, device, record, epoch, step, test_loss, test_acc, train_seconds):

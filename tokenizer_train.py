@@ -22,6 +22,8 @@ import tokenizers
 import torch
 
 from data import files, wos
+from data.files import UserError
+from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
 
 
 def train_bpe(docs, vocab_size, min_frequency=2):
@@ -32,7 +34,7 @@ def train_bpe(docs, vocab_size, min_frequency=2):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[wos.EOT],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
     tokenizer.train_from_iterator(docs, trainer=trainer, length=len(docs))
     return tokenizer
@@ -51,22 +53,24 @@ def round_trip_failures(tokenizer, docs):
 
 
 def load_comparison(spec):
-    """GPT-2's tokenizer (or another: a tokenizer.json, a folder, a hub name; wos.open_tokenizer) for
-    comparison, or None where it cannot be loaded (offline without a local copy): a note, not an error."""
+    """GPT-2's tokenizer (or another: a tokenizer.json, a folder, a hub name; data/tokenizer.py) for
+    comparison, before any training. A hub name that cannot be had offline is a note (None), not an
+    error; a path that is not a tokenizer is the user's mistake: one line, before the work."""
     if spec == "none":
         return None
     try:
-        return wos.open_tokenizer(spec)
-    except wos.TextError as e:
+        return open_tokenizer(spec)
+    except TokenizerError as e:
+        if Path(spec).exists() or looks_like_a_path(spec):
+            raise UserError(f"--compare: {e}") from None
         print(f"note: no comparison: {e}", file=sys.stderr)
         return None
 
 
-def comparison(spec, tokenizer, val_docs):
-    """The compared tokenizer's bytes per token on the validation documents, and document by document
-    the own tokenizer's token count over its (a few dozen documents: the spread says how firm the
-    total is); None where it cannot be loaded."""
-    other = load_comparison(spec)
+def comparison(spec, other, tokenizer, val_docs):
+    """The compared tokenizer's (`other`, None: no comparison) bytes per token on the validation
+    documents, and document by document the own tokenizer's token count over its (a few dozen
+    documents: the spread says how firm the total is)."""
     result = {"compare": spec, "compare_source": other and other.source, "compare_sha256": other and other.sha256,
               "compare_vocab_size": other and other.vocab_size,
               "gpt2_val_bytes_per_token": bytes_per_token(other.tokenizer, val_docs) if other else None,
@@ -113,7 +117,7 @@ def parse_args(argv):
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
     p.add_argument("--min-frequency", type=int, default=2, help="merges seen fewer times are not learned "
                                                                 "(default: %(default)s)")
-    p.add_argument("--out", type=Path, default=wos.OWN_TOKENIZER,
+    p.add_argument("--out", type=Path, default=OWN_TOKENIZER,
                    help="where tokenizer.json goes (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--val-fraction", type=float, default=0.005, help="held-out documents (default: %(default)s)")
@@ -142,7 +146,7 @@ def main(argv=None):
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(args)
-    except files.UserError as e:  # TextError, OutputError too
+    except UserError as e:  # TextError, TokenizerError, OutputError too
         sys.exit(f"error: {e}")
 
 
@@ -153,7 +157,7 @@ def check_outputs(args):
     files.check_outputs_not_inputs({"--out": args.out, "--metrics-out": args.metrics_out},
                                    {"--text": args.text or wos.default_text(), "--compare": compare})
     if args.out.exists() and not args.out.is_dir() and not args.force:
-        raise wos.TextError(f"{args.out} exists; pass --force to replace it (or another --out)")
+        raise UserError(f"{args.out} exists; pass --force to replace it (or another --out)")
     files.check_output(args.out, "--out")
     if args.metrics_out:
         files.check_output(args.metrics_out, "--metrics-out")
@@ -163,6 +167,7 @@ def check_outputs(args):
 def run(args):
     check_outputs(args)
     text = wos.resolve_text(args.text, download=not args.no_download)
+    other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
     splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
     train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
     print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
@@ -171,7 +176,7 @@ def run(args):
     tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
     train_seconds = time.perf_counter() - t0
 
-    metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": wos.tokenizer_sha256(tokenizer),
+    metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
                "train_seconds": round(train_seconds, 3),
                "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
                "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
@@ -179,7 +184,7 @@ def run(args):
                "text": str(text), "corpus": wos.corpus_identity(text), "out": str(args.out),
                "cpu": files.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
-    metrics.update(comparison(args.compare, tokenizer, val_docs))
+    metrics.update(comparison(args.compare, other, tokenizer, val_docs))
     if args.seq_len:
         metrics.update(tokenize_corpus(splits, tokenizer, args.seq_len))
 

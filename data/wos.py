@@ -1,6 +1,6 @@
-"""The Web of Science text pipeline, shared by tokenizer_train.py and gpt_train.py.
+"""The Web of Science text pipeline, shared by tokenizer_train.py and gpt_train.py (the tokenizer
+they read it with: data/tokenizer.py).
 
-    a tokenizer: a tokenizer.json, a folder or "gpt2"    open_tokenizer()  (vocabulary padded to 64, eot, sha256)
     X.txt (one abstract per line)
       -> what it is, by content (stand-in, WOS46985, other) corpus_identity()
       -> documents: UTF-8 checked, blank lines dropped     check_text(), load_splits()
@@ -18,35 +18,24 @@ a damaged one is rebuilt once, or refused in one line naming the folder to delet
 import hashlib
 import os
 import shutil
-import socket
 import sys
-import threading
 import time
 import urllib.request
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from tokenizers import Tokenizer
 
 from data import files
+from data.tokenizer import EOT, tokenizer_sha256
 
 REPO = Path(__file__).resolve().parents[1]
-EOT = "<|endoftext|>"
-OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
-LOCAL_TOKENIZERS = REPO / "data"  # offline copies of hub tokenizers: data/<name>-tokenizer/ (data/gpt2-tokenizer/)
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
-
-
-def default_tokenizer():
-    """gpt_train.py's tokenizer: the own one (OWN_TOKENIZER) once tokenizer_train.py has made it, else GPT-2's."""
-    return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
 
 
 class TextError(files.UserError):
@@ -363,112 +352,6 @@ def verify_tokens(ids, blocks, n_docs, block_size, vocab_size):
         raise DamagedCache(f"blocks of {sorted(lengths)[:4]} tokens, not {block_size}")
     if len(ids) != n_docs:
         raise DamagedCache(f"{len(ids)} tokenised documents for {n_docs}")
-
-
-# ----------------------------------------------------------------------------- tokenizers
-
-@dataclass(frozen=True)
-class LoadedTokenizer:
-    """A tokenizer and what the scripts need to know about it."""
-    tokenizer: Tokenizer
-    source: str             # the file or folder it was read from
-    sha256: str             # of its canonical JSON (Tokenizer.to_str()): keys the token cache, names the tokenizer
-    vocab_size: int         # as trained (GPT-2: 50,257)
-    padded_vocab_size: int  # the model's, a multiple of 64 (GPT-2: 50,304): whole tiles for the matmuls
-    eot: int                # the id of <|endoftext|>
-
-
-def open_tokenizer(spec):
-    """The one way every script loads a tokenizer: `spec` is a tokenizer.json, a folder as
-    AutoTokenizer.from_pretrained takes (data/gpt2-tokenizer/), or a hub name ("gpt2"), which is
-    looked up locally first (the HF cache, then data/<name>-tokenizer/ in the repository)."""
-    tokenizer, source = read_tokenizer(str(spec))
-    eot = tokenizer.token_to_id(EOT)
-    if eot is None:
-        raise TextError(f"tokenizer {spec} has no {EOT} token")
-    size = tokenizer.get_vocab_size()
-    return LoadedTokenizer(tokenizer, source, tokenizer_sha256(tokenizer), size, -(-size // 64) * 64, eot)
-
-
-def load_tokenizer(spec):
-    """The `tokenizers.Tokenizer` of open_tokenizer(spec)."""
-    return open_tokenizer(spec).tokenizer
-
-
-def tokenizer_sha256(tokenizer):
-    return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
-
-
-def read_tokenizer(spec):
-    """(Tokenizer, where it came from) for any of open_tokenizer's forms."""
-    path = Path(spec)
-    if path.is_dir():
-        return tokenizer_from_folder(path), str(path)
-    if path.is_file() or spec.endswith(".json"):
-        return tokenizer_from_file(path), str(path)
-    return tokenizer_from_hub_name(spec)
-
-
-def tokenizer_from_file(path):
-    if not path.is_file():
-        raise TextError(f"tokenizer {path}: no such file (train one with tokenizer_train.py)")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
-        raise TextError(f"tokenizer {path}: not a tokenizer.json ({str(e).splitlines()[0][:200]})") from e
-
-
-def tokenizer_from_folder(path):
-    """A folder's tokenizer.json, else what AutoTokenizer makes of it (vocab.json + merges.txt)."""
-    if (path / "tokenizer.json").is_file():
-        return tokenizer_from_file(path / "tokenizer.json")
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True).backend_tokenizer
-    except (OSError, ValueError, AttributeError) as e:
-        raise TextError(f"tokenizer folder {path}: no tokenizer.json, and AutoTokenizer cannot load it "
-                        f"({str(e).splitlines()[0][:200]})") from None
-
-
-def tokenizer_from_hub_name(name):
-    """A hub tokenizer: the HF cache, then data/<name>-tokenizer/, then the hub if it answers; never a hang."""
-    from huggingface_hub import constants, try_to_load_from_cache
-    cached = try_to_load_from_cache(name, "tokenizer.json")
-    if isinstance(cached, str):
-        return tokenizer_from_file(Path(cached)), cached
-    local = LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer"
-    if local.is_dir():
-        return tokenizer_from_folder(local), str(local)
-    offline = constants.HF_HUB_OFFLINE
-    if offline or not hub_reachable():
-        raise TextError(f"tokenizer {name!r}: no such file or folder, no local copy (HF cache "
-                        f"{constants.HF_HUB_CACHE}, {local}) and the hub is "
-                        f"{'off (HF_HUB_OFFLINE)' if offline else 'unreachable'}; put the tokenizer's folder "
-                        f"(tokenizer.json, or vocab.json + merges.txt) at {local} or pass its path")
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(name).backend_tokenizer, f"hub:{name}"
-    except (OSError, ValueError) as e:
-        raise TextError(f"tokenizer {name!r}: {str(e).splitlines()[0][:200]}") from None
-
-
-def hub_reachable(host="huggingface.co", timeout=3.0):
-    """Whether the HF hub answers within `timeout` s, name lookup included (getaddrinfo has no
-    timeout of its own, so the probe runs in a thread): offline, the hub's client would retry for
-    half a minute or hang on DNS."""
-    answer = []
-
-    def probe():
-        try:
-            socket.create_connection((host, 443), timeout=timeout).close()
-            answer.append(True)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(answer)
 
 
 # ----------------------------------------------------------------------------- batches

@@ -13,7 +13,7 @@ from pathlib import Path
 
 # One thread a process, for the tests and every process they start (inherited): they run ranks, Slurm
 # jobs and servers side by side on what may be a 2-core machine, where a process's OpenMP threads wait
-# on each other behind other load (a tiny GPT run 2.3x slower with 2 threads beside a CPU hog, measured).
+# on each other behind other load and crawl.
 # Before torch is imported; an explicit setting wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -1,5 +1,5 @@
-"""gpt_train.py: the model against transformers' GPT-2, runs end to end, resume, signals, 2-process
-DDP (training/'s parts on their own: test_training.py)."""
+"""gpt_train.py: runs end to end, resume, signals, 2-process DDP (the model on its own: test_model.py;
+training/'s other parts: test_training.py)."""
 import inspect
 import json
 import math
@@ -11,49 +11,13 @@ import time
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 import gpt_train
 from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_for
 from training import device
 from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
-
-
-# ------------------------------------------------------------------ the model
-
-def test_lab_parameter_count_matches_transformers_gpt2():
-    cfg = gpt_train.model_config(vocab_size=50257, eot_id=50256)  # the lab shape: GPT2Config's defaults
-    assert cfg.vocab_size == 50304 and (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_positions) == (12, 12, 768, 1024)
-    ours = sum(p.numel() for p in gpt_train.GPT(cfg).parameters())
-    theirs = sum(p.numel() for p in GPT2LMHeadModel(cfg).parameters())
-    assert ours == theirs == 124_439_808 + 47 * 768  # GPT-2 small (124.4M), plus 47 padding rows
-
-
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_forward_equals_transformers_gpt2_with_the_same_weights(attention):
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=128, n_positions=32, n_embd=48, n_layer=2, n_head=4,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    hf = GPT2LMHeadModel(cfg).eval()
-    ours = gpt_train.GPT(cfg, attention).eval()
-    state = {}
-    for name, tensor in hf.state_dict().items():
-        if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":  # causal-mask buffers
-            continue
-        key = name.removeprefix("transformer.")  # the same names, one to one
-        is_conv1d = any(part in name for part in ("c_attn.weight", "c_proj.weight", "c_fc.weight"))
-        state[key] = tensor.t() if is_conv1d else tensor  # HF's Conv1D stores (in, out)
-    missing, unexpected = ours.load_state_dict(state, strict=False)
-    assert missing == ["lm_head.weight"] and unexpected == []  # tied to wte
-    idx = torch.randint(0, 128, (3, 32))
-    with torch.no_grad():
-        expected = hf(idx, labels=idx).loss  # HF shifts the labels itself
-        got = ours(idx[:, :-1], idx[:, 1:])
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-
-
-# ------------------------------------------------------------------ device decisions
+from training.model import GPT
 
 
 # ------------------------------------------------------------------ training runs
@@ -123,12 +87,11 @@ def test_two_processes_match_one_for_the_same_global_batch(corpus, tmp_path):
     steps = 80  # past the first epoch's end: the corpus has 509 blocks, 63 global batches of 8
     args = tiny_args(corpus, tmp_path / "one", "--tokens", str(steps * 8 * 32), "--fused-adamw", "off")
     single = gpt_train.main(args)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     two = tiny_args(corpus, tmp_path / "two", "--tokens", str(steps * 8 * 32), "--fused-adamw", "off",
                     "--metrics-out", str(tmp_path / "two.json"))
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_port", str(free_port()), str(REPO / "gpt_train.py"), *two],
-                            capture_output=True, text=True, env=env, timeout=300)
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     double = json.loads((tmp_path / "two.json").read_text())
     assert double["world_size"] == 2 and double["tokens_seen"] == single["tokens_seen"]
@@ -355,7 +318,7 @@ def test_stop_reaches_every_rank_within_one_step(corpus, tmp_path):
     checkpoint there was when the signal came (a checkpoint every step), and both exit with 3."""
     port, run_dir = free_port(), tmp_path / "run"
     args = tiny_args(corpus, run_dir, "--tokens", str(3000 * 8 * 32), "--ckpt-every", "1", "--log-every", "1000")
-    ranks = [start_script("gpt_train.py", *args, env={**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank),
+    ranks = [start_script("gpt_train.py", *args, env={**os.environ, "RANK": str(rank),
                                                       "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
              for rank in (0, 1)]
@@ -376,7 +339,7 @@ def test_the_ladders_last_rung_is_gpt_trains_default(cuda, capability):
     rungs = [settings for name, settings in gpt_bench.ladder(cuda, capability) if not name.startswith(" ")]
     last, defaults = rungs[-1], gpt_train.parse_args([])
     device_type = "cuda" if cuda else "cpu"
-    training_attention = inspect.signature(gpt_train.GPT).parameters["attention"].default
+    training_attention = inspect.signature(GPT).parameters["attention"].default
     assert last == {"model": "own", "dropout": 0.0, "attention": training_attention,
                     "precision": device.resolve_precision(defaults.precision, device_type, capability,
                                                           device.cpu_has_bf16()),

@@ -153,7 +153,7 @@ def test_sampling_reads_the_final_weights_or_else_the_newest_checkpoint(finished
     ("missing", "no such run directory"),
     ("no args", "no readable args.json"),
     ("no weights", "no weights"),
-    ("tokenizer moved", "no such file (train one with tokenizer_train.py); pass the run tokenizer with --tokenizer"),
+    ("tokenizer moved", "no such file or folder"),
 ])
 def test_sampling_errors_are_one_line(finished_run, tmp_path, case, message):
     import shutil

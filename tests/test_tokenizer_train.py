@@ -9,7 +9,8 @@ from transformers import PreTrainedTokenizerFast
 
 import tokenizer_train
 from conftest import generated_docs, run_script, tmpfs
-from data import wos
+from data import tokenizer, wos
+from data.tokenizer import EOT, open_tokenizer
 
 
 # ------------------------------------------------------------------ tokenizer
@@ -17,8 +18,8 @@ from data import wos
 def test_bpe_round_trip_and_load_through_transformers(small_tokenizer, tmp_path):
     path = tmp_path / "tok" / "tokenizer.json"
     tokenizer_train.save_atomic(small_tokenizer, path)
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=wos.EOT)
-    assert tok.vocab_size == 512 and tok.eos_token_id == small_tokenizer.token_to_id(wos.EOT)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOT)
+    assert tok.vocab_size == 512 and tok.eos_token_id == small_tokenizer.token_to_id(EOT)
     for text in ["Kalomi nupe ratoving.", "Ünïcödé — 中文字符, emoji 🚀, tabs\tand  spaces", "  leading space"]:
         ids = tok(text)["input_ids"]
         assert tok.decode(ids) == text
@@ -64,7 +65,7 @@ def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path
                         "--compare", compare, "--metrics-out", metrics_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-800:]
     metrics = json.loads(metrics_path.read_text())
-    assert metrics["compare_vocab_size"] == 50257 and metrics["compare_sha256"] == wos.open_tokenizer(gpt2).sha256
+    assert metrics["compare_vocab_size"] == 50257 and metrics["compare_sha256"] == open_tokenizer(gpt2).sha256
     assert metrics["val_bytes_per_token"] < metrics["gpt2_val_bytes_per_token"] < 6.0  # 1K merges compress less
     ratio = metrics["val_token_ratio_per_doc"]  # own tokens / GPT-2 tokens, document by document
     assert ratio["min"] <= ratio["median"] <= ratio["max"] and ratio["median"] > 1
@@ -72,8 +73,8 @@ def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path
 
 
 def test_compare_without_a_local_copy_is_a_one_line_note(text_file, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "nothing-here")
-    monkeypatch.setattr(wos, "hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "nothing-here")
+    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: False)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
     metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out",
                                     str(tmp_path / "t.json"), "--seq-len", "0", "--cache-dir", str(tmp_path / "cache"),
@@ -91,7 +92,7 @@ def test_the_cache_written_is_the_one_gpt_train_reads(text_file, tmp_path):
                                     "--seq-len", "31", "--cache-dir", str(cache), "--compare", "none"])
     assert not metrics["tokenize_from_cache"]
     splits = wos.load_splits(text_file, cache_dir=cache)  # what gpt_train.py --seq-len 31 does
-    blocks, stats = wos.tokenize_blocks(splits, wos.load_tokenizer(str(out)), wos.tokens_per_block(31))
+    blocks, stats = wos.tokenize_blocks(splits, open_tokenizer(out).tokenizer, wos.tokens_per_block(31))
     assert stats["train"]["from_cache"] and stats["validation"]["from_cache"]
     assert len(blocks["train"][0]["input_ids"]) == 32 and stats["train"]["tokens"] == metrics["num_train_tokens"]
 

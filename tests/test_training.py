@@ -14,14 +14,17 @@ from transformers import GPT2Config
 
 import gpt_train
 from conftest import REPO, free_port, tmpfs
+from data import wos
+from data.tokenizer import open_tokenizer
 from training import UserError, batches, budget, device, metrics, signals
 from training.checkpoints import TrainState
+from training.model import GPT, model_config
 
 
 # ------------------------------------------------------------------ device decisions
 
 def test_flops_per_token_is_6n_plus_attention():
-    cfg = gpt_train.model_config(16384, 0)
+    cfg = model_config(16384, 0)
     assert device.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
 
 
@@ -44,15 +47,32 @@ def test_precision_impossible_requests_are_errors():
         device.resolve_precision("bf16", "cuda", (7, 5))
 
 
-def test_compile_auto_is_regional_on_sm70_and_newer_and_off_below_and_on_cpu():
-    # inductor refuses only compute capability < 7.0: a 2080Ti (sm75) compiles too
-    assert device.resolve_compile("auto", "cuda", (7, 5)) == ("regional", "")
-    assert device.resolve_compile("auto", "cuda", (7, 0)) == ("regional", "")
-    assert device.resolve_compile("auto", "cuda", (6, 1))[0] == "off"
-    assert "sm61" in device.resolve_compile("auto", "cuda", (6, 1))[1]
-    assert device.resolve_compile("auto", "cuda", (9, 0)) == ("regional", "")
-    assert device.resolve_compile("auto", "cpu", (0, 0))[0] == "off"
-    assert device.resolve_compile("whole", "cuda", (9, 0))[0] == "whole"
+def test_compile_auto_is_off_everywhere_and_a_request_below_sm70_is_one_line():
+    for device_type, capability in [("cuda", (9, 0)), ("cuda", (7, 5)), ("cuda", (6, 1)), ("cpu", (0, 0))]:
+        mode, note = device.resolve_compile("auto", device_type, capability)
+        assert mode == "off" and "--compile regional" in note
+    assert device.resolve_compile("whole", "cuda", (9, 0)) == ("whole", "")
+    assert device.resolve_compile("regional", "cuda", (7, 5)) == ("regional", "")  # a 2080Ti compiles too
+    assert device.resolve_compile("regional", "cpu", (0, 0)) == ("regional", "")
+    with pytest.raises(UserError, match="inductor needs sm70.*sm61"):
+        device.resolve_compile("regional", "cuda", (6, 1))
+    assert device.resolve_compile("off", "cuda", (6, 1)) == ("off", "")
+
+
+def test_peak_flops_takes_the_most_specific_name_and_the_math_in_use():
+    assert device.peak_flops("NVIDIA H200 NVL", "bf16") == 835e12  # not the H200 SXM's 989
+    assert device.peak_flops("NVIDIA H200", "bf16") == 989e12
+    assert device.peak_flops("NVIDIA H100 80GB HBM3", "fp32") == 494e12  # TF32 on
+    assert device.peak_flops("NVIDIA H100 80GB HBM3", "fp32", tf32=False) == 67e12
+    assert device.peak_flops("NVIDIA GeForce RTX 2080 Ti", "fp16") == 53.8e12
+    assert device.peak_flops("Some New GPU", "bf16") is None
+
+
+def test_the_sdpa_backend_is_named_from_the_kernel_that_ran():
+    cfg = model_config(512, 0, n_layer=1, n_head=2, n_embd=32, n_positions=64)
+    assert device.sdpa_backend(cfg, "fp32", torch.device("cpu")) == "flash_attention"  # the CPU's flash kernel
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):  # what the dispatcher is allowed
+        assert device.sdpa_backend(cfg, "bf16", torch.device("cpu")) == "math"
 
 
 def test_mfu_peak_table():
@@ -123,7 +143,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device))
     cfg = GPT2Config(vocab_size=64, n_positions=8, n_embd=16, n_layer=1, n_head=2)
-    return gpt_train.GPT(cfg), resets, tmp_path / "lab5" / "micro_batch.json"
+    return GPT(cfg), resets, tmp_path / "lab5" / "micro_batch.json"
 
 
 def test_the_probe_resets_peak_memory_and_remembers_per_share(fake_gpu):
@@ -254,14 +274,14 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     cfg = GPT2Config(vocab_size=512, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    model = device.compile_model(gpt_train.GPT(cfg), "regional", backend="eager")
+    model = device.compile_model(GPT(cfg), "regional", backend="eager")
     batch = torch.randint(0, 512, (4, 33))
     model(batch[:, :-1], batch[:, 1:]).backward()  # the training graph: one, shared by both blocks
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 1
-    tok = gpt_train.wos.load_tokenizer(str(corpus / "tok.json"))
-    splits = gpt_train.wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
-    blocks, _ = gpt_train.wos.tokenize_blocks(splits, tok, 33)
+    tok = open_tokenizer(corpus / "tok.json").tokenizer
+    splits = wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
+    blocks, _ = wos.tokenize_blocks(splits, tok, 33)
     val = batches.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
 

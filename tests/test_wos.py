@@ -3,10 +3,8 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import huggingface_hub.constants as hf_constants
 import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
@@ -14,6 +12,7 @@ from accelerate.data_loader import prepare_data_loader, skip_first_batches
 import tokenizer_train
 from conftest import REPO, generated_docs, tmpfs
 from data import wos
+from data.tokenizer import EOT, tokenizer_sha256
 
 
 def splits_of(path, tmp_path, **kw):
@@ -59,7 +58,7 @@ def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
 def test_blocks_have_the_right_length_and_content(text_file, small_tokenizer, tmp_path):
     splits = splits_of(text_file, tmp_path, val_fraction=0.1)
     blocks, stats = wos.tokenize_blocks(splits, small_tokenizer, block_size=64)
-    joined = "".join(d + wos.EOT for d in list(splits["train"]["text"]))
+    joined = "".join(d + EOT for d in list(splits["train"]["text"]))
     for row in blocks["train"].select(range(0, len(blocks["train"]), 7)):
         assert len(row["input_ids"]) == 64
         assert small_tokenizer.decode(row["input_ids"], skip_special_tokens=False) in joined
@@ -165,89 +164,6 @@ def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
     with pytest.raises(wos.TextError, match="not found: download WebOfScience.zip from https://data.mendeley.com"):
         wos.resolve_text(None, download=True)
     assert "warning: WOS download failed" in capsys.readouterr().err
-
-
-def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer, offline):
-    with pytest.raises(wos.TextError, match="no such file"):
-        wos.load_tokenizer(str(tmp_path / "missing.json"))
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"not": "a tokenizer"}')
-    with pytest.raises(wos.TextError, match="not a tokenizer.json"):
-        wos.load_tokenizer(str(bad))
-    good = tmp_path / "good.json"
-    tokenizer_train.save_atomic(small_tokenizer, good)
-    assert wos.load_tokenizer(str(good)).token_to_id(wos.EOT) is not None
-
-
-# ------------------------------------------------------------------ tokenizer forms
-
-GPT2_IDS = {"Hello world": [15496, 995]}  # GPT-2's known ids (data/README.md)
-
-
-@pytest.fixture
-def offline(monkeypatch, tmp_path):
-    """No hub and no local copies: a test that reaches for the network fails."""
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
-    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "empty-data")
-    monkeypatch.setattr(wos, "hub_reachable", lambda *a, **k: pytest.fail("the hub was asked"))
-
-
-def assert_gpt2(loaded):
-    assert (loaded.vocab_size, loaded.padded_vocab_size, loaded.eot) == (50257, 50304, 50256)
-    assert loaded.tokenizer.encode("Hello world").ids == GPT2_IDS["Hello world"]
-
-
-def test_tokenizer_from_a_file_and_from_a_folder(shared_data, offline):
-    folder = shared_data / "gpt2-tokenizer"
-    by_file, by_folder = wos.open_tokenizer(folder / "tokenizer.json"), wos.open_tokenizer(str(folder))
-    assert_gpt2(by_file), assert_gpt2(by_folder)
-    assert by_file.sha256 == by_folder.sha256 == wos.tokenizer_sha256(by_file.tokenizer)
-
-
-def test_tokenizer_from_a_folder_without_tokenizer_json(shared_data, offline, tmp_path):
-    """vocab.json + merges.txt, as AutoTokenizer.from_pretrained takes them."""
-    folder = tmp_path / "slow"
-    folder.mkdir()
-    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
-        (folder / name).write_bytes((shared_data / "gpt2-tokenizer" / name).read_bytes())
-    assert_gpt2(wos.open_tokenizer(str(folder)))
-
-
-def test_hub_name_found_in_the_repository_copy(shared_data, offline, tmp_path, monkeypatch):
-    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path)
-    (tmp_path / "gpt2-tokenizer").symlink_to(shared_data / "gpt2-tokenizer")
-    loaded = wos.open_tokenizer("gpt2")
-    assert_gpt2(loaded)
-    assert loaded.source == str(tmp_path / "gpt2-tokenizer")
-
-
-def test_hub_name_found_in_the_hf_cache_first(offline, small_tokenizer, tmp_path, monkeypatch):
-    snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / "abc123"
-    tokenizer_train.save_atomic(small_tokenizer, snapshot / "tokenizer.json")
-    (tmp_path / "hub" / "models--gpt2" / "refs").mkdir()
-    (tmp_path / "hub" / "models--gpt2" / "refs" / "main").write_text("abc123")
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "data")  # a repository copy too: the cache wins
-    other = tokenizer_train.train_bpe(generated_docs(50), 576)
-    tokenizer_train.save_atomic(other, tmp_path / "data" / "gpt2-tokenizer" / "tokenizer.json")
-    loaded = wos.open_tokenizer("gpt2")
-    assert loaded.source == str(snapshot / "tokenizer.json") and loaded.vocab_size == loaded.padded_vocab_size == 512
-
-
-def test_hub_name_without_a_local_copy_is_refused_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
-    monkeypatch.setattr(wos, "LOCAL_TOKENIZERS", tmp_path / "data")
-    monkeypatch.setattr(wos, "hub_reachable", lambda *a, **k: False)
-    with pytest.raises(wos.TextError) as error:
-        wos.open_tokenizer("gpt2")
-    message = str(error.value)
-    assert "\n" not in message and "unreachable" in message and f"at {tmp_path / 'data' / 'gpt2-tokenizer'}" in message
-
-
-def test_the_hub_probe_never_hangs_on_a_name_lookup(monkeypatch):
-    monkeypatch.setattr(wos.socket, "create_connection", lambda *a, **k: time.sleep(30))
-    started = time.perf_counter()
-    assert wos.hub_reachable(timeout=0.5) is False and time.perf_counter() - started < 5
 
 
 def test_without_datasets_the_module_imports_and_the_corpus_functions_say_what_is_missing(text_file):
@@ -358,7 +274,7 @@ def test_each_tokenizer_has_its_own_cache_folder(text_file, small_tokenizer, tmp
     other = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
     a, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
     b, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), other, 64)
-    key = wos.tokenizer_sha256(small_tokenizer)[:16]
+    key = tokenizer_sha256(small_tokenizer)[:16]
     assert token_files(a)[0].parent.name == f"tokens-v{wos.TOKEN_CACHE_VERSION}-{key}" and token_files(a, "ids")
     assert token_files(a)[0].parent != token_files(b)[0].parent
 

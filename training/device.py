@@ -12,11 +12,11 @@ import torch
 from data import files
 from training import UserError
 
-PEAK_TFLOPS = {  # dense tensor-core peak per GPU (bf16/fp16 with fp32 accumulate, tf32) for MFU
-    "H200 NVL": (835, 418), "H200": (989, 494), "H100 NVL": (835, 418), "H100 SXM": (989, 494),
-    "H100 PCIe": (756, 378), "H100": (989, 494), "A100": (312, 156), "L40S": (362, 183), "A10": (125, 62),
-    "V100": (125, 15.7), "2080 Ti": (53.8, 13.4),
-}  # the longest name found in the GPU's wins: "H200 NVL" is not an H200 SXM
+PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (fp32 accumulate), TF32, plain fp32
+    "H200 NVL": (835, 418, 60), "H200": (989, 494, 67), "H100 NVL": (835, 418, 60), "H100 SXM": (989, 494, 67),
+    "H100 PCIe": (756, 378, 51), "H100": (989, 494, 67), "A100": (312, 156, 19.5), "L40S": (362, 183, 91.6),
+    "A10": (125, 62, 31.2), "V100": (125, 15.7, 15.7), "2080 Ti": (53.8, 13.4, 13.4),
+}  # the longest name found in the GPU's wins: "H200 NVL" is not an H200 SXM; no TF32 before sm80: fp32's peak
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,15 @@ def decide(precision_flag, compile_flag):
     device_type = "cuda" if cuda else "cpu"
     precision = resolve_precision(precision_flag, device_type, capability, not cuda and cpu_has_bf16())
     compile_mode, note = resolve_compile(compile_flag, device_type, capability)
-    name = torch.cuda.get_device_name() if cuda else f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    name = device_name(torch.device(device_type))
     return Device(cuda, name, precision, compile_mode, peak_flops(name, precision) if cuda else None, note)
+
+
+def device_name(device):
+    """What every measurement names: the GPU's name, or the processor and torch's thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
 
 
 def resolve_precision(requested, device_type, capability, cpu_bf16=False):
@@ -70,17 +77,21 @@ def cpu_has_bf16():
 
 
 def resolve_compile(requested, device_type, capability):
-    """(mode, note). auto: `regional` on sm70+ GPUs (a 2080Ti, sm75, included) — each transformer
-    block compiled on its own, so the twelve identical blocks share one graph and the cold compile is
-    a fraction of a whole-model compile. Off below sm70, which inductor refuses (its Triton backend
-    needs compute capability 7.0), and on CPU, where it measured no faster (benchmarks/gpt_bench.py)."""
-    if requested != "auto":
-        return requested, ""
-    if device_type == "cpu":
-        return "off", "torch.compile off on CPU (no gain measured; --compile regional to force)"
-    if capability < (7, 0):
-        return "off", f"torch.compile skipped: inductor needs sm70+, this GPU is sm{capability[0]}{capability[1]}"
-    return "regional", ""
+    """(mode, note). auto: off, on every device. In the lab's 12M-token run a cold compile costs
+    seconds that the compiled steps, a few percent faster, do not win back (the measured figures:
+    report/results/README.md); `regional` (each transformer block compiled on its own, so the twelve
+    identical blocks share one graph) is for longer runs and the ladder. Inductor's Triton backend
+    needs sm70+: asked for below that, compile is one line, not an error deep in the first step."""
+    if requested == "auto":
+        return "off", "torch.compile off (a 12M-token run does not repay a cold compile; --compile regional)"
+    if requested != "off" and not compile_supported(device_type, capability):
+        raise UserError(f"--compile {requested}: inductor needs sm70+, this GPU is sm{capability[0]}{capability[1]}")
+    return requested, ""
+
+
+def compile_supported(device_type, capability):
+    """Whether inductor can compile for this device (its Triton GPU backend needs sm70+)."""
+    return device_type == "cpu" or capability >= (7, 0)
 
 
 def compile_model(model, mode, backend="inductor"):
@@ -114,9 +125,9 @@ PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)  # a lost node fails the job in min
 
 def ddp_handlers(precision):
     """accelerate's kwargs for several processes. Gradients all-reduced in 16 bits where training is
-    (halves the bytes: 394 MB -> 197 MB per step at the lab shape, which on 1 GbE is longer than the
-    step itself; the averaged result is cast back to fp32 before the optimizer sees it); gradients
-    kept in DDP's buckets (no second gradient-sized copy); a process-group timeout of minutes."""
+    (half the bytes between nodes, at half the gradients' precision: the averaged result is cast back
+    to fp32 before the optimizer sees it); gradients kept in DDP's buckets (no second gradient-sized
+    copy); a process-group timeout of minutes."""
     from accelerate.utils import DDPCommunicationHookType as Hook
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
     hook = {"bf16": Hook.BF16, "fp16": Hook.FP16}.get(precision, Hook.NO)
@@ -153,17 +164,34 @@ def flops_per_token(cfg, seq_len, params):
     return 6 * params + 12 * cfg.n_layer * cfg.n_embd * seq_len
 
 
-def peak_flops(device_name, precision):
+def peak_flops(device_name, precision, tf32=True):
+    """The datasheet FLOP/s of this math on this GPU (None for an unknown one): 16-bit tensor cores,
+    TF32 tensor cores, or plain fp32 where TF32 is off."""
     found = [name for name in PEAK_TFLOPS if name.lower() in device_name.lower().replace("-", " ")]
     if not found:
         return None
-    half, tf32 = PEAK_TFLOPS[max(found, key=len)]  # the most specific name: "H200 NVL" before "H200"
-    return (half if precision in ("bf16", "fp16") else tf32) * 1e12
+    half, tf32_peak, fp32 = PEAK_TFLOPS[max(found, key=len)]  # the most specific name: "H200 NVL" before "H200"
+    return (half if precision in ("bf16", "fp16") else tf32_peak if tf32 else fp32) * 1e12
 
 
 def mfu(tokens_per_second, flops_per_tok, peak, world):
     """Model FLOPs utilisation: achieved FLOP/s over the peak of all `world` GPUs together."""
     return flops_per_tok * tokens_per_second / (peak * world) if peak and tokens_per_second else None
+
+
+def sdpa_backend(cfg, precision, device):
+    """Which kernel scaled_dot_product_attention runs for this model's heads in this precision on this
+    device ("flash_attention", "efficient_attention", "cudnn_attention", "math"): the dispatcher picks
+    by dtype, head size and GPU, and torch._fused_sdp_choice is its own choice, asked with one causal
+    call's inputs (with gradients, as in training). None where this torch cannot say."""
+    from torch.nn.attention import SDPBackend
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    q = torch.zeros(1, cfg.n_head, cfg.n_positions, cfg.n_embd // cfg.n_head, device=device, dtype=dtype,
+                    requires_grad=True)
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name.lower()
+    except (AttributeError, RuntimeError, ValueError):  # a private function: gone or changed in another torch
+        return None
 
 
 def gpu_stats(device):

@@ -7,7 +7,7 @@ import torch
 from data import wos
 from training import UserError
 from training.checkpoints import latest_checkpoint
-from training.device import flops_per_token, gpu_stats, mfu
+from training.device import flops_per_token, gpu_stats, mfu, sdpa_backend
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
@@ -116,18 +116,20 @@ class LossWindow:
         return [self.total.item(), self.steps]
 
 
-def describe_run(args, argv, dev, model, text, budget, world):
+def describe_run(args, argv, decisions, model, text, budget, world):
     """The run as the metrics record it (and the start-up line shows it). `corpus`: what the text is,
     from its content (stand-in, WOS46985 or other; wos.corpus_identity), so that the report never
     labels a run by its path."""
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
-    return {"precision": dev.precision, "compile": dev.compile_mode, "attention": model.attention,
-            "tf32": "on" if dev.cuda else "off", "fused_adamw": args.fused_adamw, "world_size": world,
-            "device_name": dev.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
+    return {"precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
+            "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
+                             if model.attention == "sdpa" else None),
+            "tf32": "on" if decisions.cuda else "off", "fused_adamw": args.fused_adamw, "world_size": world,
+            "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
             "text": str(text), "corpus": wos.corpus_identity(text), "preset": args.preset,
             "global_batch": args.global_batch,
             "micro_batch": budget.micro_batch, "seq_len": args.seq_len,
-            "command": "python gpt_train.py " + " ".join(argv), "peak": dev.peak,
+            "command": "python gpt_train.py " + " ".join(argv), "peak": decisions.peak,
             "flops_per_token": flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)}
 
 

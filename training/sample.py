@@ -107,7 +107,7 @@ def weights_file(run_dir):
     """The final weights a finished run keeps (checkpoints.FINAL_WEIGHTS), else the model file of the
     newest checkpoint that verifies (an unfinished run, or --keep-checkpoints); None if neither."""
     from training import checkpoints
-    final = run_dir / getattr(checkpoints, "FINAL_WEIGHTS", "final/model.pt")
+    final = run_dir / checkpoints.FINAL_WEIGHTS
     if final.is_file():
         return final
     ckpt, _ = checkpoints.latest_checkpoint(run_dir)
@@ -115,12 +115,12 @@ def weights_file(run_dir):
 
 
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, wos.LoadedTokenizer) of a gpt_train.py run directory; UserError if unusable."""
+    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run directory; UserError if unusable."""
     import json
 
-    import gpt_train
-    from data import wos
+    from data.tokenizer import TokenizerError, open_tokenizer
     from training import UserError
+    from training.model import GPT, model_config
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
     try:
@@ -131,12 +131,12 @@ def load_run(run_dir, tokenizer_spec, device):
     if weights is None:
         raise UserError(f"{run_dir}: no weights (neither final weights nor a complete checkpoint)")
     try:  # args.json holds the path as typed when the run started (relative to where it started)
-        tok = wos.open_tokenizer(tokenizer_spec or run_args["tokenizer"])
-    except wos.TextError as e:
+        tok = open_tokenizer(tokenizer_spec or run_args["tokenizer"])
+    except TokenizerError as e:
         raise UserError(f"{e}{'' if tokenizer_spec else '; pass the run tokenizer with --tokenizer'}") from None
-    cfg = gpt_train.model_config(tok.vocab_size, tok.eot, n_layer=run_args["n_layer"], n_head=run_args["n_head"],
+    cfg = model_config(tok.vocab_size, tok.eot, n_layer=run_args["n_layer"], n_head=run_args["n_head"],
                                  n_embd=run_args["n_embd"], n_positions=run_args["seq_len"])
-    model = gpt_train.GPT(cfg)
+    model = GPT(cfg)
     try:
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     except RuntimeError as e:
@@ -152,7 +152,6 @@ def main(argv=None):
         p.error("--tokens must be > 0, --temperature and --top-k >= 0")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no GPU here")
-    from data import wos
     from training import UserError
     try:
         model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))

@@ -32,8 +32,8 @@ def no_teardown_after_collectives(agreed=(0,)):
     collective. The backend's worker thread can still hold the last reference to a finished
     collective; when it drops it while Python finalizes, the thread dies taking the GIL and the
     process aborts ("terminate called without an active exception", exit -6), so torchrun and Slurm
-    call a finished run failed. benchmarks/exit_bench.py (2-rank gloo runs on CPU under load): 2 of 20
-    aborted, 2 of 20 with destroy_process_group, 0 of 20 this way (pytorch/pytorch#190489).
+    call a finished run failed; destroy_process_group does not prevent it (benchmarks/exit_bench.py
+    counts the three ways of ending).
     `agreed`: the exit codes every rank reaches together (0, done; gpt_train adds STOP_EXIT_CODE); they
     end with a last barrier, so that no rank is gone while another is still in a collective.
     One process: a normal exit."""

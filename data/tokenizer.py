@@ -1,0 +1,153 @@
+"""The one way every script opens a tokenizer, whatever form it comes in:
+
+    a tokenizer.json (tokenizer_train.py's, data/tokenizer/tokenizer.json)   tokenizer_from_file()
+    a folder: tokenizer.json, or GPT-2's vocab.json + merges.txt           tokenizer_from_folder()
+    a hub name ("gpt2"): the HF cache, then data/<name>-tokenizer/, then
+      the hub itself only if it answers within seconds                   tokenizer_from_hub_name()
+      -> LoadedTokenizer: the vocabulary padded to 64, <|endoftext|>'s id, a sha256 by content
+
+A path that does not exist is never taken for a hub name (the hub client would reject or look it
+up), and no form hangs offline: every failure is one TokenizerError line naming what was tried.
+"""
+import hashlib
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from data.files import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+EOT = "<|endoftext|>"
+OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
+LOCAL_TOKENIZERS = REPO / "data"  # offline copies of hub tokenizers: data/<name>-tokenizer/ (data/gpt2-tokenizer/)
+
+
+class TokenizerError(UserError):
+    """A tokenizer that cannot be found or read: one line, never a traceback."""
+
+
+def default_tokenizer():
+    """gpt_train.py's tokenizer: the own one (OWN_TOKENIZER) once tokenizer_train.py has made it, else GPT-2's."""
+    return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer and what the scripts need to know about it."""
+    tokenizer: Tokenizer
+    source: str             # the file or folder it was read from
+    sha256: str             # of its canonical JSON (Tokenizer.to_str()): keys the token cache, names the tokenizer
+    vocab_size: int         # as trained (GPT-2: 50,257)
+    padded_vocab_size: int  # the model's, a multiple of 64 (GPT-2: 50,304): whole tiles for the matmuls
+    eot: int                # the id of <|endoftext|>
+
+
+def open_tokenizer(spec):
+    """`spec`: a tokenizer.json, a folder, or a hub name (see the module docstring)."""
+    tokenizer, source = read_tokenizer(str(spec))
+    eot = tokenizer.token_to_id(EOT)
+    if eot is None:
+        raise TokenizerError(f"tokenizer {spec} has no {EOT} token")
+    size = tokenizer.get_vocab_size()
+    return LoadedTokenizer(tokenizer, source, tokenizer_sha256(tokenizer), size, -(-size // 64) * 64, eot)
+
+
+def tokenizer_sha256(tokenizer):
+    return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
+
+
+def looks_like_a_path(spec):
+    """A hub name is `name` or `owner/name`; anything else a user typed is meant as a path."""
+    return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(".json") or "\\" in spec
+
+
+def read_tokenizer(spec):
+    """(Tokenizer, where it came from) for any of open_tokenizer's forms."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return tokenizer_from_folder(path), str(path)
+    if path.is_file() or looks_like_a_path(spec):
+        return tokenizer_from_file(path), str(path)
+    return tokenizer_from_hub_name(spec)
+
+
+def tokenizer_from_file(path):
+    if not path.is_file():
+        raise TokenizerError(f"tokenizer {path}: no such file or folder (train one with tokenizer_train.py, "
+                             f"or pass 'gpt2' or a folder with tokenizer.json, or vocab.json + merges.txt)")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
+        raise TokenizerError(f"tokenizer {path}: not a tokenizer.json ({first_line(e)})") from None
+
+
+def tokenizer_from_folder(path):
+    """A folder's tokenizer.json, else GPT-2's two files (vocab.json + merges.txt): a byte-level BPE,
+    built here as GPT-2's tokenizer.json describes it, so no tokenizer_config.json is needed."""
+    if (path / "tokenizer.json").is_file():
+        return tokenizer_from_file(path / "tokenizer.json")
+    vocab, merges = path / "vocab.json", path / "merges.txt"
+    if not (vocab.is_file() and merges.is_file()):
+        raise TokenizerError(f"tokenizer folder {path}: neither tokenizer.json nor vocab.json + merges.txt in it")
+    from tokenizers import decoders, models, pre_tokenizers, processors
+    try:
+        tokenizer = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    except Exception as e:  # malformed JSON or merges: tokenizers raises plain Exceptions
+        raise TokenizerError(f"tokenizer folder {path}: vocab.json + merges.txt unreadable ({first_line(e)})") from None
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    if tokenizer.token_to_id(EOT) is not None:
+        tokenizer.add_special_tokens([EOT])  # matched whole in text, as in GPT-2's tokenizer.json
+    return tokenizer
+
+
+def tokenizer_from_hub_name(name):
+    """A hub tokenizer: the HF cache, then data/<name>-tokenizer/, then the hub if it answers; never a hang."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    try:
+        cached = try_to_load_from_cache(name, "tokenizer.json")
+    except ValueError:  # HFValidationError: not a name the hub could hold either
+        raise TokenizerError(f"tokenizer {name!r}: no such file or folder, and not a hub name") from None
+    if isinstance(cached, str):
+        return tokenizer_from_file(Path(cached)), cached
+    local = LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer"
+    if local.is_dir():
+        return tokenizer_from_folder(local), str(local)
+    offline = constants.HF_HUB_OFFLINE
+    if offline or not hub_reachable():
+        raise TokenizerError(f"tokenizer {name!r}: no such file or folder, no local copy (HF cache "
+                             f"{constants.HF_HUB_CACHE}, {local}) and the hub is "
+                             f"{'off (HF_HUB_OFFLINE)' if offline else 'unreachable'}; put the tokenizer's folder "
+                             f"(tokenizer.json, or vocab.json + merges.txt) at {local} or pass its path")
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(name).backend_tokenizer, f"hub:{name}"
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"tokenizer {name!r}: {first_line(e)}") from None
+
+
+def hub_reachable(host="huggingface.co", timeout=3.0):
+    """Whether the HF hub answers within `timeout` s, name lookup included (getaddrinfo has no
+    timeout of its own, so the probe runs in a thread): offline, the hub's client would retry for
+    half a minute or hang on DNS."""
+    answer = []
+
+    def probe():
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            answer.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(answer)
+
+
+def first_line(error):
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]

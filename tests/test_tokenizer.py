@@ -1,0 +1,114 @@
+"""data/tokenizer.py: every form a tokenizer comes in (file, folder, hub name via the cache or a local copy),
+and every way it can be wrong, as one line."""
+import time
+
+import huggingface_hub.constants as hf_constants
+import pytest
+
+import tokenizer_train
+from conftest import generated_docs
+from data import tokenizer
+
+
+def open_tokenizer_of(spec):
+    return tokenizer.open_tokenizer(spec).tokenizer
+
+
+def test_load_tokenizer_errors_are_clear(tmp_path, small_tokenizer, offline):
+    with pytest.raises(tokenizer.TokenizerError, match="no such file"):
+        open_tokenizer_of(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(tokenizer.TokenizerError, match="not a tokenizer.json"):
+        open_tokenizer_of(str(bad))
+    good = tmp_path / "good.json"
+    tokenizer_train.save_atomic(small_tokenizer, good)
+    assert open_tokenizer_of(str(good)).token_to_id(tokenizer.EOT) is not None
+
+
+GPT2_IDS = {"Hello world": [15496, 995]}  # GPT-2's known ids (data/README.md)
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No hub and no local copies: a test that reaches for the network fails."""
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "empty-data")
+    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: pytest.fail("the hub was asked"))
+
+
+def assert_gpt2(loaded):
+    assert (loaded.vocab_size, loaded.padded_vocab_size, loaded.eot) == (50257, 50304, 50256)
+    assert loaded.tokenizer.encode("Hello world").ids == GPT2_IDS["Hello world"]
+
+
+def test_tokenizer_from_a_file_and_from_a_folder(shared_data, offline):
+    folder = shared_data / "gpt2-tokenizer"
+    by_file, by_folder = tokenizer.open_tokenizer(folder / "tokenizer.json"), tokenizer.open_tokenizer(str(folder))
+    assert_gpt2(by_file), assert_gpt2(by_folder)
+    assert by_file.sha256 == by_folder.sha256 == tokenizer.tokenizer_sha256(by_file.tokenizer)
+
+
+def test_tokenizer_from_a_folder_without_tokenizer_json(shared_data, offline, tmp_path):
+    """vocab.json + merges.txt alone, as the error messages advise: no tokenizer_config.json needed."""
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (folder / name).write_bytes((shared_data / "gpt2-tokenizer" / name).read_bytes())
+    two_files = tokenizer.open_tokenizer(str(folder))
+    assert_gpt2(two_files)
+    reference = tokenizer.open_tokenizer(shared_data / "gpt2-tokenizer" / "tokenizer.json").tokenizer
+    text = "Deep  learning <|endoftext|> été 2024!\n"
+    assert two_files.tokenizer.encode(text).ids == reference.encode(text).ids  # the special token whole too
+    (folder / "merges.txt").unlink()
+    with pytest.raises(tokenizer.TokenizerError, match="neither tokenizer.json nor vocab.json"):
+        tokenizer.open_tokenizer(str(folder))
+
+
+@pytest.mark.parametrize("typed", ["data/tokenizr/tokenizer", "./tok", "~/no-such-tokenizer", "runs/a/b/tok.json"])
+def test_a_mistyped_path_is_one_line_never_a_hub_lookup(typed, offline):
+    with pytest.raises(tokenizer.TokenizerError, match="no such file or folder") as error:
+        tokenizer.open_tokenizer(typed)
+    assert "\n" not in str(error.value)
+
+
+def test_a_name_the_hub_could_not_hold_is_one_line(offline):
+    with pytest.raises(tokenizer.TokenizerError, match="not a hub name"):
+        tokenizer.open_tokenizer("not a name!")
+
+
+def test_hub_name_found_in_the_repository_copy(shared_data, offline, tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path)
+    (tmp_path / "gpt2-tokenizer").symlink_to(shared_data / "gpt2-tokenizer")
+    loaded = tokenizer.open_tokenizer("gpt2")
+    assert_gpt2(loaded)
+    assert loaded.source == str(tmp_path / "gpt2-tokenizer")
+
+
+def test_hub_name_found_in_the_hf_cache_first(offline, small_tokenizer, tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / "abc123"
+    tokenizer_train.save_atomic(small_tokenizer, snapshot / "tokenizer.json")
+    (tmp_path / "hub" / "models--gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--gpt2" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "data")  # a repository copy too: the cache wins
+    other = tokenizer_train.train_bpe(generated_docs(50), 576)
+    tokenizer_train.save_atomic(other, tmp_path / "data" / "gpt2-tokenizer" / "tokenizer.json")
+    loaded = tokenizer.open_tokenizer("gpt2")
+    assert loaded.source == str(snapshot / "tokenizer.json") and loaded.vocab_size == loaded.padded_vocab_size == 512
+
+
+def test_hub_name_without_a_local_copy_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "data")
+    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: False)
+    with pytest.raises(tokenizer.TokenizerError) as error:
+        tokenizer.open_tokenizer("gpt2")
+    message = str(error.value)
+    assert "\n" not in message and "unreachable" in message and f"at {tmp_path / 'data' / 'gpt2-tokenizer'}" in message
+
+
+def test_the_hub_probe_never_hangs_on_a_name_lookup(monkeypatch):
+    monkeypatch.setattr(tokenizer.socket, "create_connection", lambda *a, **k: time.sleep(30))
+    started = time.perf_counter()
+    assert tokenizer.hub_reachable(timeout=0.5) is False and time.perf_counter() - started < 5

@@ -1,0 +1,106 @@
+"""GPT-2's architecture as GPT2Config describes it (hidden 768, 12 heads, 12 layers, 1024 positions
+for the lab), in ~100 lines: pre-LayerNorm blocks, tanh-GELU, tied embeddings, no dropout, and
+attention as one scaled_dot_product_attention call. gpt_train.py trains it; training/sample.py and
+benchmarks/gpt_bench.py use it; its parameter names are transformers' GPT2LMHeadModel's without the
+`transformer.` prefix, so a state_dict maps onto that class one to one.
+
+    model_config(vocab_size, eot_id, **shape)   GPT2Config for a tokenizer's vocabulary
+    GPT(cfg, attention, loss)                   idx (B, T) -> mean loss, or the next token's logits
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import GPT2Config
+
+from training import lm_loss
+
+
+def model_config(vocab_size, eot_id, **shape):
+    """GPT2Config: GPT-2 small (12 layers, 12 heads, 768 wide, 1024 positions) unless `shape` says
+    otherwise; no dropout; the vocabulary padded to a multiple of 64 (tensor-core friendly)."""
+    return GPT2Config(vocab_size=(vocab_size + 63) // 64 * 64, activation_function="gelu_new", resid_pdrop=0.0,
+                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eot_id, eos_token_id=eot_id, **shape)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg, attention):
+        super().__init__()
+        self.n_head, self.attention = cfg.n_head, attention
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if self.attention == "sdpa":  # flash attention on sm80+, memory-efficient kernel on older GPUs
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # "eager": the textbook softmax(QK^T / sqrt(d)) V with an explicit (T, T) mask
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, attention):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(cfg, attention)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2 as GPT2Config describes it (pre-LayerNorm, tanh-GELU, tied embeddings), no dropout.
+    Parameter names follow transformers' GPT2LMHeadModel without its `transformer.` prefix.
+    attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
+
+    def __init__(self, cfg: GPT2Config, attention="sdpa", loss="plain"):
+        super().__init__()
+        self.cfg, self.attention, self.loss = cfg, attention, loss
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
+        self.apply(self._init)
+        for block in self.h:  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                nn.init.normal_(proj.weight, std=cfg.initializer_range / math.sqrt(2 * cfg.n_layer))
+
+    def _init(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.cfg.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None):  # the mean loss; without targets the next token's logits (B, V)
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))  # (B, T, C)
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        if targets is None:  # sampling (training/sample.py)
+            return self.lm_head(x[:, -1])
+        if self.loss == "chunked":  # never all the fp32 logits at once (training/lm_loss.py)
+            return lm_loss.chunked_cross_entropy(x, self.lm_head.weight, targets)
+        logits = self.lm_head(x)  # (B, T, V)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
