@@ -32,6 +32,7 @@ def runs(tmp_path_factory, request):
     return root
 
 
+@pytest.mark.slow  # Chromium screenshots of real runs
 def test_figures_and_tables_match_the_runs(runs, tmp_path):
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out),
@@ -60,6 +61,7 @@ def test_missing_runs_are_named_and_exit_0(tmp_path):
     assert "no acceleration ladder found" in text and not list(out.glob("*.png"))
 
 
+@pytest.mark.slow  # Chromium screenshots of real runs
 def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     run = tmp_path / "lenet"
     run.mkdir()
@@ -76,6 +78,7 @@ def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     assert "corrupt event file" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # Chromium screenshots of real runs
 def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsys):
     root, broken = newer_run_beside(runs, tmp_path, '{"test_accuracy": 0.9')  # cut off mid-write
     out = tmp_path / "out"
@@ -86,6 +89,7 @@ def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsy
     assert "skipped the newer run" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # Chromium screenshots of real runs
 def test_tensorboard_screenshots_from_a_real_server_and_browser(runs, tmp_path):
     import numpy as np
     from PIL import Image, ImageStat
