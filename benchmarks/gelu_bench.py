@@ -26,6 +26,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import gelu_ext  # noqa: E402
+import training.device  # noqa: E402
 from data import files  # noqa: E402
 
 
@@ -238,8 +239,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (20 if device.type == "cuda" else 7)
     args.log2 = args.log2 or (list(range(16, 29, 2)) if device.type == "cuda" else [10, 13, 16, 20, 24])
-    device_name = torch.cuda.get_device_name() if device.type == "cuda" else \
-        f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    device_name = training.device.device_name(device)
     missing = ext_missing_reason(device)
     impls = {k: v for k, v in IMPLS.items() if k not in args.skip and not (k == "ext" and missing)}
     if missing:

@@ -6,14 +6,16 @@
     python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
 From the naive baseline — transformers' GPT2LMHeadModel as GPT2Config makes it (dropout 0.1,
-eager attention), fp32, plain AdamW — each rung keeps everything above it and adds one thing;
-the last rung is gpt_train.py's default on this device; then the alternatives (whole-model compile
-instead of regional; the default minus each acceleration, leave-one-out; the default with GPT-2's
-vocabulary of 50,304 instead of 16,384); then the speed candidates, rows to measure on the next GPU
-(a chunked loss; SDPA's cuDNN attention on sm90). Same shapes, same random batch, one process;
-steady-state steps after warm-up (compilation happens in the warm-up steps); every row measured
---repeats times, interleaved, reported as median and range, and written to --metrics-out as each
-row finishes (a row that fails or runs out of memory is recorded as such; the others go on).
+eager attention), fp32, plain AdamW — each rung keeps everything above it and adds one thing; the
+last rung is gpt_train.py's default on this device; then the alternatives (the default minus each
+acceleration, leave-one-out; with SDPA forced to each backend; with a chunked loss; with GPT-2's
+vocabulary of 50,304 instead of 16,384; compiled, regional and whole model): the rows in
+benchmarks/ladder_rows.py. Same shapes, same random batch, one process; steady-state steps after
+warm-up (compilation happens in the warm-up steps); every row measured --repeats times, interleaved
+(--order unmeasured: group by group, what the GPU results lack first, for a run that may be cut),
+reported as median and range with the SDPA kernel that ran, and written to --metrics-out as each row
+finishes (a row that fails, runs out of memory or asks for a backend that is not there is recorded
+as such; the others go on).
 
 Against what: on a GPU, MFU against the datasheet's peak for the row's math (bf16/fp16 tensor cores,
 TF32, or plain fp32 where TF32 is off); on every device, also the fraction of the matmul rate measured
@@ -38,77 +40,15 @@ from transformers import GPT2LMHeadModel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import gpt_train  # noqa: E402
+import training.device  # noqa: E402
 from data import files  # noqa: E402
-from training import device as decisions  # noqa: E402  (`device` is a torch.device below)
-
-
-GPT2_VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64
-FP32_TFLOPS = {  # plain fp32 (CUDA cores, no TF32) per GPU: the MFU peak of the rows with TF32 off
-    "H200": 67, "H100 SXM": 67, "H100 PCIe": 51, "H100": 67, "A100": 19.5, "L40S": 91.6, "A10": 31.2,
-    "V100": 15.7, "2080 Ti": 13.4,
-}
-
-
-def ladder(cuda, capability, with_compile=False, vocab_size=16384):
-    """(name, settings) per row: the rungs, each extending the previous one's settings; then, indented,
-    the alternatives (whole-model compile instead of regional, the default minus each acceleration,
-    GPT-2's vocabulary) and the speed candidates. Settings beyond the rungs' keys: vocab_size, loss,
-    sdpa_backend (build() and measure() read them with defaults)."""
-    half = decisions.resolve_precision("auto", "cuda" if cuda else "cpu", capability, decisions.cpu_has_bf16())
-    compile_ok = decisions.resolve_compile("auto", "cuda" if cuda else "cpu", capability)[0] != "off"
-    rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
-              dict(model="hf", dropout=0.1, attention="eager", precision="fp32", compile="off", fused=False,
-                   tf32=False)),
-             ("+ dropout 0 (GPT-2 pretraining used 0.1; 12M tokens do not overfit)", dict(dropout=0.0)),
-             ("+ SDPA attention (flash / memory-efficient kernel)", dict(attention="sdpa")),
-             ("+ own GPT module from the same GPT2Config", dict(model="own"))]
-    if cuda:
-        rungs.append(("+ TF32 matmuls", dict(tf32=True)))
-    if half != "fp32":  # as gpt_train.py's --precision auto: only where the hardware has 16-bit math
-        rungs.append((f"+ {half} autocast" + (" + GradScaler" if half == "fp16" else ""), dict(precision=half)))
-    if compile_ok or with_compile:  # as gpt_train.py's --compile auto: regional; off on Turing and on CPU
-        rungs.append(("+ torch.compile, each block on its own (regional)", dict(compile="regional")))
-    rungs.append(("+ fused AdamW" + (" (= gpt_train.py default)" if not with_compile or compile_ok else ""),
-                  dict(fused=True)))
-    settings, out = {}, []
-    for name, change in rungs:
-        settings = {**settings, **change}
-        out.append((name, dict(settings)))
-    naive = out[0][1]
-    if compile_ok or with_compile:  # not a rung: the last one with the whole model compiled instead
-        out.append(("  (instead of regional: whole-model torch.compile)", {**settings, "compile": "whole"}))
-    for name, change in rungs[1:]:  # leave-one-out: the default minus one acceleration
-        if settings["model"] == "own" and set(change) == {"dropout"}:
-            continue  # the own module has no dropout: rung 2 measures it
-        what = name.removeprefix("+ ").split(" (")[0].split(",")[0]
-        if what.startswith("own GPT module") and settings["compile"] != "off":  # build() compiles HF's whole
-            what += ": transformers' GPT2LMHeadModel, torch.compile of the whole model"
-        out.append((f"  default without {what}", {**settings, **{k: naive[k] for k in change}}))
-    return out + extra_rows(settings, cuda, capability, vocab_size)
-
-
-def extra_rows(default, cuda, capability, vocab_size):
-    """The default with GPT-2's vocabulary, and the candidates for the next GPU call (named so: keep
-    one only if its measurement says it pays)."""
-    rows = []
-    if vocab_size != GPT2_VOCAB:
-        rows.append((f"  default with GPT-2's vocabulary ({GPT2_VOCAB:,} instead of {vocab_size:,})",
-                     {**default, "vocab_size": GPT2_VOCAB}))
-    rows.append(("  candidate: chunked loss, no full fp32 logits (--loss chunked)", {**default, "loss": "chunked"}))
-    if cuda and capability >= (9, 0) and cudnn_attention_available():
-        rows.append(("  candidate: SDPA's cuDNN attention backend (sm90)", {**default, "sdpa_backend": "cudnn"}))
-    return rows
-
-
-def cudnn_attention_available():
-    from torch.nn.attention import SDPBackend
-    return hasattr(SDPBackend, "CUDNN_ATTENTION") and torch.backends.cudnn.is_available()
+from ladder_rows import SDPA_BACKENDS, ladder, sdpa_context, unmeasured_first  # noqa: E402
+from training.model import GPT, model_config  # noqa: E402
 
 
 def build(settings, vocab_size, seq_len, device):
     vocab_size = settings.get("vocab_size", vocab_size)
-    cfg = gpt_train.model_config(vocab_size, 0, n_positions=seq_len)  # the lab shape: GPT-2 small
+    cfg = model_config(vocab_size, 0, n_positions=seq_len)  # the lab shape: GPT-2 small
     if settings["model"] == "hf":
         cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = settings["dropout"]
         hf = GPT2LMHeadModel._from_config(cfg, attn_implementation=settings["attention"]).to(device)
@@ -118,21 +58,13 @@ def build(settings, vocab_size, seq_len, device):
             return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
         model, forward = hf, loss_fn
     else:
-        model = gpt_train.GPT(cfg, settings["attention"], settings.get("loss", "plain")).to(device)
+        model = GPT(cfg, settings["attention"], settings.get("loss", "plain")).to(device)
         forward = model
     if settings["compile"] != "off":
-        forward = decisions.compile_model(model, settings["compile"]) if settings["model"] == "own" \
+        forward = training.device.compile_model(model, settings["compile"]) if settings["model"] == "own" \
             else torch.compile(forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=settings["fused"] or None)
     return cfg, model, forward, optimizer
-
-
-def attention_backend(settings):
-    """SDPA restricted to one backend where a row asks for it (the cuDNN candidate), else torch's choice."""
-    if settings.get("sdpa_backend") == "cudnn":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
-    return nullcontext()
 
 
 def timed_steps(settings, args, device, forward, optimizer, vocab_size):
@@ -147,7 +79,7 @@ def timed_steps(settings, args, device, forward, optimizer, vocab_size):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with autocast, attention_backend(settings):
+        with autocast, sdpa_context(settings):
             loss = forward(batch[:, :-1], batch[:, 1:])
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -175,17 +107,29 @@ def measure(settings, args, device):
     times, first_extra, loss = timed_steps(settings, args, device, forward, optimizer, cfg.vocab_size)
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
-    fpt = decisions.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
-    peak = datasheet_peak(settings, torch.cuda.get_device_name(device)) if cuda else None
+    fpt = training.device.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
+    peak = training.device.peak_flops(torch.cuda.get_device_name(device), settings["precision"], settings["tf32"]) \
+        if cuda else None
     out = {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "flops_per_token": fpt,
            "mfu": fpt * tps / peak if peak else None, "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
            "first_step_extra_seconds": first_extra,  # compilation (and warm-up) of the first step
-           "loss": loss, "vocab_size": cfg.vocab_size, "matmul_kind": matmul_kind(settings, cuda)}
+           "loss": loss, "vocab_size": cfg.vocab_size, "matmul_kind": matmul_kind(settings, cuda),
+           "sdpa_backend": sdpa_ran(settings, cfg, device)}
     if cuda:
         out["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
     del model, forward, optimizer
     free_memory(cuda)
     return out
+
+
+def sdpa_ran(settings, cfg, device):
+    """The attention kernel the row ran: the forced SDPA backend, torch's own choice, or eager attention."""
+    if settings["attention"] != "sdpa":
+        return "eager (no SDPA)"
+    forced = settings.get("sdpa_backend")
+    if forced:  # in training.device.sdpa_backend's names: SDPBackend's member, lower case
+        return SDPA_BACKENDS[forced].lower() + " (forced)"
+    return training.device.sdpa_backend(cfg, settings["precision"], device)
 
 
 def free_memory(cuda):
@@ -202,19 +146,12 @@ def try_measure(settings, args, device):
         text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
         error = "out of memory" if oom else f"{type(e).__name__}: {text}"
+        unavailable = ("No available kernel", "No viable backend", "has no SDPBackend")
+        if settings.get("sdpa_backend") and any(w in text for w in unavailable):
+            error = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
     free_memory(device.type == "cuda")
     torch._dynamo.reset()
     return {"error": error}
-
-
-def datasheet_peak(settings, device_name):
-    """FLOP/s of the row's math on this GPU: 16-bit tensor cores, TF32, or plain fp32 with TF32 off."""
-    if settings["precision"] in ("bf16", "fp16") or settings["tf32"]:
-        return decisions.peak_flops(device_name, settings["precision"])
-    for name, tflops in FP32_TFLOPS.items():
-        if name.lower() in device_name.lower().replace("-", " "):
-            return tflops * 1e12
-    return None
 
 
 # ----------------------------------------------------------------------------- what the hardware does
@@ -270,6 +207,8 @@ def build_parser():
         "of gpt_train.py, regional vs whole model, each in a fresh process with a fresh cache")
     add("--text", type=Path, default=None, help="--compile-cost: corpus (default: gpt_train.py's)")
     add("--tokenizer", default=None, help="--compile-cost: tokenizer.json (default: gpt_train.py's)")
+    add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: what the GPU results "
+        "lack first, group by group (repeats interleaved within a group), for a run that may be cut")
     add("--repeats", type=int, default=3, help="interleaved repeats of every row (default: %(default)s)")
     add("--metrics-out", type=Path, default=None, help="write the results here as JSON (after every row)")
     return p
@@ -295,7 +234,8 @@ def main(argv=None):
         p.error(f"--only: the ladder has rows 1..{len(rows)} here, got {args.only!r}")
     chosen = [(i, *row) for i, row in enumerate(rows, 1) if i in wanted]
     fit = fit_rows(rows) if cuda and args.fit_max else set()
-    return run_ladder(args, device, chosen, fit)
+    groups = unmeasured_first(rows) if args.order == "unmeasured" else [list(range(1, len(rows) + 1))]
+    return run_ladder(args, device, chosen, fit, [[i for i in g if i in wanted] for g in groups])
 
 
 def fit_rows(rows):
@@ -304,13 +244,12 @@ def fit_rows(rows):
     return {last_rung} | {i for i, (_, s) in enumerate(rows, 1) if "vocab_size" in s}
 
 
-def run_ladder(args, device, chosen, fit):
-    """Every row once per repeat (drift on the machine hits all rows alike), each just after a matmul
-    in its precision (its fraction of that rate is read against what the machine did at that moment);
-    the JSON rewritten after every row."""
+def run_ladder(args, device, chosen, fit, groups):
+    """Group by group, every row of the group once per repeat (drift on the machine hits its rows
+    alike), each just after a matmul in its precision (its fraction of that rate is read against what
+    the machine did at that moment); the JSON rewritten after every row."""
     cuda = device.type == "cuda"
-    device_name = torch.cuda.get_device_name(device) if cuda else \
-        f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    device_name = training.device.device_name(device)
     print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
           f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
     m = args.micro_batch * args.seq_len
@@ -318,23 +257,25 @@ def run_ladder(args, device, chosen, fit):
     head = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
             "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
-            "load_average_at_start": os.getloadavg()[0]}  # other work on the machine: read the ranges with it
-    for r in range(args.repeats):
-        for i, name, settings in chosen:
-            kind = matmul_kind(settings, cuda)
-            rates.append({kind: matmul_rate(kind, m, device)})
-            runs[i].append(got := try_measure(settings, args, device))
-            if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
-                got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rates[-1][kind]
-            if r == 0 and i in fit:
-                fits[i] = largest_micro_batch(settings, args, device)
-            print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s, "
-                  f"{got['fraction_of_matmul_rate']:6.1%} of {kind} matmul {rates[-1][kind] / 1e12:.3f} TFLOP/s"
-                  if "error" not in got else got["error"]), flush=True)
-            out = {**head, "load_average_now": os.getloadavg()[0], "matmul": summarise_rates(rates, m),
-                   "rungs": summarise(chosen, runs, fits)}
-            if args.metrics_out:
-                files.write_json(args.metrics_out, out)
+            "load_average_at_start": os.getloadavg()[0],  # other work on the machine: read the ranges with it
+            "order": args.order, "rows_planned": len(chosen)}
+    by_number = {i: (name, settings) for i, name, settings in chosen}
+    for r, i in ((r, i) for group in groups for r in range(args.repeats) for i in group):
+        name, settings = by_number[i]
+        kind = matmul_kind(settings, cuda)
+        rates.append({kind: matmul_rate(kind, m, device)})
+        runs[i].append(got := try_measure(settings, args, device))
+        if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
+            got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rates[-1][kind]
+        if r == 0 and i in fit:
+            fits[i] = largest_micro_batch(settings, args, device)
+        print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s, "
+              f"{got['fraction_of_matmul_rate']:6.1%} of {kind} matmul {rates[-1][kind] / 1e12:.3f} TFLOP/s"
+              if "error" not in got else got["error"]), flush=True)
+        out = {**head, "load_average_now": os.getloadavg()[0], "matmul": summarise_rates(rates, m),
+               "rungs": summarise(chosen, runs, fits)}
+        if args.metrics_out:
+            files.write_json(args.metrics_out, out)
     print_table(out["rungs"])
     return out
 
@@ -401,7 +342,7 @@ def summarise_row(name, good):
            "flops_per_token": good[0]["flops_per_token"], "vocab_size": good[0]["vocab_size"],
            "mfu": statistics.median(m["mfu"] for m in good) if good[0]["mfu"] else None,
            "first_step_extra_seconds": statistics.median(m["first_step_extra_seconds"] for m in good),
-           "matmul_kind": good[0]["matmul_kind"], "repeats": good}
+           "matmul_kind": good[0]["matmul_kind"], "sdpa_backend": good[0].get("sdpa_backend"), "repeats": good}
     if "peak_memory_GiB" in good[0]:
         row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
     # the row's FLOP/s over what this device's matmul did in the same math just before it (median of repeats)

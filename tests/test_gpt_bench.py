@@ -26,30 +26,41 @@ def test_the_vocabulary_row_and_the_chunked_loss_candidate_extend_the_default(cu
     assert not any("GPT-2's vocabulary" in name for name in rows_by_name(cuda, capability, vocab_size=50304))
 
 
-def test_the_cudnn_attention_candidate_only_on_sm90_where_available(monkeypatch):
-    monkeypatch.setattr(gpt_bench, "cudnn_attention_available", lambda: True)
-    sm90 = [s for name, s in gpt_bench.ladder(True, (9, 0)) if "cuDNN attention" in name]
-    assert len(sm90) == 1 and sm90[0]["sdpa_backend"] == "cudnn"
-    assert not [name for name, _ in gpt_bench.ladder(True, (8, 0)) if "cuDNN" in name]
-    assert not [name for name, _ in gpt_bench.ladder(False, (0, 0)) if "cuDNN" in name]
+@pytest.mark.parametrize("cuda, capability", [(False, (0, 0)), (True, (9, 0))])
+def test_every_sdpa_backend_has_a_forced_row_and_compiles_come_last(cuda, capability):
+    rows = gpt_bench.ladder(cuda, capability)
+    forced = [s["sdpa_backend"] for _, s in rows if "sdpa_backend" in s]
+    assert forced == ["flash", "efficient", "cudnn", "math"]
+    groups = gpt_bench.unmeasured_first(rows)
+    assert sorted(i for g in groups for i in g) == list(range(1, len(rows) + 1))
+    first = [rows[i - 1][0] for i in groups[0]]
+    assert first[0].endswith("(= gpt_train.py default)") and "  default without fused AdamW" in first
+    assert "  default without bf16 autocast" in first or not cuda
+    compiled = [i for i, (_, s) in enumerate(rows, 1) if s["compile"] != "off"]
+    assert (groups[-1] == compiled and len(compiled) == 2) if cuda else not compiled
 
 
-def test_the_row_without_the_own_module_says_what_it_compiles():
-    compiled = [name for name, s in gpt_bench.ladder(True, (9, 0)) if "without own GPT module" in name]
-    assert compiled == ["  default without own GPT module from the same GPT2Config: transformers' GPT2LMHeadModel, "
-                        "torch.compile of the whole model"]
-    eager = [name for name, s in gpt_bench.ladder(False, (0, 0)) if "without own GPT module" in name]
-    assert eager and "torch.compile" not in eager[0]
+def test_an_unavailable_sdpa_backend_is_a_row_that_says_so():
+    """On a CPU the cuDNN kernel does not exist: that row says so, the others measure."""
+    rows = gpt_bench.ladder(False, (0, 0))
+    pick = [i for i, (_, s) in enumerate(rows, 1) if s.get("sdpa_backend") in ("math", "cudnn")]
+    out = gpt_bench.main(["--only", ",".join(map(str, pick)), "--repeats", "1", "--steps", "1", "--warmup", "0",
+                          "--seq-len", "16", "--micro-batch", "1", "--vocab-size", "64"])
+    cudnn, math_row = out["rungs"]
+    assert cudnn["error"].startswith("SDPA's cudnn backend not available here")
+    assert math_row["sdpa_backend"] == "math (forced)" and math_row["tokens_per_second"] > 0
 
 
-def test_fp32_rows_are_measured_against_the_fp32_peak_where_tf32_is_off():
-    row = {"precision": "fp32", "tf32": False}
-    assert gpt_bench.datasheet_peak(row, "NVIDIA H200") == 67e12  # CUDA cores, not the 494 TFLOP/s of TF32
-    assert gpt_bench.datasheet_peak({**row, "tf32": True}, "NVIDIA H200") == 494e12
-    assert gpt_bench.datasheet_peak({**row, "precision": "bf16"}, "NVIDIA H200") == 989e12
-    assert gpt_bench.datasheet_peak(row, "NVIDIA GeForce RTX 2080 Ti") == 13.4e12
-    assert gpt_bench.matmul_kind(row, cuda=True) == "fp32" and gpt_bench.matmul_kind({**row, "tf32": True}, True) == "tf32"
-    assert gpt_bench.matmul_kind({**row, "tf32": True}, cuda=False) == "fp32"
+def test_the_row_without_the_own_module_is_plain_transformers():
+    rows = [name for name, s in gpt_bench.ladder(True, (9, 0)) if "without own GPT module" in name]
+    assert rows == ["  default without own GPT module from the same GPT2Config"]
+
+
+def test_mfu_peaks_come_from_training_device_by_the_most_specific_name():
+    import training.device
+    assert training.device.peak_flops("NVIDIA H200 NVL", "fp32", tf32=False) == 60e12  # not the H200's 67
+    assert gpt_bench.matmul_kind({"precision": "fp32", "tf32": True}, cuda=True) == "tf32"
+    assert gpt_bench.matmul_kind({"precision": "fp32", "tf32": True}, cuda=False) == "fp32"
 
 
 def test_the_matmul_rate_is_a_plausible_flop_rate():
@@ -78,10 +89,10 @@ def test_a_failing_row_is_recorded_and_the_others_written_as_they_finish(tmp_pat
     out = gpt_bench.main(["--only", ",".join(map(str, [1, *numbers])), "--repeats", "2", "--metrics-out",
                           str(tmp_path / "m.json")])
     assert json.loads((tmp_path / "m.json").read_text()) == json.loads(json.dumps(out))
-    first, vocab, chunked = out["rungs"]
+    first, chunked, vocab = out["rungs"]  # the ladder's order
     assert first["fraction_of_matmul_rate"] == pytest.approx(1e6 * 1000 / 4e9) and first["matmul_kind"] == "fp32"
     assert vocab["vocab_size"] == 50304  # the fake echoes the row's setting
-    assert chunked == {"name": rows[numbers[1] - 1][0], "error": "RuntimeError: kernel failed",
+    assert chunked == {"name": rows[numbers[0] - 1][0], "error": "RuntimeError: kernel failed",
                        "repeats": [{"error": "RuntimeError: kernel failed"}] * 2}
     assert out["matmul"]["flops_per_second"]["fp32"] == 4e9 and out["matmul"]["shape"] == [2 * 1024, 768, 3072]
     assert out["load_average_at_start"] >= 0 and out["load_average_now"] >= 0  # how busy the machine was
@@ -103,7 +114,7 @@ def test_real_rows_on_cpu_vocabulary_and_chunked_loss(tmp_path):
     pick += [i for i, (name, _) in enumerate(rows, 1) if "vocabulary" in name or "chunked" in name]
     out = gpt_bench.main(["--only", ",".join(map(str, pick)), "--repeats", "1", "--steps", "1", "--warmup", "0",
                           "--seq-len", "16", "--micro-batch", "1", "--metrics-out", str(tmp_path / "m.json")])
-    default, vocab, chunked = out["rungs"]
+    default, chunked, vocab = out["rungs"]
     assert (default["vocab_size"], vocab["vocab_size"]) == (16384, 50304)
     assert vocab["flops_per_token"] - default["flops_per_token"] == 6 * 768 * (50304 - 16384)
     assert chunked["repeats"][0]["loss"] == pytest.approx(default["repeats"][0]["loss"], rel=1e-4)

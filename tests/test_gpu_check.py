@@ -221,3 +221,154 @@ def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(tmp_path, t
     assert csv[0] == "timestamp, utilization.gpu [%]" and len(csv) > 10 and snapshot.startswith("| Fake GPU 80GB")
     still = subprocess.run(["pgrep", "-f", str(tmp_path / "bin")], capture_output=True, text=True).stdout
     assert still == "", "nvidia-smi loggers left running"
+
+
+def one_line_error(result, code=1):
+    return result.returncode == code and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_prep_for_another_python_is_refused_in_one_line_within_seconds(tmp_path):
+    prep = make_prep(tmp_path)
+    (prep / "prep.txt").write_text("python 3.9\nplatform linux-x86_64\n")
+    t0 = time.time()
+    result = gpu_check("--rehearse", "--from", prep, "--out", tmp_path / "out")
+    assert one_line_error(result) and "was prepared for Python 3.9" in result.stderr
+    assert f"--python {sys.version_info[0]}.{sys.version_info[1]}" in result.stderr
+    assert time.time() - t0 < 30 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: (p / "X.txt.gz").write_bytes(b"plain text, not gzip\n"), "X.txt.gz is damaged"),
+    (lambda p: (p / "X.txt.gz").write_bytes((p / "X.txt.gz").read_bytes()[:-20]), "X.txt.gz is damaged"),
+    (lambda p: (p / "corpus_source.tsv").write_text("/data/X.txt 300\n"), "corpus_source.tsv is malformed"),
+    (lambda p: (p / "corpus_source.tsv").write_text("/data/X.txt\tmany\n"), "corpus_source.tsv is malformed"),
+    (lambda p: (p / "wheels" / "dill-0.4-py3-none-any.whl").write_bytes(truncated_wheel()), "wheel "),
+])
+def test_a_damaged_prep_is_refused_in_one_line_before_any_work(tmp_path, damage, message):
+    prep = make_prep(tmp_path)
+    damage(prep)
+    result = gpu_check("--rehearse", "--from", prep, "--out", tmp_path / "out")
+    assert one_line_error(result) and message in result.stderr and "make DIR again with --prepare" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def truncated_wheel():
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("dill/__init__.py", "x = 1\n" * 1000)
+    return buf.getvalue()[:-60]  # the central directory cut off, as by an interrupted copy
+
+
+def test_a_tab_a_newline_and_any_byte_in_a_message_keep_results_json_valid(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    tools("record", work, "build", "ok", "3")
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check_tools.py"), "record", str(work), "ladder",
+                    b"failed (exit 1): a\tb\nc\rd \xff", "4"], check=True)
+    assert tools("results", work, tmp_path / "results.json").returncode == 0
+    steps = json.loads((tmp_path / "results.json").read_text())["steps"]
+    assert steps == [{"step": "build", "status": "ok", "seconds": 3},
+                     {"step": "ladder", "status": "failed (exit 1): a b c d \ufffd", "seconds": 4}]
+
+
+def fake_bin(tmp_path, nvidia_smi=None):
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    (tmp_path / "bin" / "nvidia-smi").write_text(nvidia_smi or FAKE_NVIDIA_SMI)
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    return {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+
+
+def test_a_hang_before_the_first_step_is_cut_by_its_timeout(tmp_path):
+    env = {**fake_bin(tmp_path, "#!/bin/bash\nsleep 600\n"), "GPU_CHECK_PRE_TIMEOUT": "2"}
+    t0 = time.time()
+    result = gpu_check("--text", tmp_path / "x.txt", "--out", tmp_path / "out", env=env)
+    assert one_line_error(result) and "nvidia-smi -L did not answer in 2 s" in result.stderr
+    assert time.time() - t0 < 20
+
+
+@pytest.mark.slow
+def test_on_a_gpu_machine_cuda_tests_without_cuda_kernels_fail_in_one_line(tmp_path, tiny_mnist, text_file):
+    """nvidia-smi answers, but torch sees no CUDA device here (or the extension has no kernels): the
+    CUDA tests would all skip and pytest pass; the step fails and says what is missing."""
+    result = gpu_check("--mnist", tiny_mnist, "--text", text_file, "--out", tmp_path / "out", "--only", "cuda-tests",
+                       env=fake_bin(tmp_path), timeout=200)
+    assert result.returncode == 1
+    status = {s["step"]: s["status"] for s in json.loads((tmp_path / "out" / "results.json").read_text())["steps"]}
+    assert status["cuda-tests"].startswith("failed (exit 1): torch ") and "sees no CUDA device" in status["cuda-tests"]
+
+
+def test_cuda_ready_names_a_cpu_only_build(monkeypatch, capsys):
+    import torch
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gelu_ext
+    import gpu_check_tools
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gelu_ext, "is_built", lambda: True)
+    monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: False)
+    assert gpu_check_tools.cuda_ready() == 1
+    out = capsys.readouterr().out
+    assert out.startswith("gelu_ext was built without CUDA kernels") and len(out.splitlines()) == 1
+
+
+def test_a_second_call_into_a_locked_out_refuses_and_leaves_it_alone(tmp_path):
+    import fcntl
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the first gpu_check.sh holds it, before it has written anything
+    try:
+        result = gpu_check("--rehearse", "--mnist", tmp_path, "--text", __file__, "--out", out)
+    finally:
+        os.close(fd)
+    assert one_line_error(result) and "is in use by another gpu_check.sh" in result.stderr
+    assert list(out.iterdir()) == []
+
+
+SLOW_LENET = """import os, sys, time
+if sys.argv[0].endswith("lenet5.py"):
+    open(os.environ["LENET_PID_FILE"], "w").write(str(os.getpid()))
+    print("a failure\\twith a tab and a carriage return\\rin it \\xff", file=sys.stderr, flush=True)
+    if os.environ.get("LENET_FAIL"):
+        os._exit(1)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_running_step_records_it_and_exits(tmp_path, tiny_mnist, text_file):
+    import signal
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_LENET)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "LENET_PID_FILE": str(tmp_path / "pid")}
+    proc = subprocess.Popen(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--rehearse", "--mnist", tiny_mnist,
+                             "--text", text_file, "--out", tmp_path / "out", "--only", "lenet-torch"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (tmp_path / "pid").exists() and time.time() < deadline:
+        time.sleep(0.5)
+    pid = int((tmp_path / "pid").read_text())
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    time.sleep(1)
+    with pytest.raises(ProcessLookupError):  # the step's process group went with it
+        os.kill(pid, 0)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    status = {s["step"]: s["status"] for s in results["steps"]}
+    assert status["lenet-torch"] == "interrupted by SIGINT" and results["interrupted"].startswith("SIGINT at ")
+
+
+@pytest.mark.slow
+def test_a_failure_message_with_a_tab_and_a_carriage_return_keeps_results_json(tmp_path, tiny_mnist, text_file):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_LENET)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "LENET_PID_FILE": str(tmp_path / "pid"),
+           "LENET_FAIL": "1"}
+    result = gpu_check("--rehearse", "--mnist", tiny_mnist, "--text", text_file, "--out", tmp_path / "out",
+                       "--only", "lenet-torch,report", env=env, timeout=200)
+    assert result.returncode == 1
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    status = {s["step"]: s["status"] for s in results["steps"]}
+    assert status["lenet-torch"] == "failed (exit 1): a failure with a tab and a carriage return in it \u00ff"
+    assert status["report"] == "ok"  # results.json kept updating after it
