@@ -39,8 +39,8 @@ from data.tokenizer import default_tokenizer, open_tokenizer
 from training import CACHE_HOME, UserError, device, sample
 from training.batches import batch_stream, validate
 from training.budget import Budget, choose_micro_batch, due, plan_budget
-from training.checkpoints import (TrainState, check_same_run, load_state, open_run_dir, remove_checkpoints, restore,
-                                  run_identity, save_checkpoint, save_final)
+from training.checkpoints import (TrainState, check_same_run, continue_position, load_state, open_run_dir,
+                                  remove_checkpoints, restore, run_identity, save_checkpoint, save_final)
 from training.metrics import (STOP_EXIT_CODE, LossWindow, Throughput, describe_run, final_metrics, log_point,
                               startup_line, summary_line)
 from training.model import GPT, model_config
@@ -82,15 +82,15 @@ def build_parser():
                                                 "WOS46985/X.txt, downloaded if missing")
     add("--tokenizer", default=default_tokenizer(), help="tokenizer.json or 'gpt2'; the default is data/"
                                                              "tokenizer/tokenizer.json once tokenizer_train.py made it")
-    add("--out-dir", type=Path, default=None, help="checkpoints, TensorBoard, metrics of this run; one with a "
-                                                   "checkpoint is resumed; None: a new runs/gpt/<time>/")
+    add("--out-dir", type=files.path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
+        "new or empty folder, or one of gpt_train.py's (with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
     add("--tokens", type=int, default=12_000_000, help="training budget in tokens, all processes")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
         add(f"--{name.replace('_', '-')}", type=int, default=lab[name], help=f"(tiny preset: {tiny[name]})")
     add("--micro-batch", type=positive_int_or_auto, default="auto",
         help="sequences per process per forward pass, or auto: on a GPU the largest that fits (probed once per "
              f"GPU), on CPU the preset's (lab: {lab['micro_batch']}, tiny: {tiny['micro_batch']}); gradients are "
-             "accumulated to --global-batch")
+             "accumulated to --global-batch; a resume may change it (the same global batch is the same run)")
     add("--lr", type=finite_float, default=lab["lr"], help=f"peak learning rate (tiny preset: {tiny['lr']})")
     add("--warmup", type=finite_float, default=0.1, help="warm-up, fraction of the steps")
     add("--weight-decay", type=finite_float, default=0.1, help="on matrices only")
@@ -134,12 +134,18 @@ def parse_args(argv):
         p.error(f"--seq-len {args.seq_len} exceeds GPT-2's 1024 positions")
     if not 0 <= args.seed < 2**32:  # numpy's seed range
         p.error(f"--seed must be in [0, 2^32), got {args.seed}")
-    if args.lr <= 0:
-        p.error(f"--lr must be > 0, got {args.lr}")
-    for name in ("eval_every", "val_batches", "log_every"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0")
+    for name, ok, rule in ARG_RULES:
+        if not ok(getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)}")
     return args
+
+
+ARG_RULES = [  # (flag, check, what it must be): a value outside these trains nothing sensible
+    ("lr", lambda v: v > 0, "> 0"), ("grad_clip", lambda v: v > 0, "> 0 (0 clips every gradient to nothing)"),
+    ("warmup", lambda v: 0 <= v < 1, "in [0, 1), a fraction of the steps"), ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("val_fraction", lambda v: 0 < v < 0.5, "in (0, 0.5)"), ("eval_every", lambda v: v > 0, "> 0"),
+    ("val_batches", lambda v: v > 0, "> 0"), ("log_every", lambda v: v > 0, "> 0"),
+    ("ckpt_every", lambda v: v >= 0, ">= 0 (0: only on signals)"), ("sample_tokens", lambda v: v >= 0, ">= 0")]
 
 
 # ----------------------------------------------------------------------------- the accelerations
@@ -271,14 +277,14 @@ def set_up(args, argv, stack):
     if decisions.compile_mode != "off":
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
     accelerator = make_accelerator(decisions)
-    out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / time.strftime("%Y%m%d-%H%M%S"),
+    out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / files.new_run_name(),
                                  args.metrics_out, accelerator, stack,
                                  inputs={"--text": args.text, "--tokenizer": args.tokenizer})  # never overwritten
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     state, saved_identity = load_state(ckpt) if ckpt else (TrainState(), {})
-    identity = {**run_identity(args, tok.vocab_size, accelerator.num_processes), "tokenizer": tok.sha256[:16]}
-    check_same_run(saved_identity, identity)  # a resume must continue the same run
+    identity = run_identity(args, tok, files.sha256_file(text), decisions.precision, accelerator.num_processes)
+    check_same_run(saved_identity, identity)  # a resume must continue the same run: one line naming what differs
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
         splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
@@ -288,7 +294,8 @@ def set_up(args, argv, stack):
     model = GPT(cfg, loss=args.loss).to(accelerator.device)
     micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, decisions.precision, args.global_batch,
                                              PRESETS[args.preset]["micro_batch"], saved_identity.get("micro_batch"))
-    budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len)
+    unit = continue_position(state, saved_identity, micro)  # another micro-batch than the checkpoint's: recounted
+    budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len, unit)
     info = describe_run(args, argv, decisions, model, text, budget, accelerator.num_processes)
     model, train_model, optimizer = apply_accelerations(model, args, accelerator, decisions)
     if ckpt:
@@ -303,7 +310,8 @@ def set_up(args, argv, stack):
     writer, sampler = ((SummaryWriter(out_dir), sample.Sampler(tok.tokenizer, blocks["validation"], args.sample_tokens))
                        if accelerator.is_main_process else (None, None))
     return (Setup(args, accelerator, model, train_model, optimizer, budget, blocks, out_dir,
-                  {**identity, "micro_batch": budget.micro_batch}, info, writer, sampler), state, stats)
+                  {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}, info, writer,
+                  sampler), state, stats)
 
 
 def train(args, argv, stop):

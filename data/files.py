@@ -6,9 +6,13 @@ a lock on a run directory, and content hashes.
     check_output(path, what)   before training: the path can be written, or one clear error
     check_outputs_not_inputs   before training: no output path is one of the run's inputs
     RunLock(dir)               one run per directory; the kernel drops the lock when a process dies
+    claim_run_dir(dir, program)  a run directory: new, empty or this program's; locked; a failed start undone
+    new_run_name()             a default run folder's name: the time and a random suffix (runs started together)
+    path_flag                  argparse type of a path flag: an empty value is refused, not the current folder
     sha256_file(path)          what a checkpoint or a run depends on, by content
     cpu_name()                 the processor, for the hardware every measurement names
 """
+import argparse
 import errno
 import fcntl
 import hashlib
@@ -19,6 +23,7 @@ import secrets
 import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 
@@ -160,6 +165,75 @@ class RunLock:
 
     def __exit__(self, *exc):
         self.file.close()  # closing releases the lock
+
+
+OWNER_FILE = "run.owner"  # names the program that made a run directory: only it may use the folder again
+BOOKKEEPING = {"run.lock", OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
+
+
+def path_flag(text):
+    """A path flag's value; an empty one (`--out-dir=`, a shell variable left unset) would mean the current
+    folder, so it is refused instead."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a folder or file name (an empty value would mean "
+                                         "the current folder)")
+    return Path(text)
+
+
+def new_run_name():
+    """The time and a random suffix: two runs started in the same second (a job array) get two folders."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_dir_problem(path, program, what="--out-dir"):
+    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or its OWNER_FILE
+    names `program`), else why not. Only the folder's listing and owner file are read: nothing is written."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return f"{what} {path} is a file, not a folder"
+    if not {p.name for p in path.iterdir()} - BOOKKEEPING:
+        return None
+    try:
+        owner = (path / OWNER_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        owner = None
+    if owner == program:
+        return None
+    whose = f"a run of {owner}" if owner else f"files that are not a run of {program} (no {OWNER_FILE})"
+    return f"{what} {path} holds {whose}; give a new or empty folder (nothing was written)"
+
+
+def claim_run_dir(path, program, stack, what="--out-dir"):
+    """Take `path` for a run of `program` until `stack` closes: refused in one OutputError, before anything
+    is written, unless run_dir_problem() allows it; then created, written probe-checked, locked (RunLock)
+    and marked (OWNER_FILE). When `stack` closes, a folder that still holds nothing but BOOKKEEPING (a
+    start that failed before any work) is removed if this call made it, so the retry finds it as it was."""
+    path = Path(path)
+    problem = run_dir_problem(path, program, what)
+    if problem:
+        raise OutputError(problem)
+    fresh = not path.exists()
+    check_output_dir(path, what)
+    stack.enter_context(RunLock(path))
+    stack.callback(remove_if_unused, path, fresh)  # only once locked: another run's lock file is never touched
+    if not (path / OWNER_FILE).is_file() or (path / OWNER_FILE).read_text().strip() != program:
+        (path / OWNER_FILE).write_text(program + "\n")
+    return path
+
+
+def remove_if_unused(path, made_here):
+    """A run folder that holds only BOOKKEEPING: its files go, and the folder too if this run made it."""
+    try:
+        if {p.name for p in path.iterdir()} - BOOKKEEPING:
+            return
+        for name in BOOKKEEPING:
+            (path / name).unlink(missing_ok=True)
+        if made_here:
+            path.rmdir()
+    except OSError:  # already gone, or not ours to clean: nothing to undo
+        pass
 
 
 def sha256_file(path, chunk=1 << 22):

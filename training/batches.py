@@ -35,18 +35,22 @@ def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed)
 
 
 @torch.no_grad()
-def evaluate(model, blocks, accelerator, micro_batch, max_batches):
-    """Mean validation loss per token over the first max_batches micro-batches of each process's
-    shard, with the eager modules: evaluation must not trigger compilations."""
+def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
+    """Mean validation loss per token over the first max_batches x `unit` sequences (default: micro-
+    batches) of each process's shard, in micro-batches of micro_batch (a resume with another micro-batch
+    measures the same sequences), with the eager modules: evaluation must not trigger compilations."""
+    left = max_batches * (unit or micro_batch)
     model.eval()
     loader = prepare_data_loader(wos.epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
                                  accelerator.device, num_processes=accelerator.num_processes,
                                  process_index=accelerator.process_index, put_on_device=True, rng_types=[])
     total = torch.zeros(2, device=accelerator.device)
     with eager_mode():
-        for i, batch in enumerate(loader):
-            if i == max_batches:
+        for batch in loader:
+            batch = batch[:left]
+            if not len(batch):
                 break
+            left -= len(batch)
             with accelerator.autocast():
                 loss = model(batch[:, :-1], batch[:, 1:]).float()
             total += torch.stack([loss * len(batch), torch.tensor(float(len(batch)), device=total.device)])
@@ -60,7 +64,7 @@ def validate(setup, step):
     continuations of the fixed validation prompts (setup.sampler, main process only). Called outside
     the timed part of the loop."""
     val = evaluate(setup.model, setup.blocks["validation"], setup.accelerator, setup.budget.micro_batch,
-                   setup.args.val_batches)
+                   setup.args.val_batches, setup.budget.val_unit)
     if setup.writer:
         setup.writer.add_scalar("val/loss", val, step)
         if setup.sampler:

@@ -25,6 +25,11 @@ class Budget:
     accum: int
     seq_len: int
     total_micro: int
+    unit: int = 0  # the micro-batch the run started with: its budget and validation are counted in it (0: this one)
+
+    @property
+    def val_unit(self):  # sequences per --val-batches batch, the same across resumes with another micro-batch
+        return self.unit or self.micro_batch
 
     @property
     def tokens_per_micro(self):  # all processes together
@@ -48,22 +53,30 @@ def due(step, args, total_steps):
     return step % args.log_every == 0 or last, step % args.eval_every == 0 and not last, ckpt, last
 
 
-def plan_budget(tokens, global_batch, micro_batch, world, seq_len):
+def plan_budget(tokens, global_batch, micro_batch, world, seq_len, unit=None):
+    """The Budget of `tokens` in whole micro-batches of `unit` (the run's first micro-batch; default
+    `micro_batch`), counted in micro-batches of `micro_batch`: a resume with another micro-batch takes
+    the same sequences, so the same steps and learning-rate schedule."""
     if global_batch % (micro_batch * world):
         raise UserError(f"--global-batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
                         f"{world} processes")
-    per_micro = micro_batch * world * seq_len
-    return Budget(micro_batch, world, global_batch // (micro_batch * world), seq_len, math.ceil(tokens / per_micro))
+    unit = unit or micro_batch
+    sequences = math.ceil(tokens / (unit * world * seq_len)) * unit  # per process
+    return Budget(micro_batch, world, global_batch // (micro_batch * world), seq_len,
+                  math.ceil(sequences / micro_batch), unit if unit != micro_batch else 0)
 
 
 def choose_micro_batch(flag, model, accelerator, precision, global_batch, preset_micro, resumed_micro=None):
-    """(micro-batch, where it came from). A resume keeps the one it started with (the data position
-    counts micro-batches); auto on a GPU probes, on CPU takes the preset's; at most this process's share."""
+    """(micro-batch, where it came from). The flag wins, on a resume too (the same global batch is the
+    same run: a run that ran out of memory resumes with a smaller one); auto keeps a resume's, on a GPU
+    probes, on CPU takes the preset's; at most this process's share."""
     world = accelerator.num_processes
+    if flag != "auto":
+        if resumed_micro and flag != resumed_micro:
+            return flag, f"flag; the checkpoint had {resumed_micro}: same global batch"
+        return flag, "flag"
     if resumed_micro:
         return resumed_micro, "as the checkpoint"
-    if flag != "auto":
-        return flag, "flag"
     if accelerator.device.type != "cuda":
         return fit_micro_batch(global_batch, world, preset_micro), "preset"
     micro, source = probe_micro_batch(model, precision, accelerator.device, global_batch // world, world)

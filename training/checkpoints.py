@@ -5,7 +5,8 @@ and the run directory (checked, locked, never overwritten once finished).
     save_checkpoint         accelerate's save_state into ckpt-N.tmp, a manifest, then a rename
     latest_checkpoint       the newest checkpoint that verifies against its manifest
     run_identity            what a resume must match; check_same_run refuses anything else
-    open_run_dir            outputs checked, folder locked, the checkpoint to resume from found
+    continue_position       a resume with another micro-batch: the data position recounted
+    open_run_dir            outputs checked, folder claimed (new, empty or ours) and locked, the checkpoint found
     restore                 accelerate's load_state; a damaged file is named in one line
     save_final              after a successful run: the final weights kept, the optimizer checkpoints removed
 """
@@ -22,6 +23,7 @@ from accelerate.utils import broadcast_object_list
 from data import files
 from training import UserError
 
+PROGRAM = "gpt_train.py"  # the owner of its run directories (files.OWNER_FILE)
 MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
 # What a finished run keeps (training/sample.py loads it): the model's state_dict (torch.save: the tied
@@ -187,14 +189,47 @@ def latest_checkpoint(out_dir):
     return None, skipped
 
 
-def run_identity(args, vocab_size, world):
-    """What a checkpoint's run depends on (the micro-batch is added once chosen): a resume with
-    anything else is refused before any work."""
-    tokenizer_file = Path(args.tokenizer)
-    return {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "seq_len": args.seq_len,
-            "vocab_size": vocab_size, "tokenizer": files.sha256_file(tokenizer_file)[:16]
-            if tokenizer_file.is_file() else args.tokenizer, "tokens": args.tokens,
-            "global_batch": args.global_batch, "world_size": world, "seed": args.seed}
+# What a resume must match, each key with the flag that sets it. Identity: whatever changes the numbers
+# the run reports (data, split, schedule, shape, precision, the validation measure). Free: how the same
+# steps are run or recorded (--micro-batch: the same global batch accumulated differently; --compile,
+# --fused-adamw, --loss: the same math; --eval-every, --log-every, --ckpt-every, --sample-tokens, paths).
+IDENTITY_FLAGS = {
+    "corpus": "--text (its content)", "val_fraction": "--val-fraction", "seed": "--seed",
+    "tokenizer": "--tokenizer (its content)", "vocab_size": "--tokenizer (its vocabulary)",
+    "n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "seq_len": "--seq-len",
+    "tokens": "--tokens", "global_batch": "--global-batch", "world_size": "the number of processes",
+    "lr": "--lr", "warmup": "--warmup", "weight_decay": "--weight-decay", "grad_clip": "--grad-clip",
+    "precision": "--precision", "val_batches": "--val-batches"}
+
+
+def run_identity(args, tok, corpus_sha256, precision, world):
+    """What a checkpoint's run depends on (IDENTITY_FLAGS; the micro-batch is added once chosen, and
+    not compared): a resume with anything else is refused before any work."""
+    named = {"corpus": corpus_sha256[:16], "tokenizer": tok.sha256[:16], "vocab_size": tok.vocab_size,
+             "world_size": world, "precision": precision}
+    return {key: named[key] if key in named else getattr(args, key) for key in IDENTITY_FLAGS}
+
+
+def check_same_run(saved, current):
+    """A resume continues the same run: refuse, in one line naming every flag that differs, anything that
+    would change it (a key an older checkpoint did not record is not compared)."""
+    differ = [key for key, value in current.items() if key in saved and saved[key] != value]
+    if differ:
+        raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
+                        "; this run has " + ", ".join(f"{k} = {current[k]}" for k in differ) +
+                        f" ({', '.join(dict.fromkeys(IDENTITY_FLAGS.get(k, k) for k in differ))}): resume with "
+                        f"the same settings or pick a new --out-dir")
+
+
+def continue_position(state, saved, micro):
+    """A resume with another micro-batch than the checkpoint's (the same global batch, so the same steps,
+    accumulated differently): the data position, counted in the checkpoint's micro-batches, recounted in
+    micro-batches of `micro`. Checkpoints follow whole steps, so the sequences consumed convert exactly.
+    Returns the micro-batch the run's budget and validation are counted in (its first one)."""
+    old = saved.get("micro_batch")
+    if old and old != micro:
+        state.micro_batches = -(-state.micro_batches * old // micro)  # ceil: exact after a whole step
+    return saved.get("budget_micro_batch") or old or micro
 
 
 def run_outputs(out_dir, metrics_out):
@@ -207,26 +242,18 @@ def run_outputs(out_dir, metrics_out):
     return outputs
 
 
-def check_same_run(saved, current):
-    """A resume continues the same run: refuse, in one line, anything that would change it."""
-    for key, value in current.items():
-        if key in saved and saved[key] != value:
-            raise UserError(f"the checkpoint was made with {key} = {saved[key]}, this run has {value}; "
-                            f"resume with the same settings or pick a new --out-dir")
-
-
 def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None):
     """(out_dir, the checkpoint to resume from or None). Checks the outputs (none may be one of the
-    `inputs`, {flag: path}), locks the folder until `stack` closes (a finished run is never
-    overwritten); with several processes, the main one's answer."""
+    `inputs`, {flag: path}); claims the folder (files.claim_run_dir: new, empty or one of this program's)
+    and locks it until `stack` closes (a finished run is never overwritten); with several processes,
+    the main one's answer."""
     ckpt = None
     if accelerator.is_main_process:
         files.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),
                                        {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
-        files.check_output_dir(out_dir, "--out-dir")
         if metrics_out:
             files.check_output(metrics_out, "--metrics-out")
-        stack.enter_context(files.RunLock(out_dir))
+        files.claim_run_dir(out_dir, PROGRAM, stack)  # new, empty or gpt_train.py's; a failed start leaves none
         if (out_dir / "metrics.json").exists():
             raise UserError(f"{out_dir} holds a finished run (metrics.json); pick a new --out-dir")
         ckpt, skipped = latest_checkpoint(out_dir)
