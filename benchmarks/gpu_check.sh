@@ -259,7 +259,8 @@ cut_note() {  # the ladder is cut by design: how far it got
     [ "$1" = ladder ] || return 0
     "$PY" -c 'import json, sys
 try:
-    m = json.load(open(sys.argv[1])); print(f": {len(m[\"rungs\"])} of {m[\"rows_planned\"]} rows measured (the ladder takes what the budget leaves)")
+    m = json.load(open(sys.argv[1]))
+    print(": %d of %d rows measured (the ladder takes what the budget leaves)" % (len(m["rungs"]), m["rows_planned"]))
 except Exception:
     print(": no row measured")' "$RESULTS/gpt_bench_$GPU.json" 2>/dev/null
 }
