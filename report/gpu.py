@@ -22,13 +22,13 @@ from report.inputs import load_events, load_json, rel
 GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is drawn from, gpu_check.sh steps
     # that write them); the names match both the first H200 folder's files and gpu_check.sh's logs
     "gpu_utilization.png": ("GPU utilisation and power during the 12M-token GPT run",
-                            r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-cold"),
+                            r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-own-vocab"),
     # the warm run's snapshot first: the first H200 folder's cold snapshot is the ramp's first second (311 W)
     "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*warm.*\.txt|"
-                           r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-cold"),
+                           r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-own-vocab"),
     "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet.*\.txt",
                              "lenet-torch"),
-    "gpu_gpt_run.png": ("the 12M-token GPT run's curves", r"gpt_run_12M-cold.*\.json", "tokenizer,gpt-cold"),
+    "gpu_gpt_run.png": ("the 12M-token GPT run's curves", r"gpt_run_12M(-own-vocab)?-cold.*\.json", "tokenizer,gpt-own-vocab"),
     "gpu_ladder.png": ("the acceleration ladder on the GPU", r"gpt_bench.*\.json", "ladder"),
 }
 PREFERRED = ("cold", "torch")  # of several matching files: the cold-cache GPT run, LeNet with --act torch

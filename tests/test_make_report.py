@@ -183,8 +183,8 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
     for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png", "gpu_ladder.png"):
         assert (out / slot).read_bytes().startswith(b"\x89PNG"), slot
     # the one slot the folder cannot fill: one line, with the command that fills it, printed too
-    line = ("`gpu_gpt_run.png` (the 12M-token GPT run's curves): no file like gpt_run_12M-cold.*\\.json in "
-            f"{newer}; fill it with `bash benchmarks/gpu_check.sh --only tokenizer,gpt-cold --out")
+    line = ("`gpu_gpt_run.png` (the 12M-token GPT run's curves): no file like gpt_run_12M(-own-vocab)?-cold.*\\.json in "
+            f"{newer}; fill it with `bash benchmarks/gpu_check.sh --only tokenizer,gpt-own-vocab --out")
     assert line in text and line in capsys.readouterr().out
 
 
@@ -193,7 +193,7 @@ def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path,
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "none"), "--out", str(out),
                       "--no-screenshots"])
     text, printed = (out / "results.md").read_text(), capsys.readouterr().out
-    for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-cold"), ("nvidia_smi_gpt.png", "tokenizer,gpt-cold"),
+    for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab"), ("nvidia_smi_gpt.png", "tokenizer,gpt-own-vocab"),
                         ("nvidia_smi_lenet.png", "lenet-torch"), ("gpu_ladder.png", "ladder")):
         line = next(line for line in text.splitlines() if line.startswith(f"- `{slot}`"))
         assert f"no GPU results; fill it with `bash benchmarks/gpu_check.sh --only {steps} --out" in line
@@ -484,3 +484,13 @@ def test_the_ladder_figure_draws_ranges_and_leaves_out_a_failed_row(tmp_path):
         {"name": "  candidate: out of memory", "error": "CUDA out of memory"}]}
     lines = figures.ladder_figure("ladder", bench, tmp_path)
     assert lines == ["![ladder](ladder.png)"] and (tmp_path / "ladder.png").stat().st_size > 1000
+
+
+def test_the_gpu_slots_take_gpu_checks_run_names_the_default_run_first():
+    from report.gpu import GPU_SLOTS, pick
+    names = [f"gpt_run_12M-{kind}_NVIDIA_H200.json" for kind in
+             ("own-vocab-fp16", "gpt2-vocab-cold", "own-vocab-regional-compile-cold", "own-vocab-cold")]
+    assert pick(names, GPU_SLOTS["gpu_gpt_run.png"][1]) == "gpt_run_12M-own-vocab-cold_NVIDIA_H200.json"
+    assert pick(["gpt_run_12M-cold_standin_h200.json"], GPU_SLOTS["gpu_gpt_run.png"][1])  # the first H200 folder's
+    csvs = ["nvidia-smi-gpt-gpt2-vocab.csv", "nvidia-smi-gpt-own-vocab-regional-compile.csv", "nvidia-smi-gpt-own-vocab.csv"]
+    assert pick(csvs, GPU_SLOTS["gpu_utilization.png"][1]) == "nvidia-smi-gpt-own-vocab.csv"
