@@ -112,7 +112,8 @@ def build_parser():
     add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only on signals")
     add("--keep-checkpoints", action="store_true", help="keep the optimizer checkpoints of a finished run, and "
         "write one after its last step (else only its final weights stay: final/model.pt)")
-    add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: data/cache")
+    add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: the repository's data/cache "
+                                                     "(LAB5_DATA or not)")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
     return p
@@ -329,7 +330,7 @@ def train(args, argv, stop):
         metrics = {**final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
                                    time.perf_counter() - t_start, setup.info), **info,
                    "samples": setup.sampler and setup.sampler.last}  # the final continuations
-        save_final(setup.accelerator, setup.model, setup.out_dir)  # for sampling; outside the timing
+        save_final(setup.accelerator, setup.model, setup.out_dir, setup.sampler and setup.sampler.tokenizer)  # untimed
         if setup.accelerator.is_main_process:
             setup.writer.close()
             for path in [setup.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):

@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -30,7 +29,7 @@ from tqdm import tqdm
 
 from data import files
 from data.files import UserError
-from data.mnist import MNIST, Batches, find_mnist
+from data.mnist import Batches, find_mnist, load_train_test
 from training.device import device_name, gpu_stats
 
 REPO = Path(__file__).resolve().parent
@@ -135,13 +134,6 @@ def log_images(writer, model, digits, epoch):
                          make_grid(tiles, nrow=maps.shape[1], normalize=True, scale_each=True, pad_value=1), epoch)
 
 
-def log_gpu(writer, device, step):
-    """GPU utilisation and memory (NVML where nvidia-ml-py is installed) into TensorBoard."""
-    if device.type == "cuda":
-        for tag, value in gpu_stats(device).items():
-            writer.add_scalar(tag, value, step)
-
-
 def pick_device(name):
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -150,17 +142,12 @@ def pick_device(name):
     return torch.device(name)
 
 
-def new_run_dir(out_dir, act, engine):
-    if out_dir is None:
-        suffix = f"-{engine}" if engine != "plain" else ""
-        out_dir = REPO / "runs" / "lenet5" / f"{time.strftime('%Y%m%d-%H%M%S')}-{act}{suffix}"
-        while out_dir.exists():
-            out_dir = out_dir.with_name(out_dir.name + "+")
-    out_dir = Path(out_dir)
-    files.check_output_dir(out_dir, "--out-dir")
-    if any(out_dir.iterdir()):
-        raise UserError(f"--out-dir {out_dir} is not empty; pick a new one (runs are never overwritten)")
-    return out_dir
+def new_run_dir(out_dir, act, engine, stack):
+    """--out-dir, or a new runs/lenet5/<time>-<id>-<act>[-lightning]/: new or empty (a LeNet run is never
+    resumed, so never overwritten), locked while the run lives; a start that fails leaves no folder."""
+    suffix = f"-{engine}" if engine != "plain" else ""
+    out_dir = out_dir or REPO / "runs" / "lenet5" / f"{files.new_run_name()}-{act}{suffix}"
+    return files.claim_run_dir(out_dir, "lenet5.py", stack, reuse=False)
 
 
 def check_outputs(args):
@@ -212,8 +199,8 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=positive(int), default=128, help="(default: %(default)s)")
     p.add_argument("--lr", type=positive(float), default=8e-3, help="peak AdamW learning rate of the warm-up + "
                                                                     "cosine schedule (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="weights and shuffling (default: %(default)s)")
-    p.add_argument("--out-dir", type=Path, default=None,
+    p.add_argument("--seed", type=files.seed_flag, default=0, help="weights and shuffling (default: %(default)s)")
+    p.add_argument("--out-dir", type=files.path_flag, default=None,
                    help="this run's TensorBoard logs and outputs (default: a new runs/lenet5/<time>-<act>[-lightning]/)")
     p.add_argument("--log-every", type=positive(int), default=50, help="steps between train-loss points (default: %(default)s)")
     p.add_argument("--save", type=Path, default=None, help="write the trained state_dict here")
@@ -225,30 +212,32 @@ def main(argv=None):
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     try:
-        return run(args)
+        with contextlib.ExitStack() as stack:  # the run folder's lock, held to the end
+            return run(args, stack)
     except UserError as e:  # MNISTError, OutputError too
         sys.exit(f"error: {e}")
 
 
-def run(args):
+def run(args, stack):
     torch.manual_seed(args.seed)
     torch.set_flush_denormal(True)  # tiny activations late in training would otherwise hit slow denormal math on CPU
     device = pick_device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest conv
-    out_dir = new_run_dir(args.out_dir, args.act, args.engine)
     check_outputs(args)
-    paths = find_mnist(args.data_dir, download=not args.no_download)
-    train_set, test_set = (MNIST(*paths[split]).to(device) for split in ("train", "test"))
+    fit = fit_lightning if args.engine == "lightning" else fit_plain
+    if fit is fit_lightning:
+        need_lightning()  # missing: one line now, before the run folder is made
+    out_dir = new_run_dir(args.out_dir, args.act, args.engine, stack)
+    train_set, test_set = (ds.to(device) for ds in load_train_test(find_mnist(args.data_dir, not args.no_download)))
     model = LeNet5(make_gelu(args.act, device)).to(device)
     params = sum(p.numel() for p in model.parameters())
     print(f"LeNet-5 ({params:,} parameters), act={args.act}, engine={args.engine}, device={device}, "
           f"{len(train_set):,} train / {len(test_set):,} test images, logs in {out_dir}")
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
-    fit = fit_lightning if args.engine == "lightning" else fit_plain
     record = {"history": [], "train_seconds": 0.0, "curve": [], "steps": 0}  # filled by fit as it goes
     try:
-        with quiet_writer_thread():
+        with files.quiet_writer_thread():
             files.write_json(out_dir / "args.json", vars(args))
             fit(args, model, train_set, test_set, digits, out_dir, device, record)
     except (OSError, files.OutputError) as e:  # a full or failing disk under out_dir: the event file, images, args.json
@@ -301,22 +290,6 @@ def keep_what_we_can(args, model, metrics, failure=None):
     return None
 
 
-@contextlib.contextmanager
-def quiet_writer_thread():
-    """TensorBoard's writer thread keeps a failed write (a full disk) for the main thread, which stops
-    the run in one line, and then re-raises it, so threading would print a second, long traceback."""
-    previous = threading.excepthook
-
-    def hook(info):
-        if not (isinstance(info.exc_value, OSError) and type(info.thread).__name__ == "_AsyncWriterThread"):
-            previous(info)
-    threading.excepthook = hook
-    try:
-        yield
-    finally:
-        threading.excepthook = previous
-
-
 def epoch_done(writer, model, digits, device, record, epoch, step, test_loss, test_acc, train_seconds):
     """What both engines do after an epoch: the record, the test figures in TensorBoard, images, GPU use, a line."""
     check_finite(test_loss, f"test loss after epoch {epoch}")
@@ -325,7 +298,8 @@ def epoch_done(writer, model, digits, device, record, epoch, step, test_loss, te
     writer.add_scalar("test/loss", test_loss, step)
     writer.add_scalar("test/accuracy", test_acc, step)
     log_images(writer, model, digits, epoch)
-    log_gpu(writer, device, step)
+    for tag, value in (gpu_stats(device) if device.type == "cuda" else {}).items():  # NVML, where installed
+        writer.add_scalar(tag, value, step)
     print(f"epoch {epoch}: test loss {test_loss:.4f}, accuracy {test_acc:.2%} ({train_seconds:.1f} s training)")
 
 
@@ -366,10 +340,7 @@ def fit_lightning(args, model, train_set, test_set, digits, out_dir, device, rec
     """The same model, batches, optimizer, schedule and test pass, driven by lightning.Trainer: it runs
     the loop, steps optimizer and scheduler, runs the test pass and the callbacks. The data already
     lives on the device, so it moves nothing. Fills `record` as fit_plain does."""
-    try:
-        import lightning as L  # here, not at the top: the import takes ~4 s the plain loop need not pay
-    except ImportError as e:
-        raise UserError("--engine lightning needs the lightning package: pip install -r requirements.txt") from e
+    L = need_lightning()
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "TPU available: ..."
     warnings.filterwarnings("ignore", message=".*(srun. command is available|LeafSpec)")  # hints not for us
     train_loader = Batches(train_set, args.batch_size, shuffle=True, seed=args.seed)
@@ -383,6 +354,15 @@ def fit_lightning(args, model, train_set, test_set, digits, out_dir, device, rec
     trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=Batches(test_set, 1000, shuffle=False))
     logger.experiment.flush()  # raises what the writer thread could not write
     logger.experiment.close()
+
+
+def need_lightning():
+    """lightning, imported on first use: the import takes ~4 s the plain loop need not pay."""
+    try:
+        import lightning
+    except ImportError as e:
+        raise UserError(f"--engine lightning needs the lightning package ({e}): pip install -r requirements.txt") from None
+    return lightning
 
 
 def lightning_module(L):

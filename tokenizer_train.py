@@ -121,19 +121,22 @@ def parse_args(argv):
                    help="where tokenizer.json goes (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--val-fraction", type=float, default=0.005, help="held-out documents (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="of the train/validation split (default: %(default)s)")
+    p.add_argument("--seed", type=files.seed_flag, default=0, help="of the train/validation split (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=1024,
                    help="gpt_train.py's --seq-len: also tokenise the corpus into the blocks of seq_len + 1 tokens it "
                         "reads from the cache; 0 = skip (default: %(default)s)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="datasets cache (default: data/cache)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="datasets cache (default: the repository's "
+                                                                 "data/cache, LAB5_DATA or not)")
     p.add_argument("--compare", default="gpt2",
                    help="tokenizer to compare with: a tokenizer.json, a folder (data/gpt2-tokenizer/), a hub name "
                         "found locally (the HF cache or data/<name>-tokenizer/), or 'none' (default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
     args = p.parse_args(argv)
-    if args.vocab_size < 512 or args.vocab_size % 64:
-        p.error(f"--vocab-size must be a multiple of 64 and >= 512, got {args.vocab_size}")
+    if not 512 <= args.vocab_size < 2**31 or args.vocab_size % 64:  # the tokenizers library's ids are 32-bit
+        p.error(f"--vocab-size must be a multiple of 64 in [512, 2^31), got {args.vocab_size}")
+    if not 0 <= args.min_frequency < 2**32:
+        p.error(f"--min-frequency must be in [0, 2^32), got {args.min_frequency}")
     if not 0 < args.val_fraction < 0.5:
         p.error(f"--val-fraction must be in (0, 0.5), got {args.val_fraction}")
     if args.seq_len < 0:

@@ -8,11 +8,13 @@ a lock on a run directory, and content hashes.
     RunLock(dir)               one run per directory; the kernel drops the lock when a process dies
     claim_run_dir(dir, program)  a run directory: new, empty or this program's; locked; a failed start undone
     new_run_name()             a default run folder's name: the time and a random suffix (runs started together)
-    path_flag                  argparse type of a path flag: an empty value is refused, not the current folder
+    path_flag, seed_flag       argparse types: an empty path is refused (not the current folder); a seed in range
+    quiet_writer_thread()      TensorBoard's writer thread: a failed write stops the run in one line, not two tracebacks
     sha256_file(path)          what a checkpoint or a run depends on, by content
     cpu_name()                 the processor, for the hardware every measurement names
 """
 import argparse
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -180,14 +182,23 @@ def path_flag(text):
     return Path(text)
 
 
+def seed_flag(text):
+    """A seed flag's value: in [0, 2^32), the range every generator here (torch, numpy, datasets) takes."""
+    value = int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"a seed must be in [0, 2^32), got {text}")
+    return value
+
+
 def new_run_name():
     """The time and a random suffix: two runs started in the same second (a job array) get two folders."""
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def run_dir_problem(path, program, what="--out-dir"):
-    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or its OWNER_FILE
-    names `program`), else why not. Only the folder's listing and owner file are read: nothing is written."""
+def run_dir_problem(path, program, what="--out-dir", reuse=True):
+    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse` (a
+    resume), its OWNER_FILE names `program`), else why not. Only the folder's listing and owner file are
+    read: nothing is written."""
     path = Path(path)
     if not path.exists():
         return None
@@ -199,19 +210,20 @@ def run_dir_problem(path, program, what="--out-dir"):
         owner = (path / OWNER_FILE).read_text().strip()
     except (OSError, UnicodeDecodeError):
         owner = None
-    if owner == program:
+    if owner == program and reuse:
         return None
-    whose = f"a run of {owner}" if owner else f"files that are not a run of {program} (no {OWNER_FILE})"
-    return f"{what} {path} holds {whose}; give a new or empty folder (nothing was written)"
+    whose = (f"a run of {program} already (runs are never overwritten)" if owner == program else
+             f"a run of {owner}" if owner else f"files that are not a run of {program} (no {OWNER_FILE})")
+    return f"{what} {path} is not empty: it holds {whose}; give a new or empty folder (nothing was written)"
 
 
-def claim_run_dir(path, program, stack, what="--out-dir"):
+def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
     """Take `path` for a run of `program` until `stack` closes: refused in one OutputError, before anything
     is written, unless run_dir_problem() allows it; then created, written probe-checked, locked (RunLock)
     and marked (OWNER_FILE). When `stack` closes, a folder that still holds nothing but BOOKKEEPING (a
     start that failed before any work) is removed if this call made it, so the retry finds it as it was."""
     path = Path(path)
-    problem = run_dir_problem(path, program, what)
+    problem = run_dir_problem(path, program, what, reuse)
     if problem:
         raise OutputError(problem)
     fresh = not path.exists()
@@ -254,3 +266,19 @@ def cpu_name():
         pass
     import platform
     return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def quiet_writer_thread():
+    """TensorBoard's writer thread keeps a failed write (a full disk) for the main thread, which stops
+    the run in one line, and then re-raises it, so threading would print a second, long traceback."""
+    previous = threading.excepthook
+
+    def hook(info):
+        if not (isinstance(info.exc_value, OSError) and type(info.thread).__name__ == "_AsyncWriterThread"):
+            previous(info)
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous

@@ -1,6 +1,7 @@
 """MNIST for lenet5.py: the IDX files parsed here, the whole set held as one uint8 tensor.
 
     find_mnist(data_dir, download)  -> the four IDX paths (torchvision downloads missing ones)
+    load_train_test(paths)          -> the two datasets; swapped train/test files refused by their sizes
     read_idx(path)                  -> one uint8 tensor, every header field checked
     MNIST(images, labels).to(dev)   -> the set on the training device; ds[indices] is a whole batch
     Batches(ds, batch_size, ...)    -> one pass: a seeded permutation copied to the device once, sliced
@@ -83,6 +84,18 @@ def find_mnist(data_dir, download):
         raise MNISTError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "
                          f"(from https://ossci-datasets.s3.amazonaws.com/mnist/), or pass --data-dir")
     return {split: tuple(_lookup(roots, n) for n in pair) for split, pair in FILES.items()}
+
+
+def load_train_test(paths):
+    """(train, test) MNIST datasets from find_mnist's paths. MNIST's training files hold 60,000 images and
+    its test files 10,000: files swapped under each other's names (a test accuracy measured on the training
+    images) are refused by their sizes."""
+    train, test = (MNIST(*paths[split]) for split in ("train", "test"))
+    if len(train) < len(test):
+        raise MNISTError(f"the training files ({paths['train'][0]}) hold {len(train):,} images, the test files "
+                         f"({paths['test'][0]}) {len(test):,}: swapped? MNIST's training set is the larger "
+                         f"(60,000 against 10,000); give each file its own name")
+    return train, test
 
 
 class MNIST(Dataset):

@@ -10,7 +10,7 @@ they read it with: data/tokenizer.py).
       -> batches in a seeded order, one epoch = one permutation  epoch_loader()
 
 Everything after reading is done by `datasets` (imported only there: the rest works without it).
-Its fingerprints key the text's cache under data/cache/ (a changed file: path, size or mtime, is
+Its fingerprints key the text's cache under the repository's data/cache/ (LAB5_DATA or not; a changed file: path, size or mtime, is
 read afresh); the token blocks sit beside it in one folder per tokenizer (tokens-v1-<its sha256>),
 so a second run loads them instead of tokenising again. Every cached file is verified when used;
 a damaged one is rebuilt once, or refused in one line naming the folder to delete.
@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 import zipfile
@@ -62,17 +63,27 @@ def default_text():
 
 
 def default_cache():
-    return data_root() / "cache"
+    """The repository's data/cache, as the docs say, with LAB5_DATA set too: a shared data folder is read, never written."""
+    return REPO / "data" / "cache"
 
 
 # ----------------------------------------------------------------------------- the file
 
 def download_wos(dest):
-    """Fetch WebOfScience.zip and unpack WOS46985/X.txt to dest (where there is internet)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    archive = dest.parent / "WebOfScience.zip.part"
+    """Fetch WebOfScience.zip and unpack WOS46985/X.txt to dest (where there is internet). The archive goes
+    to a temporary folder: a failed download leaves nothing in the data folder, not even dest's folder."""
     request = urllib.request.Request(WOS_ZIP_URL, headers={"User-Agent": "Mozilla/5.0"})
     print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="wos-") as scratch:
+        data = fetch_x_txt(request, Path(scratch) / "WebOfScience.zip")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+
+
+def fetch_x_txt(request, archive):
+    """WOS46985/X.txt's bytes from the archive at `request`, downloaded to `archive`."""
     with urllib.request.urlopen(request, timeout=60) as response, open(archive, "wb") as out:
         while chunk := response.read(1 << 20):
             out.write(chunk)
@@ -85,10 +96,7 @@ def download_wos(dest):
             inner = next(n for n in names if n.endswith(".zip"))
             with zipfile.ZipFile(outer.open(inner)) as z:
                 data = z.read(next(n for n in z.namelist() if n.endswith("WOS46985/X.txt")))
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
-    archive.unlink()
+    return data
 
 
 def resolve_text(path=None, download=True):

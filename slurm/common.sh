@@ -16,14 +16,20 @@ wait_for() {
 }
 
 # out_dir_flag ARGS...: the value of the last --out-dir in ARGS (as argparse takes it), or nothing.
+# A given but empty one (--out-dir=, --out-dir "$UNSET") stops the job in one line: left to the
+# default, the job would print one folder and gpt_train.py take the empty value.
 out_dir_flag() {
-    local out=""
+    local out="" given=""
     while [ $# -gt 0 ]; do
         case $1 in
-            --out-dir) out=${2:-}; shift ;;
-            --out-dir=*) out=${1#--out-dir=} ;;
+            --out-dir) out=${2:-}; given=1; shift ;;
+            --out-dir=*) out=${1#--out-dir=}; given=1 ;;
         esac
         shift
     done
+    if [ -n "$given" ] && [ -z "${out//[[:space:]]/}" ]; then
+        echo "error: --out-dir is empty; give a folder, or leave the flag out for a new runs/gpt/ folder" >&2
+        return 2
+    fi
     echo "$out"
 }

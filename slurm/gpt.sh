@@ -24,9 +24,9 @@ REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
 # One run directory per job (unless --out-dir is given): a requeued job keeps its id, so it finds
 # its own checkpoints and resumes.
-OUT_DIR=$(out_dir_flag "$@")
+OUT_DIR=$(out_dir_flag "$@") || exit 2
 if [ -z "$OUT_DIR" ]; then
-    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)-$$}"
     set -- --out-dir "$OUT_DIR" "$@"
 fi
 echo "out $OUT_DIR"  # the micro-batch: gpt_train.py's --micro-batch auto probes what fits this GPU

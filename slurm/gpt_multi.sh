@@ -28,9 +28,9 @@ if [ "${0##*/}" = slurm_script ]; then
 fi
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
-OUT_DIR=$(out_dir_flag "$@")  # one run directory per job unless --out-dir is given (as in gpt.sh)
+OUT_DIR=$(out_dir_flag "$@") || exit 2  # one run directory per job unless --out-dir is given (as in gpt.sh)
 if [ -z "$OUT_DIR" ]; then
-    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt-multi}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt-multi}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)-$$}"
     set -- --out-dir "$OUT_DIR" "$@"
 fi
 GPUS=${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
