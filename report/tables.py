@@ -54,6 +54,9 @@ def ladder_table(bench):
                                              if repeats > 1 else "one measurement per rung:"), "",
             "| # | rung | tokens/s | ms/step | MFU | speed-up |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(bench["rungs"], 1):
+        if "error" in r:  # out of memory, or an SDPA backend this GPU does not have: said, not measured
+            rows.append(f"| {i} | {r['name'].strip()} | not measured: {' '.join(str(r['error']).split())[:160]} | | | |")
+            continue
         spread = " [{:,.0f}–{:,.0f}]".format(*r["tokens_per_second_range"]) if "tokens_per_second_range" in r else ""
         noise = " (within noise of the rung above)" if r.get("within_noise_of_previous") else ""
         rows.append(f"| {i} | {r['name'].strip()} | {r['tokens_per_second']:,.0f}{spread} | {r['ms_per_step']:,.1f} | "

@@ -494,3 +494,14 @@ def test_the_gpu_slots_take_gpu_checks_run_names_the_default_run_first():
     assert pick(["gpt_run_12M-cold_standin_h200.json"], GPU_SLOTS["gpu_gpt_run.png"][1])  # the first H200 folder's
     csvs = ["nvidia-smi-gpt-gpt2-vocab.csv", "nvidia-smi-gpt-own-vocab-regional-compile.csv", "nvidia-smi-gpt-own-vocab.csv"]
     assert pick(csvs, GPU_SLOTS["gpu_utilization.png"][1]) == "nvidia-smi-gpt-own-vocab.csv"
+
+
+def test_a_ladder_row_that_was_not_measured_is_a_table_row_that_says_why():
+    from report.tables import ladder_table
+    bench = {"device_name": "NVIDIA H200", "micro_batch": 16, "seq_len": 1024, "vocab_size": 16384, "repeats": 3,
+             "rungs": [{"name": "default", "tokens_per_second": 4e5, "ms_per_step": 40.0, "mfu": 0.4, "speedup": 1.0},
+                       {"name": "SDPA cudnn", "error": "SDPA's cudnn_attention backend not available here:\nNo kernel"}]}
+    rows = ladder_table(bench)
+    assert rows[-1] == ("| 2 | SDPA cudnn | not measured: SDPA's cudnn_attention backend not available here: No kernel "
+                        "| | | |")
+    assert "400,000" in rows[-2]
