@@ -1,4 +1,6 @@
 """data/files.py: what the scripts share about files."""
+import argparse
+import contextlib
 import errno
 import json
 import os
@@ -8,6 +10,7 @@ import threading
 
 import pytest
 
+from conftest import REPO
 from data import files
 
 
@@ -117,3 +120,66 @@ def test_write_json_never_follows_a_symlink_planted_at_its_temporary_name(tmp_pa
     assert victim.read_text() == "precious" and json.loads(target.read_text()) == {"ok": True}
     assert not target.is_symlink() and planted.is_symlink() and old_name.is_symlink()
     assert not (tmp_path / "m.json.fresh.tmp").exists()
+
+
+# ------------------------------------------------------------------ run directories
+
+def test_a_run_folder_is_new_empty_or_the_programs_own(tmp_path):
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    lenet = tmp_path / "lenet"
+    lenet.mkdir()
+    (lenet / files.OWNER_FILE).write_text("lenet5.py\n")
+    (lenet / "args.json").write_text("{}")
+    leftover = tmp_path / "leftover"  # what an older failed start left: only the lock
+    leftover.mkdir()
+    (leftover / "run.lock").write_text("123")
+    assert files.run_dir_problem(tmp_path / "new", "gpt_train.py") is None
+    assert files.run_dir_problem(leftover, "gpt_train.py") is None
+    assert "files that are not a run of gpt_train.py" in files.run_dir_problem(stranger, "gpt_train.py")
+    assert "holds a run of lenet5.py" in files.run_dir_problem(lenet, "gpt_train.py")
+    assert "not a run of gpt_train.py" in files.run_dir_problem(REPO, "gpt_train.py")  # the repository root
+    assert files.run_dir_problem(lenet, "lenet5.py") is None  # its own, to resume
+    assert "never overwritten" in files.run_dir_problem(lenet, "lenet5.py", reuse=False)
+    before = sorted(p.name for p in stranger.iterdir())
+    with contextlib.ExitStack() as stack, pytest.raises(files.OutputError, match="not empty"):
+        files.claim_run_dir(stranger, "gpt_train.py", stack)
+    assert sorted(p.name for p in stranger.iterdir()) == before  # nothing written
+
+
+def test_a_failed_start_leaves_no_run_folder_and_a_used_one_stays(tmp_path):
+    with pytest.raises(RuntimeError), contextlib.ExitStack() as stack:
+        files.claim_run_dir(tmp_path / "failed", "gpt_train.py", stack)
+        assert (tmp_path / "failed" / files.OWNER_FILE).read_text() == "gpt_train.py\n"
+        raise RuntimeError("the start failed")
+    assert not (tmp_path / "failed").exists()
+    (tmp_path / "empty").mkdir()  # given empty: it stays, empty
+    with contextlib.ExitStack() as stack:
+        files.claim_run_dir(tmp_path / "empty", "gpt_train.py", stack)
+    assert list((tmp_path / "empty").iterdir()) == []
+    with contextlib.ExitStack() as stack:
+        files.claim_run_dir(tmp_path / "used", "gpt_train.py", stack)
+        (tmp_path / "used" / "metrics.json").write_text("{}")
+    assert {p.name for p in (tmp_path / "used").iterdir()} == {"metrics.json", files.OWNER_FILE, "run.lock"}
+
+
+def test_a_run_folder_locked_by_another_run_keeps_its_lock(tmp_path):
+    with files.RunLock(tmp_path / "run"), contextlib.ExitStack() as stack:
+        with pytest.raises(files.OutputError, match="in use by another run"):
+            files.claim_run_dir(tmp_path / "run", "gpt_train.py", stack)
+        assert (tmp_path / "run" / "run.lock").read_text() == str(os.getpid())
+
+
+def test_an_empty_path_flag_and_a_seed_out_of_range_are_refused():
+    for text in ("", "  "):
+        with pytest.raises(argparse.ArgumentTypeError, match="empty"):
+            files.path_flag(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\[0, 2\^32\)"):
+        files.seed_flag(str(2**64))
+    assert files.path_flag("runs/x").name == "x" and files.seed_flag("7") == 7
+
+
+def test_default_run_names_of_one_second_differ():
+    names = {files.new_run_name() for _ in range(20)}
+    assert len(names) == 20

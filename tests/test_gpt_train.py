@@ -4,10 +4,12 @@ import inspect
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -359,3 +361,87 @@ def test_a_preset_sets_the_defaults_and_flags_override_them():
 def test_flags_nobody_used_are_gone(flag):
     result = run_script("gpt_train.py", flag, "x")
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
+
+
+# ------------------------------------------------------------------ the run directory, the run identity
+
+@pytest.mark.parametrize("where", ["root", "repository", "lenet run", "stranger"])
+def test_an_out_dir_that_is_not_gpt_trains_is_refused_before_any_work(corpus, tmp_path, where, capsys):
+    folder = {"root": Path("/"), "repository": REPO, "lenet run": tmp_path / "lenet", "stranger": tmp_path / "s"}[where]
+    if where in ("lenet run", "stranger"):
+        folder.mkdir()
+        (folder / "args.json").write_text('{"act": "torch"}')
+        if where == "lenet run":
+            (folder / "run.owner").write_text("lenet5.py\n")
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(SystemExit) as stop:
+        gpt_train.main(tiny_args(corpus, folder, "--tokens", "2000"))
+    assert str(stop.value).startswith(f"error: --out-dir {folder} is not empty: it holds ")
+    assert "\n" not in str(stop.value) and sorted(p.name for p in folder.iterdir()) == before  # nothing written
+    assert "GPT-2" not in capsys.readouterr().out  # refused before the set-up line
+
+
+def test_an_empty_out_dir_is_refused_not_the_current_folder(corpus, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpt_train.main(tiny_args(corpus, "", "--tokens", "2000"))
+    assert stop.value.code == 2 and "--out-dir: an empty path" in capsys.readouterr().err
+
+
+def test_a_failed_start_leaves_no_run_folder(corpus, tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="no such file"):
+        gpt_train.main(tiny_args(corpus, tmp_path / "run", "--text", str(tmp_path / "missing.txt")))
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(gpt_train, "REPO", tmp_path / "repo")  # the default folder, runs/gpt/<time>-<id>/
+    args = [a for a in tiny_args(corpus, "x", "--text", str(tmp_path / "missing.txt")) if a != "x"]
+    args.remove("--out-dir")
+    with pytest.raises(SystemExit, match="no such file"):
+        gpt_train.main(args)
+    assert list((tmp_path / "repo" / "runs" / "gpt").iterdir()) == []
+
+
+def test_a_resume_names_every_flag_that_changes_the_run(corpus, tmp_path):
+    reference, common = unfinished_run(corpus, tmp_path / "run")
+    other = tmp_path / "other.txt"
+    other.write_text((corpus / "X.txt").read_text() + "One more document.\n")
+    for change, names in [(["--text", str(other)], "corpus = "), (["--val-fraction", "0.2"], "val_fraction = 0.005"),
+                          (["--lr", "0.1", "--warmup", "0.2"], "lr = 0.003, warmup = 0.1; this run has lr = 0.1, "
+                                                               "warmup = 0.2 (--lr, --warmup)"),
+                          (["--grad-clip", "0.5"], "grad_clip = 1.0"), (["--seed", "1"], "seed = 0")]:
+        with pytest.raises(SystemExit) as stop:
+            gpt_train.main(tiny_args(corpus, tmp_path / "run", *common, *change))
+        assert str(stop.value).startswith("error: the checkpoint was made with " + names), str(stop.value)
+        assert "\n" not in str(stop.value)
+    same_text = tmp_path / "copy" / "X.txt"  # the corpus is its content, not its path; logging is free
+    same_text.parent.mkdir()
+    same_text.write_bytes((corpus / "X.txt").read_bytes())
+    resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common, "--text", str(same_text),
+                                       "--eval-every", "3", "--sample-tokens", "0"))
+    assert resumed["resumed"] and resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
+
+
+def test_a_resume_with_another_micro_batch_continues_the_same_data(corpus, tmp_path, capsys):
+    reference, common = unfinished_run(corpus, tmp_path / "run")  # micro-batch 4, global batch 8: 2 per step
+    for late in sorted((tmp_path / "run").glob("ckpt-*[0-9]"))[1:]:
+        shutil.rmtree(late)  # resumed from step 4: 8 steps in micro-batches of 2 (accumulation 4)
+    capsys.readouterr()
+    resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common, "--micro-batch", "2"))
+    assert "micro 2 [flag; the checkpoint had 4: same global batch] x 1 x accum 4" in capsys.readouterr().out
+    assert resumed["resumed"] and resumed["micro_batch"] == 2
+    assert (resumed["tokens_seen"], resumed["steps"]) == (reference["tokens_seen"], reference["steps"])
+    ref_curve, cut_curve = dict(reference["loss_curve"]), dict(resumed["loss_curve"])
+    assert len(ref_curve) == 12
+    for step in range(5, 13):  # the same sequences in each step: the same losses, up to summation order
+        assert cut_curve[step] == pytest.approx(ref_curve[step], rel=1e-5), step
+    assert resumed["final_val_loss"] == pytest.approx(reference["final_val_loss"], rel=1e-5)  # the same sequences
+
+
+def test_flags_that_make_no_sense_are_refused(capsys):
+    for flags, message in [(["--grad-clip", "0"], "--grad-clip must be > 0"), (["--grad-clip", "-1"], "--grad-clip"),
+                           (["--warmup", "1.5"], "--warmup must be in [0, 1)"), (["--warmup", "-0.1"], "--warmup"),
+                           (["--ckpt-every", "-1"], "--ckpt-every must be >= 0"),
+                           (["--sample-tokens", "-1"], "--sample-tokens must be >= 0"),
+                           (["--val-fraction", "0"], "--val-fraction must be in (0, 0.5)"),
+                           (["--weight-decay", "-0.1"], "--weight-decay must be >= 0")]:
+        with pytest.raises(SystemExit) as stop:
+            gpt_train.parse_args(flags)
+        assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], flags

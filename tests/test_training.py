@@ -509,3 +509,56 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_the_older_one_stays(tmp_pat
         assert not (out / "ckpt-0000002.tmp").exists()
         assert checkpoints.latest_checkpoint(out) == (out / "ckpt-0000001", [])
         del small
+
+
+# ------------------------------------------------------------------ a resume with another micro-batch
+
+def test_a_budget_planned_in_the_first_micro_batch_is_the_same_steps_in_another():
+    first = budget.plan_budget(tokens=1050, global_batch=8, micro_batch=4, world=1, seq_len=32)
+    again = budget.plan_budget(tokens=1050, global_batch=8, micro_batch=2, world=1, seq_len=32, unit=4)
+    assert (first.total_micro, first.total_steps) == (9, 5)  # 36 sequences; the last step one micro-batch of 4
+    assert again.total_micro * again.micro_batch == first.total_micro * first.micro_batch == 36
+    assert again.total_steps == first.total_steps and again.val_unit == 4 and first.val_unit == 4
+    planned_alone = budget.plan_budget(tokens=1050, global_batch=8, micro_batch=2, world=1, seq_len=32)
+    assert planned_alone.total_micro * 2 == 36 - 2  # what a resume would have taken without the unit
+
+
+def test_the_micro_batch_flag_wins_on_a_resume_and_says_so():
+    class OneProcess:
+        num_processes = 1
+    choose = budget.choose_micro_batch
+    assert choose(2, None, OneProcess, "fp32", 8, 8, resumed_micro=4) == (2, "flag; the checkpoint had 4: same "
+                                                                             "global batch")
+    assert choose("auto", None, OneProcess, "fp32", 8, 8, resumed_micro=4) == (4, "as the checkpoint")
+    assert choose(4, None, OneProcess, "fp32", 8, 8, resumed_micro=4) == (4, "flag")
+
+
+def test_the_data_position_is_recounted_in_the_new_micro_batch():
+    from training.checkpoints import continue_position
+    state = TrainState(step=5, micro_batches=10)  # 5 steps of 2 micro-batches of 4 = 40 sequences
+    assert continue_position(state, {"micro_batch": 4}, 2) == 4 and state.micro_batches == 20
+    assert continue_position(state, {"micro_batch": 2, "budget_micro_batch": 4}, 8) == 4  # the first one stays
+    assert state.micro_batches == 5
+    fresh = TrainState()
+    assert continue_position(fresh, {}, 8) == 8 and fresh.micro_batches == 0
+
+
+def test_a_resume_check_names_every_differing_flag_in_one_line():
+    from training.checkpoints import check_same_run
+    saved = {"lr": 0.003, "corpus": "aa", "seed": 0, "micro_batch": 8}
+    with pytest.raises(UserError) as error:
+        check_same_run(saved, {"lr": 0.1, "corpus": "bb", "seed": 0, "warmup": 0.1})  # warmup: not recorded then
+    assert str(error.value) == ("the checkpoint was made with lr = 0.003, corpus = aa; this run has lr = 0.1, corpus "
+                                "= bb (--lr, --text (its content)): resume with the same settings or pick a new "
+                                "--out-dir")
+    check_same_run(saved, {"lr": 0.003, "seed": 0})
+
+
+def test_the_summary_puts_bits_per_byte_beside_the_verdict():
+    m = {"tokens_seen": 1000, "train_seconds": 2.0, "tokens_per_second": 500.0, "mfu": None, "compile": "off",
+         "compile_seconds": None, "final_train_loss": 4.35, "final_val_loss": 4.4, "val_bits_per_byte": 1.8,
+         "success": True}
+    assert metrics.summary_line(m).endswith("val loss 4.400 -> success: train loss < 7 (val 1.800 bits/byte, "
+                                            "comparable across vocabularies; the loss is not)")
+    assert "-> NOT a success: train loss >= 7 (val 2.610 bits/byte" in metrics.summary_line(
+        {**m, "success": False, "final_train_loss": 7.2, "val_bits_per_byte": 2.61})
