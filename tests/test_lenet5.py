@@ -291,3 +291,50 @@ def test_lenet_bench_missing_data_is_one_line(tmp_path):
     result = run_script("benchmarks/lenet_bench.py", "--data-dir", str(tmp_path), "--device", "cpu")
     assert result.returncode == 1 and result.stderr.startswith("error: MNIST files missing")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------- the run folder, swapped files
+
+@pytest.mark.parametrize("where", ["repository", "gpt run", "lenet run"])
+def test_an_out_dir_that_is_not_new_or_empty_is_refused_with_nothing_written(tiny_mnist, tmp_path, where):
+    folder = REPO if where == "repository" else tmp_path / "run"
+    if where != "repository":
+        folder.mkdir()
+        (folder / "run.owner").write_text("gpt_train.py\n" if where == "gpt run" else "lenet5.py\n")
+        (folder / "args.json").write_text("{}")
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(SystemExit, match=f"^error: --out-dir {folder} is not empty: it holds "):
+        lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(folder), "--device", "cpu"])
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_an_empty_out_dir_is_refused(tiny_mnist, capsys):
+    with pytest.raises(SystemExit) as stop:
+        lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", ""])
+    assert stop.value.code == 2 and "--out-dir: an empty path" in capsys.readouterr().err
+
+
+def test_a_failed_lightning_start_leaves_nothing_that_blocks_the_retry(tiny_mnist, tmp_path, monkeypatch):
+    run = ["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(tmp_path / "run"), "--device", "cpu",
+           "--engine", "lightning", "--epochs", "1"]
+    monkeypatch.setitem(sys.modules, "lightning", None)  # not installed: import lightning raises ImportError
+    with pytest.raises(SystemExit, match="needs the lightning package"):
+        lenet5.main(run)
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(lenet5, "REPO", tmp_path / "repo")  # the default folder too
+    with pytest.raises(SystemExit, match="needs the lightning package"):
+        lenet5.main(run[:4] + run[6:])
+    assert not (tmp_path / "repo" / "runs" / "lenet5").exists() or not list((tmp_path / "repo" / "runs" / "lenet5").iterdir())
+
+
+def test_swapped_train_and_test_files_are_refused_by_their_sizes(tmp_path):
+    data = write_tiny_mnist(tmp_path / "mnist", n_train=200, n_test=600)  # the test set larger: swapped
+    with pytest.raises(SystemExit, match=r"hold 200 images, the test files .* 600: swapped\?"):
+        lenet5.main(["--data-dir", str(data), "--no-download", "--out-dir", str(tmp_path / "run"), "--device", "cpu"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_seed_out_of_range_is_a_flag_error(capsys):
+    with pytest.raises(SystemExit) as stop:
+        lenet5.parse_args(["--seed", str(2**64)])
+    assert stop.value.code == 2 and "[0, 2^32)" in capsys.readouterr().err

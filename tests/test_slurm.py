@@ -5,6 +5,8 @@ The test cluster's nodes have one GPU slot each but no real GPU, so the single-p
 own default (one GPU a node) and so one CPU process a node. Everything else is the scripts as committed.
 """
 import json
+import os
+import subprocess
 import time
 
 import pytest
@@ -146,3 +148,15 @@ def test_launchers_run_from_a_repository_path_with_a_space(slurm, tiny_mnist, tm
     job = slurm.wait(job_id)
     assert job["JobState"] == "COMPLETED", why(job, slurm)
     assert json.loads((tmp_path / "m.json").read_text())["epochs"] == 1
+
+
+@pytest.mark.parametrize("script", ["gpt.sh", "gpt_multi.sh"])
+@pytest.mark.parametrize("flag", [["--out-dir="], ["--out-dir", ""], ["--out-dir", " "]])
+def test_an_empty_out_dir_stops_the_launcher_in_one_line(tmp_path, script, flag):
+    """Without Slurm: the launcher would print a runs/gpt/ folder and gpt_train.py train into the empty value."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(["bash", str(REPO / "slurm" / script), "--tokens", "100", *flag], capture_output=True,
+                            text=True, cwd=tmp_path, env=env, timeout=60)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: --out-dir is empty; give a folder, or leave the flag out for a new runs/gpt/ folder"]
+    assert "out " not in result.stdout and list(tmp_path.iterdir()) == []

@@ -177,3 +177,14 @@ def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path):
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-800:]
     assert result.stderr.startswith(f"error: --cache-dir {cache} cannot be written (Read-only file system)")
     assert "training" not in result.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--min-frequency", "-3"], "--min-frequency must be in [0, 2^32)"),
+    (["--vocab-size", str(2**40)], "--vocab-size must be a multiple of 64 in [512, 2^31)"),
+    (["--seed", "-1"], "a seed must be in [0, 2^32)"),
+])
+def test_numeric_flags_out_of_range_are_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        tokenizer_train.parse_args(flags)
+    assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]

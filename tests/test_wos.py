@@ -299,3 +299,16 @@ def test_a_read_only_cache_dir_is_one_line_before_reading(text_file, tmp_path):
     with tmpfs(cache, "64k", read_only=True), \
             pytest.raises(wos.files.OutputError, match=f"^--cache-dir {cache} cannot be written"):
         wos.load_splits(text_file, cache_dir=cache)
+
+
+def test_with_lab5_data_the_cache_is_the_repositorys_and_a_failed_download_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))
+    (tmp_path / "data").mkdir()
+    assert wos.default_cache() == REPO / "data" / "cache"  # where README and --help say
+
+    def offline(*args, **kwargs):
+        raise OSError("no internet")
+    monkeypatch.setattr(wos.urllib.request, "urlopen", offline)
+    with pytest.raises(wos.TextError, match="WOS46985/X.txt not found"):
+        wos.resolve_text(None, download=True)
+    assert list((tmp_path / "data").iterdir()) == []  # no empty WebOfScience/WOS46985/
