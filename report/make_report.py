@@ -238,6 +238,9 @@ def build(args, inputs, filled):
         lines += lenet_lines(inputs, ctx) + gpt_lines(inputs, ctx) + gpu_lines(inputs, ctx, args)
         lines += ["", "## Placeholders", "", f"Those {rel(args.report)} uses (every key there is: placeholders.md):", ""]
         lines += facts.used_lines(filled["used"])
+        if filled["unfilled"]:  # other --results: the report's numbers come from inputs these do not have
+            lines += ["", f"Not filled from these inputs ({len(filled['unfilled'])}):", ""]
+            lines += [f"- {u}" for u in filled["unfilled"]]
         if filled["used"]:
             (out / "report_filled.md").write_text(filled["text"])
         if args.pdf:
@@ -263,8 +266,11 @@ def main(argv=None):
         text, unfilled, used = facts.fill(args.report.read_text(), inputs["sources"])
         if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
             raise UserError(f"{unfilled[0]} (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else unfilled[0])
-        problems += unfilled
-        filled = {"text": text, "used": used}
+        own_inputs = (args.results.resolve() == (REPO / "report" / "results").resolve()
+                      or args.report.resolve() != (REPO / "report" / "report.md").resolve())
+        if own_inputs:  # report.md with its own inputs: a placeholder they cannot fill is a mistake in it
+            problems += unfilled
+        filled = {"text": text, "used": used, "unfilled": [] if own_inputs else unfilled}
         lines, todo = build(args, inputs, filled)
         summary = f"wrote {args.out / 'results.md'} and {len(list(args.out.glob('*.png')))} figures"
         print(summary + (f"; {len(problems)} problem(s) with the inputs" if problems else ""))

@@ -131,11 +131,17 @@ def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
         if os.environ.get("LAB5_REQUIRE_BROWSER") == "1":
             pytest.fail("Chromium and pdftotext required (LAB5_REQUIRE_BROWSER=1)")
         pytest.skip("no Chromium or pdftotext (apt-get install chromium fonts-noto-cjk poppler-utils)")
-    pdf = browser.write_pdf(REPO / "report" / "report.md", tmp_path / "report.pdf")
+    from report import facts
+    from report.inputs import load_results
+    report = REPO / "report" / "report.md"
+    sources = facts.fact_sources(load_results(REPO / "report" / "results", []), {})
+    filled, unfilled, used = facts.fill(report.read_text(), sources)
+    assert unfilled == []
+    pdf = browser.write_pdf(report, tmp_path / "report.pdf", filled)
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
-    accuracy = json.loads((REPO / "report" / "results" / "lenet_bench_cpu.json").read_text())["default_accuracy"]
-    assert "实验报告" in text and "神经网络" in text
-    assert f"{accuracy:.2%}" in text
+    assert "实验报告" in text and "神经网络" in text and "{{" not in text
+    accuracies = [shown for placeholder, shown, _ in used if "accuracy" in placeholder and shown.endswith("%")]
+    assert accuracies and all(a in text.replace("\n", "") for a in accuracies)  # the JSON's numbers, in the PDF
 
 
 SMI_HEADER = "timestamp, utilization.gpu [%], utilization.memory [%], memory.used [MiB], power.draw [W]\n"
@@ -191,7 +197,7 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
 def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path, capsys):
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "none"), "--out", str(out),
-                      "--no-screenshots"])
+                      "--no-screenshots", "--all-figures"])  # every slot, whichever the report links today
     text, printed = (out / "results.md").read_text(), capsys.readouterr().out
     for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab"), ("nvidia_smi_gpt.png", "tokenizer,gpt-own-vocab"),
                         ("nvidia_smi_lenet.png", "lenet-torch"), ("gpu_ladder.png", "ladder")):

@@ -243,3 +243,15 @@ def test_the_script_runs_from_anywhere_and_an_error_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "report" / "make_report.py"), "--gpu", str(tmp_path / "none"),
                            "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 1 and done.stderr == f"error: --gpu {tmp_path / 'none'} is not a folder\n"
+
+
+def test_the_lab_report_built_from_other_results_lists_what_they_cannot_fill_without_warnings(tmp_path, capsys):
+    """gpu_check.sh's own report step (its results only): report.md's numbers need the committed inputs."""
+    results = tmp_path / "results"
+    results.mkdir()
+    out = tmp_path / "out"
+    make_report.main(["--results", str(results), "--out", str(out), "--no-screenshots"])
+    text = (out / "results.md").read_text()
+    if "{{" in (make_report.REPO / "report" / "report.md").read_text():
+        assert "Not filled from these inputs" in text
+    assert "report placeholder" not in capsys.readouterr().err
