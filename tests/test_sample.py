@@ -3,6 +3,7 @@ and the chunked loss (training/lm_loss.py: `gpt_train.py --loss chunked`)."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,9 +120,20 @@ def test_a_tiny_run_writes_samples_to_tensorboard_and_its_metrics(corpus, tmp_pa
 
 # ------------------------------------------------------------------ sampling a finished run
 
-def sample_cli(*args):
-    return subprocess.run([sys.executable, "-m", "training.sample", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+def sample_cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "training.sample", *(a if isinstance(a, bytes) else str(a) for a in args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300, **kw)
+
+
+def sample_here(capsys, *args):
+    """sample.main in this process: (exit status, stdout, stderr) as a shell would see them."""
+    try:
+        sample.main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return (1, out, err + code + "\n") if isinstance(code, str) else (code, out, err)
 
 
 @pytest.fixture(scope="module")
@@ -131,41 +143,198 @@ def finished_run(corpus, tmp_path_factory):
     return run
 
 
-def test_sampling_a_finished_run_continues_the_prompt_deterministically(finished_run):
-    first = sample_cli(finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--seed", "3")
+@pytest.fixture(scope="module")
+def other_tokenizer(corpus, tmp_path_factory):
+    """A tokenizer of the run's size (512) learned from other documents: another vocabulary."""
+    import tokenizer_train
+    from conftest import generated_docs
+    path = tmp_path_factory.mktemp("other") / "other.json"
+    tokenizer_train.save_atomic(tokenizer_train.train_bpe(generated_docs(300, seed=7), vocab_size=512), path)
+    return path
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    import shutil
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
+def test_sampling_a_finished_run_continues_the_prompt_deterministically(finished_run, capsys):
+    first = sample_cli(finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--seed", "3")  # as a user runs it
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.startswith("Kalo mi") and len(first.stdout.strip()) > len("Kalo mi") + 10
-    again = sample_cli(finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--seed", "3")
-    assert again.stdout == first.stdout  # the same seed, the same text
-    other = sample_cli(finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--seed", "4")
-    greedy = [sample_cli(finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--temperature", "0", "--seed", s)
-              for s in (1, 2)]
-    assert other.stdout != first.stdout and greedy[0].stdout == greedy[1].stdout
+    again = sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--seed", "3")
+    assert again[1] == first.stdout  # the same seed, the same text
+    other = sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--seed", "4")
+    greedy = [sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--temperature", "0",
+                          "--seed", s) for s in (1, 2)]
+    assert other[1] != first.stdout and greedy[0][1] == greedy[1][1]
 
 
-def test_sampling_reads_the_final_weights_or_else_the_newest_checkpoint(finished_run, tmp_path):
-    assert sample.weights_file(finished_run).is_file()
+def test_the_printed_text_is_the_prompt_and_its_whole_decoded_continuation(finished_run, capsys):
+    code, out, _ = sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--tokens", "30", "--seed", "3")
     model, tok = sample.load_run(finished_run, None, torch.device("cpu"))
-    assert tok.padded_vocab_size == model.cfg.vocab_size == 512
+    assert model.cfg.vocab_size == tok.padded_vocab_size == 512
+    ids = torch.tensor([tok.tokenizer.encode("Kalo mi", add_special_tokens=False).ids])
+    whole = sample.generate(model, ids, 30, sample.TEMPERATURE, sample.TOP_K, torch.Generator().manual_seed(3),
+                            tok.vocab_size)
+    assert code == 0 and out == "Kalo mi" + tok.tokenizer.decode(whole[0].tolist()) + "\n"
+
+
+def test_streamed_pieces_never_split_a_character(corpus):
+    from data.tokenizer import open_tokenizer
+    tok = open_tokenizer(corpus / "tok.json").tokenizer
+    text = "kalo é 😀 mi ∑ zu"
+    ids = tok.encode(text).ids
+    assert any("\ufffd" in tok.decode([i]) for i in ids)  # some characters span several tokens
+    pieces = list(sample.stream_text(tok.decode, ids))
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces) and len(pieces) > 5
+
+
+@pytest.mark.slow  # a process started and stopped: over 10 s beside other work
+def test_ctrl_c_keeps_what_was_printed_and_ends_without_a_traceback(finished_run, tmp_path):
+    import signal
+
+    from conftest import wait_for
+    out = tmp_path / "out.txt"
+    with out.open("w") as stdout:  # 100,000 tokens: minutes; the text must appear long before the end
+        proc = subprocess.Popen([sys.executable, "-m", "training.sample", str(finished_run), "--prompt", "Kalo mi",
+                                 "--tokens", "100000"], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        streamed = wait_for(lambda: len(out.read_text()) > 40, timeout=90, proc=proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert streamed, err[-2000:]
+    assert proc.returncode == 130 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
+    text = out.read_text()
+    assert text.startswith("Kalo mi") and len(text) > 40
+
+
+def test_a_tiny_temperature_samples_greedily(finished_run, capsys):
+    tiny = sample_here(capsys, finished_run, "--prompt", "Kalo", "--temperature", "1e-40")
+    greedy = sample_here(capsys, finished_run, "--prompt", "Kalo", "--temperature", "0")
+    assert tiny[0] == 0 and tiny[1] == greedy[1] and len(tiny[1]) > len("Kalo\n")
+
+
+def test_a_finished_run_needs_nothing_but_final(run_copy, finished_run, capsys):
+    """final/ holds the shape and the tokenizer: an edited args.json changes nothing."""
+    run_args = json.loads((run_copy / "args.json").read_text())
+    (run_copy / "args.json").write_text(json.dumps({**run_args, "n_layer": 7, "n_embd": "x", "tokenizer": "/gone"}))
+    edited = sample_here(capsys, run_copy, "--prompt", "Kalo mi", "--seed", "3")
+    assert edited[0] == 0 and edited[1] == sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--seed", "3")[1]
+
+
+def test_an_older_final_folder_samples_the_same_text(run_copy, finished_run, capsys):
+    """final/model.pt + config.json, as runs saved before final/ was a transformers folder."""
+    model, _ = sample.load_run(finished_run, None, torch.device("cpu"))
+    for file in (run_copy / "final").iterdir():
+        file.unlink()
+    torch.save(model.state_dict(), run_copy / "final" / "model.pt")
+    (run_copy / "final" / "config.json").write_text(json.dumps(model.cfg.to_dict()))
+    code, out, err = sample_here(capsys, run_copy, "--prompt", "Kalo mi", "--seed", "3")
+    assert code == 0 and out == sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--seed", "3")[1]
+    assert err.startswith("note: ") and "older format" in err and len(err.splitlines()) == 1
+
+
+def test_an_unfinished_run_samples_from_its_newest_checkpoint_with_its_tokenizer(corpus, tmp_path, capsys,
+                                                                               other_tokenizer):
+    import shutil
+    run = tmp_path / "run"
+    gpt_train.main(tiny_args(corpus, run, "--tokens", str(10 * 8 * 32), "--sample-tokens", "0", "--keep-checkpoints"))
+    capsys.readouterr()  # the run's own lines
+    from_final = sample_here(capsys, run, "--prompt", "Kalo mi", "--seed", "3")
+    shutil.rmtree(run / "final")  # what an unfinished run has: checkpoints only
+    assert sample_here(capsys, run, "--prompt", "Kalo mi", "--seed", "3")[:2] == from_final[:2]
+    code, _, err = sample_here(capsys, run, "--prompt", "x", "--tokenizer", other_tokenizer)
+    assert code == 1 and "is not the one the run trained with" in err and len(err.splitlines()) == 1
+
+
+def rewrite_weights(final, change):
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(final / "model.safetensors")
+    change(tensors)
+    save_file(tensors, final / "model.safetensors", metadata={"format": "pt"})
+
+
+def edit_config(final, **changes):
+    (final / "config.json").write_text(json.dumps({**json.loads((final / "config.json").read_text()), **changes}))
+
+
+DAMAGE = {  # what a damaged, edited or foreign final/ can hold
+    "weights truncated": lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:5000]),
+    "weights garbage": lambda f: (f / "model.safetensors").write_bytes(bytes(range(256)) * 40),
+    "weights of another shape": lambda f: rewrite_weights(
+        f, lambda t: t.update({"transformer.wpe.weight": t["transformer.wpe.weight"][:16].clone()})),
+    "NaN weights": lambda f: rewrite_weights(f, lambda t: t["transformer.h.1.mlp.c_fc.weight"].view(-1)[3:5].fill_(
+        float("nan"))),
+    "config with more layers": lambda f: edit_config(f, n_layer=3),
+    "config of an impossible shape": lambda f: edit_config(f, n_head=5),
+    "config not JSON": lambda f: (f / "config.json").write_text("{"),
+    "config a list": lambda f: (f / "config.json").write_text("[1, 2]"),
+    "older weights garbage": lambda f: ((f / "model.safetensors").unlink(),
+                                        (f / "model.pt").write_bytes(b"\x80\x02garbage" * 100)),
+}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("weights truncated", "is damaged or not a weights file"),
+    ("weights garbage", "is damaged or not a weights file"),
+    ("weights of another shape", "does not fit its config (wpe.weight"),
+    ("NaN weights", "holds NaN"),
+    ("config with more layers", "does not fit its config (2 blocks"),
+    ("config of an impossible shape", "not a GPT-2 shape"),
+    ("config not JSON", "not a readable GPT-2 config"),
+    ("config a list", "not a readable GPT-2 config"),
+    ("older weights garbage", "is damaged or not a weights file"),
+])
+def test_a_damaged_final_folder_is_one_line(run_copy, capsys, case, message):
+    DAMAGE[case](run_copy / "final")
+    code, out, err = sample_here(capsys, run_copy, "--prompt", "Kalo")
+    assert code == 1 and out == "" and len(err.splitlines()) == 1, err[-2000:]
+    assert err.startswith("error: ") and message in err and "weights_only" not in err
+
+
+def test_final_keeps_its_own_tokenizer_and_refuses_another(run_copy, capsys, other_tokenizer):
+    from data.tokenizer import open_tokenizer
+    ours, other = open_tokenizer(run_copy / "final"), open_tokenizer(other_tokenizer)
+    assert ours.vocab_size == other.vocab_size and ours.sha256 != other.sha256  # only the hash tells them apart
+    code, _, err = sample_here(capsys, run_copy, "--prompt", "Kalo", "--tokenizer", other_tokenizer)
+    assert code == 1 and "is not the run's" in err and len(err.splitlines()) == 1
+    assert other.sha256[:16] in err and ours.sha256[:16] in err  # both named
+    (run_copy / "final" / "tokenizer.json").write_text(other.tokenizer.to_str())  # swapped inside final/
+    code, _, err = sample_here(capsys, run_copy, "--prompt", "Kalo")
+    assert code == 1 and "is not the tokenizer the model learned" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "nan"], "--temperature must be a finite number"),
+    (["--temperature", "inf"], "--temperature must be a finite number"),
+    (["--temperature", "-0.5"], "--temperature must be a finite number"),
+    (["--tokens", "100001"], "--tokens must be in [1, 100,000]"),
+    (["--tokens", "0"], "--tokens must be in [1, 100,000]"),
+    (["--seed", "-1"], "--seed in [0, 2^64)"),
+    (["--device", "tpu"], "--device tpu: not a device name"),
+    (["--device", "cuda:99"], "--device cuda:99: not available here"),
+    (["--prompt", "caf\udce9"], "--prompt is not UTF-8 text"),  # what Python makes of the byte 0xe9 in argv
+])
+def test_unusable_flags_are_one_line_before_any_work(finished_run, capsys, flags, message):
+    code, out, err = sample_here(capsys, finished_run, *flags)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and message in err, err[-2000:]
 
 
 @pytest.mark.parametrize("case, message", [
     ("missing", "no such run directory"),
-    ("no args", "no readable args.json"),
     ("no weights", "no weights"),
-    ("tokenizer moved", "no such file or folder"),
+    ("non-UTF-8 prompt", "--prompt is not UTF-8 text"),
+    ("no such device", "--device tpu: not a device name"),
 ])
 def test_sampling_errors_are_one_line(finished_run, tmp_path, case, message):
-    import shutil
-    run = tmp_path / "run"
-    if case == "tokenizer moved":
-        shutil.copytree(finished_run, run)
-        run_args = json.loads((run / "args.json").read_text())
-        (run / "args.json").write_text(json.dumps({**run_args, "tokenizer": str(tmp_path / "gone.json")}))
-    elif case != "missing":
-        run.mkdir()
+    run, extra = tmp_path / "run", []
     if case == "no weights":
+        run.mkdir()
         (run / "args.json").write_text((finished_run / "args.json").read_text())
-    result = sample_cli(run, "--prompt", "x")
-    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
-    assert result.stderr.startswith("error: ") and message in result.stderr
+    elif case != "missing":
+        run = finished_run
+        extra = ["--prompt", b"caf\xe9"] if case == "non-UTF-8 prompt" else ["--device", "tpu"]  # bytes as a shell passes them
+    result = sample_cli(run, *extra)
+    assert result.returncode in (1, 2) and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+    assert message in result.stderr and "Traceback" not in result.stderr

@@ -26,9 +26,9 @@ from training import UserError
 PROGRAM = "gpt_train.py"  # the owner of its run directories (files.OWNER_FILE)
 MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
-# What a finished run keeps (training/sample.py loads it): the model's state_dict (torch.save: the tied
-# lm_head/wte weight is one tensor, which safetensors refuses) and the GPT2Config it was built from.
-FINAL_WEIGHTS = "final/model.pt"
+# What a finished run keeps: final/, a transformers model folder (training/sample.py writes and reads
+# it): GPT2LMHeadModel's weights, one copy of the tied wte/lm_head, its config and the run's tokenizer.
+FINAL_WEIGHTS = "final/model.safetensors"
 FINAL_CONFIG = "final/config.json"
 
 
@@ -152,11 +152,12 @@ def damaged(ckpt, path, error):
                      f"resume from the checkpoint before it, or pick a new --out-dir")
 
 
-def save_final(accelerator, model, out_dir):
-    """After a successful run, outside the timed loop: the final weights and config (FINAL_WEIGHTS,
-    FINAL_CONFIG: for sampling), written to final.tmp and renamed. The optimizer checkpoints (~1.2 GB
-    each at the lab shape: weights + two Adam moments) go once the metrics are written (remove_checkpoints)."""
-    import torch
+def save_final(accelerator, model, out_dir, tokenizer):
+    """After a successful run, outside the timed loop: final/ (FINAL_WEIGHTS, FINAL_CONFIG and the run's
+    `tokenizer`, the main process's: sample.write_final), written to final.tmp and renamed. The optimizer
+    checkpoints (~1.2 GB each at the lab shape: weights + two Adam moments) go once the metrics are
+    written (remove_checkpoints)."""
+    from training.sample import write_final
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         net = accelerator.unwrap_model(model)
@@ -165,8 +166,7 @@ def save_final(accelerator, model, out_dir):
         shutil.rmtree(tmp, ignore_errors=True)
         with failed_write_explained(tmp, "the final weights"):
             tmp.mkdir()
-            torch.save(net.state_dict(), tmp / Path(FINAL_WEIGHTS).name)
-            files.write_json(tmp / Path(FINAL_CONFIG).name, net.cfg.to_dict())
+            write_final(net, tokenizer, tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
