@@ -121,8 +121,9 @@ def test_a_tiny_run_writes_samples_to_tensorboard_and_its_metrics(corpus, tmp_pa
 # ------------------------------------------------------------------ sampling a finished run
 
 def sample_cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "training.sample", *(a if isinstance(a, bytes) else str(a) for a in args)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300, **kw)
+    argv = [a if isinstance(a, bytes) else str(a) for a in args]  # bytes: as a shell passes them
+    return subprocess.run([sys.executable, "-m", "training.sample", *argv], capture_output=True, text=True, cwd=REPO,
+                          timeout=300, **kw)
 
 
 def sample_here(capsys, *args):
@@ -305,6 +306,16 @@ def test_final_keeps_its_own_tokenizer_and_refuses_another(run_copy, capsys, oth
     assert code == 1 and "is not the tokenizer the model learned" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("/no/such/tok.json", "no such file or folder"),
+    ("no such name!", "not a hub name"),
+    ("runs/gone/tokenizer.json", "no such file or folder"),
+])
+def test_a_mistyped_tokenizer_is_one_line(finished_run, capsys, spec, message):
+    code, out, err = sample_here(capsys, finished_run, "--tokenizer", spec)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1 and message in err, err[-2000:]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--temperature", "nan"], "--temperature must be a finite number"),
     (["--temperature", "inf"], "--temperature must be a finite number"),
@@ -334,7 +345,7 @@ def test_sampling_errors_are_one_line(finished_run, tmp_path, case, message):
         (run / "args.json").write_text((finished_run / "args.json").read_text())
     elif case != "missing":
         run = finished_run
-        extra = ["--prompt", b"caf\xe9"] if case == "non-UTF-8 prompt" else ["--device", "tpu"]  # bytes as a shell passes them
+        extra = ["--prompt", b"caf\xe9"] if case == "non-UTF-8 prompt" else ["--device", "tpu"]
     result = sample_cli(run, *extra)
     assert result.returncode in (1, 2) and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
     assert message in result.stderr and "Traceback" not in result.stderr

@@ -203,7 +203,7 @@ def build_model(cfg, state, path):
         raise UserError(f"{path} does not fit its config ({name}: {have.get(name)}, expected {want.get(name)})")
     if not all(v.is_floating_point() and torch.isfinite(v).all() for v in state.values()):
         raise UserError(f"{path} holds NaN, infinite or non-float weights (a diverged or damaged run)")
-    model.load_state_dict({k: v.float() for k, v in state.items()}, assign=True)
+    model.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, assign=True)
     model.lm_head.weight = model.wte.weight  # assign replaced both: tie them again
     return model.eval()
 
@@ -286,7 +286,8 @@ def named_tokenizer(run_dir, spec, cfg, expect=None):
         try:  # the path as typed when the run started (relative to where it started)
             spec = json.loads((run_dir / "args.json").read_text())["tokenizer"]
         except (OSError, ValueError, KeyError, TypeError):
-            raise UserError(f"{run_dir}: no readable args.json naming the tokenizer; pass it with --tokenizer") from None
+            raise UserError(f"{run_dir}: no readable args.json naming the tokenizer; "
+                            f"pass it with --tokenizer") from None
     tok = opened(spec, "; pass the run's tokenizer with --tokenizer")
     if expect and tok.sha256[:16] != expect:
         raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
