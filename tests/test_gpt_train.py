@@ -266,7 +266,7 @@ def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, c
 
 
 def test_gpt2s_tokenizer_from_its_folder_end_to_end_with_resume(corpus, shared_data, tmp_path):
-    from data import wos
+    from data.tokenizer import open_tokenizer
     gpt2 = shared_data / "gpt2-tokenizer"  # the folder AutoTokenizer.from_pretrained takes
     reference, common = unfinished_run(corpus, tmp_path / "run", "--tokenizer", str(gpt2))
     assert reference["vocab_size"] == 50304 and math.isfinite(reference["final_val_loss"])  # 50,257 padded
@@ -274,7 +274,7 @@ def test_gpt2s_tokenizer_from_its_folder_end_to_end_with_resume(corpus, shared_d
     assert resumed["resumed"] and resumed["vocab_size"] == 50304
     assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
     caches = {p.name for p in (corpus / "cache").rglob("tokens-v1-*")}  # one token cache per tokenizer
-    own, theirs = (wos.open_tokenizer(t).sha256[:16] for t in (corpus / "tok.json", gpt2))
+    own, theirs = (open_tokenizer(t).sha256[:16] for t in (corpus / "tok.json", gpt2))
     assert f"tokens-v1-{theirs}" in caches and own != theirs
 
 
