@@ -111,7 +111,7 @@ def build_parser():
     add("--sample-tokens", type=int, default=48, help="continuing fixed prompts at each validation; 0: none")
     add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only on signals")
     add("--keep-checkpoints", action="store_true", help="keep the optimizer checkpoints of a finished run, and "
-        "write one after its last step (else only its final weights stay: final/model.pt)")
+        "write one after its last step (else only final/ stays: a transformers model folder)")
     add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: the repository's data/cache "
                                                      "(LAB5_DATA or not)")
     add("--no-download", action="store_true", help="never try to download the WOS archive")

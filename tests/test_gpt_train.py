@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import gpt_train
 from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_for
@@ -39,9 +40,9 @@ def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path, capsys):
     assert metrics["tokens_per_second"] > 0 and metrics["precision"] == "fp32" and metrics["params"] > 0
     assert metrics["mfu"] is None and metrics["world_size"] == 1 and metrics["vocab_size"] == 512
     assert not list((tmp_path / "run").glob("ckpt-*"))  # a finished run keeps its weights, not the optimizer's
-    weights = torch.load(tmp_path / "run" / "final" / "model.pt", weights_only=True)
+    weights = load_file(tmp_path / "run" / "final" / "model.safetensors")  # GPT2LMHeadModel's names
     config = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
-    assert weights["wte.weight"].shape == (512, 32) and config["n_embd"] == 32
+    assert weights["transformer.wte.weight"].shape == (512, 32) and config["n_embd"] == 32
     assert metrics["corpus"]["name"] == "other" and metrics["corpus"]["documents"] == 300  # from the content
     with pytest.raises(SystemExit, match="finished run"):  # never overwritten
         gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "20000"))
@@ -107,9 +108,9 @@ def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, 
     GradScaler and a fused AdamW, is test_training's test_a_step_skipped_by_a_real_grad_scaler..."""
     reports = iter([True] * 3)
     monkeypatch.setattr(device.SkippedSteps, "last_skipped", lambda self: next(reports, False))
-    gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32), "--keep-checkpoints"))
+    metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32), "--keep-checkpoints"))
     state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
-    assert state["step"] == 10 and state["lr_step"] == 7
+    assert state["step"] == 10 and state["lr_step"] == 7 and metrics["skipped_steps"] == 3  # counted in the metrics
 
 
 # ------------------------------------------------------------------ errors a user can cause

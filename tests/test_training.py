@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import GPT2Config
 
 import gpt_train
@@ -269,6 +270,7 @@ def test_a_second_ctrl_c_aborts_at_once():
 
 # ------------------------------------------------------------------ evaluation
 
+@pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="eager_mode() is a no-op below torch 2.6")
 def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     from accelerate import Accelerator
     from torch._dynamo.utils import counters
@@ -396,12 +398,12 @@ def test_a_finished_run_keeps_final_weights_not_checkpoints_and_its_save_is_not_
     monkeypatch.setattr(gpt_train, "save_final", save_final)
     metrics_ = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(4 * 8 * 32), "--ckpt-every", "1"))
     assert metrics_["train_seconds"] < 10.0
-    assert not list((tmp_path / "run").glob("ckpt-*")) and (tmp_path / "run" / "final" / "model.pt").is_file()
+    assert not list((tmp_path / "run").glob("ckpt-*")) and (tmp_path / "run" / "final" / "model.safetensors").is_file()
     kept = gpt_train.main(tiny_args(corpus, tmp_path / "kept", "--tokens", str(4 * 8 * 32), "--ckpt-every", "0",
                                     "--keep-checkpoints"))
     assert [p.name for p in (tmp_path / "kept").glob("ckpt-*")] == ["ckpt-0000004"]  # the last step's
-    a, b = (torch.load(d / "final" / "model.pt", weights_only=True) for d in (tmp_path / "run", tmp_path / "kept"))
-    assert kept["final_train_loss"] == metrics_["final_train_loss"] and torch.equal(a["wte.weight"], b["wte.weight"])
+    a, b = (load_file(d / "final" / "model.safetensors") for d in (tmp_path / "run", tmp_path / "kept"))
+    assert kept["final_train_loss"] == metrics_["final_train_loss"] and torch.equal(a["transformer.wte.weight"], b["transformer.wte.weight"])
 
 
 def test_the_stand_in_corpus_is_named_from_its_content(corpus, shared_data, tmp_path):

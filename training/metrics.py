@@ -67,6 +67,7 @@ def final_metrics(state, val_loss, val_stats, tokens_per_second, total_seconds, 
         "compile_seconds": round(state.compile_seconds, 3) if state.steady_seconds > 0 else None,
         "total_seconds": round(total_seconds, 3), "tokens_per_second": tokens_per_second,
         "mfu": mfu(tokens_per_second, info["flops_per_token"], info["peak"], info["world_size"]),
+        "skipped_steps": state.step - state.lr_step,  # fp16: steps GradScaler skipped (overflow); else 0
         "resumed": state.resumed, "torch": torch.__version__,
         "loss_curve": state.losses, "val_curve": state.val_losses + [[state.step, val_loss]],
         "throughput_curve": state.throughput,
