@@ -204,6 +204,7 @@ class Setup:
     out_dir: Path
     identity: dict  # what a resume must match
     info: dict  # the run's description: device, precision, params... (start-up line, metrics)
+    tokenizer: object  # the run's tokenizers.Tokenizer: saved into final/ beside the weights
     writer: SummaryWriter | None  # TensorBoard, on the main process
     sampler: sample.Sampler | None  # continuations of fixed validation prompts, on the main process
 
@@ -311,8 +312,8 @@ def set_up(args, argv, stack):
     writer, sampler = ((SummaryWriter(out_dir), sample.Sampler(tok.tokenizer, blocks["validation"], args.sample_tokens))
                        if accelerator.is_main_process else (None, None))
     return (Setup(args, accelerator, model, train_model, optimizer, budget, blocks, out_dir,
-                  {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}, info, writer,
-                  sampler), state, stats)
+                  {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}, info,
+                  tok.tokenizer, writer, sampler), state, stats)
 
 
 def train(args, argv, stop):
@@ -330,7 +331,7 @@ def train(args, argv, stop):
         metrics = {**final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
                                    time.perf_counter() - t_start, setup.info), **info,
                    "samples": setup.sampler and setup.sampler.last}  # the final continuations
-        save_final(setup.accelerator, setup.model, setup.out_dir, setup.sampler and setup.sampler.tokenizer)  # untimed
+        save_final(setup.accelerator, setup.model, setup.out_dir, setup.tokenizer)  # for sampling; untimed
         if setup.accelerator.is_main_process:
             setup.writer.close()
             for path in [setup.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
