@@ -1,6 +1,7 @@
 """How often does a finished 2-rank job abort at exit? Three ways to end it, interleaved.
 
-    python benchmarks/exit_bench.py --runs 20 --hogs 1 --metrics-out report/results/exit_bench_cpu.json
+    python benchmarks/exit_bench.py --runs 20 --hogs 1 --metrics-out exit_bench_cpu.json
+    (the committed report/results/ file of that name was made so; writing there replaces it)
 
 Each run is `torchrun --nproc_per_node 2` of one small job (gloo on CPU, accelerate, a DDP Linear,
 5 AdamW steps, a last barrier), ended one of three ways:

@@ -1,6 +1,7 @@
 """GELU forward+backward: ATen, the lab's composite formula, the Python Function, the C++/CUDA op.
 
-    python benchmarks/gelu_bench.py --metrics-out report/results/gelu_bench_cpu.json
+    python benchmarks/gelu_bench.py --metrics-out gelu_bench_cpu.json
+    (the committed report/results/ file of that name was made so; writing there replaces it)
     python benchmarks/gelu_bench.py --device cuda --metrics-out gelu_bench_gpu.json   # adds a device copy
 
 One process, the same inputs; the implementations take turns in a random order, --repeats rounds, each sample

@@ -1,8 +1,8 @@
 """The acceleration ladder: GPT-2 124M training steps, adding one acceleration at a time.
 
-    python benchmarks/gpt_bench.py --metrics-out report/results/gpt_bench_cpu.json     # CPU: ~30 min
+    python benchmarks/gpt_bench.py --metrics-out gpt_bench_cpu.json                     # CPU: ~30 min
     python benchmarks/gpt_bench.py --seq-len 128 --micro-batch 4 --metrics-out gpt_bench_cpu_short.json  # ~15 min
-    python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out report/results/gpt_bench_h200.json
+    python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out gpt_bench_h200.json
     python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
 From the naive baseline — transformers' GPT2LMHeadModel as GPT2Config makes it (dropout 0.1,

@@ -1,8 +1,7 @@
 """LeNet-5 side by side in one process: the default recipe against the lab's original one, or two GELUs.
 
-    OMP_NUM_THREADS=1 python benchmarks/lenet_bench.py --data-dir ../shared/data --device cpu \
-        --metrics-out report/results/lenet_bench_2x128_cpu.json
-    python benchmarks/lenet_bench.py --data-dir ../shared/data --act-pair --metrics-out lenet_bench_act.json
+    OMP_NUM_THREADS=1 python benchmarks/lenet_bench.py --data-dir data --device cpu --metrics-out lenet_bench.json
+    python benchmarks/lenet_bench.py --data-dir data --act-pair --metrics-out lenet_bench_act.json
 
 (One thread on a CPU that other jobs share: two threads there wait on each other's time slices.)
 

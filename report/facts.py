@@ -17,7 +17,7 @@ import re
 
 from report.inputs import figure_name, rel
 
-ALIASES = {"lenet": ("lenet5", "lenet_run_default_cpu"), "gpt": ("gpt", "gpt_run_tiny_standin_cpu")}
+ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpt_run_tiny_standin_cpu")}
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 

@@ -26,7 +26,7 @@ def committed(tmp_path):
     """A results folder with the committed default LeNet run, and a report using its numbers."""
     results = tmp_path / "results"
     results.mkdir()
-    (results / "lenet_run_default_cpu.json").write_text(json.dumps(lenet_metrics(0.9876)))
+    (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics(0.9876)))
     report = tmp_path / "report.md"
     report.write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}} after {{lenet.epochs}} epochs.\n\n"
                       "![curves](generated/lenet_curves.png)\n")
@@ -112,7 +112,7 @@ def test_placeholders_md_lists_each_key_with_value_and_source(tmp_path, committe
     results, report = committed
     out, _ = build(tmp_path, results, report)
     listing = (out / "placeholders.md").read_text()
-    assert f"| `{{{{lenet_run_default_cpu.test_accuracy}}}}` | 0.9876 | `{results / 'lenet_run_default_cpu.json'}` |" \
+    assert f"| `{{{{lenet_run_2x128_cpu.test_accuracy}}}}` | 0.9876 | `{results / 'lenet_run_2x128_cpu.json'}` |" \
         in listing
     assert "| `{{lenet.history.1.test_accuracy}}` | 0.9876 |" in listing
 

@@ -109,6 +109,9 @@ def test_hub_name_without_a_local_copy_is_refused_in_one_line(tmp_path, monkeypa
 
 
 def test_the_hub_probe_never_hangs_on_a_name_lookup(monkeypatch):
-    monkeypatch.setattr(tokenizer.socket, "create_connection", lambda *a, **k: time.sleep(30))
+    def hangs(*args, **kwargs):  # a name lookup that never answers (until long after the probe gave up)
+        time.sleep(30)
+        raise OSError("timed out")
+    monkeypatch.setattr(tokenizer.socket, "create_connection", hangs)
     started = time.perf_counter()
     assert tokenizer.hub_reachable(timeout=0.5) is False and time.perf_counter() - started < 5
