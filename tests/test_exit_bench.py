@@ -2,9 +2,12 @@
 before any run."""
 import json
 
+import pytest
+
 from conftest import run_script
 
 
+@pytest.mark.slow
 def test_one_round_of_the_gpt_train_way_out_is_counted(tmp_path):
     out = tmp_path / "exit.json"
     result = run_script("benchmarks/exit_bench.py", "--runs", "1", "--modes", "no_teardown", "--hogs", "0",

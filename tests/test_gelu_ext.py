@@ -389,6 +389,7 @@ def test_build_with_nvcc_of_another_cuda_major_stops_in_one_line_naming_the_ways
     assert "GELU_EXT_CPU_ONLY=1 pip install --no-build-isolation -e ./gelu_ext" in line
 
 
+@pytest.mark.slow
 @torch_cuda
 def test_build_with_nvcc_of_torchs_cuda_major_or_cpu_only_goes_on(tmp_path):
     same = run_setup(tmp_path / "same", f"{torch.version.cuda.split('.')[0]}.9")  # a minor difference is fine

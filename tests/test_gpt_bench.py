@@ -40,6 +40,7 @@ def test_every_sdpa_backend_has_a_forced_row_and_compiles_come_last(cuda, capabi
     assert (groups[-1] == compiled and len(compiled) == 2) if cuda else not compiled
 
 
+@pytest.mark.slow
 def test_an_unavailable_sdpa_backend_is_a_row_that_says_so():
     """On a CPU the cuDNN kernel does not exist: that row says so, the others measure."""
     rows = gpt_bench.ladder(False, (0, 0))
@@ -107,6 +108,7 @@ def test_bad_flags_are_one_line(flags, message, capsys):
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_real_rows_on_cpu_vocabulary_and_chunked_loss(tmp_path):
     """The lab shape at a short sequence: GPT-2's vocabulary costs FLOPs; the chunked loss gives the plain loss."""
     rows = gpt_bench.ladder(False, (0, 0))

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 import gpt_train
@@ -48,6 +47,7 @@ def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path, capsys):
         gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "20000"))
 
 
+@pytest.mark.slow
 def test_lab_preset_runs_a_step_on_cpu(corpus, tmp_path):
     metrics = gpt_train.main(["--preset", "lab", "--text", str(corpus / "X.txt"), "--tokenizer",
                               str(corpus / "tok.json"), "--cache-dir", str(corpus / "cache"), "--out-dir",
@@ -59,6 +59,7 @@ def test_lab_preset_runs_a_step_on_cpu(corpus, tmp_path):
     assert math.isfinite(metrics["final_train_loss"])
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_equals_uninterrupted(corpus, tmp_path):
     # 300 docs make ~115 blocks: 28 micro-batches per epoch; 60 steps x 2 = 120 micro-batches = 4+ epochs.
     common = ["--tokens", str(60 * 8 * 32), "--ckpt-every", "20", "--log-every", "1"]
@@ -86,6 +87,7 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(corpus, tmp_path):
     assert resumed["final_val_loss"] == pytest.approx(reference["final_val_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_for_the_same_global_batch(corpus, tmp_path):
     steps = 80  # past the first epoch's end: the corpus has 509 blocks, 63 global batches of 8
     args = tiny_args(corpus, tmp_path / "one", "--tokens", str(steps * 8 * 32), "--fused-adamw", "off")
@@ -121,11 +123,13 @@ def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, 
     (["--n-embd", "100", "--n-head", "3"], "not divisible"),
     (["--precision", "fp8"], "invalid choice"),
 ])
+@pytest.mark.slow
 def test_bad_flags(args, message):
     result = run_script("gpt_train.py", *args)
     assert result.returncode == 2 and message in result.stderr
 
 
+@pytest.mark.slow
 def test_user_errors_are_one_line(corpus, tmp_path):
     proc = start_script("gpt_train.py", *tiny_args(corpus, tmp_path / "x", "--global-batch", "6"))
     out, err = proc.communicate(timeout=120)
@@ -137,6 +141,7 @@ def test_user_errors_are_one_line(corpus, tmp_path):
 
 # ------------------------------------------------------------------ the Slurm launcher, without Slurm
 
+@pytest.mark.slow
 def test_slurm_script_forwards_flags_and_usr1_checkpoints(corpus, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.Popen(["bash", str(REPO / "slurm" / "gpt.sh"),
@@ -184,6 +189,7 @@ def wait_for_events(run_dir, n, timeout=120):
     time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_a_second_one_aborts(corpus, tmp_path):
     args = tiny_args(corpus, tmp_path / "run", "--tokens", str(3000 * 8 * 32), "--ckpt-every", "0", "--log-every", "1")
     proc = start_script("gpt_train.py", *args)
@@ -195,6 +201,7 @@ def test_ctrl_c_checkpoints_and_a_second_one_aborts(corpus, tmp_path):
     assert latest_checkpoint(tmp_path / "run")[0] is not None
 
 
+@pytest.mark.slow
 def test_ctrl_c_through_the_slurm_script_without_slurm(corpus, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.Popen(["bash", str(REPO / "slurm" / "gpt.sh"),
@@ -208,6 +215,7 @@ def test_ctrl_c_through_the_slurm_script_without_slurm(corpus, tmp_path):
     assert latest_checkpoint(tmp_path / "run")[0] is not None
 
 
+@pytest.mark.slow
 def test_usr1_during_start_up_is_not_lost(corpus, tmp_path):
     proc = start_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", "--tokens", str(400 * 8 * 32)))
     time.sleep(0.3)  # Python is still importing torch
@@ -253,6 +261,7 @@ def test_a_damaged_trainer_state_is_skipped(corpus, tmp_path):
     (["--global-batch", "16"], "global_batch = 8"),
     (["--tokenizer", "OTHER"], "tokenizer = "),
 ])
+@pytest.mark.slow
 def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, change, message):
     _, common = unfinished_run(corpus, tmp_path / "run")
     if change[-1] == "OTHER":  # another tokenizer with the same vocabulary size
@@ -316,6 +325,7 @@ def test_float_flags_reject_non_finite_values(value):
     assert result.returncode == 2 and "expected a finite number" in result.stderr
 
 
+@pytest.mark.slow
 def test_stop_reaches_every_rank_within_one_step(corpus, tmp_path):
     """TERM to one rank of two: both checkpoint the same step, at most one step after the newest
     checkpoint there was when the signal came (a checkpoint every step), and both exit with 3."""
@@ -358,6 +368,7 @@ def test_a_preset_sets_the_defaults_and_flags_override_them():
     assert lab.micro_batch == "auto"  # the preset's micro-batch is looked up when needed, not stored in args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--tf32", "--attention", "--min-lr-ratio", "--resume"])
 def test_flags_nobody_used_are_gone(flag):
     result = run_script("gpt_train.py", flag, "x")

@@ -142,6 +142,7 @@ def make_prep(tmp_path, tokenizer=None):
     return prep
 
 
+@pytest.mark.slow
 def test_rehearsal_from_a_prepared_folder_writes_results_as_steps_end(tmp_path, small_tokenizer):
     """The --from layout (MNIST under DIR/MNIST/raw, the corpus gzipped with its source) read as on the
     GPU; LeNet-5 trains; every step has an entry; the report is built from the results; <= 8 files."""
@@ -171,6 +172,7 @@ def test_rehearsal_from_a_prepared_folder_writes_results_as_steps_end(tmp_path, 
         assert "logs/lenet-torch.log" in tar.getnames()
 
 
+@pytest.mark.slow
 def test_a_cut_step_and_a_failed_import_leave_a_line_and_the_next_steps_run(tmp_path, tiny_mnist, text_file):
     """A step past its cap is cut and says so; a module that does not import skips its step with the
     reason (the image without datasets' dependencies); the report after them still runs."""
@@ -202,6 +204,7 @@ esac
 """
 
 
+@pytest.mark.slow
 def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(tmp_path, tiny_mnist, text_file):
     """The GPU path's own plumbing with a stand-in nvidia-smi (the training itself runs on the CPU):
     the GPU's name in the results, the 250 ms CSV and the snapshot taken during the step, both logged
@@ -244,6 +247,7 @@ def test_a_prep_for_another_python_is_refused_in_one_line_within_seconds(tmp_pat
     (lambda p: (p / "corpus_source.tsv").write_text("/data/X.txt\tmany\n"), "corpus_source.tsv is malformed"),
     (lambda p: (p / "wheels" / "dill-0.4-py3-none-any.whl").write_bytes(truncated_wheel()), "wheel "),
 ])
+@pytest.mark.slow
 def test_a_damaged_prep_is_refused_in_one_line_before_any_work(tmp_path, damage, message):
     prep = make_prep(tmp_path)
     damage(prep)

@@ -138,6 +138,7 @@ def test_sbatch_scripts_parse():
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
 
 
+@pytest.mark.slow
 def test_sbatch_script_runs_without_slurm_and_forwards_flags(tiny_mnist, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(["bash", str(REPO / "slurm" / "lenet.sh"), "--data-dir", str(tiny_mnist), "--no-download",
@@ -149,6 +150,7 @@ def test_sbatch_script_runs_without_slurm_and_forwards_flags(tiny_mnist, tmp_pat
     assert "job none" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_with_one_line(tiny_mnist, tmp_path):
     result = run_script("lenet5.py", "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--lr", "1e6",
                         "--log-every", "1", "--out-dir", str(tmp_path / "run"), "--metrics-out", str(tmp_path / "m.json"))
@@ -287,6 +289,7 @@ def test_lenet_bench_act_pair_alternates_torch_and_cpp(bench, tmp_path):
     assert result["cpp_to_torch"] == {"median": pytest.approx(sum(ratios) / 2), "range": [min(ratios), max(ratios)]}
 
 
+@pytest.mark.slow
 def test_lenet_bench_missing_data_is_one_line(tmp_path):
     result = run_script("benchmarks/lenet_bench.py", "--data-dir", str(tmp_path), "--device", "cpu")
     assert result.returncode == 1 and result.stderr.startswith("error: MNIST files missing")

@@ -2,7 +2,6 @@
 import json
 import os
 import shutil
-import sys
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
@@ -288,6 +287,7 @@ def test_a_chromium_that_fails_leaves_no_links_to_missing_screenshots(runs, tmp_
     assert "no screenshot lenet_tensorboard_scalars.png: Chromium exited with 1" in text
 
 
+@pytest.mark.slow
 def test_a_hanging_chromium_is_killed_and_the_report_still_written(runs, tmp_path, monkeypatch):
     import time
     pid_file = tmp_path / "pid"

@@ -160,6 +160,7 @@ def run_copy(finished_run, tmp_path):
     return Path(shutil.copytree(finished_run, tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_sampling_a_finished_run_continues_the_prompt_deterministically(finished_run, capsys):
     first = sample_cli(finished_run, "--prompt", "Kalo mi", "--tokens", "20", "--seed", "3")  # as a user runs it
     assert first.returncode == 0, first.stderr[-2000:]
@@ -338,6 +339,7 @@ def test_unusable_flags_are_one_line_before_any_work(finished_run, capsys, flags
     ("non-UTF-8 prompt", "--prompt is not UTF-8 text"),
     ("no such device", "--device tpu: not a device name"),
 ])
+@pytest.mark.slow
 def test_sampling_errors_are_one_line(finished_run, tmp_path, case, message):
     run, extra = tmp_path / "run", []
     if case == "no weights":

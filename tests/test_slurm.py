@@ -38,6 +38,7 @@ def wait_for_file(pattern_dir, pattern, timeout=120):
     raise TimeoutError(f"no {pattern} in {pattern_dir} after {timeout} s")
 
 
+@pytest.mark.slow
 def test_plain_sbatch_lenet_runs_on_the_default_partition(slurm, tiny_mnist, tmp_path):
     job_id = slurm.sbatch("--gres=none", "slurm/lenet.sh", "--epochs", "1", "--data-dir", tiny_mnist,
                           "--no-download", "--out-dir", tmp_path / "run", "--metrics-out", tmp_path / "m.json",
@@ -52,6 +53,7 @@ def test_plain_sbatch_lenet_runs_on_the_default_partition(slurm, tiny_mnist, tmp
         (REPO / "runs" / "slurm" / f"lenet5-{job_id}.out").unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 def test_paths_are_read_from_the_submit_folder_on_the_debug_queue(slurm, tiny_mnist, tmp_path):
     assert tiny_mnist == tmp_path / "mnist"  # relative paths below, from a folder that is not the repo
     job_id = slurm.sbatch("-p", "debug", "--gres=none", "-o", "%x-%j.out", REPO / "slurm" / "lenet.sh",
@@ -63,6 +65,7 @@ def test_paths_are_read_from_the_submit_folder_on_the_debug_queue(slurm, tiny_mn
     assert f"cwd {tmp_path}" in log_of(job)
 
 
+@pytest.mark.slow
 def test_sbatch_tokenizer_trains_and_caches_the_blocks(slurm, corpus, tmp_path):
     job_id = slurm.sbatch("-o", tmp_path / "%x-%j.out", "slurm/tokenizer.sh", "--text", corpus / "X.txt",
                           "--vocab-size", "512", "--out", tmp_path / "tok.json", "--seq-len", "32", "--cache-dir",
@@ -74,6 +77,7 @@ def test_sbatch_tokenizer_trains_and_caches_the_blocks(slurm, corpus, tmp_path):
     assert (tmp_path / "tok.json").exists() and any((tmp_path / "cache").iterdir())
 
 
+@pytest.mark.slow
 def test_usr1_checkpoints_requeues_resumes_and_keeps_one_log(slurm, corpus, tmp_path):
     common = ["--tokens", str(1000 * 8 * 32), "--log-every", "1"]
     job_id = slurm.sbatch("--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt.sh",
@@ -92,6 +96,7 @@ def test_usr1_checkpoints_requeues_resumes_and_keeps_one_log(slurm, corpus, tmp_
     assert cut["final_train_loss"] == pytest.approx(reference["final_train_loss"], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_scancel_leaves_a_resumable_checkpoint(slurm, corpus, tmp_path):
     args = tiny_args(corpus, tmp_path / "run", "--tokens", str(4000 * 8 * 32), "--ckpt-every", "0")
     job_id = slurm.sbatch("--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt.sh", *args, cwd=REPO)
@@ -106,6 +111,7 @@ def test_scancel_leaves_a_resumable_checkpoint(slurm, corpus, tmp_path):
     assert resumed["resumed"] and resumed["steps"] == 4000
 
 
+@pytest.mark.slow
 def test_two_nodes_one_gpu_each_by_default_match_one_process(slurm, corpus, tmp_path):
     """gpt_multi.sh as its header's first line submits it: 2 nodes x 1 GPU (a course cluster's nodes,
     where the old default of 4 GPUs a node is refused at submission)."""
@@ -123,6 +129,7 @@ def test_two_nodes_one_gpu_each_by_default_match_one_process(slurm, corpus, tmp_
     assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_two_nodes_usr1_checkpoint_requeue_and_resume(slurm, corpus, tmp_path):
     common = ["--tokens", str(300 * 8 * 32), "--fused-adamw", "off", "--log-every", "1"]
     job_id = slurm.sbatch("--nodes=2", "--gres=none", "-o", tmp_path / "%x-%j.out", "slurm/gpt_multi.sh",
@@ -138,6 +145,7 @@ def test_two_nodes_usr1_checkpoint_requeue_and_resume(slurm, corpus, tmp_path):
     assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_launchers_run_from_a_repository_path_with_a_space(slurm, tiny_mnist, tmp_path):
     """Slurm records the submitted path and the arguments in one field, joined by spaces: the launcher
     must find itself (and common.sh beside it) in "lab 5/slurm/", not in "lab"."""

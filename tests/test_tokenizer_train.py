@@ -130,6 +130,7 @@ def test_a_utf16_corpus_is_one_line(tmp_path):
     assert result.stderr.startswith(f"error: {text} is UTF-16 or UTF-32 (byte-order mark ff fe), not UTF-8")
 
 
+@pytest.mark.slow
 def test_a_failing_corpus_writes_no_tokenizer(tmp_path):
     text = tmp_path / "X.txt"
     text.write_text("\n".join(generated_docs(40)) + "\n")  # too little validation text for 1024-token blocks

@@ -241,6 +241,7 @@ def exiting_ranks(tmp_path, code, world):
     return [(p.wait(timeout=300), p.stderr.read()) for p in ranks]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code, rc", [("0", 0), ("3", 3), ("error: bad input", 1)])
 def test_ranks_leave_with_their_code_and_without_teardown(tmp_path, code, rc):
     """A finished rank must not abort in the interpreter's teardown (a gloo worker dropping a
@@ -288,6 +289,7 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
 
 
+@pytest.mark.slow
 def test_term_right_after_a_usr1_checkpoint_still_exits_3(corpus, tmp_path):
     """Slurm's USR1, then a TERM while the process is exiting (seen: 0.3 s later): the handlers stay
     until the process is gone, so it still exits with 3 (gpt.sh requeues on 3), never 143."""
@@ -372,6 +374,7 @@ def _ddp_rank(rank, port, out_dir):
     leave_without_teardown()
 
 
+@pytest.mark.slow
 def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagged(tmp_path):
     """bf16 on two processes: the bf16 compression hook is registered and gradients stay in DDP's
     buckets; the process group times out in 5 minutes, not 30; a stop signal on one process stops
@@ -386,6 +389,7 @@ def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagg
 
 # ------------------------------------------------------------------ runs: what they keep, what they refuse
 
+@pytest.mark.slow
 def test_a_finished_run_keeps_final_weights_not_checkpoints_and_its_save_is_not_training_time(corpus, tmp_path,
                                                                                             monkeypatch):
     from conftest import tiny_args
@@ -418,6 +422,7 @@ def test_the_stand_in_corpus_is_named_from_its_content(corpus, shared_data, tmp_
     assert saved["corpus"]["documents"] > 1000 and len(saved["corpus"]["sha256"]) == 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--metrics-out", "--out-dir"])
 def test_no_output_is_an_input(corpus, tmp_path, flag):
     import shutil
@@ -438,6 +443,7 @@ def test_no_output_is_an_input(corpus, tmp_path, flag):
         "tokenizer.json" if flag == "--out-dir" else "tok.json").read_text())  # untouched: still the tokenizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])
 def test_a_seed_numpy_refuses_is_one_line(seed):
     from conftest import run_script
@@ -446,6 +452,7 @@ def test_a_seed_numpy_refuses_is_one_line(seed):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_an_unwritable_compile_cache_is_one_line_before_any_work(corpus, tmp_path):
     from conftest import run_script, tiny_args
     (tmp_path / "file").write_text("x")
@@ -476,6 +483,7 @@ def _rehash(ckpt):
     files.write_json(ckpt / MANIFEST, manifest)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["pytorch_model.bin", "optimizer.bin", "random_states_0.pkl"])
 def test_a_damaged_checkpoint_file_the_manifest_vouches_for_is_named_in_one_line(corpus, tmp_path, victim):
     from conftest import run_script
