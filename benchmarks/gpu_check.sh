@@ -61,6 +61,7 @@ die() { echo "error: $1" >&2; exit "${2:-1}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --rehearse) REHEARSE=1; shift; continue ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;  # this header
         --prepare|--from|--out|--mnist|--text|--gpt2-tokenizer|--budget|--python|--only|--cap)
             [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value" 2 ;;
         *) die "unknown argument $1 (see the header of $0)" 2 ;;

@@ -42,6 +42,13 @@ def test_bad_arguments_are_one_line(args, code, message):
     assert result.returncode == code and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_header_and_runs_nothing(flag, tmp_path):
+    result = gpu_check(flag, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("Every GPU-side check") and "--rehearse" in result.stdout
+    assert "#" not in result.stdout.splitlines()[0] and not list(tmp_path.iterdir())
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
 def test_without_a_gpu_it_stops_at_once_and_writes_nothing(tmp_path):
     result = gpu_check("--out", tmp_path / "out")
