@@ -10,8 +10,8 @@
 #   bash benchmarks/gpu_check.sh --out OUT [--mnist D] [--text X.txt] [--gpt2-tokenizer F]   a GPU node
 #   bash benchmarks/gpu_check.sh --rehearse [--from DIR] --out OUT [--budget S]   the same plumbing on a CPU
 #
-# A device call brings back only what is under OUT, at most 8 files, and may be killed at its time
-# limit: so OUT holds results.json (an entry per step: ok, cut at N s, failed: why, skipped: why,
+# So that a call cut short still leaves everything finished so far, OUT holds
+# results.json (an entry per step: ok, cut at N s, failed: why, skipped: why,
 # interrupted; and every result so far), logs.tar.gz, runs.tar.gz (TensorBoard events, run metrics),
 # report.tar.gz and gpu_check.log, each rewritten as soon as a step ends. results.json exists before
 # anything that could hang; everything before the first step runs under `timeout`. The --budget clock
