@@ -2,7 +2,7 @@
 rebuilt report never shows one run's figure beside another's number.
 
 A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}`, e.g. `{{gpt_run_tiny_standin_cpu.total_seconds:.1f}}`,
-`{{lenet.test_accuracy:.2%}}`, `{{gpt_bench_cpu_d0312b2.rungs.0.tokens_per_second:,.0f}}`:
+`{{lenet.test_accuracy:.2%}}`, `{{gpt_bench_cpu_2x1024.rungs.0.tokens_per_second:,.0f}}`:
 
     SOURCE   a results file by its figure name (its file name without .json; where two share a name,
              its path with '/' as '_'), or an alias: `lenet` / `gpt`, the LeNet-5 / GPT run named on
