@@ -285,7 +285,8 @@ def set_up(args, argv, stack):
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     state, saved_identity = load_state(ckpt) if ckpt else (TrainState(), {})
-    identity = run_identity(args, tok, files.sha256_file(text), decisions.precision, accelerator.num_processes)
+    corpus = wos.corpus_identity(text)  # what the text is, by content: the run's identity and its metrics
+    identity = run_identity(args, tok, corpus["sha256"], decisions.precision, accelerator.num_processes)
     check_same_run(saved_identity, identity)  # a resume must continue the same run: one line naming what differs
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
@@ -298,7 +299,7 @@ def set_up(args, argv, stack):
                                              PRESETS[args.preset]["micro_batch"], saved_identity.get("micro_batch"))
     unit = continue_position(state, saved_identity, micro)  # another micro-batch than the checkpoint's: recounted
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len, unit)
-    info = describe_run(args, argv, decisions, model, text, budget, accelerator.num_processes)
+    info = describe_run(args, argv, decisions, model, text, corpus, budget, accelerator.num_processes)
     model, train_model, optimizer = apply_accelerations(model, args, accelerator, decisions)
     if ckpt:
         restore(accelerator, ckpt)  # a damaged file: one line naming it

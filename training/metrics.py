@@ -4,7 +4,6 @@ import math
 
 import torch
 
-from data import wos
 from training import UserError
 from training.checkpoints import latest_checkpoint
 from training.device import flops_per_token, gpu_stats, mfu, sdpa_backend
@@ -120,7 +119,7 @@ class LossWindow:
         return [self.total.item(), self.steps]
 
 
-def describe_run(args, argv, decisions, model, text, budget, world):
+def describe_run(args, argv, decisions, model, text, corpus, budget, world):
     """The run as the metrics record it (and the start-up line shows it). `corpus`: what the text is,
     from its content (stand-in, WOS46985 or other; wos.corpus_identity), so that the report never
     labels a run by its path."""
@@ -130,7 +129,7 @@ def describe_run(args, argv, decisions, model, text, budget, world):
                              if model.attention == "sdpa" else None),
             "tf32": "on" if decisions.cuda else "off", "fused_adamw": args.fused_adamw, "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
-            "text": str(text), "corpus": wos.corpus_identity(text), "preset": args.preset,
+            "text": str(text), "corpus": corpus, "preset": args.preset,
             "global_batch": args.global_batch,
             "micro_batch": budget.micro_batch, "seq_len": args.seq_len,
             "command": "python gpt_train.py " + " ".join(argv), "peak": decisions.peak,
