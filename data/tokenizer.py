@@ -105,18 +105,33 @@ def tokenizer_from_folder(path):
     return tokenizer
 
 
-def tokenizer_from_hub_name(name):
-    """A hub tokenizer: the HF cache, then data/<name>-tokenizer/, then the hub if it answers; never a hang."""
-    from huggingface_hub import constants, try_to_load_from_cache
+def repository_copy(name):
+    """Where a hub tokenizer's offline copy in the repository goes: data/<name>-tokenizer/."""
+    return LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer"
+
+
+def local_copy(name):
+    """A hub tokenizer's copy on this machine, looked up without the network: the HF cache's tokenizer.json,
+    else repository_copy(name) if it exists; None if neither. TokenizerError if `name` is no hub name."""
+    from huggingface_hub import try_to_load_from_cache
     try:
         cached = try_to_load_from_cache(name, "tokenizer.json")
     except ValueError:  # HFValidationError: not a name the hub could hold either
         raise TokenizerError(f"tokenizer {name!r}: no such file or folder, and not a hub name") from None
     if isinstance(cached, str):
-        return tokenizer_from_file(Path(cached)), cached
-    local = LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer"
-    if local.is_dir():
-        return tokenizer_from_folder(local), str(local)
+        return Path(cached)
+    return repository_copy(name) if repository_copy(name).is_dir() else None
+
+
+def tokenizer_from_hub_name(name):
+    """A hub tokenizer: the HF cache, then data/<name>-tokenizer/, then the hub if it answers; never a hang."""
+    from huggingface_hub import constants
+    found = local_copy(name)
+    if found and found.is_file():
+        return tokenizer_from_file(found), str(found)
+    if found:
+        return tokenizer_from_folder(found), str(found)
+    local = repository_copy(name)
     offline = constants.HF_HUB_OFFLINE
     if offline or not hub_reachable():
         raise TokenizerError(f"tokenizer {name!r}: no such file or folder, no local copy (HF cache "

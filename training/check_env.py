@@ -198,7 +198,7 @@ def check_tokenizer(spec):
     from data import tokenizer
     make_own = f"or python tokenizer_train.py to make {tokenizer.OWN_TOKENIZER.relative_to(REPO)}"
     if not (Path(spec).expanduser().exists() or tokenizer.looks_like_a_path(spec) or hub_copy_here(spec)):
-        local = tokenizer.LOCAL_TOKENIZERS / f"{spec.split('/')[-1]}-tokenizer"
+        local = tokenizer.repository_copy(spec)
         return todo("tokenizer", f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where "
                                  f"the node has internet; else put its folder at {local}, {make_own}")
     try:
@@ -209,14 +209,12 @@ def check_tokenizer(spec):
 
 
 def hub_copy_here(name):
-    """Whether a hub tokenizer's files are on this machine: the HF cache, or data/<name>-tokenizer/."""
+    """Whether a hub tokenizer's files are on this machine (data/tokenizer.py's offline lookup)."""
     from data import tokenizer
-    from huggingface_hub import try_to_load_from_cache
     try:
-        cached = try_to_load_from_cache(name, "tokenizer.json")
-    except ValueError:  # not a hub name either: open_tokenizer says so
+        return tokenizer.local_copy(name) is not None
+    except tokenizer.TokenizerError:  # not a hub name either: open_tokenizer says so
         return True
-    return isinstance(cached, str) or (tokenizer.LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer").is_dir()
 
 
 # ----------------------------------------------------------------------------- the command
