@@ -6,6 +6,7 @@ benchmarks/gpt_bench.py use it; its parameter names are transformers' GPT2LMHead
 
     model_config(vocab_size, eot_id, **shape)   GPT2Config for a tokenizer's vocabulary
     GPT(cfg, attention, loss)                   idx (B, T) -> mean loss, or the next token's logits
+    to_transformers / from_transformers         its state_dict as GPT2LMHeadModel's, and back
 """
 import math
 
@@ -104,3 +105,21 @@ class GPT(nn.Module):
             return lm_loss.chunked_cross_entropy(x, self.lm_head.weight, targets)
         logits = self.lm_head(x)  # (B, T, V)
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # HF: (in, out)
+
+
+def to_transformers(state_dict):
+    """The project's state_dict -> GPT2LMHeadModel's: the `transformer.` prefix, Conv1D's transposed
+    weights, and no lm_head.weight (tied to wte: one copy on disk, as safetensors requires)."""
+    return {f"transformer.{k}": (v.t() if k.endswith(CONV1D) else v).detach().cpu().contiguous()
+            for k, v in state_dict.items() if k != "lm_head.weight"}
+
+
+def from_transformers(tensors):
+    state = {k.removeprefix("transformer."): v.t() if k.endswith(CONV1D) else v
+             for k, v in tensors.items() if k != "lm_head.weight"}
+    if "wte.weight" in state:
+        state["lm_head.weight"] = state["wte.weight"]  # tied
+    return state

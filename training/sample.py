@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from training.device import eager_mode
+from training.model import GPT, from_transformers, model_config, to_transformers
 
 PROMPT_TOKENS = 16  # of each fixed validation prompt
 N_PROMPTS = 2
@@ -34,7 +35,6 @@ GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and d
 MAX_TOKENS = 100_000  # no KV cache: hours at the lab shape on a CPU; a larger number is a typo
 HF_WEIGHTS, HF_CONFIG, LEGACY_WEIGHTS = "model.safetensors", "config.json", "model.pt"  # in final/
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
-CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # HF: (in, out)
 
 
 @torch.no_grad()
@@ -108,21 +108,6 @@ class Sampler:
 
 # ----------------------------------------------------------------------------- final/: a transformers folder
 
-def to_transformers(state_dict):
-    """The project's state_dict -> GPT2LMHeadModel's: the `transformer.` prefix, Conv1D's transposed
-    weights, and no lm_head.weight (tied to wte: one copy on disk, as safetensors requires)."""
-    return {f"transformer.{k}": (v.t() if k.endswith(CONV1D) else v).detach().cpu().contiguous()
-            for k, v in state_dict.items() if k != "lm_head.weight"}
-
-
-def from_transformers(tensors):
-    state = {k.removeprefix("transformer."): v.t() if k.endswith(CONV1D) else v
-             for k, v in tensors.items() if k != "lm_head.weight"}
-    if "wte.weight" in state:
-        state["lm_head.weight"] = state["wte.weight"]  # tied
-    return state
-
-
 def write_final(net, tokenizer, folder):
     """`net` (training.model.GPT) and the run's `tokenizer` as a transformers model folder. The JSON
     files are written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x
@@ -154,7 +139,6 @@ def write_final(net, tokenizer, folder):
 def read_config(path):
     """The GPT2Config of a run's config.json, checked enough to build a model from."""
     from training import UserError
-    from training.model import model_config
     try:
         raw = json.loads(path.read_text())
         shape, eot = {k: raw[k] for k in SHAPE}, raw["eos_token_id"]
@@ -189,7 +173,6 @@ def read_weights(path):
 def build_model(cfg, state, path):
     """GPT(cfg) holding `state`, once every name and shape fits and every value is finite."""
     from training import UserError
-    from training.model import GPT
     have = {k: tuple(v.shape) for k, v in state.items()}
     blocks = len({k.split(".")[1] for k in have if k.startswith("h.")})
     if blocks != cfg.n_layer or have.get("wte.weight") != (cfg.vocab_size, cfg.n_embd):  # before building it
@@ -245,7 +228,6 @@ def load_run(run_dir, tokenizer_spec, device):
 def checkpoint_config(ckpt):
     """(GPT2Config, the tokenizer's sha256 prefix) from the run identity a checkpoint saved."""
     from training import UserError, checkpoints
-    from training.model import model_config
     try:
         run = checkpoints.load_state(ckpt)[1]
         shape = dict(n_layer=run["n_layer"], n_head=run["n_head"], n_embd=run["n_embd"], n_positions=run["seq_len"])
