@@ -34,15 +34,33 @@ from accelerate.utils import GradScalerKwargs, set_seed
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from data import files, wos
+from data import wos
 from data.tokenizer import default_tokenizer, open_tokenizer
-from training import CACHE_HOME, UserError, device, sample
+from training import CACHE_HOME, UserError, device, runfiles, sample
 from training.batches import batch_stream, validate
 from training.budget import Budget, choose_micro_batch, due, plan_budget
-from training.checkpoints import (TrainState, check_same_run, continue_position, load_state, open_run_dir,
-                                  remove_checkpoints, restore, run_identity, save_checkpoint, save_final)
-from training.metrics import (STOP_EXIT_CODE, LossWindow, Throughput, describe_run, final_metrics, log_point,
-                              startup_line, summary_line)
+from training.checkpoints import (
+    TrainState,
+    check_same_run,
+    continue_position,
+    load_state,
+    open_run_dir,
+    remove_checkpoints,
+    restore,
+    run_identity,
+    save_checkpoint,
+    save_final,
+)
+from training.metrics import (
+    STOP_EXIT_CODE,
+    LossWindow,
+    Throughput,
+    describe_run,
+    final_metrics,
+    log_point,
+    startup_line,
+    summary_line,
+)
 from training.model import GPT, model_config
 from training.signals import StopAgreement, StopFlag, no_teardown_after_collectives
 
@@ -82,7 +100,7 @@ def build_parser():
                                                 "WOS46985/X.txt, downloaded if missing")
     add("--tokenizer", default=default_tokenizer(), help="tokenizer.json or 'gpt2'; the default is data/"
                                                              "tokenizer/tokenizer.json once tokenizer_train.py made it")
-    add("--out-dir", type=files.path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
+    add("--out-dir", type=runfiles.path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
         "new or empty folder, or one of gpt_train.py's (with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
     add("--tokens", type=int, default=12_000_000, help="training budget in tokens, all processes")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
@@ -167,7 +185,8 @@ ARG_RULES = [  # (flag, check, what it must be): a value outside these trains no
 
 def make_accelerator(decisions):
     """accelerate's Accelerator with this device's precision; TF32 on a GPU."""
-    handlers = [GradScalerKwargs(init_scale=2.0**12)] if decisions.precision == "fp16" else []  # 2^16 overflows at first
+    fp16 = decisions.precision == "fp16"
+    handlers = [GradScalerKwargs(init_scale=2.0**12)] if fp16 else []  # 2^16 overflows at first
     # cpu=True where there is no GPU: only then does accelerate turn torchrun's processes into gloo ranks
     accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(decisions.precision, decisions.precision),
                               cpu=not decisions.cuda,  # 16-bit all-reduce below
@@ -279,7 +298,7 @@ def set_up(args, argv, stack):
     if decisions.compile_mode != "off":
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
     accelerator = make_accelerator(decisions)
-    out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / files.new_run_name(),
+    out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / runfiles.new_run_name(),
                                  args.metrics_out, accelerator, stack,
                                  inputs={"--text": args.text, "--tokenizer": args.tokenizer})  # never overwritten
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
@@ -295,8 +314,9 @@ def set_up(args, argv, stack):
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
     model = GPT(cfg, loss=args.loss).to(accelerator.device)
-    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, decisions.precision, args.global_batch,
-                                             PRESETS[args.preset]["micro_batch"], saved_identity.get("micro_batch"))
+    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, decisions.precision,
+                                             args.global_batch, PRESETS[args.preset]["micro_batch"],
+                                             saved_identity.get("micro_batch"))
     unit = continue_position(state, saved_identity, micro)  # another micro-batch than the checkpoint's: recounted
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len, unit)
     info = describe_run(args, argv, decisions, model, text, corpus, budget, accelerator.num_processes)
@@ -305,11 +325,12 @@ def set_up(args, argv, stack):
         restore(accelerator, ckpt)  # a damaged file: one line naming it
     if accelerator.is_main_process:
         print(startup_line(info, budget, micro_source, tok.vocab_size) +
-              (f"; {decisions.note}" if decisions.note else "") + (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
+              (f"; {decisions.note}" if decisions.note else "") +
+              (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
         print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
               f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}")
         if not ckpt:
-            files.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
+            runfiles.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
     writer, sampler = ((SummaryWriter(out_dir), sample.Sampler(tok.tokenizer, blocks["validation"], args.sample_tokens))
                        if accelerator.is_main_process else (None, None))
     return (Setup(args, accelerator, model, train_model, optimizer, budget, blocks, out_dir,
@@ -336,7 +357,7 @@ def train(args, argv, stop):
         if setup.accelerator.is_main_process:
             setup.writer.close()
             for path in [setup.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
-                files.write_json(path, metrics)
+                runfiles.write_json(path, metrics)
             print(summary_line(metrics))
         if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
             remove_checkpoints(setup.accelerator, setup.out_dir)

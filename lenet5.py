@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import logging
 import math
-import os
 import sys
 import time
 import warnings
@@ -27,9 +26,9 @@ import torch.nn.functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from data import files
-from data.files import UserError
+from data import data_root
 from data.mnist import Batches, find_mnist, load_train_test
+from training import UserError, runfiles
 from training.device import device_name, gpu_stats
 
 REPO = Path(__file__).resolve().parent
@@ -146,19 +145,19 @@ def new_run_dir(out_dir, act, engine, stack):
     """--out-dir, or a new runs/lenet5/<time>-<id>-<act>[-lightning]/: new or empty (a LeNet run is never
     resumed, so never overwritten), locked while the run lives; a start that fails leaves no folder."""
     suffix = f"-{engine}" if engine != "plain" else ""
-    out_dir = out_dir or REPO / "runs" / "lenet5" / f"{files.new_run_name()}-{act}{suffix}"
-    return files.claim_run_dir(out_dir, "lenet5.py", stack, reuse=False)
+    out_dir = out_dir or REPO / "runs" / "lenet5" / f"{runfiles.new_run_name()}-{act}{suffix}"
+    return runfiles.claim_run_dir(out_dir, "lenet5.py", stack, reuse=False)
 
 
 def check_outputs(args):
     """Every file the run will write, checked before any training: none of the work is lost at the end,
     and no output overwrites an input (an MNIST file, or a file beside them)."""
-    files.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
+    runfiles.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
                                    {"--data-dir": args.data_dir})
     if args.metrics_out:
-        files.check_output(args.metrics_out, "--metrics-out")
+        runfiles.check_output(args.metrics_out, "--metrics-out")
     if args.save:
-        files.check_output(args.save, "--save")
+        runfiles.check_output(args.save, "--save")
 
 
 def warmup_cosine(total, warmup_fraction=0.2):
@@ -184,8 +183,9 @@ def positive(kind):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LAB5_DATA", REPO / "data")),
-                   help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA (default: %(default)s)")
+    p.add_argument("--data-dir", type=Path, default=data_root(),
+                   help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA "
+                        "(default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download missing files")
     p.add_argument("--act", choices=["torch", "python", "cpp"], default="torch",
                    help="GELU: F.gelu(tanh) | the Python autograd.Function | the C++/CUDA op (default: %(default)s)")
@@ -199,10 +199,12 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=positive(int), default=128, help="(default: %(default)s)")
     p.add_argument("--lr", type=positive(float), default=8e-3, help="peak AdamW learning rate of the warm-up + "
                                                                     "cosine schedule (default: %(default)s)")
-    p.add_argument("--seed", type=files.seed_flag, default=0, help="weights and shuffling (default: %(default)s)")
-    p.add_argument("--out-dir", type=files.path_flag, default=None,
-                   help="this run's TensorBoard logs and outputs (default: a new runs/lenet5/<time>-<act>[-lightning]/)")
-    p.add_argument("--log-every", type=positive(int), default=50, help="steps between train-loss points (default: %(default)s)")
+    p.add_argument("--seed", type=runfiles.seed_flag, default=0, help="weights and shuffling (default: %(default)s)")
+    p.add_argument("--out-dir", type=runfiles.path_flag, default=None,
+                   help="this run's TensorBoard logs and outputs "
+                        "(default: a new runs/lenet5/<time>-<act>[-lightning]/)")
+    p.add_argument("--log-every", type=positive(int), default=50,
+                   help="steps between train-loss points (default: %(default)s)")
     p.add_argument("--save", type=Path, default=None, help="write the trained state_dict here")
     p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
     return p.parse_args(argv)
@@ -237,18 +239,19 @@ def run(args, stack):
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
     record = {"history": [], "train_seconds": 0.0, "curve": [], "steps": 0}  # filled by fit as it goes
     try:
-        with files.quiet_writer_thread():
-            files.write_json(out_dir / "args.json", vars(args))
+        with runfiles.quiet_writer_thread():
+            runfiles.write_json(out_dir / "args.json", vars(args))
             fit(args, model, train_set, test_set, digits, out_dir, device, record)
-    except (OSError, files.OutputError) as e:  # a full or failing disk under out_dir: the event file, images, args.json
-        raise UserError(keep_what_we_can(args, model, metrics_of(args, record, device, params, out_dir),
-                                         f"writing the run's logs in {out_dir} failed ({files.reason(e)})")) from None
+    except (OSError, runfiles.OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
+        failure = f"writing the run's logs in {out_dir} failed ({runfiles.reason(e)})"
+        partial = metrics_of(args, record, device, params, out_dir)
+        raise UserError(keep_what_we_can(args, model, partial, failure)) from None
     metrics = metrics_of(args, record, device, params, out_dir)
     keep_what_we_can(args, model, metrics)
     try:
-        files.write_json(out_dir / "metrics.json", metrics)
-    except files.OutputError as e:
-        raise UserError(f"writing {out_dir / 'metrics.json'} failed ({files.reason(e)}); "
+        runfiles.write_json(out_dir / "metrics.json", metrics)
+    except runfiles.OutputError as e:
+        raise UserError(f"writing {out_dir / 'metrics.json'} failed ({runfiles.reason(e)}); "
                         f"the metrics are in --metrics-out where given") from None
     last = metrics["history"][-1]
     print(f"test accuracy {last['test_accuracy']:.2%}, test loss {last['test_loss']:.4f}, "
@@ -274,18 +277,19 @@ def keep_what_we_can(args, model, metrics, failure=None):
     if failure:
         metrics = metrics | {"stopped": failure}
     for flag, what, path, write in (
-            ("--metrics-out", "metrics", args.metrics_out, lambda p: files.write_json(p, metrics)),
+            ("--metrics-out", "metrics", args.metrics_out, lambda p: runfiles.write_json(p, metrics)),
             ("--save", "weights", args.save, lambda p: torch.save(model.state_dict(), p))):
         if path is None:
             continue
         try:
             write(path)
             kept.append(f"{what} in {path}")
-        except (OSError, files.OutputError) as e:
+        except (OSError, runfiles.OutputError) as e:
             if not failure:
-                raise UserError(f"{flag} {path}: {files.reason(e)}") from None
+                raise UserError(f"{flag} {path}: {runfiles.reason(e)}") from None
     if failure:
-        done = f"after epoch {metrics['history'][-1]['epoch']}" if metrics["history"] else "before the first epoch ended"
+        history = metrics["history"]
+        done = f"after epoch {history[-1]['epoch']}" if history else "before the first epoch ended"
         return f"{failure} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept")
     return None
 
@@ -361,7 +365,8 @@ def need_lightning():
     try:
         import lightning
     except ImportError as e:
-        raise UserError(f"--engine lightning needs the lightning package ({e}): pip install -r requirements.txt") from None
+        raise UserError(f"--engine lightning needs the lightning package ({e}): "
+                        "pip install -r requirements.txt") from None
     return lightning
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import tokenizers
 import torch
 
-from data import files, wos
-from data.files import UserError
+from data import wos
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
+from training import UserError, runfiles
 
 
 def train_bpe(docs, vocab_size, min_frequency=2):
@@ -121,7 +121,8 @@ def parse_args(argv):
                    help="where tokenizer.json goes (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--val-fraction", type=float, default=0.005, help="held-out documents (default: %(default)s)")
-    p.add_argument("--seed", type=files.seed_flag, default=0, help="of the train/validation split (default: %(default)s)")
+    p.add_argument("--seed", type=runfiles.seed_flag, default=0,
+                   help="of the train/validation split (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=1024,
                    help="gpt_train.py's --seq-len: also tokenise the corpus into the blocks of seq_len + 1 tokens it "
                         "reads from the cache; 0 = skip (default: %(default)s)")
@@ -157,14 +158,14 @@ def check_outputs(args):
     """Before any work: --out may be written (and is not replaced without --force), --metrics-out and
     the cache folder too, and no output is one of the inputs (--text, a --compare file or folder)."""
     compare = Path(args.compare) if Path(args.compare).exists() else None
-    files.check_outputs_not_inputs({"--out": args.out, "--metrics-out": args.metrics_out},
+    runfiles.check_outputs_not_inputs({"--out": args.out, "--metrics-out": args.metrics_out},
                                    {"--text": args.text or wos.default_text(), "--compare": compare})
     if args.out.exists() and not args.out.is_dir() and not args.force:
         raise UserError(f"{args.out} exists; pass --force to replace it (or another --out)")
-    files.check_output(args.out, "--out")
+    runfiles.check_output(args.out, "--out")
     if args.metrics_out:
-        files.check_output(args.metrics_out, "--metrics-out")
-    files.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
+        runfiles.check_output(args.metrics_out, "--metrics-out")
+    runfiles.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
 def run(args):
@@ -185,7 +186,7 @@ def run(args):
                "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
                "text": str(text), "corpus": wos.corpus_identity(text), "out": str(args.out),
-               "cpu": files.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+               "cpu": runfiles.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
     metrics.update(comparison(args.compare, other, tokenizer, val_docs))
     if args.seq_len:
@@ -197,7 +198,7 @@ def run(args):
           + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")
           + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
     if args.metrics_out:
-        files.write_json(args.metrics_out, metrics)
+        runfiles.write_json(args.metrics_out, metrics)
     return metrics
 
 

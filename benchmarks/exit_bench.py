@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from data import files  # noqa: E402
+from training import runfiles  # noqa: E402
 
 MODES = ("plain", "destroy", "no_teardown")
 
@@ -90,8 +90,8 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         if args.metrics_out:
-            files.check_output(args.metrics_out, "--metrics-out")  # before the long part
-    except files.OutputError as e:
+            runfiles.check_output(args.metrics_out, "--metrics-out")  # before the long part
+    except runfiles.OutputError as e:
         sys.exit(f"error: {e}")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     counts = {m: {"runs": 0, "ok": 0, "aborted": 0, "failed": 0} for m in args.modes}
@@ -112,13 +112,13 @@ def main(argv=None):
             hog.kill()
     import torch
     metrics = {"command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/exit_bench.py", *argv]),
-               "device_name": f"{files.cpu_name()}, {os.cpu_count()} cores", "torch": torch.__version__,
+               "device_name": f"{runfiles.cpu_name()}, {os.cpu_count()} cores", "torch": torch.__version__,
                "hogs": args.hogs, "load_average_1min_start_end": [load_start[0], os.getloadavg()[0]],
                "seconds": round(time.time() - t0, 1), "modes": counts}
     for mode, c in counts.items():
         print(f"{mode:12s} {c['aborted']:3d} of {c['runs']} aborted, {c['failed']} failed otherwise")
     if args.metrics_out:
-        files.write_json(args.metrics_out, metrics)
+        runfiles.write_json(args.metrics_out, metrics)
     return metrics
 
 

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import gelu_ext  # noqa: E402
 import training.device  # noqa: E402
-from data import files  # noqa: E402
+from training import runfiles  # noqa: E402
 
 
 class SeedGELU(torch.autograd.Function):
@@ -181,7 +181,8 @@ def parse_args(argv):
                         "them; 16 18 ... 28 on GPU, where only the largest are bandwidth-bound)")
     p.add_argument("--repeats", type=int, default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
     p.add_argument("--calls", type=int, default=0,
-                   help="calls per sample (default: by size, from 1000 at 2^10 down to 1 on CPU, 100 down to 10 on GPU)")
+                   help="calls per sample (default: by size, from 1000 at 2^10 down to 1 on CPU, "
+                        "100 down to 10 on GPU)")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch and the op (default: torch's own choice, one per core)")
     p.add_argument("--kernel-times", action="store_true",
@@ -233,8 +234,8 @@ def main(argv=None):
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
     try:
         if args.metrics_out:
-            files.check_output(args.metrics_out, "--metrics-out")
-    except files.OutputError as e:
+            runfiles.check_output(args.metrics_out, "--metrics-out")
+    except runfiles.OutputError as e:
         sys.exit(f"error: {e}")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -268,8 +269,8 @@ def main(argv=None):
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if args.metrics_out:
         try:
-            files.write_json(args.metrics_out, result)
-        except files.OutputError as e:
+            runfiles.write_json(args.metrics_out, result)
+        except runfiles.OutputError as e:
             sys.exit(f"error: {e}")
     return result
 

@@ -41,8 +41,8 @@ from transformers import GPT2LMHeadModel
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import training.device  # noqa: E402
-from data import files  # noqa: E402
 from ladder_rows import SDPA_BACKENDS, ladder, sdpa_context, unmeasured_first  # noqa: E402
+from training import runfiles  # noqa: E402
 from training.model import GPT, model_config  # noqa: E402
 
 
@@ -222,7 +222,7 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if args.metrics_out:
-        files.check_output(args.metrics_out, "--metrics-out")
+        runfiles.check_output(args.metrics_out, "--metrics-out")
     if args.compile_cost:
         return compile_cost(args)
     rows = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0), args.with_compile, args.vocab_size)
@@ -275,15 +275,15 @@ def run_ladder(args, device, chosen, fit, groups):
         out = {**head, "load_average_now": os.getloadavg()[0], "matmul": summarise_rates(rates, m),
                "rungs": summarise(chosen, runs, fits)}
         if args.metrics_out:
-            files.write_json(args.metrics_out, out)
+            runfiles.write_json(args.metrics_out, out)
     print_table(out["rungs"])
     return out
 
 
 def largest_micro_batch(settings, args, device):
     """GPU: the largest micro-batch (of --fit-max, halved) whose training step fits, or why none does."""
-    from training.budget import find_micro_batch
     from training import UserError
+    from training.budget import find_micro_batch
 
     def try_step(micro):
         measure(settings, argparse.Namespace(**{**vars(args), "micro_batch": micro, "warmup": 1, "steps": 1}),
@@ -406,9 +406,10 @@ def compile_cost(args):
            "regional_cold_vs_whole_cold": median["regional_cold"] / median["whole_cold"],
            "regional_warm_vs_regional_cold": median["regional_warm"] / median["regional_cold"], "runs": runs}
     print(f"medians: {json.dumps({k: round(v, 2) for k, v in median.items()})}; regional cold / whole cold = "
-          f"{out['regional_cold_vs_whole_cold']:.2f}, regional warm / cold = {out['regional_warm_vs_regional_cold']:.2f}")
+          f"{out['regional_cold_vs_whole_cold']:.2f}, "
+          f"regional warm / cold = {out['regional_warm_vs_regional_cold']:.2f}")
     if args.metrics_out:
-        files.write_json(args.metrics_out, out)
+        runfiles.write_json(args.metrics_out, out)
     return out
 
 

@@ -10,7 +10,8 @@ and, at the end, the plan's second call.
     python benchmarks/gpu_check_tools.py record WORK STEP STATUS SECONDS  one step's entry (any bytes)
     python benchmarks/gpu_check_tools.py results WORK OUT.json            every step's status and results
     python benchmarks/gpu_check_tools.py mnist-subset SRC DST N_TRAIN N_TEST   the first N images (rehearsal)
-    python benchmarks/gpu_check_tools.py cuda-ready | gpt-verdict M.json REHEARSE | plan | summary | second-call | all-ok
+    python benchmarks/gpu_check_tools.py cuda-ready | gpt-verdict M.json REHEARSE | plan | summary
+    python benchmarks/gpu_check_tools.py second-call | all-ok
 
 Standard library only (plus `packaging`, which pip and transformers bring): it runs before the
 carried packages are installed.
@@ -325,11 +326,12 @@ def second_call(work, text, elapsed, from_arg, rehearsal, out=None):
     if "ladder" in again and budget - need >= 60:
         chosen.append("ladder")
     chosen.append("report")
-    base = f"bash benchmarks/gpu_check.sh {'--rehearse ' if rehearsal == '1' else ''}{from_arg + ' ' if from_arg else ''}"
-    base += f"--out {out or 'OUT-2'}"
+    base = "bash benchmarks/gpu_check.sh " + ("--rehearse " if rehearsal == "1" else "")
+    base += (from_arg + " " if from_arg else "") + f"--out {out or 'OUT-2'}"
     if budget < 90:
         print(f"second call: no room on this machine (about {max(left, 0)} s of its lease left); on the next: "
-              f"{base} --budget 520 --only {','.join(s for s, _, _ in parse_plan(text) if s in again or s == 'report')}")
+              f"{base} --budget 520 --only " + ",".join(s for s, _, _ in parse_plan(text)
+                                                         if s in again or s == "report"))
     else:
         print(f"second call (about {left} s of this machine's lease left): {base} --budget {budget} "
               f"--only {','.join(chosen)}")

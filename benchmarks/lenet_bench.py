@@ -16,7 +16,6 @@ default recipe, per seed, alternating which goes first; median and range of each
 ratios cpp / torch (below 1: the own op is faster).
 """
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,8 +30,9 @@ from torchvision import datasets, transforms
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import lenet5  # noqa: E402
-from data import files  # noqa: E402
+from data import data_root  # noqa: E402
 from data.mnist import find_mnist  # noqa: E402
+from training import UserError, runfiles  # noqa: E402
 
 
 def original_recipe(data_dir, device, epochs, seed):
@@ -138,7 +138,7 @@ def act_pair(args, device):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LAB5_DATA", REPO / "data")),
+    p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one interleaved repeat per seed")
@@ -152,9 +152,9 @@ def parse_args(argv):
 def check(args):
     """Everything a user can get wrong, before any training: one line, not a traceback half-way."""
     if args.baseline_epochs < 1 or any(seed < 0 for seed in args.seeds):
-        raise files.UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
+        raise UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
     if args.metrics_out:
-        files.check_output(args.metrics_out, "--metrics-out")
+        runfiles.check_output(args.metrics_out, "--metrics-out")
     device = lenet5.pick_device(args.device)
     find_mnist(args.data_dir, download=False)
     if args.act_pair:
@@ -181,15 +181,15 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         device = check(args)
-    except files.UserError as e:  # MNISTError, OutputError too
+    except UserError as e:  # MNISTError, OutputError too
         sys.exit(f"error: {e}")
     result = act_pair(args, device) if args.act_pair else recipe(args, device)
     device_name = lenet5.device_name(device)
-    result |= {"device_name": device_name, "cpu_model": files.cpu_name(), "torch": torch.__version__,
+    result |= {"device_name": device_name, "cpu_model": runfiles.cpu_name(), "torch": torch.__version__,
                "command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/lenet_bench.py", *argv])}
     report(result, device_name)
     if args.metrics_out:
-        files.write_json(args.metrics_out, result)
+        runfiles.write_json(args.metrics_out, result)
     return result
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from data.files import UserError
+from training import UserError
 
 FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

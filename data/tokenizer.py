@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from data.files import UserError
+from training import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"

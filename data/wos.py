@@ -10,10 +10,10 @@ they read it with: data/tokenizer.py).
       -> batches in a seeded order, one epoch = one permutation  epoch_loader()
 
 Everything after reading is done by `datasets` (imported only there: the rest works without it).
-Its fingerprints key the text's cache under the repository's data/cache/ (LAB5_DATA or not; a changed file: path, size or mtime, is
-read afresh); the token blocks sit beside it in one folder per tokenizer (tokens-v1-<its sha256>),
-so a second run loads them instead of tokenising again. Every cached file is verified when used;
-a damaged one is rebuilt once, or refused in one line naming the folder to delete.
+Its fingerprints key the text's cache under the repository's data/cache/ (LAB5_DATA or not; a changed
+file: path, size or mtime, is read afresh); the token blocks sit beside it in one folder per tokenizer
+(tokens-v1-<its sha256>), so a second run loads them instead of tokenising again. Every cached file is
+verified when used; a damaged one is rebuilt once, or refused in one line naming the folder to delete.
 """
 import hashlib
 import os
@@ -30,8 +30,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from data import files
+from data import data_root
 from data.tokenizer import EOT, tokenizer_sha256
+from training import UserError, runfiles
 
 REPO = Path(__file__).resolve().parents[1]
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
@@ -39,7 +40,7 @@ WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
 
 
-class TextError(files.UserError):
+class TextError(UserError):
     """Missing or unusable text: reported as one line, never as a traceback."""
 
 
@@ -54,16 +55,13 @@ def need_datasets():
     return datasets
 
 
-def data_root():
-    return Path(os.environ.get("LAB5_DATA", REPO / "data"))
-
-
 def default_text():
     return data_root() / "WebOfScience" / "WOS46985" / "X.txt"
 
 
 def default_cache():
-    """The repository's data/cache, as the docs say, with LAB5_DATA set too: a shared data folder is read, never written."""
+    """The repository's data/cache, as the docs say, with LAB5_DATA set too: a shared data folder is read,
+    never written."""
     return REPO / "data" / "cache"
 
 
@@ -198,7 +196,7 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None):
     """
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
-    files.check_output_dir(cache_dir, "--cache-dir")
+    runfiles.check_output_dir(cache_dir, "--cache-dir")
     try:
         return read_splits(path, val_fraction, seed, cache_dir, fresh=False)
     except DamagedCache as e:

@@ -16,7 +16,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from report.inputs import corpus_name  # noqa: E402
 from training.metrics import SUCCESS_LOSS  # noqa: E402
 
-
 LAYER_IMAGES = (  # TensorBoard image tag -> the figure drawn from it, what it shows
     ("layers/conv1_filters", "lenet_conv1_filters.png", "conv1: the 6 learned 5x5 filters"),
     ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png",
@@ -89,6 +88,7 @@ def lenet_images(run, out, problems):
 def labelled_image(png, title, path):
     """A TensorBoard image (PNG bytes) enlarged without smoothing, with a title saying what it shows."""
     from io import BytesIO
+
     from PIL import Image
     image = Image.open(BytesIO(png))
     scale = max(1.0, 900 / image.width)
@@ -110,7 +110,8 @@ def gpt_curves(s, m, path):
     corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(corpus_name(m), "other corpus, not WOS")
     title = (f"GPT-2 structure, {size}, {corpus} ({m['device_name']} x {m['world_size']}, {m['precision']}, "
              f"{m['tokens_seen']:,} tokens)")
-    plot_lines(path, [("loss (nats/token)", {"train": tokens["train/loss"], "validation": tokens["val/loss"]}, "tokens"),
+    losses = {"train": tokens["train/loss"], "validation": tokens["val/loss"]}
+    plot_lines(path, [("loss (nats/token)", losses, "tokens"),
                       ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")], title,
                hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"), ymin0=1)
     return [f"![GPT-2 loss and throughput]({path.name})"]

@@ -15,8 +15,14 @@ import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from report.figures import gpt_curves, ladder_figure, scalars_from_metrics, terminal_figure, gpu_name, \
-    utilization_figure
+from report.figures import (
+    gpt_curves,
+    gpu_name,
+    ladder_figure,
+    scalars_from_metrics,
+    terminal_figure,
+    utilization_figure,
+)
 from report.inputs import load_events, load_json, rel
 
 GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is drawn from, gpu_check.sh steps
@@ -28,7 +34,8 @@ GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is draw
                            r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-own-vocab"),
     "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet.*\.txt",
                              "lenet-torch"),
-    "gpu_gpt_run.png": ("the 12M-token GPT run's curves", r"gpt_run_12M(-own-vocab)?-cold.*\.json", "tokenizer,gpt-own-vocab"),
+    "gpu_gpt_run.png": ("the 12M-token GPT run's curves", r"gpt_run_12M(-own-vocab)?-cold.*\.json",
+                        "tokenizer,gpt-own-vocab"),
     "gpu_ladder.png": ("the acceleration ladder on the GPU", r"gpt_bench.*\.json", "ladder"),
 }
 PREFERRED = ("cold", "torch")  # of several matching files: the cold-cache GPT run, LeNet with --act torch

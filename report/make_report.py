@@ -28,15 +28,27 @@ from pathlib import Path
 if not __package__:  # run as python report/make_report.py: the repository, not report/, on sys.path
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from data.files import UserError  # noqa: E402
 from report import browser, facts  # noqa: E402
-from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, \
-    scalars_from_metrics  # noqa: E402
+from report.figures import (
+    gpt_curves,
+    gpu_figure,
+    ladder_figure,
+    lenet_curves,
+    lenet_images,
+    scalars_from_metrics,  # noqa: E402
+)
 from report.gpu import committed_run, gpu_inputs, gpu_slot_lines  # noqa: E402
 from report.inputs import REPO, figure_name, load_results, load_run, newest_run, rel, result_name  # noqa: E402
 from report.screenshots import SHOTS, screenshot_sources, tensorboard_screenshots  # noqa: E402
-from report.tables import gelu_table, gpt_table, ladder_table, lenet_bench_table, lenet_table, \
-    tokenizer_table  # noqa: E402
+from report.tables import (
+    gelu_table,
+    gpt_table,
+    ladder_table,
+    lenet_bench_table,
+    lenet_table,
+    tokenizer_table,  # noqa: E402
+)
+from training import UserError  # noqa: E402
 
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -89,7 +101,8 @@ def result_sections(results, prefix, table, what, ctx, figure=None):
             drawn = figure(name, data, ctx["out"]) if figure and ctx["wanted"](f"{name}.png") else []
             section = table(data) + [""] + drawn
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
-            ctx["problems"].append(f"left out {path}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
+            ctx["problems"].append(f"left out {path}: a field is missing or of the wrong type "
+                                   f"({type(e).__name__}: {e})")
             continue
         lines += [f"`{rel(path)}` (placeholders `{{{{{name}.…}}}}`):", ""] + section + [""]
     return lines or [f"- no {what} found in {ctx['results']}"]
@@ -104,7 +117,8 @@ def lenet_lines(inputs, ctx):
             source = images.get("source") or rel(images["dir"])
             lines += ["", f"Intermediate layers of `{source}`:", ""] + lenet_images(images, ctx["out"], ctx["problems"])
     lines += ["", "Runs whose metrics were kept in the results:", ""]
-    lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", ctx, curves_from_json(lenet_curves))
+    lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", ctx,
+                             curves_from_json(lenet_curves))
     lines += ["", "Speed against the lab's original recipe:", ""]
     return lines + result_sections(results, "lenet_bench", lenet_bench_table, "LeNet-5 benchmark", ctx)
 
@@ -230,13 +244,15 @@ def build(args, inputs, filled):
     linked = {Path(link).name for link in IMAGE_LINK.findall(args.report.read_text())}
     problems, todo = inputs["problems"], []
     with building(args.out, [f for shots in SHOTS.values() for f, _, _ in shots] if args.no_screenshots else []) as out:
-        ctx = {"out": out, "problems": problems, "todo": todo, "results": args.results, "no_run": missing_run_lines(args),
+        ctx = {"out": out, "problems": problems, "todo": todo, "results": args.results,
+               "no_run": missing_run_lines(args),
                "linked": None if args.all_figures else linked,
                "wanted": lambda name: args.all_figures or name in linked}
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
                  "the files named. Inputs: `" + "`, `".join(map(rel, [args.results, *inputs["named_dirs"]])) + "`.", ""]
         lines += lenet_lines(inputs, ctx) + gpt_lines(inputs, ctx) + gpu_lines(inputs, ctx, args)
-        lines += ["", "## Placeholders", "", f"Those {rel(args.report)} uses (every key there is: placeholders.md):", ""]
+        lines += ["", "## Placeholders", "",
+                  f"Those {rel(args.report)} uses (every key there is: placeholders.md):", ""]
         lines += facts.used_lines(filled["used"])
         if filled["unfilled"]:  # other --results: the report's numbers come from inputs these do not have
             lines += ["", f"Not filled from these inputs ({len(filled['unfilled'])}):", ""]

@@ -11,7 +11,6 @@ import urllib.parse
 from report import browser
 from report.gpu import event_runs
 
-
 SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
     # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only
     "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0", 900),

@@ -55,7 +55,8 @@ def ladder_table(bench):
             "| # | rung | tokens/s | ms/step | MFU | speed-up |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(bench["rungs"], 1):
         if "error" in r:  # out of memory, or an SDPA backend this GPU does not have: said, not measured
-            rows.append(f"| {i} | {r['name'].strip()} | not measured: {' '.join(str(r['error']).split())[:160]} | | | |")
+            why = " ".join(str(r["error"]).split())[:160]
+            rows.append(f"| {i} | {r['name'].strip()} | not measured: {why} | | | |")
             continue
         spread = " [{:,.0f}–{:,.0f}]".format(*r["tokens_per_second_range"]) if "tokens_per_second_range" in r else ""
         noise = " (within noise of the rung above)" if r.get("within_noise_of_previous") else ""
@@ -94,7 +95,8 @@ def lenet_bench_table(b):
         rows.append(f"| default `lenet5.py`, {b['default_epochs']} epochs | {b['default_train_seconds']:.2f} | "
                     f"{b['default_accuracy']:.2%} |")
     if "lightning_train_seconds" in b:
-        rows.append(f"| `lenet5.py --engine lightning`, {b['default_epochs']} epochs | {b['lightning_train_seconds']:.2f} | "
+        rows.append(f"| `lenet5.py --engine lightning`, {b['default_epochs']} epochs | "
+                    f"{b['lightning_train_seconds']:.2f} | "
                     f"{b['lightning_accuracy']:.2%} |")
     rows += ["", f"Default training time = **{b['ratio_to_one_baseline_epoch']:.2f}×** one original epoch"
                  + (" (medians of {} interleaved repeats; paired ratios {:.2f}–{:.2f}).".format(

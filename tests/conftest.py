@@ -22,7 +22,8 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SHARED_DATA = Path(os.environ.get("LAB5_SHARED_DATA", REPO.parent / "shared" / "data"))
+# the real data: LAB5_SHARED_DATA (CI's), else LAB5_DATA (the scripts' variable), else ../shared/data
+SHARED_DATA = Path(os.environ.get("LAB5_SHARED_DATA") or os.environ.get("LAB5_DATA") or REPO.parent / "shared" / "data")
 
 
 def pytest_configure(config):
@@ -59,7 +60,7 @@ def fresh_accelerator_state():
 def shared_data():
     """The read-only real data; CI sets LAB5_REQUIRE_DATA=1 so its absence fails instead of skipping."""
     if not SHARED_DATA.is_dir():
-        require_or_skip(f"no real data at {SHARED_DATA} (LAB5_SHARED_DATA)", "LAB5_REQUIRE_DATA")
+        require_or_skip(f"no real data at {SHARED_DATA} (LAB5_SHARED_DATA or LAB5_DATA)", "LAB5_REQUIRE_DATA")
     return SHARED_DATA
 
 
@@ -87,8 +88,9 @@ def synthetic_digits(n, seed):
 def write_tiny_mnist(root, n_train=600, n_test=200):
     """Synthetic digits in MNIST's file names (train images gzipped, the rest plain: both readers)."""
     root.mkdir(parents=True, exist_ok=True)
-    for (images_name, labels_name), n, seed, gz in ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), n_train, 1, True),
-                                                    (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), n_test, 2, False)):
+    splits = ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"), n_train, 1, True),
+              (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), n_test, 2, False))
+    for (images_name, labels_name), n, seed, gz in splits:
         images, labels = synthetic_digits(n, seed)
         write_idx(root / images_name, images, gz=gz)
         write_idx(root / labels_name, labels)

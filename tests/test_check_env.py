@@ -59,6 +59,7 @@ def test_missing_corpus_says_where_to_put_it_and_exits_1(no_gpu, gpt_inputs, tmp
 
 def test_a_hub_tokenizer_not_on_this_machine_is_a_todo_without_a_download(no_gpu, tmp_path, monkeypatch):
     from huggingface_hub import constants
+
     from data import tokenizer
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path)
@@ -105,7 +106,8 @@ def test_packages_below_their_floor_say_what_to_do(tmp_path):
     assert check.status == "todo" and check.detail.endswith(": pip install -r requirements.txt")
     assert f"pytest {pytest.__version__} < 999" in check.detail and "no-such-package-here missing" in check.detail
     reqs.write_text("torch>=999\n")
-    assert "an environment of its own with a torch built for this cluster's driver" in check_env.check_packages(reqs).detail
+    detail = check_env.check_packages(reqs).detail
+    assert "an environment of its own with a torch built for this cluster's driver" in detail
     assert not check_env.older("2.4.0+cu121", "2.4") and check_env.older("2.3.1", "2.4")
 
 
@@ -116,7 +118,8 @@ def test_metrics_out_on_a_folder_is_one_line_before_any_check(tmp_path, capsys):
 
 
 def test_runs_as_a_module(tiny_mnist):
-    done = subprocess.run([sys.executable, "-m", "training.check_env", "--for", "lenet5", "--data-dir", str(tiny_mnist)],
+    done = subprocess.run([sys.executable, "-m", "training.check_env", "--for", "lenet5",
+                           "--data-dir", str(tiny_mnist)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stderr == "" and f"mnist      ok    {tiny_mnist}" in done.stdout.splitlines()
     assert done.stdout.splitlines()[-1].startswith(("ready for lenet5", "not ready for lenet5"))

@@ -64,7 +64,8 @@ def test_matches_aten_forward_and_backward(impl, dtype, shape):
 @pytest.mark.parametrize("impl", [pytest.param("cpp", marks=built), "python"])
 def test_non_contiguous_inputs(impl):
     base = sample((64, 48), torch.float32)
-    for view in (lambda t: t.t(), lambda t: t[::2, 1::3], lambda t: t[:, 5], lambda t: t.unsqueeze(0).expand(3, 64, 48)):
+    views = (lambda t: t.t(), lambda t: t[::2, 1::3], lambda t: t[:, 5], lambda t: t.unsqueeze(0).expand(3, 64, 48))
+    for view in views:
         assert not view(base).is_contiguous()
         check_against_reference(IMPLS[impl], base, loose=impl == "python", view=view)
 
@@ -383,7 +384,7 @@ def test_build_with_nvcc_of_another_cuda_major_stops_in_one_line_naming_the_ways
     # the last line, and the only one of ours (on a machine without a GPU, torch's cpp_extension logs
     # "No CUDA runtime is found" on import, before it)
     line = done.stderr.strip().splitlines()[-1]
-    assert [l for l in done.stderr.splitlines() if "gelu_ext" in l] == [line]
+    assert [text for text in done.stderr.splitlines() if "gelu_ext" in text] == [line]
     assert f"is CUDA {other_major()} but torch {torch.__version__} was built with CUDA {torch.version.cuda}" in line
     assert f"module load cuda/{torch.version.cuda}" in line
     assert "GELU_EXT_CPU_ONLY=1 pip install --no-build-isolation -e ./gelu_ext" in line

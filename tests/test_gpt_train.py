@@ -21,7 +21,6 @@ from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
 from training.model import GPT
 
-
 # ------------------------------------------------------------------ training runs
 
 def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path, capsys):
@@ -300,10 +299,11 @@ def test_the_own_tokenizer_as_a_file_or_its_folder_is_the_same_run(corpus, tmp_p
 
 
 def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path):
-    from data.files import RunLock
+    from training.runfiles import RunLock
     with RunLock(tmp_path / "run"):  # the first run, still going
         result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run"))
-    assert result.returncode == 1 and f"{tmp_path / 'run'} is in use by another run (pid {os.getpid()})" in result.stderr
+    assert result.returncode == 1
+    assert f"{tmp_path / 'run'} is in use by another run (pid {os.getpid()})" in result.stderr
     assert not list((tmp_path / "run").glob("ckpt-*"))
 
 
@@ -362,7 +362,8 @@ def test_the_ladders_last_rung_is_gpt_trains_default(cuda, capability):
 
 def test_a_preset_sets_the_defaults_and_flags_override_them():
     tiny = gpt_train.parse_args(["--preset", "tiny", "--n-embd", "32"])
-    assert (tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.seq_len, tiny.global_batch, tiny.lr) == (2, 2, 32, 64, 16, 3e-3)
+    shape = (tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.seq_len, tiny.global_batch, tiny.lr)
+    assert shape == (2, 2, 32, 64, 16, 3e-3)
     lab = gpt_train.parse_args([])
     assert (lab.n_layer, lab.n_embd, lab.seq_len, lab.global_batch, lab.lr) == (12, 768, 1024, 64, 1e-3)
     assert lab.micro_batch == "auto"  # the preset's micro-batch is looked up when needed, not stored in args

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import lenet5
-from data import files
 from conftest import REPO, free_port, run_script, write_tiny_mnist
-
+from training import runfiles
 
 # --------------------------------------------------------------------- model
 
@@ -153,14 +152,15 @@ def test_sbatch_script_runs_without_slurm_and_forwards_flags(tiny_mnist, tmp_pat
 @pytest.mark.slow
 def test_a_diverging_run_stops_with_one_line(tiny_mnist, tmp_path):
     result = run_script("lenet5.py", "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--lr", "1e6",
-                        "--log-every", "1", "--out-dir", str(tmp_path / "run"), "--metrics-out", str(tmp_path / "m.json"))
+                        "--log-every", "1", "--out-dir", str(tmp_path / "run"),
+                        "--metrics-out", str(tmp_path / "m.json"))
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("error: training loss at step")
     assert "diverged; try a lower --lr" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "m.json").exists()
 
 
 def test_metrics_json_is_strict():
-    assert files.strict({"a": math.nan, "b": [1.0, math.inf], "c": "x"}) == {"a": None, "b": [1.0, None], "c": "x"}
+    assert runfiles.strict({"a": math.nan, "b": [1.0, math.inf], "c": "x"}) == {"a": None, "b": [1.0, None], "c": "x"}
 
 
 @pytest.mark.parametrize("flag, make, message", [
@@ -223,6 +223,7 @@ def test_lightning_real_mnist_one_epoch_reaches_98_percent(shared_data, tmp_path
 def test_a_full_disk_at_the_event_file_stops_in_one_line_keeping_metrics_and_weights(tiny_mnist, tmp_path,
                                                                                       monkeypatch, capsys):
     import errno
+
     from tensorboard.summary.writer import record_writer
     real_write, calls = record_writer.RecordWriter.write, []
 
@@ -240,7 +241,8 @@ def test_a_full_disk_at_the_event_file_stops_in_one_line_keeping_metrics_and_wei
                      "--save", str(weights)])
     message = str(stop.value.code)
     assert message.startswith("error: writing the run's logs in ") and str(run) in message
-    assert "No space left on device" in message and f"metrics in {kept}" in message and f"weights in {weights}" in message
+    assert "No space left on device" in message and f"metrics in {kept}" in message
+    assert f"weights in {weights}" in message
     assert len(message.splitlines()) == 1 and "Traceback" not in capsys.readouterr().err
     metrics = json.loads(kept.read_text())
     assert "No space left on device" in metrics["stopped"] and 1 <= len(metrics["history"]) < 3
@@ -270,7 +272,8 @@ def test_lenet_bench_recipe_pairs_each_seed_with_a_baseline_epoch(bench, tmp_pat
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert [r["seed"] for r in result["per_seed"]] == [0, 1] and result["repeats"] == 2
     for r in result["per_seed"]:
-        assert r["ratio_to_baseline_epoch"] == pytest.approx(r["default_train_seconds"] / r["baseline_epoch_seconds"][0])
+        ratio = r["default_train_seconds"] / r["baseline_epoch_seconds"][0]
+        assert r["ratio_to_baseline_epoch"] == pytest.approx(ratio)
     assert result["default_accuracy"] == min(r["default_accuracy"] for r in result["per_seed"])
     assert result["recipe"]["epochs"] == result["default_epochs"] == lenet5.parse_args([]).epochs
     times = [r["default_train_seconds"] for r in result["per_seed"]]
@@ -327,7 +330,8 @@ def test_a_failed_lightning_start_leaves_nothing_that_blocks_the_retry(tiny_mnis
     monkeypatch.setattr(lenet5, "REPO", tmp_path / "repo")  # the default folder too
     with pytest.raises(SystemExit, match="needs the lightning package"):
         lenet5.main(run[:4] + run[6:])
-    assert not (tmp_path / "repo" / "runs" / "lenet5").exists() or not list((tmp_path / "repo" / "runs" / "lenet5").iterdir())
+    runs = tmp_path / "repo" / "runs" / "lenet5"
+    assert not runs.exists() or not list(runs.iterdir())
 
 
 def test_swapped_train_and_test_files_are_refused_by_their_sizes(tmp_path):

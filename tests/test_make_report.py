@@ -44,8 +44,8 @@ def test_figures_and_tables_match_the_runs(runs, tmp_path):
     lenet = json.loads((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
     gpt = json.loads((runs / "runs" / "gpt" / "b" / "metrics.json").read_text())
     assert f"| {lenet['test_accuracy']:.2%} | {lenet['test_loss']:.4f} | 2 |" in text
-    assert f"| {gpt['tokens_seen']:,} | {gpt['steps']} | {gpt['final_train_loss']:.3f} | {gpt['final_val_loss']:.3f} |" \
-        in text
+    assert (f"| {gpt['tokens_seen']:,} | {gpt['steps']} | {gpt['final_train_loss']:.3f} | "
+            f"{gpt['final_val_loss']:.3f} |") in text
     assert "| 2 | + everything | 450 | 284.4 | — | 4.50× |" in text
     assert "no GPU utilisation recorded" in text  # CPU runs: said, not drawn
     assert "no GELU benchmark found" in text and "no tokenizer metrics found" in text
@@ -188,7 +188,8 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
     for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png", "gpu_ladder.png"):
         assert (out / slot).read_bytes().startswith(b"\x89PNG"), slot
     # the one slot the folder cannot fill: one line, with the command that fills it, printed too
-    line = ("`gpu_gpt_run.png` (the 12M-token GPT run's curves): no file like gpt_run_12M(-own-vocab)?-cold.*\\.json in "
+    line = ("`gpu_gpt_run.png` (the 12M-token GPT run's curves): no file like "
+            "gpt_run_12M(-own-vocab)?-cold.*\\.json in "
             f"{newer}; fill it with `bash benchmarks/gpu_check.sh --only tokenizer,gpt-own-vocab --out")
     assert line in text and line in capsys.readouterr().out
 
@@ -198,7 +199,8 @@ def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path,
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "none"), "--out", str(out),
                       "--no-screenshots", "--all-figures"])  # every slot, whichever the report links today
     text, printed = (out / "results.md").read_text(), capsys.readouterr().out
-    for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab"), ("nvidia_smi_gpt.png", "tokenizer,gpt-own-vocab"),
+    for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab"),
+                        ("nvidia_smi_gpt.png", "tokenizer,gpt-own-vocab"),
                         ("nvidia_smi_lenet.png", "lenet-torch"), ("gpu_ladder.png", "ladder")):
         line = next(line for line in text.splitlines() if line.startswith(f"- `{slot}`"))
         assert f"no GPU results; fill it with `bash benchmarks/gpu_check.sh --only {steps} --out" in line
@@ -406,11 +408,13 @@ def poppler(*args):
 
 def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its_caption(tmp_path):
     import re
+
     from PIL import Image
     require_pdf_tools()
     Image.new("RGB", (600, 180), (40, 90, 160)).save(tmp_path / "wide.png")
     figures = "".join(  # fillers of varied length: unkept, figures 5 and 12 would lose their captions' ends
-        "这段填充文字把图推向页面底部。" * (5 * k % 17 + 1) + f"\n\n![wide](wide.png)\n\n*图 {k}：图的说明，它必须和图在同一页上；\n"
+        "这段填充文字把图推向页面底部。" * (5 * k % 17 + 1) + "\n\n![wide](wide.png)\n\n"
+        + f"*图 {k}：图的说明，它必须和图在同一页上；\n"
         + "说明很长" * 60 + f"。说明{k}结束。*\n\n" for k in range(1, 13))
     (tmp_path / "r.md").write_text(
         "# 测试报告：GELU 与 `GPT-2`\n\n"
@@ -419,7 +423,8 @@ def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its
     pdf = browser.write_pdf(tmp_path / "r.md", tmp_path / "r.pdf")
     assert re.search(r"^Title:\s+测试报告：GELU 与 GPT-2$", poppler("pdfinfo", str(pdf)), re.M)
     text = poppler("pdftotext", str(pdf), "-")
-    assert "第一段的第一行在这里断开第二行接着写，硬件、PyTorch 版本和命令，都记录在 JSON 中。" in text.replace("\n", "")
+    first = "第一段的第一行在这里断开第二行接着写，" "硬件、PyTorch 版本和命令，都记录在 JSON 中。"
+    assert first in text.replace("\n", "")
     cjk = "[\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]"
     prose = text.split("列一")[0]  # (pdftotext separates table cells by spaces: not the text's)
     stray = f"{cjk} +{cjk}|[、，。：；] "
@@ -498,7 +503,8 @@ def test_the_gpu_slots_take_gpu_checks_run_names_the_default_run_first():
              ("own-vocab-fp16", "gpt2-vocab-cold", "own-vocab-regional-compile-cold", "own-vocab-cold")]
     assert pick(names, GPU_SLOTS["gpu_gpt_run.png"][1]) == "gpt_run_12M-own-vocab-cold_NVIDIA_H200.json"
     assert pick(["gpt_run_12M-cold_standin_h200.json"], GPU_SLOTS["gpu_gpt_run.png"][1])  # the first H200 folder's
-    csvs = ["nvidia-smi-gpt-gpt2-vocab.csv", "nvidia-smi-gpt-own-vocab-regional-compile.csv", "nvidia-smi-gpt-own-vocab.csv"]
+    csvs = ["nvidia-smi-gpt-gpt2-vocab.csv", "nvidia-smi-gpt-own-vocab-regional-compile.csv",
+            "nvidia-smi-gpt-own-vocab.csv"]
     assert pick(csvs, GPU_SLOTS["gpu_utilization.png"][1]) == "nvidia-smi-gpt-own-vocab.csv"
 
 
@@ -506,7 +512,8 @@ def test_a_ladder_row_that_was_not_measured_is_a_table_row_that_says_why():
     from report.tables import ladder_table
     bench = {"device_name": "NVIDIA H200", "micro_batch": 16, "seq_len": 1024, "vocab_size": 16384, "repeats": 3,
              "rungs": [{"name": "default", "tokens_per_second": 4e5, "ms_per_step": 40.0, "mfu": 0.4, "speedup": 1.0},
-                       {"name": "SDPA cudnn", "error": "SDPA's cudnn_attention backend not available here:\nNo kernel"}]}
+                       {"name": "SDPA cudnn",
+                        "error": "SDPA's cudnn_attention backend not available here:\nNo kernel"}]}
     rows = ladder_table(bench)
     assert rows[-1] == ("| 2 | SDPA cudnn | not measured: SDPA's cudnn_attention backend not available here: No kernel "
                         "| | | |")

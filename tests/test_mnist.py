@@ -6,7 +6,6 @@ from conftest import synthetic_digits, write_idx
 from data import mnist
 from data.mnist import MNISTError
 
-
 # --------------------------------------------------------------------- IDX parsing
 
 def test_read_idx_plain_and_gz(tmp_path):

@@ -13,7 +13,6 @@ import gpt_train
 from conftest import REPO, tiny_args
 from training import lm_loss, sample
 
-
 # ------------------------------------------------------------------ the chunked loss
 
 def plain_loss(hidden, weight, targets):
@@ -114,7 +113,8 @@ def test_a_tiny_run_writes_samples_to_tensorboard_and_its_metrics(corpus, tmp_pa
     assert samples["step"] == 8 and samples["val_loss"] == metrics["final_val_loss"] and samples["new_tokens"] == 12
     assert len(samples["continuations"]) == 2
     for c in samples["continuations"]:
-        assert c["prompt"] and c["greedy"] and c["sampled"] and c["greedy"] in texts["samples/greedy/text_summary"][-1][1]
+        assert c["prompt"] and c["greedy"] and c["sampled"]
+        assert c["greedy"] in texts["samples/greedy/text_summary"][-1][1]
     assert json.loads((run / "metrics.json").read_text())["samples"] == samples
 
 

@@ -12,7 +12,6 @@ from conftest import generated_docs, run_script, tmpfs
 from data import tokenizer, wos
 from data.tokenizer import EOT, open_tokenizer
 
-
 # ------------------------------------------------------------------ tokenizer
 
 def test_bpe_round_trip_and_load_through_transformers(small_tokenizer, tmp_path):
@@ -106,7 +105,8 @@ def test_bad_flags(args, message):
 
 
 def test_missing_text_is_one_line(tmp_path):
-    result = run_script("tokenizer_train.py", "--text", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "t.json"))
+    result = run_script("tokenizer_train.py", "--text", str(tmp_path / "missing.txt"),
+                        "--out", str(tmp_path / "t.json"))
     assert result.returncode == 1 and result.stderr.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"
 
 
@@ -114,7 +114,8 @@ def test_a_corpus_without_line_breaks_is_refused_before_training(tmp_path):
     text = tmp_path / "X.txt"
     text.write_bytes(b"word " * 400_000 + b"\nA short second document.\n")  # 2 MB on one line
     started = time.perf_counter()
-    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none")
+    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"),
+                        "--compare", "none")
     assert result.returncode == 1 and time.perf_counter() - started < 60
     assert result.stderr.strip() == (f"error: {text}: line 1 has 2,000,000 bytes; expected one document (an abstract) "
                                      f"per line, at most 1,000,000 bytes")
@@ -134,12 +135,12 @@ def test_a_utf16_corpus_is_one_line(tmp_path):
 def test_a_failing_corpus_writes_no_tokenizer(tmp_path):
     text = tmp_path / "X.txt"
     text.write_text("\n".join(generated_docs(40)) + "\n")  # too little validation text for 1024-token blocks
-    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
-                        "--cache-dir", str(tmp_path / "cache"))
+    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"),
+                        "--compare", "none", "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode == 1 and "split has fewer than 1025 tokens" in result.stderr, result.stderr[-500:]
     assert not (tmp_path / "t.json").exists()  # so the rerun needs no --force
-    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"), "--compare", "none",
-                        "--cache-dir", str(tmp_path / "cache"), "--seq-len", "15")
+    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"),
+                        "--compare", "none", "--cache-dir", str(tmp_path / "cache"), "--seq-len", "15")
     assert result.returncode == 0 and (tmp_path / "t.json").exists()
 
 

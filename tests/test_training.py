@@ -21,7 +21,6 @@ from training import UserError, batches, budget, device, metrics, signals
 from training.checkpoints import TrainState
 from training.model import GPT, model_config
 
-
 # ------------------------------------------------------------------ device decisions
 
 def test_flops_per_token_is_6n_plus_attention():
@@ -294,6 +293,7 @@ def test_term_right_after_a_usr1_checkpoint_still_exits_3(corpus, tmp_path):
     """Slurm's USR1, then a TERM while the process is exiting (seen: 0.3 s later): the handlers stay
     until the process is gone, so it still exits with 3 (gpt.sh requeues on 3), never 143."""
     import threading
+
     from conftest import start_script, tiny_args, wait_for
     from training.checkpoints import latest_checkpoint
     proc = start_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", "--tokens", str(3000 * 8 * 32),
@@ -407,11 +407,13 @@ def test_a_finished_run_keeps_final_weights_not_checkpoints_and_its_save_is_not_
                                     "--keep-checkpoints"))
     assert [p.name for p in (tmp_path / "kept").glob("ckpt-*")] == ["ckpt-0000004"]  # the last step's
     a, b = (load_file(d / "final" / "model.safetensors") for d in (tmp_path / "run", tmp_path / "kept"))
-    assert kept["final_train_loss"] == metrics_["final_train_loss"] and torch.equal(a["transformer.wte.weight"], b["transformer.wte.weight"])
+    assert kept["final_train_loss"] == metrics_["final_train_loss"]
+    assert torch.equal(a["transformer.wte.weight"], b["transformer.wte.weight"])
 
 
 def test_the_stand_in_corpus_is_named_from_its_content(corpus, shared_data, tmp_path):
     import shutil
+
     from conftest import tiny_args
     text = tmp_path / "X.txt"  # a path that says nothing: the name comes from the content
     shutil.copy(shared_data / "wos-standin" / "X.txt", text)
@@ -426,6 +428,7 @@ def test_the_stand_in_corpus_is_named_from_its_content(corpus, shared_data, tmp_
 @pytest.mark.parametrize("flag", ["--metrics-out", "--out-dir"])
 def test_no_output_is_an_input(corpus, tmp_path, flag):
     import shutil
+
     from conftest import run_script, tiny_args
     tokenizer = tmp_path / "tok.json"
     shutil.copy(corpus / "tok.json", tokenizer)
@@ -476,11 +479,11 @@ def _finished_with_checkpoints(corpus, run_dir):
 
 def _rehash(ckpt):
     """The manifest rewritten over the damage: a file damaged before it was hashed."""
-    from data import files
+    from training import runfiles
     from training.checkpoints import MANIFEST
-    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": files.sha256_file(p)}
+    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": runfiles.sha256_file(p)}
                 for p in sorted(ckpt.iterdir()) if p.is_file() and p.name != MANIFEST}
-    files.write_json(ckpt / MANIFEST, manifest)
+    runfiles.write_json(ckpt / MANIFEST, manifest)
 
 
 @pytest.mark.slow
@@ -503,6 +506,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_the_older_one_stays(tmp_pat
     C++ writer; the run stops in one line naming the folder, the partial folder is gone, the first
     checkpoint still verifies. Needs mount (root, as in CI); elsewhere skipped with the reason."""
     from accelerate import Accelerator
+
     from training import checkpoints
     out = tmp_path / "run"
     out.mkdir()

@@ -297,7 +297,7 @@ def test_a_read_only_cache_dir_is_one_line_before_reading(text_file, tmp_path):
     cache = tmp_path / "ro"
     cache.mkdir()
     with tmpfs(cache, "64k", read_only=True), \
-            pytest.raises(wos.files.OutputError, match=f"^--cache-dir {cache} cannot be written"):
+            pytest.raises(wos.runfiles.OutputError, match=f"^--cache-dir {cache} cannot be written"):
         wos.load_splits(text_file, cache_dir=cache)
 
 

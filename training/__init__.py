@@ -1,5 +1,7 @@
-"""The machinery behind gpt_train.py, one module per concern; gpt_train.py keeps the model, the
-accelerations and the loop, which is what a reader comes for.
+"""The machinery behind the scripts, one module per concern; gpt_train.py keeps the accelerations and
+the loop, which is what a reader comes for.
+
+    runfiles.py     every script's: UserError, strict JSON written atomically, output and run-folder checks, flags
 
     signals.py      USR1/TERM/Ctrl-C: caught from the script's first line, the StopFlag, its agreement
     device.py       precision and compile decisions per device; compile cache; peak FLOP/s and MFU
@@ -9,6 +11,7 @@ accelerations and the loop, which is what a reader comes for.
     sample.py       continuations of fixed validation prompts; `python -m training.sample RUN_DIR --prompt ...`
     checkpoints.py  the typed TrainState; save / verify / latest; run identity; the run directory; final weights
     metrics.py      throughput, the final metrics, the start-up and summary lines, SUCCESS_LOSS
+    check_env.py    `python -m training.check_env`: is this environment ready for the lab
 """
 import os
 from pathlib import Path
@@ -16,4 +19,4 @@ from pathlib import Path
 CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lab5"  # shared on a cluster
 
 
-from data.files import UserError  # noqa: E402,F401  the one base of one-line errors, re-exported
+from training.runfiles import UserError  # noqa: E402,F401  the one base of one-line errors: import it from here

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data import files
-from training import CACHE_HOME, UserError
+from training import CACHE_HOME, UserError, runfiles
 
 
 @dataclass(frozen=True)
@@ -136,8 +135,8 @@ def probe_micro_batch(model, precision, device, share, world=1):
     torch.cuda.reset_peak_memory_stats(device)  # TensorBoard's peak memory: training's, not the failed tries'
     known[key] = found
     try:
-        files.write_json(cache, known)
-    except files.OutputError as e:  # a read-only home: probe again next time
+        runfiles.write_json(cache, known)
+    except runfiles.OutputError as e:  # a read-only home: probe again next time
         print(f"warning: the probed micro-batch is not remembered: {e}", file=sys.stderr)
     return found, "probed"
 

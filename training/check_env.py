@@ -19,7 +19,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from data import files
+from data import data_root
+from training import UserError, runfiles
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
@@ -74,7 +75,8 @@ def check_python():
 
 def floors(requirements=REPO / "requirements.txt"):
     """{package: lower bound} of requirements.txt (its `name>=X` lines)."""
-    found = (re.match(r"^\s*([A-Za-z0-9._-]+)\s*>=\s*([^\s#,;]+)", line) for line in requirements.read_text().splitlines())
+    lines = requirements.read_text().splitlines()
+    found = (re.match(r"^\s*([A-Za-z0-9._-]+)\s*>=\s*([^\s#,;]+)", line) for line in lines)
     return {m[1]: m[2] for m in found if m}
 
 
@@ -170,8 +172,9 @@ def check_gelu_ext(torch):
     kernels = [key for key in ("CPU", "CUDA")
                if torch._C._dispatch_has_kernel_for_dispatch_key("gelu_ext::gelu_forward", key)]
     if "CUDA" not in kernels and torch.version.cuda:
-        return note("gelu_ext", f"kernels: {', '.join(kernels)}; no CUDA kernel (--act cpp on a GPU needs it): load "
-                                f"the CUDA module that matches torch, then pip install --no-build-isolation -e ./gelu_ext")
+        return note("gelu_ext", f"kernels: {', '.join(kernels)}; no CUDA kernel (--act cpp on a GPU needs it): "
+                                "load the CUDA module that matches torch, then "
+                                "pip install --no-build-isolation -e ./gelu_ext")
     return ok("gelu_ext", f"kernels: {', '.join(kernels)}")
 
 
@@ -179,7 +182,7 @@ def check_mnist(data_dir):
     from data.mnist import find_mnist
     try:
         paths = find_mnist(Path(data_dir), download=False)
-    except files.UserError as e:
+    except UserError as e:
         return todo("mnist", f"{e} (lenet5.py downloads them itself where the node has internet)")
     return ok("mnist", str(paths["train"][0].parent))
 
@@ -188,7 +191,7 @@ def check_corpus(text):
     from data import wos
     try:
         path = wos.resolve_text(text, download=False)
-    except files.UserError as e:
+    except UserError as e:
         return todo("corpus", str(e))
     return ok("corpus", f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
 
@@ -203,7 +206,7 @@ def check_tokenizer(spec):
                                  f"the node has internet; else put its folder at {local}, {make_own}")
     try:
         loaded = tokenizer.open_tokenizer(spec)
-    except files.UserError as e:
+    except UserError as e:
         return todo("tokenizer", f"{e} ({make_own})")
     return ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")
 
@@ -242,7 +245,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
     p.add_argument("--for", dest="use", choices=sorted(USES), default="all",
                    help="what to check for: lenet5.py, the GPT scripts, or all (default: %(default)s)")
-    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("LAB5_DATA", REPO / "data")),
+    p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="MNIST's folder, as lenet5.py --data-dir (default: $LAB5_DATA or data/)")
     p.add_argument("--text", type=Path, default=None,
                    help="the corpus, as gpt_train.py --text (default: data/WebOfScience/WOS46985/X.txt)")
@@ -256,16 +259,16 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         if args.metrics_out:
-            files.check_output(args.metrics_out, "--metrics-out")
+            runfiles.check_output(args.metrics_out, "--metrics-out")
         checks = run_checks(args)
         for check in checks:
             print(f"{check.name:<10} {check.status:<4}  {check.detail}")
         missing = [c.name for c in checks if c.status == "todo"]
         print(f"not ready for {args.use}: {', '.join(missing)}" if missing else f"ready for {args.use}")
         if args.metrics_out:
-            files.write_json(args.metrics_out, {"use": args.use, "ready": not missing,
+            runfiles.write_json(args.metrics_out, {"use": args.use, "ready": not missing,
                                                 "checks": [asdict(c) for c in checks]})
-    except files.UserError as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     return 1 if missing else 0
 

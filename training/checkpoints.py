@@ -20,10 +20,9 @@ from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
 
-from data import files
-from training import UserError
+from training import UserError, runfiles
 
-PROGRAM = "gpt_train.py"  # the owner of its run directories (files.OWNER_FILE)
+PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FILE)
 MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
 # What a finished run keeps: final/, a transformers model folder (training/sample.py writes and reads
@@ -72,10 +71,10 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
     accelerator.wait_for_everyone()  # every process's files are on disk before the manifest and the rename
     if accelerator.is_main_process:
         with failed_write_explained(tmp, "a checkpoint"):
-            files.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
-            manifest = {p.name: {"bytes": p.stat().st_size, "sha256": files.sha256_file(p)}
+            runfiles.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
+            manifest = {p.name: {"bytes": p.stat().st_size, "sha256": runfiles.sha256_file(p)}
                         for p in sorted(tmp.iterdir()) if p.is_file()}
-            files.write_json(tmp / MANIFEST, manifest)
+            runfiles.write_json(tmp / MANIFEST, manifest)
         if final.exists():  # the same step saved before (a resumed run stopped again at once)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -92,7 +91,7 @@ def failed_write_explained(tmp, what):
     (inline_container.cc, basic_ios::clear). Older checkpoints are untouched, so the run resumes."""
     try:
         yield
-    except (OSError, RuntimeError, files.OutputError) as e:
+    except (OSError, RuntimeError, runfiles.OutputError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         lines = str(e).strip().splitlines() or [type(e).__name__]
         reason = getattr(e, "strerror", None) or lines[-1][:200]
@@ -112,7 +111,7 @@ def verify_checkpoint(path):
             return f"{name} is missing"
         if file.stat().st_size != expected["bytes"]:
             return f"{name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}"
-        if files.sha256_file(file) != expected["sha256"]:
+        if runfiles.sha256_file(file) != expected["sha256"]:
             return f"{name} does not match its checksum"
     return None
 
@@ -244,16 +243,16 @@ def run_outputs(out_dir, metrics_out):
 
 def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None):
     """(out_dir, the checkpoint to resume from or None). Checks the outputs (none may be one of the
-    `inputs`, {flag: path}); claims the folder (files.claim_run_dir: new, empty or one of this program's)
+    `inputs`, {flag: path}); claims the folder (runfiles.claim_run_dir: new, empty or one of this program's)
     and locks it until `stack` closes (a finished run is never overwritten); with several processes,
     the main one's answer."""
     ckpt = None
     if accelerator.is_main_process:
-        files.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),
+        runfiles.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),
                                        {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
         if metrics_out:
-            files.check_output(metrics_out, "--metrics-out")
-        files.claim_run_dir(out_dir, PROGRAM, stack)  # new, empty or gpt_train.py's; a failed start leaves none
+            runfiles.check_output(metrics_out, "--metrics-out")
+        runfiles.claim_run_dir(out_dir, PROGRAM, stack)  # new, empty or gpt_train.py's; a failed start leaves none
         if (out_dir / "metrics.json").exists():
             raise UserError(f"{out_dir} holds a finished run (metrics.json); pick a new --out-dir")
         ckpt, skipped = latest_checkpoint(out_dir)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import torch
 
-from data import files
-from training import UserError
+from training import UserError, runfiles
 
 PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (fp32 accumulate), TF32, plain fp32
     "H200 NVL": (835, 418, 60), "H200": (989, 494, 67), "H100 NVL": (835, 418, 60), "H100 SXM": (989, 494, 67),
@@ -48,7 +47,7 @@ def device_name(device):
     """What every measurement names: the GPU's name, or the processor and torch's thread count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{files.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    return f"{runfiles.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
 
 
 def resolve_precision(requested, device_type, capability, cpu_bf16=False):
@@ -115,8 +114,8 @@ def use_compile_cache(directory):
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         named = "--compile-cache" if os.environ[variable].startswith(str(directory)) else variable
         try:
-            files.check_output_dir(os.environ[variable], named)
-        except files.OutputError as e:
+            runfiles.check_output_dir(os.environ[variable], named)
+        except runfiles.OutputError as e:
             raise UserError(f"{e}; give a writable --compile-cache or --compile off") from None
 
 

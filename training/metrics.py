@@ -93,8 +93,8 @@ def summary_line(m):
     verdict = "success: train loss < " if m["success"] else "NOT a success: train loss >= "
     return (f"{m['tokens_seen']:,} tokens in {m['train_seconds']:.1f} s ({m['tokens_per_second']:,.0f} tokens/s steady"
             f"{mfu_part}{compile_part}): train loss {m['final_train_loss']:.3f}, val loss {m['final_val_loss']:.3f} "
-            f"-> {verdict}{SUCCESS_LOSS:g} (val {m['val_bits_per_byte']:.3f} bits/byte, comparable across vocabularies; "
-            f"the loss is not)")
+            f"-> {verdict}{SUCCESS_LOSS:g} (val {m['val_bits_per_byte']:.3f} bits/byte, comparable across "
+            f"vocabularies; the loss is not)")
 
 
 class LossWindow:

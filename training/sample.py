@@ -114,24 +114,24 @@ def write_final(net, tokenizer, folder):
     cannot open, and this keeps the folder the same under every supported version."""
     from safetensors.torch import save
 
-    from data import files
     from data.tokenizer import EOT, tokenizer_sha256
+    from training import runfiles
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
     # bytes written here: safetensors' own save_file makes the file unreadable to the user's group
     (folder / HF_WEIGHTS).write_bytes(save(to_transformers(net.state_dict()), metadata={"format": "pt"}))
     # what save_pretrained writes, the shape always spelled out; the hash: training.sample refuses a
     # tokenizer.json that is not the one the model learned
-    files.write_json(folder / HF_CONFIG, {**cfg.to_diff_dict(), **{k: getattr(cfg, k) for k in SHAPE},
+    runfiles.write_json(folder / HF_CONFIG, {**cfg.to_diff_dict(), **{k: getattr(cfg, k) for k in SHAPE},
                                           "eos_token_id": eot, "bos_token_id": eot,
                                           "architectures": ["GPT2LMHeadModel"],
                                           "tokenizer_sha256": tokenizer_sha256(tokenizer)})
     # the padding rows (vocab up to cfg.vocab_size, whole tiles for the matmuls) are no token: generate()
     # must never pick one; at most 63 ids, masked once per step
-    files.write_json(folder / "generation_config.json", {
+    runfiles.write_json(folder / "generation_config.json", {
         "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
         **({"suppress_tokens": list(range(vocab, cfg.vocab_size))} if cfg.vocab_size > vocab else {})})
     tokenizer.save(str(folder / "tokenizer.json"))
-    files.write_json(folder / "tokenizer_config.json", {
+    runfiles.write_json(folder / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
         "model_max_length": cfg.n_positions, "clean_up_tokenization_spaces": False})
 

@@ -1,5 +1,5 @@
-"""Files the scripts share: strict JSON written atomically, output paths checked before any work,
-a lock on a run directory, and content hashes.
+"""What every script shares about its outputs, run folders and flags: strict JSON written atomically,
+output paths checked before any work, a lock on a run directory, content hashes, one-line user errors.
 
     UserError                  the base of every one-line user error (OutputError, TextError, ...)
     write_json(path, obj)      own tmp file + rename; NaN/inf become null (strict JSON, any reader)

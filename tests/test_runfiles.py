@@ -1,4 +1,4 @@
-"""data/files.py: what the scripts share about files."""
+"""training/runfiles.py: what the scripts share about run folders, outputs and flags."""
 import argparse
 import contextlib
 import errno
@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from conftest import REPO
-from data import files
+from training import runfiles
 
 
 def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp_path):
@@ -21,7 +21,7 @@ def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp
     def writer(n):
         try:
             for i in range(200):
-                files.write_json(path, {"writer": n, "i": i, "pad": "x" * 4096})
+                runfiles.write_json(path, {"writer": n, "i": i, "pad": "x" * 4096})
         except OSError as e:
             errors.append(e)
 
@@ -51,18 +51,18 @@ def an_input(tmp_path):
     lambda p: os.link(p, p.parent.parent / "hard.json") or p.parent.parent / "hard.json",     # a hard link
 ])
 def test_an_output_that_is_an_input_is_refused(an_input, spell):
-    with pytest.raises(files.OutputError, match=r"^--metrics-out .* would overwrite --tokenizer .* \(an input\)"):
-        files.check_outputs_not_inputs({"--metrics-out": spell(an_input)}, {"--tokenizer": an_input, "--x": None})
+    with pytest.raises(runfiles.OutputError, match=r"^--metrics-out .* would overwrite --tokenizer .* \(an input\)"):
+        runfiles.check_outputs_not_inputs({"--metrics-out": spell(an_input)}, {"--tokenizer": an_input, "--x": None})
 
 
 def test_outputs_inside_an_input_folder_and_two_equal_outputs(an_input, tmp_path):
     folder = {"--tokenizer": an_input.parent}
-    with pytest.raises(files.OutputError, match="would overwrite --tokenizer"):
-        files.check_outputs_not_inputs({"--out": an_input}, folder)  # a file of the input folder
-    files.check_outputs_not_inputs({"--out": an_input.parent / "new.json"}, folder)  # a new file there: fine
-    with pytest.raises(files.OutputError, match=r"would overwrite --out .* \(an output too\)"):
-        files.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "a.json"}, {})
-    files.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "b.json"}, folder)
+    with pytest.raises(runfiles.OutputError, match="would overwrite --tokenizer"):
+        runfiles.check_outputs_not_inputs({"--out": an_input}, folder)  # a file of the input folder
+    runfiles.check_outputs_not_inputs({"--out": an_input.parent / "new.json"}, folder)  # a new file there: fine
+    with pytest.raises(runfiles.OutputError, match=r"would overwrite --out .* \(an output too\)"):
+        runfiles.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "a.json"}, {})
+    runfiles.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "b.json"}, folder)
     assert an_input.read_text() == "the input"
 
 
@@ -100,8 +100,8 @@ def full_disk(tmp_path, monkeypatch):
 
 def test_write_json_on_a_full_disk_is_one_line_and_leaves_no_temporary_file(full_disk):
     target = full_disk / "metrics.json"
-    with pytest.raises(files.OutputError) as error:
-        files.write_json(target, {"loss": 1.0, "pad": "x" * 10_000})
+    with pytest.raises(runfiles.OutputError) as error:
+        runfiles.write_json(target, {"loss": 1.0, "pad": "x" * 10_000})
     assert str(error.value) == f"cannot write {target}: No space left on device"
     assert not [p.name for p in full_disk.iterdir() if p.name != "filler"]
 
@@ -115,8 +115,8 @@ def test_write_json_never_follows_a_symlink_planted_at_its_temporary_name(tmp_pa
     for link in (old_name, planted):
         link.symlink_to(victim)
     names = iter([planted, planted, tmp_path / "m.json.fresh.tmp"])
-    monkeypatch.setattr(files, "temporary_name", lambda path: next(names))
-    files.write_json(target, {"ok": True})
+    monkeypatch.setattr(runfiles, "temporary_name", lambda path: next(names))
+    runfiles.write_json(target, {"ok": True})
     assert victim.read_text() == "precious" and json.loads(target.read_text()) == {"ok": True}
     assert not target.is_symlink() and planted.is_symlink() and old_name.is_symlink()
     assert not (tmp_path / "m.json.fresh.tmp").exists()
@@ -130,56 +130,56 @@ def test_a_run_folder_is_new_empty_or_the_programs_own(tmp_path):
     (stranger / "notes.txt").write_text("mine")
     lenet = tmp_path / "lenet"
     lenet.mkdir()
-    (lenet / files.OWNER_FILE).write_text("lenet5.py\n")
+    (lenet / runfiles.OWNER_FILE).write_text("lenet5.py\n")
     (lenet / "args.json").write_text("{}")
     leftover = tmp_path / "leftover"  # what an older failed start left: only the lock
     leftover.mkdir()
     (leftover / "run.lock").write_text("123")
-    assert files.run_dir_problem(tmp_path / "new", "gpt_train.py") is None
-    assert files.run_dir_problem(leftover, "gpt_train.py") is None
-    assert "files that are not a run of gpt_train.py" in files.run_dir_problem(stranger, "gpt_train.py")
-    assert "holds a run of lenet5.py" in files.run_dir_problem(lenet, "gpt_train.py")
-    assert "not a run of gpt_train.py" in files.run_dir_problem(REPO, "gpt_train.py")  # the repository root
-    assert files.run_dir_problem(lenet, "lenet5.py") is None  # its own, to resume
-    assert "never overwritten" in files.run_dir_problem(lenet, "lenet5.py", reuse=False)
+    assert runfiles.run_dir_problem(tmp_path / "new", "gpt_train.py") is None
+    assert runfiles.run_dir_problem(leftover, "gpt_train.py") is None
+    assert "files that are not a run of gpt_train.py" in runfiles.run_dir_problem(stranger, "gpt_train.py")
+    assert "holds a run of lenet5.py" in runfiles.run_dir_problem(lenet, "gpt_train.py")
+    assert "not a run of gpt_train.py" in runfiles.run_dir_problem(REPO, "gpt_train.py")  # the repository root
+    assert runfiles.run_dir_problem(lenet, "lenet5.py") is None  # its own, to resume
+    assert "never overwritten" in runfiles.run_dir_problem(lenet, "lenet5.py", reuse=False)
     before = sorted(p.name for p in stranger.iterdir())
-    with contextlib.ExitStack() as stack, pytest.raises(files.OutputError, match="not empty"):
-        files.claim_run_dir(stranger, "gpt_train.py", stack)
+    with contextlib.ExitStack() as stack, pytest.raises(runfiles.OutputError, match="not empty"):
+        runfiles.claim_run_dir(stranger, "gpt_train.py", stack)
     assert sorted(p.name for p in stranger.iterdir()) == before  # nothing written
 
 
 def test_a_failed_start_leaves_no_run_folder_and_a_used_one_stays(tmp_path):
     with pytest.raises(RuntimeError), contextlib.ExitStack() as stack:
-        files.claim_run_dir(tmp_path / "failed", "gpt_train.py", stack)
-        assert (tmp_path / "failed" / files.OWNER_FILE).read_text() == "gpt_train.py\n"
+        runfiles.claim_run_dir(tmp_path / "failed", "gpt_train.py", stack)
+        assert (tmp_path / "failed" / runfiles.OWNER_FILE).read_text() == "gpt_train.py\n"
         raise RuntimeError("the start failed")
     assert not (tmp_path / "failed").exists()
     (tmp_path / "empty").mkdir()  # given empty: it stays, empty
     with contextlib.ExitStack() as stack:
-        files.claim_run_dir(tmp_path / "empty", "gpt_train.py", stack)
+        runfiles.claim_run_dir(tmp_path / "empty", "gpt_train.py", stack)
     assert list((tmp_path / "empty").iterdir()) == []
     with contextlib.ExitStack() as stack:
-        files.claim_run_dir(tmp_path / "used", "gpt_train.py", stack)
+        runfiles.claim_run_dir(tmp_path / "used", "gpt_train.py", stack)
         (tmp_path / "used" / "metrics.json").write_text("{}")
-    assert {p.name for p in (tmp_path / "used").iterdir()} == {"metrics.json", files.OWNER_FILE, "run.lock"}
+    assert {p.name for p in (tmp_path / "used").iterdir()} == {"metrics.json", runfiles.OWNER_FILE, "run.lock"}
 
 
 def test_a_run_folder_locked_by_another_run_keeps_its_lock(tmp_path):
-    with files.RunLock(tmp_path / "run"), contextlib.ExitStack() as stack:
-        with pytest.raises(files.OutputError, match="in use by another run"):
-            files.claim_run_dir(tmp_path / "run", "gpt_train.py", stack)
+    with runfiles.RunLock(tmp_path / "run"), contextlib.ExitStack() as stack:
+        with pytest.raises(runfiles.OutputError, match="in use by another run"):
+            runfiles.claim_run_dir(tmp_path / "run", "gpt_train.py", stack)
         assert (tmp_path / "run" / "run.lock").read_text() == str(os.getpid())
 
 
 def test_an_empty_path_flag_and_a_seed_out_of_range_are_refused():
     for text in ("", "  "):
         with pytest.raises(argparse.ArgumentTypeError, match="empty"):
-            files.path_flag(text)
+            runfiles.path_flag(text)
     with pytest.raises(argparse.ArgumentTypeError, match=r"\[0, 2\^32\)"):
-        files.seed_flag(str(2**64))
-    assert files.path_flag("runs/x").name == "x" and files.seed_flag("7") == 7
+        runfiles.seed_flag(str(2**64))
+    assert runfiles.path_flag("runs/x").name == "x" and runfiles.seed_flag("7") == 7
 
 
 def test_default_run_names_of_one_second_differ():
-    names = {files.new_run_name() for _ in range(20)}
+    names = {runfiles.new_run_name() for _ in range(20)}
     assert len(names) == 20
