@@ -49,8 +49,8 @@ from training.checkpoints import (
     restore,
     run_identity,
     save_checkpoint,
-    save_final,
 )
+from training.final import save_final
 from training.metrics import (
     STOP_EXIT_CODE,
     LossWindow,

@@ -1,5 +1,5 @@
-"""A finished run's final/ as transformers opens it (training/sample.py's write_final, which
-training/checkpoints.save_final calls): AutoModelForCausalLM and AutoTokenizer offline, the project's
+"""A finished run's final/ as transformers opens it (training/final.py's write_final, which
+training/final.save_final calls): AutoModelForCausalLM and AutoTokenizer offline, the project's
 loss, generation that never picks the vocabulary's padding rows, and pipeline("text-generation")."""
 import json
 import os
@@ -13,6 +13,7 @@ import torch
 import gpt_train
 from conftest import REPO, generated_docs, tiny_args
 from training import sample
+from training.final import load_run
 
 VOCAB = 500  # not a multiple of 64: the model has 12 padding rows (512)
 
@@ -39,7 +40,7 @@ def test_final_is_one_copy_of_the_weights_beside_the_run_tokenizer(padded_run):
     final = padded_run / "final"
     assert sorted(p.name for p in final.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
                                                         "tokenizer.json", "tokenizer_config.json"]
-    ours, tok = sample.load_run(padded_run, None, torch.device("cpu"))
+    ours, tok = load_run(padded_run, None, torch.device("cpu"))
     assert tok.vocab_size == VOCAB and ours.cfg.vocab_size == 512
     weight_bytes = 4 * sum(p.numel() for p in ours.parameters())  # the tied wte/lm_head counted once
     assert weight_bytes < (final / "model.safetensors").stat().st_size < weight_bytes + 16_384  # + the header
@@ -50,7 +51,7 @@ def test_final_is_one_copy_of_the_weights_beside_the_run_tokenizer(padded_run):
 
 def test_transformers_opens_final_offline_and_computes_the_projects_loss(padded_run):
     model, hf_tok = open_in_transformers(padded_run / "final")
-    ours, tok = sample.load_run(padded_run, None, torch.device("cpu"))
+    ours, tok = load_run(padded_run, None, torch.device("cpu"))
     assert type(model).__name__ == "GPT2LMHeadModel" and hf_tok.eos_token_id == tok.eot
     docs = generated_docs(3, seed=11)
     assert [hf_tok(d)["input_ids"] for d in docs] == [e.ids for e in tok.tokenizer.encode_batch(docs)]

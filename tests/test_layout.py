@@ -1,5 +1,6 @@
-"""The repository's shape: the packages never import a top-level script (the scripts import them),
-and no module is longer than a reader takes in at one sitting."""
+"""The repository's shape: the packages never import a top-level script (the scripts import them), no
+module imports one that imports it back (at any depth, inside functions too), and no module is longer
+than a reader takes in at one sitting."""
 import ast
 
 import pytest
@@ -41,3 +42,70 @@ def test_no_module_is_longer_than_one_sitting():
                if not {"tests", ".git", "build", ".gpu-prep", ".venv"} & set(path.relative_to(REPO).parts)]
     long = {str(path.relative_to(REPO)): n for path in tracked if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def module_name(path):
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """{module: the project modules it imports, at any depth} over the packages and the top-level scripts;
+    `from pkg import name` is an edge to pkg.name where that is a module, else to pkg."""
+    paths = [p for package in PACKAGES for p in (REPO / package).rglob("*.py")] + list(REPO.glob("*.py"))
+    known = {module_name(p): p for p in paths}
+    graph = {}
+    for name, path in known.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in known)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in known:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(known)
+                edges.update(subs or {node.module})
+                if len(subs) < len(node.names):  # names that are not modules come from the package itself
+                    edges.add(node.module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph):
+    """Every strongly connected set of more than one module (Tarjan): each is an import circle."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = import_graph()
+    assert {"gpt_train", "training.final", "training.checkpoints", "data.wos"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_the_circle_rule_sees_a_circle_hidden_inside_a_function():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

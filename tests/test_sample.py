@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import gpt_train
 from conftest import REPO, tiny_args
 from training import lm_loss, sample
+from training.final import load_run
 
 # ------------------------------------------------------------------ the chunked loss
 
@@ -175,7 +176,7 @@ def test_sampling_a_finished_run_continues_the_prompt_deterministically(finished
 
 def test_the_printed_text_is_the_prompt_and_its_whole_decoded_continuation(finished_run, capsys):
     code, out, _ = sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--tokens", "30", "--seed", "3")
-    model, tok = sample.load_run(finished_run, None, torch.device("cpu"))
+    model, tok = load_run(finished_run, None, torch.device("cpu"))
     assert model.cfg.vocab_size == tok.padded_vocab_size == 512
     ids = torch.tensor([tok.tokenizer.encode("Kalo mi", add_special_tokens=False).ids])
     whole = sample.generate(model, ids, 30, sample.TEMPERATURE, sample.TOP_K, torch.Generator().manual_seed(3),
@@ -227,7 +228,7 @@ def test_a_finished_run_needs_nothing_but_final(run_copy, finished_run, capsys):
 
 def test_an_older_final_folder_samples_the_same_text(run_copy, finished_run, capsys):
     """final/model.pt + config.json, as runs saved before final/ was a transformers folder."""
-    model, _ = sample.load_run(finished_run, None, torch.device("cpu"))
+    model, _ = load_run(finished_run, None, torch.device("cpu"))
     for file in (run_copy / "final").iterdir():
         file.unlink()
     torch.save(model.state_dict(), run_copy / "final" / "model.pt")

@@ -8,7 +8,7 @@ and the run directory (checked, locked, never overwritten once finished).
     continue_position       a resume with another micro-batch: the data position recounted
     open_run_dir            outputs checked, folder claimed (new, empty or ours) and locked, the checkpoint found
     restore                 accelerate's load_state; a damaged file is named in one line
-    save_final              after a successful run: the final weights kept, the optimizer checkpoints removed
+    remove_checkpoints      after a successful run (final/ kept: training/final.py): the optimizer checkpoints go
 """
 import contextlib
 import json
@@ -25,7 +25,7 @@ from training import UserError, runfiles
 PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FILE)
 MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
-# What a finished run keeps: final/, a transformers model folder (training/sample.py writes and reads
+# What a finished run keeps: final/, a transformers model folder (training/final.py writes and reads
 # it): GPT2LMHeadModel's weights, one copy of the tied wte/lm_head, its config and the run's tokenizer.
 FINAL_WEIGHTS = "final/model.safetensors"
 FINAL_CONFIG = "final/config.json"
@@ -149,26 +149,6 @@ def damaged(ckpt, path, error):
     why = (str(error).splitlines() or [type(error).__name__])[0][:200]
     return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
                      f"resume from the checkpoint before it, or pick a new --out-dir")
-
-
-def save_final(accelerator, model, out_dir, tokenizer):
-    """After a successful run, outside the timed loop: final/ (FINAL_WEIGHTS, FINAL_CONFIG and the run's
-    `tokenizer`, the main process's: sample.write_final), written to final.tmp and renamed. The optimizer
-    checkpoints (~1.2 GB each at the lab shape: weights + two Adam moments) go once the metrics are
-    written (remove_checkpoints)."""
-    from training.sample import write_final
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        net = accelerator.unwrap_model(model)
-        final = out_dir / Path(FINAL_WEIGHTS).parent
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        with failed_write_explained(tmp, "the final weights"):
-            tmp.mkdir()
-            write_final(net, tokenizer, tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    accelerator.wait_for_everyone()
 
 
 def remove_checkpoints(accelerator, out_dir):

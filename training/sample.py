@@ -4,12 +4,8 @@ end of a run (TensorBoard text, the metrics' `samples`), and of any prompt from 
     python -m training.sample runs/gpt/<run> --prompt "Deep learning models" --tokens 64 --seed 0
     python -m training.sample runs/gpt/<run> --prompt "The results" --temperature 0 # greedy
 
-A finished run's final/ is a transformers model folder (write_final): GPT2LMHeadModel's weights
-(model.safetensors), config.json, generation_config.json and the run's own tokenizer, so that
-`pipeline("text-generation", model="runs/gpt/<run>/final")` opens it offline. This command reads the
-same folder and trusts nothing in it unchecked: the shape from config.json, the tokenizer saved there
-(against the hash config.json records), every tensor's name, shape and finiteness before a model is
-built. An unfinished run is read from its newest checkpoint, an older final/ (model.pt) too.
+The command reads a run's final/ (a transformers model folder; training/final.py writes it and
+checks it on reading), or an unfinished run's newest checkpoint.
 
 Greedy (the most likely token each time) shows what the model has learned most firmly; sampling
 (temperature, top-k, a fixed seed) shows its variety, reproducibly. No KV cache: each new token is
@@ -17,7 +13,6 @@ one forward pass over the last n_positions tokens, which for tens of tokens cost
 code a cache would need. The text is printed as it is generated.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -25,16 +20,15 @@ from pathlib import Path
 
 import torch
 
+from training import UserError
 from training.device import eager_mode
-from training.model import GPT, from_transformers, model_config, to_transformers
+from training.final import load_run
 
 PROMPT_TOKENS = 16  # of each fixed validation prompt
 N_PROMPTS = 2
 TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations during training
 GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and dividing by less can overflow
 MAX_TOKENS = 100_000  # no KV cache: hours at the lab shape on a CPU; a larger number is a typo
-HF_WEIGHTS, HF_CONFIG, LEGACY_WEIGHTS = "model.safetensors", "config.json", "model.pt"  # in final/
-SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
 @torch.no_grad()
@@ -106,187 +100,6 @@ class Sampler:
                                                            for c in self.last["continuations"]), step)
 
 
-# ----------------------------------------------------------------------------- final/: a transformers folder
-
-def write_final(net, tokenizer, folder):
-    """`net` (training.model.GPT) and the run's `tokenizer` as a transformers model folder. The JSON
-    files are written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x
-    cannot open, and this keeps the folder the same under every supported version."""
-    from safetensors.torch import save
-
-    from data.tokenizer import EOT, tokenizer_sha256
-    from training import runfiles
-    cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
-    # bytes written here: safetensors' own save_file makes the file unreadable to the user's group
-    (folder / HF_WEIGHTS).write_bytes(save(to_transformers(net.state_dict()), metadata={"format": "pt"}))
-    # what save_pretrained writes, the shape always spelled out; the hash: training.sample refuses a
-    # tokenizer.json that is not the one the model learned
-    runfiles.write_json(folder / HF_CONFIG, {**cfg.to_diff_dict(), **{k: getattr(cfg, k) for k in SHAPE},
-                                          "eos_token_id": eot, "bos_token_id": eot,
-                                          "architectures": ["GPT2LMHeadModel"],
-                                          "tokenizer_sha256": tokenizer_sha256(tokenizer)})
-    # the padding rows (vocab up to cfg.vocab_size, whole tiles for the matmuls) are no token: generate()
-    # must never pick one; at most 63 ids, masked once per step
-    runfiles.write_json(folder / "generation_config.json", {
-        "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
-        **({"suppress_tokens": list(range(vocab, cfg.vocab_size))} if cfg.vocab_size > vocab else {})})
-    tokenizer.save(str(folder / "tokenizer.json"))
-    runfiles.write_json(folder / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
-        "model_max_length": cfg.n_positions, "clean_up_tokenization_spaces": False})
-
-
-def read_config(path):
-    """The GPT2Config of a run's config.json, checked enough to build a model from."""
-    from training import UserError
-    try:
-        raw = json.loads(path.read_text())
-        shape, eot = {k: raw[k] for k in SHAPE}, raw["eos_token_id"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{path}: not a readable GPT-2 config ({type(e).__name__}: {e})") from None
-    if not all(type(v) is int and v > 0 for v in shape.values()) or shape["n_embd"] % shape["n_head"] \
-            or type(eot) is not int or not 0 <= eot < shape["vocab_size"]:
-        raise UserError(f"{path}: not a GPT-2 shape ({', '.join(f'{k} {v!r}' for k, v in shape.items())}, "
-                        f"eos_token_id {eot!r})")
-    cfg = model_config(shape.pop("vocab_size"), eot, **shape)
-    cfg.tokenizer_sha256 = raw.get("tokenizer_sha256")
-    return cfg
-
-
-def read_weights(path):
-    """{name: tensor} of a safetensors or torch.save file; a damaged one is one line (never pickle's
-    advice to load it unsafely)."""
-    from training import UserError
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # garbage makes the readers raise anything: SafetensorError, UnpicklingError, EOFError
-        raise UserError(f"{path} is damaged or not a weights file ({type(e).__name__})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"{path} is not a state_dict of tensors")
-    return state
-
-
-def build_model(cfg, state, path):
-    """GPT(cfg) holding `state`, once every name and shape fits and every value is finite."""
-    from training import UserError
-    have = {k: tuple(v.shape) for k, v in state.items()}
-    blocks = len({k.split(".")[1] for k in have if k.startswith("h.")})
-    if blocks != cfg.n_layer or have.get("wte.weight") != (cfg.vocab_size, cfg.n_embd):  # before building it
-        raise UserError(f"{path} does not fit its config ({blocks} blocks, wte {have.get('wte.weight')}; the "
-                        f"config: {cfg.n_layer} blocks, wte {(cfg.vocab_size, cfg.n_embd)})")
-    with torch.device("meta"):  # the expected names and shapes, nothing allocated
-        model = GPT(cfg)
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if have != want:
-        name = min(set(have) ^ set(want) or {k for k in want if have[k] != want[k]})
-        raise UserError(f"{path} does not fit its config ({name}: {have.get(name)}, expected {want.get(name)})")
-    if not all(v.is_floating_point() and torch.isfinite(v).all() for v in state.values()):
-        raise UserError(f"{path} holds NaN, infinite or non-float weights (a diverged or damaged run)")
-    model.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, assign=True)
-    model.lm_head.weight = model.wte.weight  # assign replaced both: tie them again
-    return model.eval()
-
-
-# ----------------------------------------------------------------------------- reading a run
-
-def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run directory: final/ (its own
-    tokenizer; `tokenizer_spec` must be the same one), else an older final/ or the newest checkpoint
-    that verifies (the tokenizer from `tokenizer_spec` or args.json, checked); UserError if unusable."""
-    from training import UserError, checkpoints
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
-    final, note = run_dir / "final", None
-    if (final / HF_WEIGHTS).is_file():
-        cfg = read_config(final / HF_CONFIG)
-        tok = own_tokenizer(final, cfg, tokenizer_spec)
-        state, path = from_transformers(read_weights(final / HF_WEIGHTS)), final / HF_WEIGHTS
-    elif (final / LEGACY_WEIGHTS).is_file():
-        cfg, path = read_config(final / HF_CONFIG), final / LEGACY_WEIGHTS
-        tok = named_tokenizer(run_dir, tokenizer_spec, cfg)
-        state = read_weights(path)
-        note = (f"note: {final} is the older format (no tokenizer kept with it): {tok.source} is checked only "
-                f"for its size and end-of-text id")
-    else:
-        ckpt, _ = checkpoints.latest_checkpoint(run_dir)
-        if ckpt is None or not (ckpt / "pytorch_model.bin").is_file():
-            raise UserError(f"{run_dir}: no weights (neither final/ nor a complete checkpoint)")
-        cfg, expect = checkpoint_config(ckpt)
-        tok = named_tokenizer(run_dir, tokenizer_spec, cfg, expect)
-        state, path = read_weights(ckpt / "pytorch_model.bin"), ckpt / "pytorch_model.bin"
-    model = build_model(cfg, state, path).to(device)
-    if note:  # once the weights have loaded
-        print(note, file=sys.stderr)
-    return model, tok
-
-
-def checkpoint_config(ckpt):
-    """(GPT2Config, the tokenizer's sha256 prefix) from the run identity a checkpoint saved."""
-    from training import UserError, checkpoints
-    try:
-        run = checkpoints.load_state(ckpt)[1]
-        shape = dict(n_layer=run["n_layer"], n_head=run["n_head"], n_embd=run["n_embd"], n_positions=run["seq_len"])
-        return model_config(run["vocab_size"], None, **shape), run["tokenizer"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{ckpt}: no readable run identity ({type(e).__name__}: {e})") from None
-
-
-def opened(spec, hint=""):
-    from data.tokenizer import TokenizerError, open_tokenizer
-    from training import UserError
-    try:
-        return open_tokenizer(spec)
-    except TokenizerError as e:
-        raise UserError(f"{e}{hint}") from None
-
-
-def own_tokenizer(final, cfg, spec):
-    """final/'s tokenizer, the one config.json's hash names; `spec`, if given, must be the same one."""
-    from training import UserError
-    tok = opened(final)
-    if tok.sha256 != cfg.tokenizer_sha256:
-        raise UserError(f"{final}/tokenizer.json (sha256 {tok.sha256[:16]}) is not the tokenizer the model "
-                        f"learned (config.json records {str(cfg.tokenizer_sha256)[:16]})")
-    other = opened(spec) if spec else tok
-    if other.sha256 != tok.sha256:
-        raise UserError(f"--tokenizer {spec} ({other.vocab_size:,} tokens, sha256 {other.sha256[:16]}) is not the "
-                        f"run's ({final}/tokenizer.json: {tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}); "
-                        f"leave --tokenizer out")
-    return fitting(tok, cfg, final)
-
-
-def named_tokenizer(run_dir, spec, cfg, expect=None):
-    """The tokenizer --tokenizer or args.json names (weights kept without one), checked against the
-    model: its size and end-of-text id, and its hash where the checkpoint recorded one (`expect`)."""
-    from training import UserError
-    if not spec:
-        try:  # the path as typed when the run started (relative to where it started)
-            spec = json.loads((run_dir / "args.json").read_text())["tokenizer"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise UserError(f"{run_dir}: no readable args.json naming the tokenizer; "
-                            f"pass it with --tokenizer") from None
-    tok = opened(spec, "; pass the run's tokenizer with --tokenizer")
-    if expect and tok.sha256[:16] != expect:
-        raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
-                        f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")
-    if cfg.eos_token_id is None:
-        cfg.bos_token_id = cfg.eos_token_id = tok.eot
-    return fitting(tok, cfg, spec)
-
-
-def fitting(tok, cfg, where):
-    from training import UserError
-    if tok.padded_vocab_size != cfg.vocab_size or tok.eot != cfg.eos_token_id:
-        raise UserError(f"tokenizer {where} ({tok.vocab_size:,} tokens, <|endoftext|> {tok.eot}) does not fit the "
-                        f"model ({cfg.vocab_size:,} rows, end of text {cfg.eos_token_id})")
-    return tok
-
-
 # ----------------------------------------------------------------------------- the command line
 
 def build_parser():
@@ -356,7 +169,6 @@ def main(argv=None):
     if problem:
         print(f"{p.prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    from training import UserError
     try:
         model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
         ids = tok.tokenizer.encode(args.prompt, add_special_tokens=False).ids or [tok.eot]
