@@ -6,43 +6,48 @@
     sbatch slurm/gpt.sh                                       # 1 GPU, checkpoints + requeue
     sbatch --nodes=2 slurm/gpt_multi.sh                       # N nodes x G GPUs
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
+    python gpt_train.py --profile ...                         # + one steady step under torch.profiler
 
 The model is training/model.py: GPT2Config's architecture (hidden 768, 12 heads, 12 layers, 1024
-positions) in ~100 lines, attention one SDPA call, nothing that training does not need. Every
-acceleration has a flag or a line below; `auto` picks what works on the device.
+positions) in ~100 lines, attention one SDPA call, nothing that training does not need. The step and
+its accelerations (a why each) are training/step.py, which the acceleration ladder builds its rows with.
 
-Reading order: training/model.py -> presets and flags -> the accelerations (one block, a why each) ->
-train_loop(), the loop whole -> train(), the phases around it. The machinery (device decisions,
-token budget, checkpoints, metrics, signals) is in training/, one module per concern.
+Reading order: training/model.py -> presets and flags -> training/step.py -> train_loop(), the loop
+whole -> train(), the phases around it. The machinery (device decisions, token budget, checkpoints,
+metrics, signals, the job's clock) is in training/, one module per concern. The metrics' end-to-end
+time is `process_seconds` (the process, from its start as the OS records it), split into `phases`;
+`train_seconds` is the timed loop.
 """
 if __name__ == "__main__":  # first, before the slow imports: Slurm's warning or a scancel must not kill us unsaved
     from training.signals import catch_early
     catch_early()
+from training.clock import Phases, process_seconds  # noqa: E402  (standard library only)
 
-import argparse
-import contextlib
-import math
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
+IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
 
-import torch
-import torch.nn as nn
-from accelerate import Accelerator
-from accelerate.utils import GradScalerKwargs, set_seed
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-from data import wos
-from data.tokenizer import default_tokenizer, open_tokenizer
-from training import CACHE_HOME, UserError, device, runfiles, sample
-from training.batches import batch_stream, validate
-from training.budget import Budget, choose_micro_batch, due, plan_budget
-from training.checkpoints import (
+import torch  # noqa: E402
+from accelerate.utils import set_seed  # noqa: E402
+from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from data import wos  # noqa: E402
+from data.tokenizer import default_tokenizer, open_tokenizer  # noqa: E402
+from training import CACHE_HOME, UserError, device, runfiles, sample, step  # noqa: E402
+from training.batches import batch_stream, check_enough, evaluate  # noqa: E402
+from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget  # noqa: E402
+from training.checkpoints import (  # noqa: E402
     TrainState,
     check_same_run,
     continue_position,
+    latest_checkpoint,
     load_state,
     open_run_dir,
     remove_checkpoints,
@@ -50,20 +55,22 @@ from training.checkpoints import (
     run_identity,
     save_checkpoint,
 )
-from training.final import save_final
-from training.metrics import (
+from training.final import save_final  # noqa: E402
+from training.flags import int_or_auto, number  # noqa: E402
+from training.metrics import (  # noqa: E402
     STOP_EXIT_CODE,
     LossWindow,
     Throughput,
     describe_run,
     final_metrics,
-    log_point,
     startup_line,
     summary_line,
 )
-from training.model import GPT, model_config
-from training.signals import StopAgreement, StopFlag, no_teardown_after_collectives
+from training.model import GPT, model_config  # noqa: E402
+from training.profile import profiled  # noqa: E402
+from training.signals import StopAgreement, StopFlag, no_teardown_after_collectives  # noqa: E402
 
+IMPORTS = (IMPORTS_STARTED, process_seconds())
 REPO = Path(__file__).resolve().parent
 
 
@@ -74,27 +81,14 @@ PRESETS = {  # model shape, batch and peak learning rate; everything else is a f
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, seq_len=64, micro_batch=8, global_batch=16, lr=3e-3),
 }
 MIN_LR_RATIO = 0.1  # the cosine ends at 10% of the peak learning rate
-
-
-def positive_int_or_auto(text):
-    if text == "auto":
-        return text
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}")
-    return int(text)
-
-
-def finite_float(text):
-    value = float(text)
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
+MAX_SAMPLE_TOKENS = 1024  # the final samples: without a KV cache each token is a forward pass
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add, lab, tiny = p.add_argument, PRESETS["lab"], PRESETS["tiny"]
+    positive, fraction = number(int, 1), number(float, 0, 1, high_open=True)
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
     add("--text", type=Path, default=None, help="X.txt, one document per line; None: data/WebOfScience/"
                                                 "WOS46985/X.txt, downloaded if missing")
@@ -102,17 +96,19 @@ def build_parser():
                                                              "tokenizer/tokenizer.json once tokenizer_train.py made it")
     add("--out-dir", type=runfiles.path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
         "new or empty folder, or one of gpt_train.py's (with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
-    add("--tokens", type=int, default=12_000_000, help="training budget in tokens, all processes")
+    add("--tokens", type=number(int, 1, 10**13), default=12_000_000, help="training budget in tokens, all processes")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
-        add(f"--{name.replace('_', '-')}", type=int, default=lab[name], help=f"(tiny preset: {tiny[name]})")
-    add("--micro-batch", type=positive_int_or_auto, default="auto",
+        add(f"--{name.replace('_', '-')}", type=positive, default=lab[name], help=f"(tiny preset: {tiny[name]})")
+    add("--micro-batch", type=int_or_auto(), default="auto",
         help="sequences per process per forward pass, or auto: on a GPU the largest that fits (probed once per "
              f"GPU), on CPU the preset's (lab: {lab['micro_batch']}, tiny: {tiny['micro_batch']}); gradients are "
              "accumulated to --global-batch; a resume may change it (the same global batch is the same run)")
-    add("--lr", type=finite_float, default=lab["lr"], help=f"peak learning rate (tiny preset: {tiny['lr']})")
-    add("--warmup", type=finite_float, default=0.1, help="warm-up, fraction of the steps")
-    add("--weight-decay", type=finite_float, default=0.1, help="on matrices only")
-    add("--grad-clip", type=finite_float, default=1.0, help="gradient norm clipped to this")
+    add("--lr", type=number(float, 0, low_open=True), default=lab["lr"],
+        help=f"peak learning rate (tiny preset: {tiny['lr']})")
+    add("--warmup", type=fraction, default=0.1, help="warm-up, fraction of the steps")
+    add("--weight-decay", type=number(float, 0), default=0.1, help="on matrices only")
+    add("--grad-clip", type=number(float, 0, low_open=True, why=" (0 clips every gradient to nothing)"), default=1.0,
+        help="gradient norm clipped to this")
     add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
         help="torch.compile each transformer block (regional) or the whole model (sm70+ GPUs, CPU); auto: off, "
@@ -121,18 +117,22 @@ def build_parser():
         help="inductor/Triton cache, kept across runs and nodes")
     add("--fused-adamw", choices=["on", "off"], default="on", help="the whole AdamW update in one kernel")
     add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
-    add("--seed", type=int, default=0, help="weights, data order, split")
-    add("--val-fraction", type=finite_float, default=0.005, help="held-out documents")
-    add("--eval-every", type=int, default=50, help="steps between validation losses")
-    add("--val-batches", type=int, default=20, help="micro-batches per validation")
-    add("--log-every", type=int, default=10, help="steps between logged points")
-    add("--sample-tokens", type=int, default=48, help="continuing fixed prompts at each validation; 0: none")
-    add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only on signals")
+    add("--seed", type=number(int, 0, 2**32, high_open=True), default=0, help="weights, data order, split")
+    add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
+    add("--eval-every", type=positive, default=50, help="steps between validation losses")
+    add("--val-batches", type=positive, default=20, help="micro-batches per validation")
+    add("--log-every", type=positive, default=10, help="steps between logged points")
+    add("--sample-tokens", type=number(int, 0, MAX_SAMPLE_TOKENS), default=48,
+        help="continuing fixed validation prompts once training is done (TensorBoard text, the metrics); 0: none")
+    add("--ckpt-every", type=number(int, 0, why=" (0: only on signals)"), default=100,
+        help="steps between checkpoints; 0 = only on signals")
     add("--keep-checkpoints", action="store_true", help="keep the optimizer checkpoints of a finished run, and "
         "write one after its last step (else only final/ stays: a transformers model folder)")
     add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: the repository's data/cache "
                                                      "(LAB5_DATA or not)")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
+    add("--profile", action="store_true", help="record one steady step with torch.profiler: profile.json (time "
+        "by matmul, attention, elementwise, loss, optimizer, ...), the metrics' `profile`, TensorBoard's profiler")
     add("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
     return p
 
@@ -143,69 +143,11 @@ def parse_args(argv):
     preset = PRESETS[p.parse_known_args(argv)[0].preset]
     p.set_defaults(**{k: v for k, v in preset.items() if k != "micro_batch"})
     args = p.parse_args(argv)
-    if args.tokens <= 0:
-        p.error(f"--tokens must be > 0, got {args.tokens}")
-    if min(args.n_layer, args.n_head, args.n_embd, args.seq_len, args.global_batch) <= 0:
-        p.error("model and batch sizes must be > 0")
     if args.n_embd % args.n_head:
         p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     if args.preset == "lab" and args.seq_len > 1024:
         p.error(f"--seq-len {args.seq_len} exceeds GPT-2's 1024 positions")
-    if not 0 <= args.seed < 2**32:  # numpy's seed range
-        p.error(f"--seed must be in [0, 2^32), got {args.seed}")
-    for name, ok, rule in ARG_RULES:
-        if not ok(getattr(args, name)):
-            p.error(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)}")
     return args
-
-
-ARG_RULES = [  # (flag, check, what it must be): a value outside these trains nothing sensible
-    ("lr", lambda v: v > 0, "> 0"), ("grad_clip", lambda v: v > 0, "> 0 (0 clips every gradient to nothing)"),
-    ("warmup", lambda v: 0 <= v < 1, "in [0, 1), a fraction of the steps"), ("weight_decay", lambda v: v >= 0, ">= 0"),
-    ("val_fraction", lambda v: 0 < v < 0.5, "in (0, 0.5)"), ("eval_every", lambda v: v > 0, "> 0"),
-    ("val_batches", lambda v: v > 0, "> 0"), ("log_every", lambda v: v > 0, "> 0"),
-    ("ckpt_every", lambda v: v >= 0, ">= 0 (0: only on signals)"), ("sample_tokens", lambda v: v >= 0, ">= 0")]
-
-
-# ----------------------------------------------------------------------------- the accelerations
-# One line of why each; where `auto` decides, training/device.py says how, per device.
-#   precision      16-bit matmuls run on tensor cores (~4x fp32 on a 2080Ti) and move half the bytes;
-#                  bf16 keeps fp32's exponent range, fp16 needs loss scaling (GradScaler)
-#   TF32           what stays in fp32 runs on tensor cores too, with a 10-bit mantissa (sm80+)
-#   SDPA           attention in one fused kernel, no T x T matrix in memory (flash or cuDNN attention in
-#                  16 bits on sm80+, memory-efficient otherwise; the metrics name the one that ran)
-#   torch.compile  fuses the elementwise work around the matmuls, cuts Python overhead; off by default
-#                  (--compile regional): in 12M tokens the cold compile costs more than it saves
-#   fused AdamW    the whole update (moments, bias correction, step) in one kernel that reads each
-#                  parameter once, where the default multi-tensor (foreach) path makes several passes
-#   micro-batch    the largest that fits (training/budget.py), gradients accumulated to the global
-#                  batch and all-reduced once per optimizer step (no_sync in train_loop)
-#   pinned memory  batches copied to the GPU asynchronously; no loader workers: the token blocks are
-#                  already tensors in memory, so there is nothing for a worker to prepare
-
-def make_accelerator(decisions):
-    """accelerate's Accelerator with this device's precision; TF32 on a GPU."""
-    fp16 = decisions.precision == "fp16"
-    handlers = [GradScalerKwargs(init_scale=2.0**12)] if fp16 else []  # 2^16 overflows at first
-    # cpu=True where there is no GPU: only then does accelerate turn torchrun's processes into gloo ranks
-    accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(decisions.precision, decisions.precision),
-                              cpu=not decisions.cuda,  # 16-bit all-reduce below
-                              kwargs_handlers=handlers + device.ddp_handlers(decisions.precision))
-    if decisions.cuda:
-        torch.set_float32_matmul_precision("high")  # TF32 tensor cores for whatever stays in fp32
-    return accelerator
-
-
-def apply_accelerations(model, args, accelerator, decisions):
-    """(the model for checkpoints and evaluation, the compiled one for training steps, the optimizer).
-    AdamW decays matrices and embeddings only, fused into one kernel; DDP through accelerate."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]  # biases and LayerNorms do not decay
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
-                                  eps=1e-8, fused=args.fused_adamw == "on")
-    model, optimizer = accelerator.prepare(model, optimizer)
-    return model, device.compile_model(model, decisions.compile_mode), optimizer
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -214,10 +156,7 @@ def apply_accelerations(model, args, accelerator, decisions):
 class Setup:
     """What the loop works with, built once by set_up()."""
     args: argparse.Namespace
-    accelerator: Accelerator
-    model: nn.Module  # DDP-wrapped with several processes: checkpoints and evaluation use it
-    train_model: nn.Module  # the same module, compiled: the training steps call it
-    optimizer: torch.optim.Optimizer
+    step: step.Step  # the accelerator, the model (DDP-wrapped with several processes), its compiled form, AdamW
     budget: Budget
     blocks: dict  # "train" / "validation" token blocks
     out_dir: Path
@@ -225,36 +164,35 @@ class Setup:
     info: dict  # the run's description: device, precision, params... (start-up line, metrics)
     tokenizer: object  # the run's tokenizers.Tokenizer: saved into final/ beside the weights
     writer: SummaryWriter | None  # TensorBoard, on the main process
-    sampler: sample.Sampler | None  # continuations of fixed validation prompts, on the main process
+    phases: Phases  # where the process's seconds go
+    earlier_seconds: float  # process seconds of the run's earlier processes (a resume), up to their checkpoint
 
 
 def train_loop(setup, state, stop):
     """Optimizer steps until the budget is spent or a signal stops the run: the timed step, then
-    evaluation and checkpoints as due, outside the timing. Returns the Throughput."""
-    accelerator, model, budget, args = setup.accelerator, setup.model, setup.budget, setup.args
+    evaluation and checkpoints as due, outside the timing. Returns (the Throughput, the step's profile)."""
+    run, budget, args = setup.step, setup.budget, setup.args
+    accelerator = run.accelerator
     batches = batch_stream(setup.blocks["train"], accelerator, budget.micro_batch, args.global_batch, args.seed,
                            state.micro_batches)
-    losses, perf = LossWindow(state.loss_window, accelerator.device), Throughput(state)
+    losses, perf, profile = LossWindow(state.loss_window, accelerator.device), Throughput(state), None
     skips, stop_agreed = device.SkippedSteps(accelerator.scaler), StopAgreement(accelerator, stop)
-    setup.train_model.train()
+    profile_at = min(state.step + 1, budget.total_steps - 1) if args.profile else -1  # a steady step: not the first
+    run.train_model.train()
     with tqdm(total=budget.total_steps, initial=state.step, disable=not accelerator.is_main_process, desc="train",
               mininterval=2) as bar:
         while state.step < budget.total_steps:
             t0, first = time.perf_counter(), perf.first_step_seconds is None  # ---- timed: one optimizer step
             n_micro = budget.micro_in_step(state.micro_batches)
-            for i in range(n_micro):  # gradients accumulate; DDP all-reduces them after the last one only
-                batch = next(batches)
-                with contextlib.nullcontext() if i == n_micro - 1 else accelerator.no_sync(model):
-                    loss = setup.train_model(batch[:, :-1], batch[:, 1:])
-                    accelerator.backward(loss / n_micro)  # fp16: the loss is scaled here (GradScaler)
-                losses.add(loss.detach() / n_micro)  # on the device: no sync
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)  # fp16: unscaled first
             lr = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
-            for group in setup.optimizer.param_groups:
-                group["lr"] = lr
-            setup.optimizer.step()  # fp16: skipped when the gradients overflowed
-            setup.optimizer.zero_grad(set_to_none=True)
-            state.lr_step += not skips.last_skipped()  # a skipped step does not advance the schedule
+
+            def one_step():
+                return run.run(batches, n_micro, lr, losses.add)
+            if state.step == profile_at:  # the profiler's overhead: this step is kept out of tokens/s
+                grad_norm, profile = profiled(one_step, accelerator.device, setup.out_dir / "profile")
+            else:
+                grad_norm = one_step()
+            state.lr_step += not skips.last_skipped()  # an fp16 step skipped by the scaler does not advance the LR
             tokens = n_micro * budget.tokens_per_micro
             state.step, state.micro_batches, state.tokens_seen = (state.step + 1, state.micro_batches + n_micro,
                                                                   state.tokens_seen + tokens)
@@ -265,19 +203,22 @@ def train_loop(setup, state, stop):
             elif (first or eval_due or ckpt_due) and accelerator.device.type == "cuda":
                 torch.cuda.synchronize()  # sync point: the step's GPU work is done before the clock stops
             stopping = stop_agreed(at_sync_point=logged or first or eval_due or ckpt_due)  # else the last step's
-            perf.step_done(time.perf_counter() - t0, tokens)
+            perf.step_done(time.perf_counter() - t0, tokens, steady=state.step - 1 != profile_at)
             bar.update()
             if eval_due:  # ---- untimed: evaluation, checkpoints
-                state.val_losses.append([state.step, validate(setup, state.step)])
+                with setup.phases.of("evaluation"):
+                    state.val_losses.append([state.step, validate(setup, state.step)])
             if stopping or ckpt_due:
-                state.loss_window = losses.saved()  # a resume continues this log point's mean
-                save_checkpoint(accelerator, setup.out_dir, state, setup.identity)
+                with setup.phases.of("checkpoints"):
+                    state.loss_window = losses.saved(accelerator)  # a resume continues this log point's mean
+                    state.process_seconds = setup.earlier_seconds + process_seconds()
+                    save_checkpoint(accelerator, setup.out_dir, state, setup.identity)
             if stopping and not last:  # accelerator.print: on the main process only
                 accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; run again with "
                                   f"--out-dir {setup.out_dir} to resume", file=sys.stderr)
                 break
     perf.close()
-    return perf
+    return perf, profile
 
 
 def lr_at(step, peak, total, warmup_fraction):
@@ -289,21 +230,60 @@ def lr_at(step, peak, total, warmup_fraction):
     return peak * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def log_point(setup, state, mean_loss, perf, grad_norm, bar, lr):
+    """Every log_every steps and at the end: the loss curve, throughput, TensorBoard, the bar."""
+    if not math.isfinite(mean_loss):
+        ckpt, _ = latest_checkpoint(setup.out_dir)
+        raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
+                        f"{ckpt or 'none'} (try a lower --lr)")
+    state.losses.append([state.step, mean_loss])
+    tps = perf.window_tokens_per_second()
+    if tps:
+        state.throughput.append([state.step, tps])
+    if setup.writer:
+        info, budget = setup.info, setup.budget
+        scalars = {"train/loss": mean_loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
+        if tps:
+            scalars["perf/tokens_per_second"] = tps
+            scalars["perf/step_ms"] = budget.accum * budget.tokens_per_micro / tps * 1e3
+            if info["peak"]:
+                scalars["perf/mfu"] = device.mfu(tps, info["flops_per_token"], info["peak"], info["world_size"])
+        if setup.step.accelerator.device.type == "cuda":
+            scalars.update(device.gpu_stats(setup.step.accelerator.device))
+        for k, v in scalars.items():
+            setup.writer.add_scalar(k, v, state.step)
+    bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()
+
+
+def validate(setup, at_step):
+    """The validation loss (every process takes part), logged to TensorBoard; outside the timed loop."""
+    run = setup.step
+    val = evaluate(run.model, setup.blocks["validation"], run.accelerator, setup.budget.micro_batch,
+                   setup.args.val_batches, setup.budget.val_unit)
+    if setup.writer:
+        setup.writer.add_scalar("val/loss", val, at_step)
+    return val
+
+
 # ----------------------------------------------------------------------------- the phases
 
-def set_up(args, argv, stack):
+def set_up(args, argv, stack, phases):
     """Device decisions, the run directory and inputs (checked before any work), the data, the model
-    and its accelerations; a resume's state. Returns (Setup, TrainState, corpus statistics)."""
+    and its step; a resume's state. Returns (Setup, TrainState, corpus statistics)."""
     decisions = device.decide(args.precision, args.compile)
     if decisions.compile_mode != "off":
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
-    accelerator = make_accelerator(decisions)
+    acc, recipe = step.resolve(args, decisions)
+    accelerator = step.make_accelerator(acc)
     out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / runfiles.new_run_name(),
                                  args.metrics_out, accelerator, stack,
                                  inputs={"--text": args.text, "--tokenizer": args.tokenizer})  # never overwritten
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
+    check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data
     state, saved_identity = load_state(ckpt) if ckpt else (TrainState(), {})
+
+    phases.switch("data")
     corpus = wos.corpus_identity(text)  # what the text is, by content: the run's identity and its metrics
     identity = run_identity(args, tok, corpus["sha256"], decisions.precision, accelerator.num_processes)
     check_same_run(saved_identity, identity)  # a resume must continue the same run: one line naming what differs
@@ -311,65 +291,110 @@ def set_up(args, argv, stack):
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
         splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
         blocks, stats = wos.tokenize_blocks(splits, tok.tokenizer, wos.tokens_per_block(args.seq_len))
+    check_enough(blocks["train"], args.global_batch)
+
+    phases.switch("model")
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
-    model = GPT(cfg, loss=args.loss).to(accelerator.device)
+    model = GPT(cfg, attention=acc.attention, loss=acc.loss).to(accelerator.device)
     micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, decisions.precision,
                                              args.global_batch, PRESETS[args.preset]["micro_batch"],
                                              saved_identity.get("micro_batch"))
     unit = continue_position(state, saved_identity, micro)  # another micro-batch than the checkpoint's: recounted
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len, unit)
     info = describe_run(args, argv, decisions, model, text, corpus, budget, accelerator.num_processes)
-    model, train_model, optimizer = apply_accelerations(model, args, accelerator, decisions)
+    run = step.build(model, acc, recipe, accelerator)
     if ckpt:
         restore(accelerator, ckpt)  # a damaged file: one line naming it
+    writer = None
     if accelerator.is_main_process:
         print(startup_line(info, budget, micro_source, tok.vocab_size) +
               (f"; {decisions.note}" if decisions.note else "") +
               (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
         print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
-              f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}")
+              f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}; run folder {out_dir}")
         if not ckpt:
             runfiles.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
-    writer, sampler = ((SummaryWriter(out_dir), sample.Sampler(tok.tokenizer, blocks["validation"], args.sample_tokens))
-                       if accelerator.is_main_process else (None, None))
-    return (Setup(args, accelerator, model, train_model, optimizer, budget, blocks, out_dir,
-                  {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}, info,
-                  tok.tokenizer, writer, sampler), state, stats)
+        writer = SummaryWriter(out_dir, purge_step=state.step if ckpt else None)  # a resume: later points redone
+    identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
+    setup = Setup(args, run, budget, blocks, out_dir, identity, info, tok.tokenizer, writer, phases,
+                  state.process_seconds)
+    return setup, state, stats
 
 
-def train(args, argv, stop):
-    """The phases: set-up, the loop, then the final validation and the metrics."""
-    t_start = time.perf_counter()
+def train(args, argv, stop, phases):
+    """The phases: set-up, the loop, the final validation; then the metrics first (a full disk at final/
+    keeps them), final/, the samples, and the metrics again with the whole process's time."""
     with contextlib.ExitStack() as stack:
-        setup, state, stats = set_up(args, argv, stack)
-        perf = train_loop(setup, state, stop)
-        if setup.writer:
-            setup.writer.flush()
+        setup, state, stats = set_up(args, argv, stack, phases)
+        phases.switch("loop")
+        perf, profile = train_loop(setup, state, stop)
+        if profile and setup.writer:  # the main process's step (each process profiles its own)
+            profile = {**profile, "device_name": setup.info["device_name"], "step": state.step}
+            runfiles.write_json(setup.out_dir / "profile.json", profile)
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
             raise SystemExit(STOP_EXIT_CODE)
+        phases.switch("evaluation")
         val_loss = validate(setup, state.step)
+        phases.switch("final_save")
+        main = setup.step.accelerator.is_main_process
         info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
-        metrics = {**final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
-                                   time.perf_counter() - t_start, setup.info), **info,
-                   "samples": setup.sampler and setup.sampler.last}  # the final continuations
-        save_final(setup.accelerator, setup.model, setup.out_dir, setup.tokenizer)  # for sampling; untimed
-        if setup.accelerator.is_main_process:
+        metrics = {**final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(), setup.info),
+                   **info, "profile": profile}
+        if main:
+            write_metrics(args, setup.out_dir, with_clock(metrics, setup, phases, perf))
+        save_final(setup.step.accelerator, setup.step.model, setup.out_dir, setup.tokenizer, metrics_kept=True)
+        phases.switch("sampling")
+        if main and args.sample_tokens:
+            metrics["samples"] = sample.final_samples(setup.step, setup.tokenizer, setup.blocks["validation"],
+                                                      args.sample_tokens, setup.writer, state.step, val_loss, stop)
+        phases.switch("teardown")
+        if main:
+            log_phases(setup.writer, phases, state.step, profile)
             setup.writer.close()
-            for path in [setup.out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
-                runfiles.write_json(path, metrics)
-            print(summary_line(metrics))
         if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
-            remove_checkpoints(setup.accelerator, setup.out_dir)
+            remove_checkpoints(setup.step.accelerator, setup.out_dir)
+        if main:
+            metrics = with_clock(metrics, setup, phases, perf)
+            write_metrics(args, setup.out_dir, metrics)  # the last output: the process's time is taken just before
+            print(summary_line(metrics))
         return metrics
 
 
+def with_clock(metrics, setup, phases, perf):
+    """The metrics with the job's clock: this process's seconds, the run's over all its processes, and where
+    they went (a compiled run's first-step compile split out of the loop)."""
+    spent, now = phases.record()
+    if setup.info["compile"] != "off" and perf.compile_seconds_here:
+        spent = {**spent, "loop": round(spent["loop"] - perf.compile_seconds_here, 3),
+                 "compile": round(perf.compile_seconds_here, 3)}
+    return {**metrics, "process_seconds": now, "process_seconds_total": round(setup.earlier_seconds + now, 3),
+            "phases": spent}
+
+
+def write_metrics(args, out_dir, metrics):
+    for path in [out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
+        runfiles.write_json(path, metrics)
+
+
+def log_phases(writer, phases, at_step, profile):
+    """Where the seconds went, in TensorBoard: one scalar per phase (and per profile group), and a table."""
+    spent, now = phases.record()
+    for name, seconds in spent.items():
+        writer.add_scalar(f"phases/{name}_seconds", seconds, at_step)
+    for name, seconds in (profile or {}).get("groups", {}).items():
+        writer.add_scalar(f"profile/{name}_seconds", seconds, at_step)
+    writer.add_text("phases", "| phase | seconds |\n|---|---|\n" +
+                    "".join(f"| {k} | {v:.2f} |\n" for k, v in spent.items()) + f"| process | {now:.2f} |", at_step)
+
+
 def main(argv=None):
+    phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
     argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     args = parse_args(argv)
     try:
         with StopFlag() as stop:  # from the start: a signal during set-up must not kill the job
-            return train(args, argv, stop)
+            return train(args, argv, stop, phases)
     except UserError as e:  # TextError, OutputError too
         sys.exit(f"error: {e}")
 

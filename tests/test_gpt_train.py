@@ -34,7 +34,8 @@ def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path, capsys):
     curve = [loss for _, loss in metrics["loss_curve"]]
     assert curve[0] > 5.5 and metrics["final_train_loss"] < curve[0] - 1.0  # from ~ln(512) = 6.2 downwards
     assert metrics["success"] and metrics["final_val_loss"] < 6 and metrics["val_bits_per_byte"] > 0
-    assert metrics["train_seconds"] > 0 and metrics["total_seconds"] > metrics["train_seconds"]
+    assert 0 < metrics["train_seconds"] < metrics["phases"]["loop"] < metrics["process_seconds"]
+    assert metrics["process_seconds_total"] == metrics["process_seconds"]  # one process: not resumed
     assert metrics["tokens_per_second"] > 0 and metrics["precision"] == "fp32" and metrics["params"] > 0
     assert metrics["mfu"] is None and metrics["world_size"] == 1 and metrics["vocab_size"] == 512
     assert not list((tmp_path / "run").glob("ckpt-*"))  # a finished run keeps its weights, not the optimizer's
@@ -449,12 +450,16 @@ def test_a_resume_with_another_micro_batch_continues_the_same_data(corpus, tmp_p
 
 
 def test_flags_that_make_no_sense_are_refused(capsys):
-    for flags, message in [(["--grad-clip", "0"], "--grad-clip must be > 0"), (["--grad-clip", "-1"], "--grad-clip"),
-                           (["--warmup", "1.5"], "--warmup must be in [0, 1)"), (["--warmup", "-0.1"], "--warmup"),
-                           (["--ckpt-every", "-1"], "--ckpt-every must be >= 0"),
-                           (["--sample-tokens", "-1"], "--sample-tokens must be >= 0"),
-                           (["--val-fraction", "0"], "--val-fraction must be in (0, 0.5)"),
-                           (["--weight-decay", "-0.1"], "--weight-decay must be >= 0")]:
+    for flags, message in [(["--grad-clip", "0"], "--grad-clip: must be > 0 (0 clips every gradient to nothing)"),
+                           (["--grad-clip", "-1"], "--grad-clip"),
+                           (["--warmup", "1.5"], "--warmup: must be in [0, 1)"), (["--warmup", "-0.1"], "--warmup"),
+                           (["--ckpt-every", "-1"], "--ckpt-every: must be >= 0"),
+                           (["--sample-tokens", "-1"], "--sample-tokens: must be in [0, 1024]"),
+                           (["--sample-tokens", "10000000"], "--sample-tokens: must be in [0, 1024], got 10000000"),
+                           (["--tokens", str(10**400)],
+                            "--tokens: must be in [1, 10000000000000], got 100000000000...(401 digits)"),
+                           (["--val-fraction", "0"], "--val-fraction: must be in (0, 0.5)"),
+                           (["--weight-decay", "-0.1"], "--weight-decay: must be >= 0")]:
         with pytest.raises(SystemExit) as stop:
             gpt_train.parse_args(flags)
         assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], flags

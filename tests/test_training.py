@@ -519,7 +519,8 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_the_older_one_stays(tmp_pat
         with pytest.raises(UserError) as e:
             checkpoints.save_checkpoint(accelerator, out, TrainState(step=2), identity={})
         message = str(e.value)
-        assert "\n" not in message and "ckpt-0000002.tmp" in message and "are intact" in message
+        assert "\n" not in message and "ckpt-0000002.tmp" in message
+        assert f"ckpt-0000001 in {out} is intact: free space there, then run the same command" in message
         assert not (out / "ckpt-0000002.tmp").exists()
         assert checkpoints.latest_checkpoint(out) == (out / "ckpt-0000001", [])
         del small
@@ -569,9 +570,11 @@ def test_a_resume_check_names_every_differing_flag_in_one_line():
 
 
 def test_the_summary_puts_bits_per_byte_beside_the_verdict():
-    m = {"tokens_seen": 1000, "train_seconds": 2.0, "tokens_per_second": 500.0, "mfu": None, "compile": "off",
+    m = {"tokens_seen": 1000, "train_seconds": 2.0, "process_seconds": 9.5, "tokens_per_second": 500.0, "mfu": None,
+         "compile": "off",
          "compile_seconds": None, "final_train_loss": 4.35, "final_val_loss": 4.4, "val_bits_per_byte": 1.8,
          "success": True}
+    assert metrics.summary_line(m).startswith("1,000 tokens in 2.0 s of training loop, 9.5 s end to end (500 tokens/s")
     assert metrics.summary_line(m).endswith("val loss 4.400 -> success: train loss < 7 (val 1.800 bits/byte, "
                                             "comparable across vocabularies; the loss is not)")
     assert "-> NOT a success: train loss >= 7 (val 2.610 bits/byte" in metrics.summary_line(

@@ -1,7 +1,6 @@
 """Batches for the loop and the evaluation: sharded across processes by accelerate, a position of
 two integers (epoch, batch) so that a resume sees what an uninterrupted run would, and on a GPU
-pinned host memory with non-blocking copies. validate(): the validation loss and the model's
-continuations of fixed prompts (training/sample.py), logged."""
+pinned host memory with non-blocking copies; evaluate(): the validation loss."""
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
@@ -25,13 +24,20 @@ def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed)
                                    process_index=accelerator.process_index, put_on_device=True,
                                    rng_types=[], non_blocking=cuda)
 
+    check_enough(blocks, global_batch)
     per_epoch = len(loader(0))
-    if per_epoch == 0:
-        raise UserError(f"{len(blocks)} training blocks are fewer than one global batch ({global_batch} sequences)")
     epoch, skip = divmod(consumed, per_epoch)
     while True:
         yield from skip_first_batches(loader(epoch), skip) if skip else loader(epoch)
         epoch, skip = epoch + 1, 0
+
+
+def check_enough(blocks, global_batch):
+    """An epoch is cut to whole global batches: the training blocks must hold one (said before a run
+    writes anything)."""
+    if len(blocks) < global_batch:
+        raise UserError(f"{len(blocks)} training blocks are fewer than one global batch ({global_batch} sequences): "
+                        f"give a larger --text, or a smaller --global-batch or --seq-len")
 
 
 @torch.no_grad()
@@ -58,15 +64,3 @@ def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
     model.train()
     return (total[0] / total[1]).item() if total[1] else float("nan")
 
-
-def validate(setup, step):
-    """The validation loss at `step` (every process takes part), logged to TensorBoard with the
-    continuations of the fixed validation prompts (setup.sampler, main process only). Called outside
-    the timed part of the loop."""
-    val = evaluate(setup.model, setup.blocks["validation"], setup.accelerator, setup.budget.micro_batch,
-                   setup.args.val_batches, setup.budget.val_unit)
-    if setup.writer:
-        setup.writer.add_scalar("val/loss", val, step)
-        if setup.sampler:
-            setup.sampler(setup.model, setup.accelerator, setup.writer, step, val)
-    return val

@@ -5,6 +5,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -50,6 +51,39 @@ def due(step, args, total_steps):
     last = step == total_steps
     ckpt = args.keep_checkpoints if last else bool(args.ckpt_every and step % args.ckpt_every == 0)
     return step % args.log_every == 0 or last, step % args.eval_every == 0 and not last, ckpt, last
+
+
+TRAINING_BYTES_PER_PARAM = 16  # fp32 weights, gradients and AdamW's two moments (activations come on top)
+
+
+def parameter_count(n_layer, n_embd, seq_len, vocab_size):
+    """GPT-2's parameters for this shape (training/model.py; the vocabulary padded to 64): per block 12 C^2 + 13 C
+    (attention 4 C^2, MLP 8 C^2, biases, two LayerNorms), embeddings of tokens and positions, the last LayerNorm."""
+    padded = (vocab_size + 63) // 64 * 64
+    return (padded + seq_len) * n_embd + n_layer * (12 * n_embd**2 + 13 * n_embd) + 2 * n_embd
+
+
+def check_model_fits(args, vocab_size, device):
+    """Before any data is read: the model's weights, gradients and optimizer state fit the memory there is
+    (a GPU's free memory, a CPU's available memory); a shape that cannot is one line, not an allocation
+    failure after minutes of tokenising."""
+    need = TRAINING_BYTES_PER_PARAM * parameter_count(args.n_layer, args.n_embd, args.seq_len, vocab_size)
+    have = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_memory()
+    if have is not None and need > have:
+        raise UserError(f"a model of --n-layer {args.n_layer} --n-embd {args.n_embd} --seq-len {args.seq_len} needs "
+                        f"~{need / 2**30:,.1f} GiB for its weights, gradients and AdamW alone; "
+                        f"{device.type} has {have / 2**30:,.1f} GiB available")
+
+
+def available_memory():
+    """The memory the kernel says a new allocation can have (MemAvailable), or None where it cannot say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def plan_budget(tokens, global_batch, micro_batch, world, seq_len, unit=None):

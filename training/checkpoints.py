@@ -46,6 +46,7 @@ class TrainState:
     val_losses: list = field(default_factory=list)
     throughput: list = field(default_factory=list)  # [step, tokens/s]
     loss_window: list = field(default_factory=lambda: [0.0, 0])  # loss summed since the last log point, steps
+    process_seconds: float = 0.0  # the run's processes before this one (a requeued job), up to their checkpoint
     resumed: bool = False
 
 
@@ -85,18 +86,28 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
 
 
 @contextlib.contextmanager
-def failed_write_explained(tmp, what):
+def failed_write_explained(tmp, what, remains=None):
     """A full or failing disk while `what` is written into `tmp`: the partial folder goes (its space back,
     nothing half-written left) and the run stops in one line instead of torch's C++ traceback
-    (inline_container.cc, basic_ios::clear). Older checkpoints are untouched, so the run resumes."""
+    (inline_container.cc, basic_ios::clear), saying what remains: remains() if given, else
+    resume_advice() (the older checkpoints are untouched)."""
     try:
         yield
     except (OSError, RuntimeError, runfiles.OutputError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         lines = str(e).strip().splitlines() or [type(e).__name__]
         reason = getattr(e, "strerror", None) or lines[-1][:200]
-        raise UserError(f"writing {what} into {tmp} failed ({reason}); the older checkpoints in {tmp.parent} "
-                        f"are intact: free space there, then run the same command to resume") from None
+        raise UserError(f"writing {what} into {tmp} failed ({reason}); "
+                        f"{(remains or resume_advice)(tmp.parent)}") from None
+
+
+def resume_advice(out_dir):
+    """What a stopped run can do next, from what is on disk: resume from its newest verified checkpoint, or
+    start again (a run that never checkpointed: --ckpt-every 0, or stopped before the first one)."""
+    ckpt, _ = latest_checkpoint(out_dir)
+    if ckpt:
+        return f"{ckpt.name} in {out_dir} is intact: free space there, then run the same command to resume from it"
+    return f"no checkpoint in {out_dir} to resume from: free space there, then run again (it starts over)"
 
 
 def verify_checkpoint(path):

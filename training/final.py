@@ -10,6 +10,7 @@ successful run) and read back by everything that uses a run (training.sample, th
 
 `pipeline("text-generation", model="runs/gpt/<run>/final")` opens the folder offline.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -28,23 +29,39 @@ SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT
 
 # ----------------------------------------------------------------------------- writing
 
-def save_final(accelerator, model, out_dir, tokenizer):
+def save_final(accelerator, model, out_dir, tokenizer, metrics_kept=False):
     """After a successful run, outside the timed loop: final/ (FINAL_WEIGHTS, FINAL_CONFIG and the run's
     `tokenizer`, the main process's: write_final), written to final.tmp and renamed. The optimizer
-    checkpoints (~1.2 GB each at the lab shape: weights + two Adam moments) go once the metrics are
-    written (remove_checkpoints)."""
+    checkpoints (~1.2 GB each at the lab shape: weights + two Adam moments) go after it
+    (checkpoints.remove_checkpoints). metrics_kept: the metrics were written first, which a failure says."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         net = accelerator.unwrap_model(model)
         final = out_dir / Path(FINAL_WEIGHTS).parent
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        with failed_write_explained(tmp, "the final weights"):
+        with failed_write_explained(tmp, "the final weights", lambda folder: final_remains(folder, metrics_kept)):
             tmp.mkdir()
             write_final(net, tokenizer, tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
+
+
+def final_remains(out_dir, metrics_kept):
+    """What a run whose final weights could not be written still has, from what is on disk."""
+    ckpt, _ = checkpoints.latest_checkpoint(out_dir)
+    kept = [f"the metrics are in {out_dir / 'metrics.json'}"] if metrics_kept else []
+    kept.append(f"the newest weights are in the optimizer checkpoint {ckpt}" if ckpt else
+                "no checkpoint holds the weights (--ckpt-every 0, or the run ended before the first one)")
+    return "; ".join(kept)
+
+
+def config_sha256(config):
+    """The hash of a config's content (not its layout): recorded in model.safetensors beside the weights,
+    so that a later edit of config.json that the shapes cannot reveal (n_head) is found on loading."""
+    canonical = json.dumps(json.loads(json.dumps(runfiles.strict(config), default=str)), sort_keys=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def write_final(net, tokenizer, folder):
@@ -55,14 +72,14 @@ def write_final(net, tokenizer, folder):
 
     from data.tokenizer import EOT, tokenizer_sha256
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
-    # bytes written here: safetensors' own save_file makes the file unreadable to the user's group
-    (folder / HF_WEIGHTS).write_bytes(save(to_transformers(net.state_dict()), metadata={"format": "pt"}))
     # what save_pretrained writes, the shape always spelled out; the hash: training.sample refuses a
     # tokenizer.json that is not the one the model learned
-    runfiles.write_json(folder / HF_CONFIG, {**cfg.to_diff_dict(), **{k: getattr(cfg, k) for k in SHAPE},
-                                          "eos_token_id": eot, "bos_token_id": eot,
-                                          "architectures": ["GPT2LMHeadModel"],
-                                          "tokenizer_sha256": tokenizer_sha256(tokenizer)})
+    config = {**cfg.to_diff_dict(), **{k: getattr(cfg, k) for k in SHAPE}, "eos_token_id": eot, "bos_token_id": eot,
+              "architectures": ["GPT2LMHeadModel"], "tokenizer_sha256": tokenizer_sha256(tokenizer)}
+    # bytes written here: safetensors' own save_file makes the file unreadable to the user's group
+    metadata = {"format": "pt", "config_sha256": config_sha256(config)}
+    (folder / HF_WEIGHTS).write_bytes(save(to_transformers(net.state_dict()), metadata=metadata))
+    runfiles.write_json(folder / HF_CONFIG, config)
     # the padding rows (vocab up to cfg.vocab_size, whole tiles for the matmuls) are no token: generate()
     # must never pick one; at most 63 ids, masked once per step
     runfiles.write_json(folder / "generation_config.json", {
@@ -86,6 +103,7 @@ def load_run(run_dir, tokenizer_spec, device):
     final, note = run_dir / "final", None
     if (final / HF_WEIGHTS).is_file():
         cfg = read_config(final / HF_CONFIG)
+        check_config_unchanged(final, cfg)
         tok = own_tokenizer(final, cfg, tokenizer_spec)
         state, path = from_transformers(read_weights(final / HF_WEIGHTS)), final / HF_WEIGHTS
     elif (final / LEGACY_WEIGHTS).is_file():
@@ -119,8 +137,22 @@ def read_config(path):
         raise UserError(f"{path}: not a GPT-2 shape ({', '.join(f'{k} {v!r}' for k, v in shape.items())}, "
                         f"eos_token_id {eot!r})")
     cfg = model_config(shape.pop("vocab_size"), eot, **shape)
-    cfg.tokenizer_sha256 = raw.get("tokenizer_sha256")
+    cfg.tokenizer_sha256, cfg.config_sha256 = raw.get("tokenizer_sha256"), config_sha256(raw)
     return cfg
+
+
+def check_config_unchanged(final, cfg):
+    """config.json is the one the weights were written with (a final/ from before the hash: not checked)."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(final / HF_WEIGHTS), "pt") as f:
+            recorded = (f.metadata() or {}).get("config_sha256")
+    except (OSError, SafetensorError):
+        return  # a damaged file is read_weights' to name
+    if recorded and recorded != cfg.config_sha256:
+        raise UserError(f"{final / HF_CONFIG} was changed after the run wrote it (its content hash "
+                        f"{cfg.config_sha256[:16]} is not the {recorded[:16]} {final / HF_WEIGHTS} records); "
+                        f"restore it, or train again")
 
 
 def read_weights(path):

@@ -4,31 +4,35 @@ import math
 
 import torch
 
-from training import UserError
-from training.checkpoints import latest_checkpoint
-from training.device import flops_per_token, gpu_stats, mfu, sdpa_backend
+from training.device import flops_per_token, mfu, sdpa_backend
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
 
 
 class Throughput:
-    """Wall-clock bookkeeping. A process's first step pays for compilation and warm-up: its extra
-    time over the mean steady step is `compile_seconds`; tokens/s and MFU count only the steps
-    after it. Evaluation and checkpoints count in neither (only in the run's total seconds)."""
+    """Wall-clock bookkeeping of the timed loop. A process's first step pays for compilation and warm-up:
+    its extra time over the mean steady step is `compile_seconds`; tokens/s and MFU count only the steps
+    after it (and not a step taken under the profiler). Evaluation and checkpoints count in neither (they
+    are phases of the process: training/clock.py)."""
 
     def __init__(self, state):
         self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
         self.first_step_seconds = None
         self.steady_steps = 0  # this process's, since it started
+        self.steady_seconds_here = 0.0
+        self.compile_seconds_here = 0.0  # this process's part of compile_seconds (its phases split it out)
         self.window = [0.0, 0]  # steady seconds, tokens since the last log point
 
-    def step_done(self, seconds, tokens):
+    def step_done(self, seconds, tokens, steady=True):
         self.state.train_seconds += seconds
         if self.first_step_seconds is None:
             self.first_step_seconds = seconds
             return
+        if not steady:
+            return
         self.steady_steps += 1
+        self.steady_seconds_here += seconds
         self.state.steady_seconds += seconds
         self.state.steady_tokens += tokens
         self.window[0] += seconds
@@ -42,8 +46,9 @@ class Throughput:
     def close(self):
         """At the end of this process's part of the run: add its compile seconds."""
         if self.first_step_seconds is not None and self.steady_steps:
-            mean_step = self.state.steady_seconds / self.steady_steps
-            self.state.compile_seconds += max(0.0, self.first_step_seconds - mean_step)
+            mean_step = self.steady_seconds_here / self.steady_steps
+            self.compile_seconds_here = max(0.0, self.first_step_seconds - mean_step)
+            self.state.compile_seconds += self.compile_seconds_here
 
     def tokens_per_second(self):
         """Steady state; a run of one step has no steady steps, and then that step counts."""
@@ -53,7 +58,7 @@ class Throughput:
         return state.tokens_seen / state.train_seconds
 
 
-def final_metrics(state, val_loss, val_stats, tokens_per_second, total_seconds, info):
+def final_metrics(state, val_loss, val_stats, tokens_per_second, info):
     """What the run measured; `info` (flops_per_token, peak, world_size) gives the MFU."""
     tail = [loss for _, loss in state.losses[-5:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
@@ -64,7 +69,7 @@ def final_metrics(state, val_loss, val_stats, tokens_per_second, total_seconds, 
         "val_bits_per_byte": val_loss / math.log(2) * (v["tokens"] + v["docs"]) / v["bytes"],
         "success": final_train_loss < SUCCESS_LOSS, "train_seconds": round(state.train_seconds, 3),
         "compile_seconds": round(state.compile_seconds, 3) if state.steady_seconds > 0 else None,
-        "total_seconds": round(total_seconds, 3), "tokens_per_second": tokens_per_second,
+        "tokens_per_second": tokens_per_second,
         "mfu": mfu(tokens_per_second, info["flops_per_token"], info["peak"], info["world_size"]),
         "skipped_steps": state.step - state.lr_step,  # fp16: steps GradScaler skipped (overflow); else 0
         "resumed": state.resumed, "torch": torch.__version__,
@@ -86,12 +91,14 @@ def startup_line(info, budget, micro_source, tokenizer_vocab):
 
 
 def summary_line(m):
+    """The run in one line: the loop's time and the process's (end to end), throughput, losses, verdict."""
     compile_part = f", compile {m['compile_seconds']:.1f} s" if m["compile"] != "off" and m["compile_seconds"] else ""
     mfu_part = f", MFU {m['mfu']:.1%}" if m["mfu"] else ""
     # the handout's goal is a loss, which depends on the vocabulary (ln 512 = 6.2 at the start, ln 50304 = 10.8):
     # bits/byte beside the verdict is the number that compares runs with different tokenizers
     verdict = "success: train loss < " if m["success"] else "NOT a success: train loss >= "
-    return (f"{m['tokens_seen']:,} tokens in {m['train_seconds']:.1f} s ({m['tokens_per_second']:,.0f} tokens/s steady"
+    return (f"{m['tokens_seen']:,} tokens in {m['train_seconds']:.1f} s of training loop, "
+            f"{m['process_seconds']:.1f} s end to end ({m['tokens_per_second']:,.0f} tokens/s steady"
             f"{mfu_part}{compile_part}): train loss {m['final_train_loss']:.3f}, val loss {m['final_val_loss']:.3f} "
             f"-> {verdict}{SUCCESS_LOSS:g} (val {m['val_bits_per_byte']:.3f} bits/byte, comparable across "
             f"vocabularies; the loss is not)")
@@ -115,8 +122,11 @@ class LossWindow:
         self.steps = 0
         return mean
 
-    def saved(self):
-        return [self.total.item(), self.steps]
+    def saved(self, accelerator):
+        """[the sum, its steps] for a checkpoint. Every process restores the one saved value: the processes'
+        mean, so that the first log point after a resume averages as an uninterrupted run's (a collective:
+        every process calls it)."""
+        return [accelerator.reduce(self.total.clone(), reduction="mean").item(), self.steps]
 
 
 def describe_run(args, argv, decisions, model, text, corpus, budget, world):
@@ -135,27 +145,3 @@ def describe_run(args, argv, decisions, model, text, corpus, budget, world):
             "command": "python gpt_train.py " + " ".join(argv), "peak": decisions.peak,
             "flops_per_token": flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)}
 
-
-def log_point(setup, state, mean_loss, perf, grad_norm, bar, lr):
-    """Every log_every steps and at the end: the loss curve, throughput, TensorBoard, the bar."""
-    if not math.isfinite(mean_loss):
-        ckpt, _ = latest_checkpoint(setup.out_dir)
-        raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
-                        f"{ckpt or 'none'} (try a lower --lr)")
-    state.losses.append([state.step, mean_loss])
-    tps = perf.window_tokens_per_second()
-    if tps:
-        state.throughput.append([state.step, tps])
-    if setup.writer:
-        scalars = {"train/loss": mean_loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
-        if tps:
-            scalars["perf/tokens_per_second"] = tps
-            scalars["perf/step_ms"] = setup.budget.accum * setup.budget.tokens_per_micro / tps * 1e3
-            info = setup.info
-            if info["peak"]:
-                scalars["perf/mfu"] = mfu(tps, info["flops_per_token"], info["peak"], info["world_size"])
-        if setup.accelerator.device.type == "cuda":
-            scalars.update(gpu_stats(setup.accelerator.device))
-        for k, v in scalars.items():
-            setup.writer.add_scalar(k, v, state.step)
-    bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()

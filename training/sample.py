@@ -1,5 +1,5 @@
-"""What the model writes: continuations of fixed validation prompts at each evaluation and at the
-end of a run (TensorBoard text, the metrics' `samples`), and of any prompt from a finished run:
+"""What the model writes: continuations of fixed validation prompts at the end of a run (TensorBoard
+text, the metrics' `samples`), and of any prompt from a finished run:
 
     python -m training.sample runs/gpt/<run> --prompt "Deep learning models" --tokens 64 --seed 0
     python -m training.sample runs/gpt/<run> --prompt "The results" --temperature 0 # greedy
@@ -8,9 +8,9 @@ The command reads a run's final/ (a transformers model folder; training/final.py
 checks it on reading), or an unfinished run's newest checkpoint.
 
 Greedy (the most likely token each time) shows what the model has learned most firmly; sampling
-(temperature, top-k, a fixed seed) shows its variety, reproducibly. No KV cache: each new token is
-one forward pass over the last n_positions tokens, which for tens of tokens costs less than the
-code a cache would need. The text is printed as it is generated.
+(temperature, top-k, a fixed seed) shows its variety, reproducibly. A KV cache keeps each layer's keys
+and values, so a new token is one position's forward pass, until the text outgrows the model's
+positions (then each token is a pass over the last n_positions). Printed as it is generated.
 """
 import argparse
 import math
@@ -26,28 +26,41 @@ from training.final import load_run
 
 PROMPT_TOKENS = 16  # of each fixed validation prompt
 N_PROMPTS = 2
-TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations during training
+TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations at the end of training
 GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and dividing by less can overflow
-MAX_TOKENS = 100_000  # no KV cache: hours at the lab shape on a CPU; a larger number is a typo
+MAX_TOKENS = 100_000  # past n_positions each token is a whole pass: hours at the lab shape on a CPU; a typo
 
 
 @torch.no_grad()
 def token_stream(model, idx, new_tokens, temperature=0.0, top_k=0, generator=None, vocab_size=None):
     """Each next token (B, 1) after the (B, T) prompt ids; greedy where temperature < GREEDY_BELOW.
     vocab_size: the tokenizer's, so that the model's padding rows are never chosen."""
+    cache = [[] for _ in range(model.cfg.n_layer)]
     for _ in range(new_tokens):
-        idx = idx[:, -model.cfg.n_positions:]  # all the model sees
-        logits = model(idx).float()[:, :vocab_size]  # (B, V): the next token's
-        if temperature < GREEDY_BELOW:
-            token = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            token = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+        token = pick(next_logits(model, idx, cache).float()[:, :vocab_size], temperature, top_k, generator)
         idx = torch.cat([idx, token], dim=1)
         yield token
+
+
+def next_logits(model, idx, cache):
+    """The next token's logits (B, V) after the (B, T) text `idx`, through the KV cache `cache` (one list per
+    block, extended in place): only the tokens not yet cached run. Past the model's n_positions the window
+    slides and every position shifts, so nothing cached holds: the last n_positions tokens run again."""
+    n = model.cfg.n_positions
+    if idx.size(1) > n:
+        return model(idx[:, -n:])
+    return model(idx[:, cache[0][0].size(2) if cache[0] else 0:], cache=cache)
+
+
+def pick(logits, temperature, top_k, generator):
+    """(B, 1) next tokens from (B, V) logits: the most likely, or sampled at `temperature` among the top k."""
+    if temperature < GREEDY_BELOW:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
 
 
 def generate(model, idx, new_tokens, temperature=0.0, top_k=0, generator=None, vocab_size=None):
@@ -55,9 +68,26 @@ def generate(model, idx, new_tokens, temperature=0.0, top_k=0, generator=None, v
     return torch.cat(list(token_stream(model, idx, new_tokens, temperature, top_k, generator, vocab_size)), dim=1)
 
 
+@torch.no_grad()
+def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None):
+    """The greedy and the sampled (TEMPERATURE, TOP_K) continuations of the (B, T) prompts, as one batch of
+    2B rows: one forward pass per token for both. A stop signal (stop.signal set) ends them early, with
+    what was generated. -> the two (B, n) continuations, n <= new_tokens."""
+    rows, b, new, cache = torch.cat([idx, idx]), idx.size(0), [], [[] for _ in range(model.cfg.n_layer)]
+    for _ in range(new_tokens):
+        if stop is not None and stop.signal:  # Slurm's warning: the job must end in time, samples or not
+            break
+        logits = next_logits(model, rows, cache).float()[:, :vocab_size]
+        token = torch.cat([pick(logits[:b], 0.0, 0, None), pick(logits[b:], TEMPERATURE, TOP_K, generator)])
+        rows = torch.cat([rows, token], dim=1)
+        new.append(token)
+    out = torch.cat(new, dim=1) if new else rows[:, :0]
+    return out[:b], out[b:]
+
+
 def fixed_prompts(blocks, eot, n=N_PROMPTS, length=PROMPT_TOKENS):
     """The first `length` tokens of a document in each of the first n validation blocks (after the
-    block's first end-of-text where a whole prompt fits after it): the same prompts every evaluation."""
+    block's first end-of-text where a whole prompt fits after it): the same prompts every run."""
     prompts = []
     for i in range(min(n, len(blocks))):
         ids = blocks[i]["input_ids"]
@@ -68,36 +98,29 @@ def fixed_prompts(blocks, eot, n=N_PROMPTS, length=PROMPT_TOKENS):
     return [p[:size] for p in prompts]
 
 
-class Sampler:
-    """On the main process: the fixed prompts' continuations, greedy and sampled, into TensorBoard
-    and `last` (the metrics' `samples`). Called outside the timed loop, under no_grad and eager mode
-    (nothing recompiles) with the model unwrapped from DDP (no collective calls on one process)."""
-
-    def __init__(self, tokenizer, validation_blocks, new_tokens):
-        self.tokenizer, self.new_tokens, self.last = tokenizer, new_tokens, None
-        eot = tokenizer.token_to_id("<|endoftext|>")
-        self.prompts = fixed_prompts(validation_blocks, eot) if new_tokens > 0 else []  # 0: no samples
-
-    def __call__(self, model, accelerator, writer, step, val_loss):
-        if not self.prompts:
-            return
-        net = accelerator.unwrap_model(model)
-        idx = torch.tensor(self.prompts, device=accelerator.device)
-        vocab = self.tokenizer.get_vocab_size()
-        net.eval()
-        with eager_mode(), accelerator.autocast():
-            greedy = generate(net, idx, self.new_tokens, vocab_size=vocab)
-            rng = torch.Generator(accelerator.device).manual_seed(SEED)
-            sampled = generate(net, idx, self.new_tokens, TEMPERATURE, TOP_K, rng, vocab)
-        net.train()
-        decode = self.tokenizer.decode
-        self.last = {"step": step, "val_loss": val_loss, "new_tokens": self.new_tokens, "temperature": TEMPERATURE,
-                     "top_k": TOP_K, "seed": SEED,
-                     "continuations": [{"prompt": decode(p), "greedy": decode(g), "sampled": decode(s)}
-                                       for p, g, s in zip(self.prompts, greedy.tolist(), sampled.tolist())]}
-        for kind in ("greedy", "sampled"):
-            writer.add_text(f"samples/{kind}", "\n\n".join(f"*{c['prompt']}* **→** {c[kind]}"
-                                                           for c in self.last["continuations"]), step)
+def final_samples(run, tokenizer, validation_blocks, new_tokens, writer, at_step, val_loss, stop=None):
+    """On the main process, once training is done (final/ already written): the fixed validation prompts'
+    continuations, greedy and sampled, into TensorBoard and the metrics' `samples`. Under no_grad and eager
+    mode (nothing recompiles) with the model unwrapped from DDP (no collective calls on one process)."""
+    prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id("<|endoftext|>"))
+    if not prompts or not new_tokens:
+        return None
+    accelerator = run.accelerator
+    net = accelerator.unwrap_model(run.model)
+    rng = torch.Generator(accelerator.device).manual_seed(SEED)
+    net.eval()
+    with eager_mode(), accelerator.autocast():
+        greedy, sampled = greedy_and_sampled(net, torch.tensor(prompts, device=accelerator.device), new_tokens, rng,
+                                             tokenizer.get_vocab_size(), stop)
+    decode = tokenizer.decode
+    samples = {"step": at_step, "val_loss": val_loss, "new_tokens": greedy.size(1), "temperature": TEMPERATURE,
+               "top_k": TOP_K, "seed": SEED,
+               "continuations": [{"prompt": decode(p), "greedy": decode(g), "sampled": decode(s)}
+                                 for p, g, s in zip(prompts, greedy.tolist(), sampled.tolist())]}
+    for kind in ("greedy", "sampled"):
+        writer.add_text(f"samples/{kind}", "\n\n".join(f"*{c['prompt']}* **→** {c[kind]}"
+                                                        for c in samples["continuations"]), at_step)
+    return samples
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -1,0 +1,65 @@
+"""The job's clock: what `time` and Slurm's Elapsed show, and where its seconds went.
+
+    process_seconds()   seconds since this process started, as the operating system records it: the
+                        interpreter's start-up and the imports count (a clock started in main() misses them)
+    Phases              those seconds split into named phases ("startup", "data", "loop", ...): every
+                        interval belongs to exactly one phase, so the phases sum to process_seconds()
+
+Every script's metrics carry both: `process_seconds` (end to end) and `phases`; the timed training loop
+keeps its own name (`train_seconds`). Imported before torch: it uses the standard library only.
+"""
+import contextlib
+import os
+import time
+
+
+def _started():
+    """(a clock, this process's start on it): Linux records the start in clock ticks since boot
+    (/proc/self/stat, field 22), on the clock CLOCK_BOOTTIME reads (10 ms resolution). Elsewhere (a
+    laptop's macOS): the import of this module, which misses the interpreter's start-up."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return time.CLOCK_BOOTTIME, int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, AttributeError, ValueError, IndexError):
+        return time.CLOCK_MONOTONIC, time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+CLOCK, START = _started()
+
+
+def process_seconds():
+    return time.clock_gettime(CLOCK) - START
+
+
+class Phases:
+    """Named phases of a process, from its start. `switch(name)` ends the current phase and starts `name`;
+    `with phases.of(name):` runs a nested phase (an evaluation inside the loop) and returns to the one it
+    interrupted. Every second goes to exactly one phase: they sum to process_seconds()."""
+
+    def __init__(self, imports=None, current="inputs"):
+        """`imports`: (start, end) of a script's imports in process_seconds(), taken around them at its
+        top: "startup" (the interpreter's own) ends at the start, "imports" at the end."""
+        started, done = imports or (0.0, 0.0)
+        self.seconds = {"startup": started, "imports": done - started} if imports else {}
+        self.current, self.since = (current, done) if imports else ("startup", 0.0)
+
+    def switch(self, name):
+        now = process_seconds()
+        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.since
+        self.current, self.since = name, now
+        return self
+
+    @contextlib.contextmanager
+    def of(self, name):
+        previous = self.current
+        self.switch(name)
+        try:
+            yield
+        finally:
+            self.switch(previous)
+
+    def record(self):
+        """{phase: seconds} up to now, in the order the phases first ran, and the process's seconds."""
+        self.switch(self.current)
+        return {k: round(v, 3) for k, v in self.seconds.items()}, round(self.since, 3)

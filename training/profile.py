@@ -1,0 +1,93 @@
+"""One training step under torch.profiler, its time split by what the hardware was doing, so that an
+acceleration can be shown removing a part of the step (`gpt_train.py --profile`, the ladder's rows).
+
+    scope(name)           marks a part of the step ("data", "optimizer") while a profile is taken; free otherwise
+    profiled(step, ...)   runs step() once under the profiler -> {"step_seconds", "groups": {group: seconds}}
+    GROUPS                matmul | attention | elementwise | loss | optimizer | communication | data | idle
+
+Each operator's own time (on a GPU its kernels' time, on a CPU its own CPU time) goes to one group: the
+optimizer's and data's by the scope they ran in, the others by the operator's name (group_of). `idle` is
+the rest of the step's wall time: on a GPU the device waiting for work (launch overhead, syncs), on a CPU
+the Python and framework time between operators.
+"""
+import contextlib
+import time
+
+GROUPS = ("matmul", "attention", "elementwise", "loss", "optimizer", "communication", "data", "idle")
+SCOPES = {"lab5.data": "data", "lab5.optimizer": "optimizer"}
+NAME_RULES = (  # the first rule whose words appear in the lower-cased operator name decides
+    ("communication", ("nccl", "all_reduce", "allreduce", "gloo", "c10d::", "broadcast")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "logsumexp", "chunkedcrossentropy")),
+    ("attention", ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha", "softmax")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "_addmm_activation",
+                "gemm", "cutlass", "sm90_xmma", "ampere_", "volta_", "turing_")),
+)
+_active = [False]  # whether a profile is being taken (scope() marks only then)
+
+
+def scope(name):
+    """A named part of the step in the profile (torch.profiler.record_function), only while one is taken."""
+    if not _active[0]:
+        return contextlib.nullcontext()
+    import torch
+    return torch.profiler.record_function(f"lab5.{name}")
+
+
+def group_of(name):
+    lowered = name.lower()
+    for group, words in NAME_RULES:
+        if any(w in lowered for w in words):
+            return group
+    return "elementwise"  # norms, GELU, adds, copies, embeddings: everything that is not a matmul
+
+
+def profiled(step, device, trace_dir=None):
+    """step() once under torch.profiler (after the caller's warm-up steps). Returns the step's wall seconds
+    and its grouped time; with `trace_dir`, the trace also goes there for TensorBoard's profiler plugin."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    handler = tensorboard_trace_handler(str(trace_dir)) if trace_dir else None
+    _active[0] = True
+    try:
+        with profile(activities=activities, on_trace_ready=handler) as prof:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            result = step()
+            if cuda:
+                torch.cuda.synchronize()  # sync point: the step's kernels are in the wall time
+            wall = time.perf_counter() - t0
+    finally:
+        _active[0] = False
+    return result, {"step_seconds": wall, "groups": grouped(prof.events(), wall, cuda)}
+
+
+def grouped(events, wall, cuda):
+    """{group: seconds} of one step's profiler events (FunctionEvents) summing to `wall`."""
+    from torch.autograd import DeviceType
+    seconds = dict.fromkeys(GROUPS, 0.0)
+    for event in events:
+        own = own_time_us(event, cuda) if event.device_type == DeviceType.CPU else 0  # kernels: via their op
+        if own > 0:
+            seconds[enclosing_scope(event) or group_of(event.name)] += own / 1e6
+    seconds["idle"] = max(0.0, wall - sum(seconds.values()))
+    return {k: round(v, 6) for k, v in seconds.items()}
+
+
+def own_time_us(event, cuda):
+    """An event's own time: its kernels' on a GPU (self device time), its own CPU time on a CPU."""
+    if cuda:
+        return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+    return event.self_cpu_time_total
+
+
+def enclosing_scope(event):
+    """The group of the innermost scope() around `event`, or None."""
+    parent = event
+    while parent is not None:
+        if parent.name in SCOPES:
+            return SCOPES[parent.name]
+        parent = parent.cpu_parent
+    return None

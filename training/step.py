@@ -1,0 +1,167 @@
+"""The training step and its accelerations, built in one place: gpt_train.py's loop and every row of the
+acceleration ladder (benchmarks/gpt_bench.py) get their step from here, so the ladder measures the step
+that trains, and adding an acceleration is one field of `Accelerations`, one place below, one ladder row.
+
+    Accelerations     how the step runs (each a switch of the ladder); from gpt_train's flags: resolve()
+    Recipe            what it computes (learning rate, decay, betas, clipping): the same in every row
+    build()           accelerate's Accelerator, the AdamW, the model prepared and compiled -> a Step
+    Step.run()        one optimizer step: micro-batches accumulated (all-reduced once), backward, clip, update
+    Step.describe()   what was built, read back from the objects (the ladder's JSON, the agreement test)
+
+The accelerations, one line of why each (where `auto` decides, training/device.py says how, per device):
+  precision      16-bit matmuls run on tensor cores (~4x fp32 on a 2080Ti) and move half the bytes;
+                 bf16 keeps fp32's exponent range, fp16 needs loss scaling (GradScaler, from 2^12: 2^16
+                 overflows in the first steps)
+  TF32           what stays in fp32 runs on tensor cores too, with a 10-bit mantissa (sm80+)
+  SDPA           attention in one fused kernel, no T x T matrix in memory (flash or cuDNN attention in 16
+                 bits on sm80+, memory-efficient otherwise; the metrics name the one that ran)
+  torch.compile  fuses the elementwise work around the matmuls, cuts Python overhead; off by default
+                 (--compile regional): in 12M tokens the cold compile costs more than it saves
+  fused AdamW    the whole update (moments, bias correction, step) in one kernel that reads each
+                 parameter once, where the default multi-tensor (foreach) path makes several passes
+  accumulation   micro-batches as large as fit (training/budget.py), gradients accumulated to the global
+                 batch and all-reduced once per optimizer step (no_sync on all but the last)
+"""
+import contextlib
+from dataclasses import asdict, dataclass
+
+import torch
+
+from training import device
+from training.profile import scope
+
+SCALER_INIT = 2.0**12  # fp16's first loss scale: GradScaler's own 2^16 overflows in the first steps
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "math": "MATH"}  # torch.nn.attention.SDPBackend's members, by the ladder's short names
+
+
+@dataclass(frozen=True)
+class Accelerations:
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)
+    tf32: bool = False  # fp32 matmuls on TF32 tensor cores (GPUs only)
+    attention: str = "sdpa"  # sdpa | eager (the model's attention: training/model.py)
+    sdpa_backend: str | None = None  # a forced SDPA kernel (SDPA_BACKENDS; the ladder's rows); None: torch's choice
+    compile: str = "off"  # off | regional | whole
+    fused_adamw: bool = True
+    loss: str = "plain"  # plain | chunked (training/lm_loss.py)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The optimizer's hyper-parameters: they change the numbers, so every ladder row uses gpt_train's."""
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    betas: tuple = (0.9, 0.95)
+    eps: float = 1e-8
+
+
+def resolve(args, decisions):
+    """gpt_train.py's flags and this device's decisions (training/device.py) -> (Accelerations, Recipe)."""
+    acc = Accelerations(precision=decisions.precision, tf32=decisions.cuda, compile=decisions.compile_mode,
+                        fused_adamw=args.fused_adamw == "on", loss=args.loss)
+    return acc, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
+
+
+def make_accelerator(acc, fresh=False):
+    """accelerate's Accelerator for `acc`: autocast in its precision, fp16's GradScaler, DDP's hooks, TF32.
+    fresh: forget an earlier Accelerator of this process (the ladder builds one per row)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import GradScalerKwargs
+    if fresh:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    handlers = [GradScalerKwargs(init_scale=SCALER_INIT)] if acc.precision == "fp16" else []
+    cuda = torch.cuda.is_available()
+    # cpu=True where there is no GPU: only then does accelerate turn torchrun's processes into gloo ranks
+    accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(acc.precision, acc.precision), cpu=not cuda,
+                              kwargs_handlers=handlers + device.ddp_handlers(acc.precision))
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = acc.tf32 and cuda
+    return accelerator
+
+
+def make_optimizer(model, recipe, fused):
+    """AdamW that decays matrices and embeddings only (biases and LayerNorms do not decay)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=recipe.betas,
+                             eps=recipe.eps, fused=fused or None)  # None: torch's default (foreach) path
+
+
+def build(model, acc, recipe, accelerator):
+    """The Step for `model` (already on the accelerator's device): its optimizer, prepared by accelerate
+    (DDP with several processes), then compiled as `acc` says."""
+    optimizer = make_optimizer(model, recipe, acc.fused_adamw)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return Step(accelerator, model, device.compile_model(model, acc.compile), optimizer, acc, recipe)
+
+
+@dataclass
+class Step:
+    accelerator: object
+    model: torch.nn.Module  # DDP-wrapped with several processes: checkpoints and evaluation use it
+    train_model: torch.nn.Module  # the same module, compiled: the training steps call it
+    optimizer: torch.optim.Optimizer
+    acc: Accelerations
+    recipe: Recipe
+
+    def run(self, batches, n_micro, lr, add_loss):
+        """One optimizer step over the next `n_micro` micro-batches of `batches`, at learning rate `lr`.
+        add_loss(loss / n_micro) for each, on the device (no sync). Returns the gradient norm before
+        clipping (a device tensor: reading it is a sync point)."""
+        accelerator, model = self.accelerator, self.model
+        for i in range(n_micro):  # gradients accumulate; DDP all-reduces them after the last one only
+            with scope("data"):
+                batch = next(batches)
+            with contextlib.nullcontext() if i == n_micro - 1 else accelerator.no_sync(model), \
+                    sdpa_context(self.acc.sdpa_backend):
+                loss = self.train_model(batch[:, :-1], batch[:, 1:])
+                accelerator.backward(loss / n_micro)  # fp16: the loss is scaled here (GradScaler)
+            add_loss(loss.detach() / n_micro)
+        with scope("optimizer"):
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), self.recipe.grad_clip)  # fp16: unscaled first
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()  # fp16: skipped when the gradients overflowed
+            self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def describe(self):
+        """What was built, read from the objects themselves: the optimizer's groups and defaults, the
+        scaler, the clipping, the precision, compile mode and attention kernel."""
+        opt = self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer
+        keys = ("lr", "betas", "eps", "weight_decay", "fused", "foreach", "amsgrad", "maximize")
+        scaler = self.accelerator.scaler
+        net = self.accelerator.unwrap_model(self.model)
+        return {**asdict(self.acc), "recipe": asdict(self.recipe), "optimizer": type(opt).__name__,
+                "param_groups": [{**{k: g.get(k) for k in keys}, "params": sum(p.numel() for p in g["params"])}
+                                 for g in opt.param_groups],
+                "scaler_init": scaler.get_scale() if scaler else None,
+                "mixed_precision": self.accelerator.mixed_precision,
+                "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+                "compiled": self.train_model is not self.model or self.acc.compile == "regional",
+                "attention_kernel": attention_kernel(net, self.acc)}
+
+
+def attention_kernel(net, acc):
+    """The attention kernel the step runs: the forced SDPA backend, torch's own choice, or eager attention."""
+    if getattr(net, "attention", acc.attention) != "sdpa":
+        return "eager (no SDPA)"
+    if acc.sdpa_backend:  # in training.device.sdpa_backend's names: SDPBackend's member, lower case
+        return SDPA_BACKENDS[acc.sdpa_backend].lower() + " (forced)"
+    cfg = getattr(net, "cfg", None) or net.config
+    return device.sdpa_backend(cfg, acc.precision, next(net.parameters()).device)
+
+
+def sdpa_context(forced):
+    """SDPA restricted to the `forced` backend (the ladder's backend rows), else torch's own choice. A
+    backend this torch does not have (CUDNN_ATTENTION before 2.5) is an error of that row, not of the run."""
+    if not forced:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    member = getattr(SDPBackend, SDPA_BACKENDS[forced], None)
+    if member is None:
+        raise RuntimeError(f"torch {torch.__version__} has no SDPBackend.{SDPA_BACKENDS[forced]}")
+    return sdpa_kernel([member])
