@@ -24,6 +24,7 @@ precision): on a CPU that is the only ceiling there is.
 """
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -31,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -41,95 +41,87 @@ from transformers import GPT2LMHeadModel
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import training.device  # noqa: E402
-from ladder_rows import SDPA_BACKENDS, ladder, sdpa_context, unmeasured_first  # noqa: E402
-from training import runfiles  # noqa: E402
+from ladder_rows import accelerations, default_step, ladder, unmeasured_first  # noqa: E402
+from training import runfiles, step  # noqa: E402
 from training.model import GPT, model_config  # noqa: E402
+from training.profile import profiled  # noqa: E402
 
 
-def build(settings, vocab_size, seq_len, device):
-    vocab_size = settings.get("vocab_size", vocab_size)
-    cfg = model_config(vocab_size, 0, n_positions=seq_len)  # the lab shape: GPT-2 small
-    if settings["model"] == "hf":
-        cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = settings["dropout"]
-        hf = GPT2LMHeadModel._from_config(cfg, attn_implementation=settings["attention"]).to(device)
+class HFLoss(torch.nn.Module):
+    """transformers' GPT2LMHeadModel as the ladder's "hf" rows train it: (inputs, targets) -> the mean loss,
+    the logits in fp32 as the own model's loss has them."""
 
-        def loss_fn(x, y):
-            logits = hf(input_ids=x).logits
-            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
-        model, forward = hf, loss_fn
-    else:
-        model = GPT(cfg, settings["attention"], settings.get("loss", "plain")).to(device)
-        forward = model
-    if settings["compile"] != "off":
-        forward = training.device.compile_model(model, settings["compile"]) if settings["model"] == "own" \
-            else torch.compile(forward)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=settings["fused"] or None)
-    return cfg, model, forward, optimizer
+    def __init__(self, cfg, dropout, attention):
+        super().__init__()
+        cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = dropout
+        self.hf = GPT2LMHeadModel._from_config(cfg, attn_implementation=attention)
+        self.cfg, self.attention = cfg, attention
+
+    def forward(self, x, y):
+        logits = self.hf(input_ids=x).logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def timed_steps(settings, args, device, forward, optimizer, vocab_size):
-    """(seconds per step, the first step's extra seconds, the last loss): warm-up and timed steps."""
-    cuda = device.type == "cuda"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings["precision"])
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
-    scaler = torch.amp.GradScaler(enabled=settings["precision"] == "fp16")
-    batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=device)
-    times = []
-    for step in range(args.warmup + args.steps):
+def build(settings, vocab_size, seq_len, recipe):
+    """A row's training step, built by training/step.py as gpt_train.py builds its own: the Accelerator
+    (precision, GradScaler, TF32), the AdamW with gpt_train's recipe, the model prepared and compiled."""
+    acc = accelerations(settings)
+    accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
+    cfg = model_config(settings.get("vocab_size", vocab_size), 0, n_positions=seq_len)  # the lab shape: GPT-2 small
+    with accelerator.device:  # weights made where they train
+        model = (HFLoss(cfg, settings["dropout"], acc.attention) if settings["model"] == "hf"
+                 else GPT(cfg, acc.attention, acc.loss))
+    return cfg, step.build(model, acc, recipe, accelerator)
+
+
+def timed_steps(args, run, vocab_size):
+    """(seconds of each timed step, the first step's extra seconds, the last loss): warm-up, then timed steps
+    of gpt_train's step (Step.run) on one fixed random batch."""
+    cuda = run.accelerator.device.type == "cuda"
+    batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
+    batches, losses, times = itertools.repeat(batch), [], []
+    for _ in range(args.warmup + args.steps):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with autocast, sdpa_context(settings):
-            loss = forward(batch[:, :-1], batch[:, 1:])
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        run.run(batches, 1, run.recipe.lr, losses.append)
         if cuda:
             torch.cuda.synchronize()  # sync point: the step's GPU work is what is timed
         times.append(time.perf_counter() - t0)
     seconds = statistics.median(times[args.warmup:])
-    return times[args.warmup:], times[0] - seconds, loss.item()
+    return times[args.warmup:], times[0] - seconds, losses[-1].item()
 
 
-def measure(settings, args, device):
-    """One row once: tokens/s, step time, FLOPs per token, MFU against the datasheet (GPU), peak memory (GPU)."""
+def measure(settings, args, device, profile=False):
+    """One row once: tokens/s, step time, FLOPs per token, MFU against the datasheet (GPU), peak memory (GPU),
+    what the step was built with (Step.describe); with `profile`, one more step under torch.profiler."""
     cuda = device.type == "cuda"
-    torch.backends.cuda.matmul.allow_tf32 = settings["tf32"]
-    torch.backends.cudnn.allow_tf32 = settings["tf32"]
     torch.manual_seed(0)
     torch._dynamo.reset()  # each rung compiles from scratch (inductor's cache may still help)
-    cfg, model, forward, optimizer = build(settings, args.vocab_size, args.seq_len, device)
-    params = sum(p.numel() for p in model.parameters())
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    model.train()
-    times, first_extra, loss = timed_steps(settings, args, device, forward, optimizer, cfg.vocab_size)
+    cfg, run = build(settings, args.vocab_size, args.seq_len, args.recipe)
+    params = sum(p.numel() for p in run.model.parameters())
+    run.train_model.train()
+    times, first_extra, loss = timed_steps(args, run, cfg.vocab_size)
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
     fpt = training.device.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
-    peak = training.device.peak_flops(torch.cuda.get_device_name(device), settings["precision"], settings["tf32"]) \
-        if cuda else None
+    acc = run.acc
+    peak = training.device.peak_flops(torch.cuda.get_device_name(device), acc.precision, acc.tf32) if cuda else None
     out = {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "flops_per_token": fpt,
            "mfu": fpt * tps / peak if peak else None, "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
            "first_step_extra_seconds": first_extra,  # compilation (and warm-up) of the first step
            "loss": loss, "vocab_size": cfg.vocab_size, "matmul_kind": matmul_kind(settings, cuda),
-           "sdpa_backend": sdpa_ran(settings, cfg, device)}
+           "sdpa_backend": step.attention_kernel(run.accelerator.unwrap_model(run.model), acc),
+           "built": run.describe()}
+    if profile:
+        batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
+        out["profile"] = profiled(lambda: run.run(batch, 1, run.recipe.lr, lambda loss: None), device)[1]
     if cuda:
         out["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
-    del model, forward, optimizer
-    free_memory(cuda)
+    run.accelerator.free_memory()  # the accelerator's references: the row's memory goes when measure() returns
     return out
-
-
-def sdpa_ran(settings, cfg, device):
-    """The attention kernel the row ran: the forced SDPA backend, torch's own choice, or eager attention."""
-    if settings["attention"] != "sdpa":
-        return "eager (no SDPA)"
-    forced = settings.get("sdpa_backend")
-    if forced:  # in training.device.sdpa_backend's names: SDPBackend's member, lower case
-        return SDPA_BACKENDS[forced].lower() + " (forced)"
-    return training.device.sdpa_backend(cfg, settings["precision"], device)
 
 
 def free_memory(cuda):
@@ -138,10 +130,12 @@ def free_memory(cuda):
         torch.cuda.empty_cache()
 
 
-def try_measure(settings, args, device):
+def try_measure(settings, args, device, profile=False):
     """measure(), or {"error": why} for a row that runs out of memory or fails: the other rows go on."""
     try:
-        return measure(settings, args, device)
+        out = measure(settings, args, device, profile)
+        free_memory(device.type == "cuda")
+        return out
     except Exception as e:  # noqa: BLE001 (any failure of one row; the ladder's other rows still count)
         text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
@@ -225,7 +219,9 @@ def main(argv=None):
         runfiles.check_output(args.metrics_out, "--metrics-out")
     if args.compile_cost:
         return compile_cost(args)
-    rows = ladder(cuda, torch.cuda.get_device_capability() if cuda else (0, 0), args.with_compile, args.vocab_size)
+    capability = torch.cuda.get_device_capability() if cuda else (0, 0)
+    args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
+    rows = ladder(cuda, capability, args.with_compile, args.vocab_size)
     try:
         wanted = {int(x) for x in args.only.split(",")} if args.only else set(range(1, len(rows) + 1))
     except ValueError:
@@ -254,17 +250,20 @@ def run_ladder(args, device, chosen, fit, groups):
           f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
     m = args.micro_batch * args.seq_len
     runs, rates, fits = {i: [] for i, _, _ in chosen}, [], {}
-    head = {"device_name": device_name, "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
+    head = {"device_name": device_name, "torch": torch.__version__, "commit": git_commit(),
+            "command": "python " + " ".join(sys.argv), "recipe": vars(args.recipe),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
             "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg()[0],  # other work on the machine: read the ranges with it
             "order": args.order, "rows_planned": len(chosen)}
     by_number = {i: (name, settings) for i, name, settings in chosen}
+    rungs = [i for i, (name, _) in by_number.items() if not name.startswith(" ")]
+    profile = {min(rungs), max(rungs)} if rungs else set()  # the naive and the default row: one profiled step each
     for r, i in ((r, i) for group in groups for r in range(args.repeats) for i in group):
         name, settings = by_number[i]
         kind = matmul_kind(settings, cuda)
         rates.append({kind: matmul_rate(kind, m, device)})
-        runs[i].append(got := try_measure(settings, args, device))
+        runs[i].append(got := try_measure(settings, args, device, profile=r == 0 and i in profile))
         if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
             got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rates[-1][kind]
         if r == 0 and i in fit:
@@ -278,6 +277,15 @@ def run_ladder(args, device, chosen, fit, groups):
             runfiles.write_json(args.metrics_out, out)
     print_table(out["rungs"])
     return out
+
+
+def git_commit():
+    """The commit measured, "+ changes" where the tree differs from it (the JSON says what code it is from)."""
+    def git(*cmd):
+        return subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "HEAD")
+    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "") \
+        if commit else None
 
 
 def largest_micro_batch(settings, args, device):
@@ -312,7 +320,7 @@ def summarise(chosen, runs, fits):
     ranges overlap), and its fraction of the measured matmul rate; a row whose every repeat failed
     keeps its error."""
     results, base, previous = [], None, None
-    for i, name, _ in chosen:
+    for i, name, settings in chosen:
         good = [m for m in runs[i] if "error" not in m]
         errors = [m["error"] for m in runs[i] if "error" in m]
         if not runs[i]:  # not measured yet (the file is rewritten after every row)
@@ -320,7 +328,7 @@ def summarise(chosen, runs, fits):
         if not good:
             results.append({"name": name, "error": errors[0], "repeats": runs[i]})
             continue
-        results.append(row := summarise_row(name, good))
+        results.append(row := summarise_row(name, settings, good))
         if errors:  # some repeats failed, others did not
             row["errors"] = errors
         if i in fits:
@@ -335,9 +343,14 @@ def summarise(chosen, runs, fits):
     return results
 
 
-def summarise_row(name, good):
+def summarise_row(name, settings, good):
+    """One row over its repeats; the settings it was asked for and what the step was built with (Step.describe),
+    and the profiled step of a naive or default row, once."""
     tps = [m["tokens_per_second"] for m in good]
-    row = {"name": name, "tokens_per_second": statistics.median(tps), "tokens_per_second_range": [min(tps), max(tps)],
+    extras = {k: m[k] for m in good for k in ("built", "profile") if k in m}  # once a row, not once a repeat
+    good = [{k: v for k, v in m.items() if k not in extras} for m in good]
+    row = {"name": name, "settings": settings, **extras, "tokens_per_second": statistics.median(tps),
+           "tokens_per_second_range": [min(tps), max(tps)],
            "ms_per_step": statistics.median(m["ms_per_step"] for m in good),
            "flops_per_token": good[0]["flops_per_token"], "vocab_size": good[0]["vocab_size"],
            "mfu": statistics.median(m["mfu"] for m in good) if good[0]["mfu"] else None,

@@ -1,6 +1,5 @@
 """gpt_train.py: runs end to end, resume, signals, 2-process DDP (the model on its own: test_model.py;
 training/'s other parts: test_training.py)."""
-import inspect
 import json
 import math
 import os
@@ -19,7 +18,6 @@ from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_
 from training import device
 from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
-from training.model import GPT
 
 # ------------------------------------------------------------------ training runs
 
@@ -344,21 +342,6 @@ def test_stop_reaches_every_rank_within_one_step(corpus, tmp_path):
     stopped = json.loads((latest_checkpoint(run_dir)[0] / "trainer_state.json").read_text())["step"]
     # the signal lands in step newest_before + 1 (or in its checkpoint): noticed there or at the next step
     assert newest_before < stopped <= newest_before + 2 and f"checkpointed at step {stopped}" in errs[0]
-
-
-@pytest.mark.parametrize("cuda, capability", [(False, (0, 0)), (True, (9, 0)), (True, (8, 0)), (True, (7, 5))])
-def test_the_ladders_last_rung_is_gpt_trains_default(cuda, capability):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpt_bench
-    rungs = [settings for name, settings in gpt_bench.ladder(cuda, capability) if not name.startswith(" ")]
-    last, defaults = rungs[-1], gpt_train.parse_args([])
-    device_type = "cuda" if cuda else "cpu"
-    training_attention = inspect.signature(GPT).parameters["attention"].default
-    assert last == {"model": "own", "dropout": 0.0, "attention": training_attention,
-                    "precision": device.resolve_precision(defaults.precision, device_type, capability,
-                                                          device.cpu_has_bf16()),
-                    "compile": device.resolve_compile(defaults.compile, device_type, capability)[0],
-                    "fused": defaults.fused_adamw == "on", "tf32": cuda}  # TF32: always on a GPU
 
 
 def test_a_preset_sets_the_defaults_and_flags_override_them():

@@ -37,9 +37,15 @@ def decide(precision_flag, compile_flag):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         capability = torch.cuda.get_device_capability()
     device_type = "cuda" if cuda else "cpu"
+    return decisions_for(device_type, capability, precision_flag, compile_flag, device_name(torch.device(device_type)))
+
+
+def decisions_for(device_type, capability, precision_flag, compile_flag, name=""):
+    """The Device a process on `device_type` of `capability` decides (no device touched: the ladder asks
+    for other GPUs' rows too)."""
+    cuda = device_type == "cuda"
     precision = resolve_precision(precision_flag, device_type, capability, not cuda and cpu_has_bf16())
     compile_mode, note = resolve_compile(compile_flag, device_type, capability)
-    name = device_name(torch.device(device_type))
     return Device(cuda, name, precision, compile_mode, peak_flops(name, precision) if cuda else None, note)
 
 
