@@ -56,7 +56,7 @@ from training.checkpoints import (  # noqa: E402
     save_checkpoint,
 )
 from training.final import save_final  # noqa: E402
-from training.flags import int_or_auto, number  # noqa: E402
+from training.flags import Parser, int_or_auto, number  # noqa: E402
 from training.metrics import (  # noqa: E402
     STOP_EXIT_CODE,
     LossWindow,
@@ -85,8 +85,7 @@ MAX_SAMPLE_TOKENS = 1024  # the final samples: without a KV cache each token is 
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add, lab, tiny = p.add_argument, PRESETS["lab"], PRESETS["tiny"]
     positive, fraction = number(int, 1), number(float, 0, 1, high_open=True)
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")

@@ -10,27 +10,34 @@ MNIST is read by the `MNIST` Dataset of data/mnist.py straight from the IDX file
 and kept as one uint8 tensor on the training device; missing files are downloaded through
 torchvision (md5-checked) where there is internet. This file holds the model, the training loop,
 TensorBoard logging; training/lenet_lightning.py drives the same model, data and schedule with
-PyTorch Lightning (--engine lightning); what both share is in training/lenet.py.
+PyTorch Lightning (--engine lightning); what both share is in training/lenet.py. The metrics' end-to-end
+time is `process_seconds` (the process, from its start as the OS records it) split into `phases`;
+`train_seconds` is the training part of the epochs.
 """
-import argparse
-import contextlib
-import math
-import sys
-import time
-from pathlib import Path
+from training.clock import Phases, exit_quickly, process_seconds
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
+IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
 
-from data import data_root
-from data.mnist import Batches, find_mnist, load_train_test
-from training import UserError, runfiles
-from training.device import device_name
-from training.lenet import LeNetRun, add_graph, epoch_done, log_loss, warmup_cosine
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from data import data_root  # noqa: E402
+from data.mnist import Batches, find_mnist, load_train_test  # noqa: E402
+from training import UserError, runfiles  # noqa: E402
+from training.device import device_name  # noqa: E402
+from training.flags import Parser  # noqa: E402
+from training.lenet import LeNetRun, add_graph, epoch_done, log_loss, open_writer, warmup_cosine  # noqa: E402
+
+IMPORTS = (IMPORTS_STARTED, process_seconds())
 REPO = Path(__file__).resolve().parent
 
 
@@ -146,7 +153,7 @@ def positive(kind):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA "
                         "(default: %(default)s)")
@@ -175,16 +182,17 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     try:
         with contextlib.ExitStack() as stack:  # the run folder's lock, held to the end
-            return run(args, stack)
+            return run(args, stack, phases)
     except UserError as e:  # MNISTError, OutputError too
         sys.exit(f"error: {e}")
 
 
-def run(args, stack):
+def run(args, stack, phases):
     torch.manual_seed(args.seed)
     torch.set_flush_denormal(True)  # tiny activations late in training would otherwise hit slow denormal math on CPU
     device = pick_device(args.device)
@@ -197,13 +205,15 @@ def run(args, stack):
         fit = fit_lightning
         need_lightning()  # missing: one line now, before the run folder is made
     out_dir = new_run_dir(args.out_dir, args.act, args.engine, stack)
+    phases.switch("data")
     train_set, test_set = (ds.to(device) for ds in load_train_test(find_mnist(args.data_dir, not args.no_download)))
+    phases.switch("model")
     model = LeNet5(make_gelu(args.act, device)).to(device)
     params = sum(p.numel() for p in model.parameters())
     print(f"LeNet-5 ({params:,} parameters), act={args.act}, engine={args.engine}, device={device}, "
           f"{len(train_set):,} train / {len(test_set):,} test images, logs in {out_dir}")
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
-    run = LeNetRun(args, model, train_set, test_set, digits, out_dir, device)  # filled by fit as it goes
+    run = LeNetRun(args, model, train_set, test_set, digits, out_dir, device, phases=phases)  # filled as it goes
     try:
         with runfiles.quiet_writer_thread():
             runfiles.write_json(out_dir / "args.json", vars(args))
@@ -211,8 +221,11 @@ def run(args, stack):
     except (OSError, runfiles.OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
         failure = f"writing the run's logs in {out_dir} failed ({runfiles.reason(e)})"
         raise UserError(keep_what_we_can(run, metrics_of(run, params), failure)) from None
+    phases.switch("teardown")
     metrics = metrics_of(run, params)
-    keep_what_we_can(run, metrics)
+    keep_what_we_can(run, metrics)  # --save, --metrics-out
+    metrics = with_clock(metrics, phases)
+    keep_what_we_can(run, metrics, weights=False)  # --metrics-out again, with the whole process's time
     try:
         runfiles.write_json(out_dir / "metrics.json", metrics)
     except runfiles.OutputError as e:
@@ -222,6 +235,13 @@ def run(args, stack):
     print(f"test accuracy {last['test_accuracy']:.2%}, test loss {last['test_loss']:.4f}, "
           f"{metrics['train_seconds']:.1f} s training on {device}")
     return metrics
+
+
+def with_clock(metrics, phases):
+    """The metrics with the process's seconds (end to end, from its start as the OS records it) and where
+    they went; taken just before the last output is written."""
+    spent, now = phases.record()
+    return {**metrics, "process_seconds": now, "phases": spent}
 
 
 def metrics_of(run, params):
@@ -236,7 +256,7 @@ def metrics_of(run, params):
             "train_loss_curve": run.curve, "out_dir": str(run.out_dir)}
 
 
-def keep_what_we_can(run, metrics, failure=None):
+def keep_what_we_can(run, metrics, failure=None, weights=True):
     """--metrics-out and --save (often on another disk than the run folder); after a failure, also what
     was kept, in the one line that stops the run."""
     args, model, kept = run.args, run.model, []
@@ -244,7 +264,7 @@ def keep_what_we_can(run, metrics, failure=None):
         metrics = metrics | {"stopped": failure}
     for flag, what, path, write in (
             ("--metrics-out", "metrics", args.metrics_out, lambda p: runfiles.write_json(p, metrics)),
-            ("--save", "weights", args.save, lambda p: torch.save(model.state_dict(), p))):
+            ("--save", "weights", args.save if weights else None, lambda p: torch.save(model.state_dict(), p))):
         if path is None:
             continue
         try:
@@ -270,16 +290,20 @@ def fit_plain(run):
     test_loader = Batches(run.test_set, 1000, shuffle=False)
     optimizer = torch.optim.AdamW(run.model.parameters(), lr=args.lr, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.epochs * len(train_loader)))
-    writer = SummaryWriter(run.out_dir)
+    run.phases.switch("logging")
+    writer = open_writer(run.out_dir)
     add_graph(writer, run.model, run.digits)
     step = 0
     for epoch in range(1, args.epochs + 1):
+        run.phases.switch("loop")
         t0 = time.perf_counter()
         step = train_epoch(run, train_loader, optimizer, scheduler, writer, step, epoch)
         if run.device.type == "cuda":
             torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
         run.train_seconds += time.perf_counter() - t0
+        run.phases.switch("evaluation")
         test_loss, test_acc = test(run.model, test_loader)
+        run.phases.switch("logging")
         epoch_done(run, writer, epoch, step, test_loss, test_acc)
     writer.flush()  # raises what the writer thread could not write; close() alone would not
     writer.close()
@@ -287,3 +311,4 @@ def fit_plain(run):
 
 if __name__ == "__main__":
     main()
+    exit_quickly()

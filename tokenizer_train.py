@@ -9,21 +9,29 @@
 Trained on the training split only (the validation documents stay unseen), saved as one
 tokenizer.json that `transformers.PreTrainedTokenizerFast(tokenizer_file=...)` loads. Reports
 bytes per token on the validation split (and GPT-2's, where its tokenizer can be loaded), checks
-decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads.
+decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads. The metrics'
+end-to-end time is `process_seconds` (from the process's start as the OS records it), split into `phases`;
+`train_seconds` is the BPE training.
 """
-import argparse
-import os
-import statistics
-import sys
-import time
-from pathlib import Path
+from training.clock import Phases, exit_quickly, process_seconds
 
-import tokenizers
-import torch
+IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
 
-from data import wos
-from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
-from training import UserError, runfiles
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import tokenizers  # noqa: E402
+import torch  # noqa: E402
+
+from data import wos  # noqa: E402
+from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256  # noqa: E402
+from training import UserError, runfiles  # noqa: E402
+from training.flags import Parser  # noqa: E402
+
+IMPORTS = (IMPORTS_STARTED, process_seconds())
 
 
 def train_bpe(docs, vocab_size, min_frequency=2):
@@ -109,7 +117,7 @@ def save_atomic(tokenizer, path):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--text", type=Path, default=None,
                    help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt, "
                         "downloaded if missing)")
@@ -146,10 +154,11 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return run(args)
+        return run(args, phases)
     except UserError as e:  # TextError, TokenizerError, OutputError too
         sys.exit(f"error: {e}")
 
@@ -168,17 +177,20 @@ def check_outputs(args):
     runfiles.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
-def run(args):
+def run(args, phases):
     check_outputs(args)
     text = wos.resolve_text(args.text, download=not args.no_download)
     other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
+    phases.switch("data")
     splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
     train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
     print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
 
+    phases.switch("loop")
     t0 = time.perf_counter()
     tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
     train_seconds = time.perf_counter() - t0
+    phases.switch("evaluation")
 
     metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
                "train_seconds": round(train_seconds, 3),
@@ -190,13 +202,17 @@ def run(args):
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
     metrics.update(comparison(args.compare, other, tokenizer, val_docs))
     if args.seq_len:
+        phases.switch("cache")
         metrics.update(tokenize_corpus(splits, tokenizer, args.seq_len))
+    phases.switch("final_save")
 
     save_atomic(tokenizer, args.out)  # last: a run that fails on the way leaves nothing to --force over
     print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
     print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
           + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")
           + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
+    phases.switch("teardown")
+    metrics["phases"], metrics["process_seconds"] = phases.record()  # just before the last output is written
     if args.metrics_out:
         runfiles.write_json(args.metrics_out, metrics)
     return metrics
@@ -204,3 +220,4 @@ def run(args):
 
 if __name__ == "__main__":
     main()
+    exit_quickly()

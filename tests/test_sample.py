@@ -321,12 +321,12 @@ def test_a_mistyped_tokenizer_is_one_line(finished_run, capsys, spec, message):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--temperature", "nan"], "--temperature must be a finite number"),
-    (["--temperature", "inf"], "--temperature must be a finite number"),
-    (["--temperature", "-0.5"], "--temperature must be a finite number"),
-    (["--tokens", "100001"], "--tokens must be in [1, 100,000]"),
-    (["--tokens", "0"], "--tokens must be in [1, 100,000]"),
-    (["--seed", "-1"], "--seed in [0, 2^64)"),
+    (["--temperature", "nan"], "--temperature: expected a finite number"),
+    (["--temperature", "inf"], "--temperature: expected a finite number"),
+    (["--temperature", "-0.5"], "--temperature: must be >= 0"),
+    (["--tokens", "100001"], "--tokens: must be in [1, 100000]"),
+    (["--tokens", "0"], "--tokens: must be in [1, 100000]"),
+    (["--seed", "-1"], "--seed: must be in [0, 18446744073709551616)"),
     (["--device", "tpu"], "--device tpu: not a device name"),
     (["--device", "cuda:99"], "--device cuda:99: not available here"),
     (["--prompt", "caf\udce9"], "--prompt is not UTF-8 text"),  # what Python makes of the byte 0xe9 in argv

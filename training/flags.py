@@ -1,8 +1,24 @@
 """The one way the scripts check a flag: an argparse `type` that states the rule where the flag is
-declared, so a bad value is argparse's one line (`error: argument --lr: must be > 0, got -1`) before any
-work, and the rule is read beside the flag's help. Rules that join two flags stay in the script."""
+declared, so a bad value is one line (`error: argument --lr: must be > 0, got -1`) before any work, and the
+rule is read beside the flag's help. Rules that join two flags stay in the script, through Parser.error.
+
+    Parser         every script's ArgumentParser: errors in one line, no abbreviated flags
+    number(...)    an int or float in a range;  int_or_auto()  a positive integer or "auto"
+"""
 import argparse
 import math
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a user error in one line on stderr (no usage block: --help has it) and exit status 2,
+    and no abbreviations: `--out` is not taken for `--out-dir` (a launcher that reads one flag and a script
+    that takes another would disagree about the run folder)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
 
 def number(kind, low=None, high=None, low_open=False, high_open=False, why=""):

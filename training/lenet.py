@@ -29,6 +29,7 @@ class LeNetRun:
     curve: list = field(default_factory=list)  # [step, training loss] every --log-every steps
     steps: int = 0
     train_seconds: float = 0.0  # the training part of the epochs (no test passes, no logging)
+    phases: object = None  # training.clock.Phases: where the process's seconds go (loop, evaluation, logging)
 
 
 def warmup_cosine(total, warmup_fraction=0.2):
@@ -72,18 +73,40 @@ def epoch_done(run, writer, epoch, step, test_loss, test_acc):
 
 
 def log_images(writer, model, digits, epoch):
-    from torchvision.utils import make_grid
+    """The first conv layer's filters, the input digits and both conv layers' feature maps, as image grids."""
     model.eval()
     with torch.no_grad():
         c1, c2 = model.features(digits)
     filters = model.conv1.weight.detach().cpu()
-    writer.add_image("layers/conv1_filters", make_grid(F.interpolate(filters, scale_factor=8), nrow=6,
-                                                       normalize=True, scale_each=True, pad_value=1), epoch)
-    writer.add_image("layers/input_digits", make_grid(digits.cpu(), nrow=len(digits), normalize=True), epoch)
+    writer.add_image("layers/conv1_filters", grid(F.interpolate(filters, scale_factor=8), nrow=6), epoch)
+    writer.add_image("layers/input_digits", grid(digits.cpu(), nrow=len(digits), scale_each=False), epoch)
     for name, maps in (("conv1", c1), ("conv2", c2)):  # one row per digit, one tile per channel
         tiles = maps.detach().cpu().flatten(0, 1).unsqueeze(1)
-        writer.add_image(f"layers/{name}_feature_maps",
-                         make_grid(tiles, nrow=maps.shape[1], normalize=True, scale_each=True, pad_value=1), epoch)
+        writer.add_image(f"layers/{name}_feature_maps", grid(tiles, nrow=maps.shape[1]), epoch)
+
+
+def grid(images, nrow, scale_each=True, pad=2):
+    """(N, 1, H, W) images tiled `nrow` to a row on white, each scaled to [0, 1] on its own (or all together),
+    as one (1, H', W') image: torchvision's make_grid for what LeNet shows, without torchvision's import
+    (a second and more of a LeNet run's start-up)."""
+    x = images.float()
+    dims = (1, 2, 3) if scale_each else (0, 1, 2, 3)
+    low, high = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
+    x = (x - low) / (high - low).clamp_min(1e-5)
+    n, _, h, w = x.shape
+    rows = math.ceil(n / nrow)
+    canvas = torch.ones(1, rows * (h + pad) + pad, nrow * (w + pad) + pad)
+    for i in range(n):
+        r, c = divmod(i, nrow)
+        canvas[:, pad + r * (h + pad):pad + r * (h + pad) + h, pad + c * (w + pad):pad + c * (w + pad) + w] = x[i]
+    return canvas
+
+
+def open_writer(out_dir):
+    """TensorBoard's SummaryWriter, imported on first use (tensorboard's import is a second of start-up that
+    the scripts' --help and error paths need not pay)."""
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(out_dir)
 
 
 def add_graph(writer, model, digits):

@@ -31,6 +31,7 @@ def fit_lightning(run):
     warnings.filterwarnings("ignore", message=".*(srun. command is available|LeafSpec)")  # hints not for us
     args = run.args
     train_loader = Batches(run.train_set, args.batch_size, shuffle=True, seed=args.seed)
+    run.phases.switch("logging")
     logger = L.pytorch.loggers.TensorBoardLogger(run.out_dir, name="", version="", default_hp_metric=False)
     add_graph(logger.experiment, run.model, run.digits)
     lit = lightning_module(L)(run, args.epochs * len(train_loader))
@@ -90,14 +91,17 @@ def epoch_callback(L):
             self.run = run
 
         def on_train_epoch_start(self, trainer, lit):
+            self.run.phases.switch("loop")
             self.t0 = time.perf_counter()
 
         def on_validation_epoch_start(self, trainer, lit):  # the epoch's training batches are done
             if self.run.device.type == "cuda":
                 torch.cuda.synchronize()
             self.run.train_seconds += time.perf_counter() - self.t0
+            self.run.phases.switch("evaluation")
 
         def on_validation_end(self, trainer, lit):  # after the module's on_validation_epoch_end
+            self.run.phases.switch("logging")
             test_loss, test_acc = lit.test_result
             epoch_done(self.run, trainer.logger.experiment, trainer.current_epoch + 1, trainer.global_step,
                        test_loss, test_acc)

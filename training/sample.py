@@ -11,18 +11,27 @@ Greedy (the most likely token each time) shows what the model has learned most f
 (temperature, top-k, a fixed seed) shows its variety, reproducibly. A KV cache keeps each layer's keys
 and values, so a new token is one position's forward pass, until the text outgrows the model's
 positions (then each token is a pass over the last n_positions). Printed as it is generated.
+
+Run as a command, its --metrics-out records the text, the settings and the job's clock (`process_seconds`
+from the process's start, split into `phases`).
 """
-import argparse
-import math
-import os
-import sys
-from pathlib import Path
+from training.clock import Phases, exit_quickly, process_seconds
 
-import torch
+IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
 
-from training import UserError
-from training.device import eager_mode
-from training.final import load_run
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from training import UserError, runfiles  # noqa: E402
+from training.device import eager_mode  # noqa: E402
+from training.final import load_run  # noqa: E402
+from training.flags import Parser, number  # noqa: E402
+
+IMPORTS = (IMPORTS_STARTED, process_seconds())
 
 PROMPT_TOKENS = 16  # of each fixed validation prompt
 N_PROMPTS = 2
@@ -126,29 +135,28 @@ def final_samples(run, tokenizer, validation_blocks, new_tokens, writer, at_step
 # ----------------------------------------------------------------------------- the command line
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m training.sample", description="Continue a prompt with the weights "
-                                "of a gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="python -m training.sample", description="Continue a prompt with the weights of a "
+               "gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run_dir", type=Path, help="the run's --out-dir (final/, or a checkpoint of an unfinished run)")
     p.add_argument("--prompt", default="", help="text to continue ('': from <|endoftext|>)")
-    p.add_argument("--tokens", type=int, default=64, help=f"new tokens, at most {MAX_TOKENS:,}: without a KV cache "
-                   "each is a forward pass over up to n_positions tokens, which at the lab shape on a CPU is hours")
-    p.add_argument("--temperature", type=float, default=TEMPERATURE, help=f"0 (or below {GREEDY_BELOW}): greedy")
-    p.add_argument("--top-k", type=int, default=TOP_K, help="sample among the k most likely; 0: all")
-    p.add_argument("--seed", type=int, default=SEED, help="the sampling's random generator")
+    p.add_argument("--tokens", type=number(int, 1, MAX_TOKENS), default=64, help=f"new tokens, at most {MAX_TOKENS:,}: "
+                   "past the model's n_positions each is a forward pass over n_positions tokens (hours on a CPU)")
+    p.add_argument("--temperature", type=number(float, 0), default=TEMPERATURE,
+                   help=f"0 (or below {GREEDY_BELOW}): greedy")
+    p.add_argument("--top-k", type=number(int, 0), default=TOP_K, help="sample among the k most likely; 0: all")
+    p.add_argument("--seed", type=number(int, 0, 2**64, high_open=True), default=SEED,
+                   help="the sampling's random generator")
     p.add_argument("--tokenizer", default=None, help="None: the run's own (final/); needed only where it kept none "
                    "(a checkpoint, an older final/) and args.json's path moved; always checked against the run")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps, where available")
+    p.add_argument("--metrics-out", type=Path, default=None, help="write the text, the settings and the process's "
+                   "time here as JSON")
     return p
 
 
 def flag_problem(args):
-    """Why the flags cannot be used, in one line, or None."""
-    if not 1 <= args.tokens <= MAX_TOKENS:
-        return f"--tokens must be in [1, {MAX_TOKENS:,}], got {args.tokens}"
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        return f"--temperature must be a finite number >= 0, got {args.temperature}"
-    if args.top_k < 0 or not 0 <= args.seed < 2 ** 64:
-        return f"--top-k must be >= 0 and --seed in [0, 2^64), got {args.top_k} and {args.seed}"
+    """Why the flags cannot be used together or here (the prompt's encoding, the device), in one line, or None;
+    each flag's own range is its argparse type's."""
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:  # bytes the shell passed that are no UTF-8 (Python keeps them as surrogates)
@@ -186,14 +194,18 @@ def stream_text(decode, tokens, context=4, hold=8):
 
 
 def main(argv=None):
+    phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
     p = build_parser()
     args = p.parse_args(argv)
     problem = flag_problem(args)
     if problem:
-        print(f"{p.prog}: error: {problem}", file=sys.stderr)
-        sys.exit(2)
+        p.error(problem)
     try:
+        if args.metrics_out:
+            runfiles.check_output(args.metrics_out, "--metrics-out")
+        phases.switch("model")
         model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
+        phases.switch("sampling")
         ids = tok.tokenizer.encode(args.prompt, add_special_tokens=False).ids or [tok.eot]
         rng = torch.Generator(args.device).manual_seed(args.seed)
         stream = token_stream(model, torch.tensor([ids], device=args.device), args.tokens, args.temperature,
@@ -204,6 +216,9 @@ def main(argv=None):
             print(piece, end="", flush=True)
             text.append(piece)
         print()
+        phases.switch("teardown")
+        if args.metrics_out:
+            write_metrics(args, argv, "".join(text), phases)
         return "".join(text)
     except UserError as e:  # TextError, TokenizerError too
         sys.exit(f"error: {e}")
@@ -216,5 +231,15 @@ def main(argv=None):
         sys.exit(1)
 
 
+def write_metrics(args, argv, text, phases):
+    spent, now = phases.record()  # just before the last output is written
+    runfiles.write_json(args.metrics_out, {
+        "run_dir": str(args.run_dir), "prompt": args.prompt, "text": text, "new_tokens": args.tokens,
+        "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed, "device": args.device,
+        "command": "python -m training.sample " + " ".join(sys.argv[1:] if argv is None else argv),
+        "process_seconds": now, "phases": spent})
+
+
 if __name__ == "__main__":
     main()
+    exit_quickly()

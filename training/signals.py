@@ -43,7 +43,10 @@ def no_teardown_after_collectives(agreed=(0,)):
     except SystemExit as e:
         code = e.code
     import torch.distributed as dist  # loaded by now: main() has run
+
+    from training.clock import exit_quickly
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        exit_quickly()
         sys.exit(code)
     if (code or 0) in agreed:
         dist.barrier()  # not after an error: the other ranks may never come (torchrun ends them)
