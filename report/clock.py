@@ -91,7 +91,7 @@ def process_time(stem, metrics, steps):
     if found:
         _, seconds, log, step = found
         return float(seconds), f"gpu_check 步骤日志 `{log}` 中步骤 {step} 的进程时间（精确到 1 s）"
-    return None, "未记录：这份 metrics.json 没有 process_seconds（早于该字段的代码），也没有记录它的步骤日志"
+    return None, "未记录（metrics.json 中没有 process_seconds：早于该字段的代码）"
 
 
 def clock_source(stem, metrics, steps):
@@ -102,6 +102,8 @@ def clock_source(stem, metrics, steps):
     facts = {"how": how, "process_text": f"{seconds:.0f} s（{how}）" if seconds is not None else how}
     if seconds is not None:
         facts["process_seconds"] = seconds
+        if isinstance(metrics.get("total_seconds"), (int, float)):  # the older in-process span, for contrast
+            facts["over_total_seconds"] = seconds - metrics["total_seconds"]
         if isinstance(loop, (int, float)):
             facts["outside_loop_seconds"] = seconds - loop
             facts["loop_share"] = loop / seconds if seconds else None

@@ -107,7 +107,8 @@ def smi_sources(gpu):
 
 def derived_sources(inputs):
     """The facts beside the JSON files': <alias>_clock and <run>_clock (process times), lenet_tb / gpt_tb
-    (the events screenshotted), smi_gpt / smi_lenet, gpu_nvml, job_clock, step_profile."""
+    (the events screenshotted), <ladder>_ratio (rows over rows), gpt_goal (when the loss fell below 7),
+    gpu_folder, smi_gpt / smi_lenet, gpu_nvml, job_clock, step_profile."""
     sources = {}
     for kind, run in inputs["shown"].items():
         steps = steps_for(run["path"], inputs)
@@ -116,7 +117,15 @@ def derived_sources(inputs):
             sources[f"{run['alias']}_tb"] = ({"source": rel(run["events"])}, rel(run["events"]))
     for name, stem, data, path in run_results(inputs["results"]):
         sources[f"{name}_clock"] = (clock.clock_source(stem, data, steps_for(path, inputs)), rel(path))
-    sources.update(smi_sources(inputs["gpu"]))
+    for key, (data, path) in inputs["results"].items():
+        if result_name(key).startswith("gpt_bench") and isinstance(data, dict):
+            sources[f"{figure_name(key, inputs['results'])}_ratio"] = (ladder_ratios(data), rel(path))
+    if "gpt" in inputs["shown"]:
+        sources["gpt_goal"] = (goal_facts(inputs["shown"]["gpt"]["metrics"]), inputs["shown"]["gpt"]["source"])
+    gpu = inputs["gpu"]
+    if gpu and not gpu["damage"]:
+        sources["gpu_folder"] = ({"folder": rel(gpu["folder"]), "device": gpu_name(gpu["files"])}, rel(gpu["folder"]))
+    sources.update(smi_sources(gpu))
     nvml = [r for r in inputs["by_kind"].values() if r["scalars"].get("gpu/utilization_percent")]
     if nvml:
         sources["gpu_nvml"] = ({"runs": len(nvml)}, ", ".join(rel(r["dir"]) for r in nvml))
@@ -125,3 +134,25 @@ def derived_sources(inputs):
     if inputs["profile_rows"]:
         sources["step_profile"] = ({"rows": len(inputs["profile_rows"])}, "step_profile.png")
     return sources
+
+
+def ladder_ratios(bench):
+    """{"i": {"j": tokens/s of row i over row j}}: what one acceleration gained over another row."""
+    speeds = {str(i): r.get("tokens_per_second") for i, r in enumerate(bench.get("rungs") or [])
+              if isinstance(r, dict) and isinstance(r.get("tokens_per_second"), (int, float))}
+    return {i: {j: a / b for j, b in speeds.items() if j != i and b} for i, a in speeds.items()}
+
+
+def goal_facts(metrics):
+    """When the GPT run's training loss first fell below the lab's goal, as a sentence (and the number)."""
+    from training.metrics import SUCCESS_LOSS
+    per_step = metrics.get("tokens_seen", 0) / max(1, metrics.get("steps") or 1)
+    first = next((step for step, loss in metrics.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
+    final = metrics.get("final_train_loss")
+    verdict = (f"< {SUCCESS_LOSS:g}，达到目标" if isinstance(final, (int, float)) and final < SUCCESS_LOSS
+               else f"未达到 < {SUCCESS_LOSS:g} 的目标")
+    if first is None:
+        return {"verdict": verdict, "text": f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}"}
+    tokens = first * per_step
+    return {"tokens": tokens, "verdict": verdict,
+            "text": f"训练损失在约 {tokens / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}"}

@@ -43,14 +43,23 @@ def fact_sources(results, by_kind):
     return sources
 
 
-BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->(.*?)<!--\s*/\1\s*-->\n?", re.S)
+# a block with no block inside it: nested ones are resolved from the innermost out
+BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
+                   r"<!--\s*/\1\s*-->\n?", re.S)
+FIGURE_NUMBER = re.compile(r"图 #")
 
 
 def select_blocks(text, present):
     """report.md with each `<!-- if NAME -->` block kept only where NAME is in `present` (`unless`: only
-    where it is not); blocks do not nest."""
-    return BLOCK.sub(lambda m: m.group(3).lstrip("\n") if (m.group(2) in present) == (m.group(1) == "if") else "",
-                     text)
+    where it is not), blocks inside blocks too; then the figures that remain numbered in order (`图 #`)."""
+    while True:
+        kept = BLOCK.sub(lambda m: "\n" + m.group(3).strip("\n") + "\n\n"  # a paragraph of its own
+                         if (m.group(2) in present) == (m.group(1) == "if") else "", text)
+        if kept == text:
+            break
+        text = kept
+    numbers = iter(range(1, 1000))
+    return re.sub(r"\n{3,}", "\n\n", FIGURE_NUMBER.sub(lambda m: f"图 {next(numbers)}", text))
 
 
 def look_up(sources, key):

@@ -342,23 +342,30 @@ def build(args, inputs, filled):
     return lines, todo
 
 
+def gather(args, problems):
+    """Every input, read once: the runs named, the results, the GPU folder, what each section shows and
+    the facts derived from them; args.report_text becomes the blocks of report.md these inputs can fill."""
+    by_kind = find_runs(args, problems)
+    results = load_results(args.results, problems)
+    named = bool(args.runs or args.runs_root)
+    team_results = args.results.resolve() == (REPO / "report" / "results").resolve()
+    inputs = {"problems": problems, "by_kind": by_kind, "results": results, "named": named,
+              # a student's runs named: the team's GPU folder only when asked for (--gpu)
+              "gpu": gpu_inputs(args, problems) if args.gpu or not (named and team_results) else None,
+              "named_dirs": [r["dir"] for r in by_kind.values()], "shown": shown_runs(by_kind, results)}
+    inputs["job_rows"], inputs["profile_rows"] = job_rows(inputs), profile_rows(inputs)
+    inputs["sources"] = facts.fact_sources(results, by_kind) | derived_sources(inputs)
+    # the blocks of report.md its inputs can fill: a student's report drops the team's
+    args.report_text = facts.select_blocks(args.report_text, {*inputs["sources"], "own" if named else "team"})
+    return inputs
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         check_args(args)
         problems = []
-        by_kind = find_runs(args, problems)
-        results = load_results(args.results, problems)
-        named = bool(args.runs or args.runs_root)
-        team_results = args.results.resolve() == (REPO / "report" / "results").resolve()
-        inputs = {"problems": problems, "by_kind": by_kind, "results": results, "named": named,
-                  # a student's runs named: the team's GPU folder only when asked for (--gpu)
-                  "gpu": gpu_inputs(args, problems) if args.gpu or not (named and team_results) else None,
-                  "named_dirs": [r["dir"] for r in by_kind.values()], "shown": shown_runs(by_kind, results)}
-        inputs["job_rows"], inputs["profile_rows"] = job_rows(inputs), profile_rows(inputs)
-        inputs["sources"] = facts.fact_sources(results, by_kind) | derived_sources(inputs)
-        # the blocks of report.md its inputs can fill: a student's report drops the team's
-        args.report_text = facts.select_blocks(args.report_text, {*inputs["sources"], "own" if named else "team"})
+        inputs = gather(args, problems)
         text, unfilled, used = facts.fill(args.report_text, inputs["sources"])
         if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
             raise UserError(f"{unfilled[0]} (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else unfilled[0])

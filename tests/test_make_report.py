@@ -131,10 +131,11 @@ def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
             pytest.fail("Chromium and pdftotext required (LAB5_REQUIRE_BROWSER=1)")
         pytest.skip("no Chromium or pdftotext (apt-get install chromium fonts-noto-cjk poppler-utils)")
     from report import facts
-    from report.inputs import load_results
     report = REPO / "report" / "report.md"
-    sources = facts.fact_sources(load_results(REPO / "report" / "results", []), {})
-    filled, unfilled, used = facts.fill(report.read_text(), sources)
+    args = make_report.parse_args(["--out", str(tmp_path / "out")])
+    make_report.check_args(args)
+    inputs = make_report.gather(args, [])
+    filled, unfilled, used = facts.fill(args.report_text, inputs["sources"])
     assert unfilled == []
     pdf = browser.write_pdf(report, tmp_path / "report.pdf", filled)
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
@@ -512,3 +513,28 @@ def test_a_ladder_row_that_was_not_measured_is_a_table_row_that_says_why():
     assert rows[-1] == ("| 2 | SDPA cudnn | not measured: SDPA's cudnn_attention backend not available here: No kernel "
                         "| | | |")
     assert "400,000" in rows[-2]
+
+
+TEAM_WORDS = ("H200", "4-epoch", "4 个 epoch", "h200-", "f52a456", "替身语料", "stand-in")
+
+
+@pytest.mark.slow  # two real tiny runs (the module's fixture) and a build
+def test_a_students_report_from_own_cpu_runs_names_only_those_runs(runs, tmp_path):
+    """A student's report: every caption, title and sentence of the body names the runs it shows, none of the
+    team's machines, recipes or files (the H200, its 4-epoch LeNet-5 recipe, report/results/h200-...)."""
+    lenet, gpt = runs / "runs" / "lenet5" / "a", runs / "runs" / "gpt" / "b"
+    out = tmp_path / "mine"
+    make_report.main([str(lenet), str(gpt), "--out", str(out), "--no-screenshots"])
+    body = (out / "report_filled.md").read_text().split("# 附录")[0]
+    captions = [line for line in body.splitlines() if line.startswith("*图 ")]
+    assert len(captions) >= 2 and "{{" not in body
+    for word in TEAM_WORDS:
+        assert word not in body, word
+    lenet_m, gpt_m = (json.loads((d / "metrics.json").read_text()) for d in (lenet, gpt))
+    assert f"{lenet_m['test_accuracy']:.2%}" in body and f"{gpt_m['final_train_loss']:.2f}" in body
+    assert str(gpt) in body and str(lenet) in body
+    assert [f"图 {i}：" for i in range(1, len(captions) + 1)] == [c[1:5] for c in captions]  # numbered in order
+    shots = [c for c in captions if "事件文件" in c]  # the screenshot captions name the named runs' folders
+    assert all(str(lenet) in c or str(gpt) in c for c in shots)
+    team = (make_report.REPO / "report" / "report.md").read_text()
+    assert any(word in team for word in TEAM_WORDS)  # the words checked are the team report's, so this can fail
