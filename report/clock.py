@@ -86,11 +86,11 @@ def run_step(stem, steps):
 def process_time(stem, metrics, steps):
     """(seconds, how) of one run's whole process, or (None, why none was recorded)."""
     if isinstance(metrics.get("process_seconds"), (int, float)):
-        return metrics["process_seconds"], "metrics.json 的 process_seconds（整个进程）"
+        return metrics["process_seconds"], "metrics.json 的 process_seconds"
     found = run_step(stem, steps) if stem else None
     if found:
         _, seconds, log, step = found
-        return float(seconds), f"gpu_check 步骤日志 `{log}` 中步骤 {step} 的进程时间（精确到 1 s）"
+        return float(seconds), f"步骤日志 `{log}` 中的进程时间，整秒"
     return None, "未记录（metrics.json 中没有 process_seconds：早于该字段的代码）"
 
 
