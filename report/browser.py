@@ -182,7 +182,7 @@ PDF_CSS = """
 body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10.5pt; line-height: 1.5; margin: 0; }
 h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
 h1, h2, h3, h4 { break-after: avoid; }
-img { max-width: 100%; max-height: 215mm; display: block; margin: 6px auto; }
+img { max-width: 100%; max-height: 92mm; display: block; margin: 4px auto; }
 figure { margin: 0; break-inside: avoid; } figure p { margin: 4px 0; }
 table { border-collapse: collapse; font-size: 9pt; margin: 6px 0; } td, th { border: 1px solid #bbb; padding: 2px 5px; }
 tr { break-inside: avoid; } thead { display: table-header-group; }
@@ -227,13 +227,23 @@ def write_pdf(markdown_path, pdf_path, text=None):
     with tempfile.NamedTemporaryFile("w", suffix=".html", prefix=".pdf-", dir=markdown_path.parent,
                                      delete=False) as html:
         html.write(report_html(text))
-    html = Path(html.name)
+    html, pdf_path = Path(html.name), Path(pdf_path)
+    printed = pdf_path.parent / f".{pdf_path.name}.printing-{os.getpid()}"  # renamed over the old PDF once whole
     try:
-        browser("--no-pdf-header-footer", f"--print-to-pdf={pdf_path}", html.resolve().as_uri())
+        browser("--no-pdf-header-footer", f"--print-to-pdf={printed}", html.resolve().as_uri())
+        if not printed.is_file() or printed.stat().st_size == 0:
+            raise BrowserError("Chromium wrote no PDF")
+        printed.chmod(0o666 & ~current_umask())
+        printed.replace(pdf_path)
     except BrowserError as e:
         raise BrowserError(f"no {pdf_path}: {e}") from None
     finally:
         html.unlink()
-    if not Path(pdf_path).exists():
-        raise BrowserError(f"Chromium wrote no {pdf_path}")
+        printed.unlink(missing_ok=True)
     return pdf_path
+
+
+def current_umask():
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask

@@ -10,14 +10,23 @@ A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}`, e.g. `{{gpt_run_tiny_st
     FIELD    a key of its JSON, or a list index (0, 1, -1)
     FORMAT   Python's format spec; without one: ints with thousands separators, floats to 4 digits
 
+    `{{SOURCE._source}}` is the file a source was read from (a caption names the run it shows).
+
 An unknown source or field, a null value or one that is not a single value is a problem (never a
 blank); placeholders.md lists every key with its value and source (`available_lines`).
+
+A block between `<!-- if NAME -->` and `<!-- /if -->` (or `<!-- unless NAME -->` ... `<!-- /unless -->`)
+is kept only when NAME is (is not) among the inputs: a source name, `team` (no runs named: the
+repository's own report) or `own` (a student's runs named). So a student's report never carries a
+caption written for the team's runs, and a missing input is a sentence, not a blank (`select_blocks`).
 """
 import re
 
 from report.inputs import figure_name, rel
 
-ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpt_run_tiny_standin_cpu")}
+# alias -> (run kind, the committed run it follows when none is named): the default recipe's LeNet-5 run
+# (its events beside it) and the headline GPT run, a cold compile cache
+ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpt_run_12M-cold_standin_h200")}
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 
@@ -34,12 +43,33 @@ def fact_sources(results, by_kind):
     return sources
 
 
+# a block with no block inside it: nested ones are resolved from the innermost out
+BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
+                   r"<!--\s*/\1\s*-->\n?", re.S)
+FIGURE_NUMBER = re.compile(r"图 #")
+
+
+def select_blocks(text, present):
+    """report.md with each `<!-- if NAME -->` block kept only where NAME is in `present` (`unless`: only
+    where it is not), blocks inside blocks too; then the figures that remain numbered in order (`图 #`)."""
+    while True:
+        kept = BLOCK.sub(lambda m: "\n" + m.group(3).strip("\n") + "\n\n"  # a paragraph of its own
+                         if (m.group(2) in present) == (m.group(1) == "if") else "", text)
+        if kept == text:
+            break
+        text = kept
+    numbers = iter(range(1, 1000))
+    return re.sub(r"\n{3,}", "\n\n", FIGURE_NUMBER.sub(lambda m: f"图 {next(numbers)}", text))
+
+
 def look_up(sources, key):
     """(value, source) of a placeholder's key; KeyError with the reason when it names nothing usable."""
     name, _, path = key.partition(".")
     if name not in sources:
         raise KeyError(f"no input named '{name}'")
     value, source = sources[name]
+    if path == "_source":
+        return source, source
     for part in path.split(".") if path else []:
         try:
             value = value[int(part)] if isinstance(value, list) else value[part]

@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from report.inputs import corpus_name  # noqa: E402
 from training.metrics import SUCCESS_LOSS  # noqa: E402
 
+BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
+
 LAYER_IMAGES = (  # TensorBoard image tag -> the figure drawn from it, what it shows
     ("layers/conv1_filters", "lenet_conv1_filters.png", "conv1: the 6 learned 5x5 filters"),
     ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png",
@@ -145,13 +147,31 @@ def gpu_name(files):
     return "the GPU"
 
 
-def utilization_figure(files, csv_name, path):
+def busy_window(text):
+    """The facts of an nvidia-smi CSV a caption states: the sampling interval and, between the first and
+    the last sample at >= BUSY % utilisation (the training, not the start-up), its utilisation's median
+    and range and the median power; {} when the GPU never got busy."""
+    series = smi_series(text)
+    util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
+    steps = sorted(b[0] - a[0] for a, b in zip(util, util[1:]))
+    busy = [i for i, (_, u) in enumerate(util) if u >= BUSY]
+    if not steps or not busy:
+        return {}
+    window = util[busy[0]:busy[-1] + 1]
+    values = sorted(u for _, u in window)
+    watts = sorted(power[t] for t, _ in window if t in power)
+    return {"sample_ms": steps[len(steps) // 2] * 1000, "samples": len(window),
+            "seconds": window[-1][0] - window[0][0], "median": values[len(values) // 2], "min": values[0],
+            "max": values[-1], "power_median": watts[len(watts) // 2] if watts else None}
+
+
+def utilization_figure(files, csv_name, path, what="GPT"):
     series = smi_series(files[csv_name]())
     steps = [b[0] - a[0] for a, b in zip(series["utilization.gpu"], series["utilization.gpu"][1:])]
     every = f"every {sorted(steps)[len(steps) // 2] * 1000:.0f} ms, " if steps else ""
     plot_lines(path, [("GPU utilisation (%)", {"utilization.gpu": series["utilization.gpu"]}, "seconds"),
                       ("power (W)", {"power.draw": series.get("power.draw", [])}, "seconds")],
-               f"nvidia-smi on {gpu_name(files)}, {every}during the GPT run ({csv_name})", ymin0=0)
+               f"nvidia-smi on {gpu_name(files)}, {every}during the {what} run ({csv_name})", ymin0=0)
 
 
 def terminal_figure(text, title, path):

@@ -1,12 +1,11 @@
 """A GPU results folder (report/results/h200-2026-11-30's loose files, or gpu_check.sh's OUT with its
-results.json, logs.tar.gz and runs.tar.gz): its files, the figures the report links from it (GPU_SLOTS)
-and its committed TensorBoard events. A damaged folder is named once and its slots reported missing;
-nothing here raises on what a folder holds.
+results.json and logs.tar.gz): its files, its step times, the figures the report links from it
+(GPU_SLOTS). A damaged folder is named once and its slots reported missing; nothing here raises on what
+a folder holds. A run's TensorBoard events are found beside its JSON (inputs.events_beside).
 
-    read_gpu_folder(folder)          {"folder", "files", "started", "damage"}
+    read_gpu_folder(folder)          {"folder", "files", "started", "damage", "steps"}
     gpu_inputs(args, problems)       --gpu, else the newest GPU folder under --results, read once
     gpu_slot_lines(gpu, ...)         each slot drawn, or the command that fills it
-    event_runs(gpu, unpack_to, ...)  {kind: run folder} of the folder's events
 """
 import json
 import re
@@ -23,13 +22,15 @@ from report.figures import (
     terminal_figure,
     utilization_figure,
 )
-from report.inputs import load_events, load_json, rel
+from report.inputs import load_json, rel
 
 GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is drawn from, gpu_check.sh steps
     # that write them); the names match both the first H200 folder's files and gpu_check.sh's logs
     "gpu_utilization.png": ("GPU utilisation and power during the 12M-token GPT run",
                             r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-own-vocab"),
     # the warm run's snapshot first: the first H200 folder's cold snapshot is the ramp's first second (311 W)
+    "gpu_utilization_lenet.png": ("GPU utilisation and power during the LeNet-5 run", r"(nvidia-)?smi-lenet.*\.csv",
+                                  "lenet-torch"),
     "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*warm.*\.txt|"
                            r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-own-vocab"),
     "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet.*\.txt",
@@ -40,43 +41,56 @@ GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is draw
 }
 PREFERRED = ("cold", "torch")  # of several matching files: the cold-cache GPT run, LeNet with --act torch
 ARCHIVE_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)  # not a tarball, cut, unreadable
+# gpu_check.sh's logs: its biggest, the 250 ms nvidia-smi CSV of a 20-minute run, is ~2 MB
+MAX_LOG_BYTES, MAX_LOGS_BYTES = 64 << 20, 256 << 20
 
 
 def packed_logs(path):
-    """{file name: its text} of gpu_check.sh's logs.tar.gz, read whole now: a cut archive fails here."""
-    files = {}
+    """{file name: its text} of gpu_check.sh's logs.tar.gz, read whole now: a cut archive fails here.
+    What is decompressed is bounded: a member (or all of them) larger than a log can be is refused from
+    its header, before its bytes are inflated (a 1 GiB member would otherwise be read into memory twice)."""
+    files, total = {}, 0
     with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            if member.isfile():
-                files.setdefault(Path(member.name).name, tar.extractfile(member).read().decode(errors="replace"))
+        while (member := tar.next()) is not None:  # one header at a time: never a skip over a huge member
+            if not member.isfile():
+                continue
+            total += member.size
+            if member.size > MAX_LOG_BYTES or total > MAX_LOGS_BYTES:
+                raise ValueError(f"member {member.name} is {member.size:,} bytes uncompressed ({total:,} so far), "
+                                 f"over the {MAX_LOG_BYTES >> 20} MiB a log may be ({MAX_LOGS_BYTES >> 20} MiB in all)")
+            files.setdefault(Path(member.name).name, tar.extractfile(member).read().decode(errors="replace"))
     return files
 
 
 def packed_results(path):
-    """(results by file stem, started_utc) of gpu_check.sh's results.json; ValueError names what is wrong."""
+    """(results by file stem, started_utc, steps) of gpu_check.sh's results.json; ValueError names what is wrong."""
     data = load_json(path.read_text())
     if not isinstance(data, dict):
         raise ValueError(f"is a JSON {type(data).__name__}, not an object")
     if not isinstance(data.get("results", {}), dict):
         raise ValueError(f"has 'results': {json.dumps(data['results'])[:40]}, not an object")
-    return data.get("results", {}), data.get("started_utc")
+    steps = data.get("steps")
+    return data.get("results", {}), data.get("started_utc"), steps if isinstance(steps, list) else []
 
 
 def read_gpu_folder(folder):
     """The folder's files as {name: a function returning its text} (loose .csv/.txt/.json, logs.tar.gz's
     members, results.json's entries as their own files), when it was measured, and what is damaged."""
-    files = {p.name: p.read_text for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".csv", ".txt")}
+    files = {p.name: (lambda p=p: p.read_text(errors="replace"))  # a log cut inside a character still reads
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".csv", ".txt", ".log")}
     files.update({p.name: p.read_text for p in sorted(folder.rglob("*.json")) if p.name != "results.json"})
-    found = {"folder": folder, "files": files, "started": None, "damage": None}
+    found = {"folder": folder, "files": files, "started": None, "damage": None, "steps": []}
     try:
         if (folder / "logs.tar.gz").is_file():
             for name, text in packed_logs(folder / "logs.tar.gz").items():
                 files.setdefault(name, lambda text=text: text)
     except ARCHIVE_ERRORS as e:
         found["damage"] = f"logs.tar.gz is not a whole tarball ({type(e).__name__}: {e})"
+    except ValueError as e:  # packed_logs's bound
+        found["damage"] = f"logs.tar.gz {e}"
     try:
         if (folder / "results.json").is_file():
-            results, found["started"] = packed_results(folder / "results.json")
+            results, found["started"], found["steps"] = packed_results(folder / "results.json")
             files.update({f"{stem}.json": (lambda d=d: json.dumps(d)) for stem, d in results.items()})
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         found["damage"] = f"results.json is cut or not JSON ({e})"
@@ -128,8 +142,8 @@ def pick(files, pattern):
 
 def draw_slot(slot, files, name, out):
     """Draw one GPU slot from the file `name` of the folder."""
-    if slot == "gpu_utilization.png":
-        utilization_figure(files, name, out / slot)
+    if slot.startswith("gpu_utilization"):
+        utilization_figure(files, name, out / slot, "LeNet-5" if "lenet" in slot else "GPT")
     elif slot.startswith("nvidia_smi_"):
         terminal_figure(files[name](), f"{name}, {gpu_name(files)}", out / slot)
     elif slot == "gpu_gpt_run.png":
@@ -178,44 +192,3 @@ def gpu_slot_lines(gpu, results_dir, out, todo, problems, wanted=None):
         todo.append(f"`{slot}` ({what}): {why}; fill it with {fill_command(steps)}")
         lines.append(f"- {todo[-1]}")
     return lines
-
-
-def unpack_runs(folder, unpack_to, problems):
-    """gpu_check.sh's runs.tar.gz unpacked into unpack_to; a damaged one is a problem line."""
-    if not (folder / "runs.tar.gz").is_file():
-        return
-    try:
-        with tarfile.open(folder / "runs.tar.gz") as tar:
-            tar.extractall(unpack_to, filter="data")
-    except (*ARCHIVE_ERRORS, tarfile.FilterError) as e:
-        problems.append(f"GPU results folder {rel(folder)}: runs.tar.gz is not a whole tarball "
-                        f"({type(e).__name__}: {e}); its TensorBoard events are left out")
-
-
-def event_runs(gpu, unpack_to, problems):
-    """{kind: {"dir", "kind", "source"}}: the TensorBoard event folders of a GPU results folder (tb-lenet
-    and tb-gpt-12M-cold as in h200-2026-11-30, or gpu_check.sh's runs.tar.gz unpacked into unpack_to),
-    the cold-cache GPT run and LeNet with --act torch first: committed events, unlike runs/."""
-    if not gpu or gpu["damage"]:
-        return {}
-    folder = gpu["folder"]
-    unpack_runs(folder, unpack_to, problems)
-    dirs = {p.parent.relative_to(root).as_posix(): p.parent  # named inside their folder: its own path may say "gpt"
-            for root in (folder, unpack_to) for p in root.rglob("events.out.tfevents.*")}
-    found = {}
-    for kind, word in (("lenet5", "lenet"), ("gpt", "gpt")):
-        named = {name: d for name, d in dirs.items() if word in name}
-        best = pick(named, ".*")
-        if best:
-            packed = not named[best].is_relative_to(folder)
-            found[kind] = {"dir": named[best], "kind": kind,
-                           "source": f"{rel(folder)}/runs.tar.gz: {best}" if packed else rel(named[best])}
-    return found
-
-
-def committed_run(kind, gpu, unpack_to, problems):
-    """{"dir", "kind", "images", "scalars", "source"} of the GPU results folder's events of this kind, or None."""
-    run = event_runs(gpu, unpack_to, problems).get(kind)
-    if run:
-        run["scalars"], run["images"] = load_events(run["dir"], problems)
-    return run

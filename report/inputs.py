@@ -2,12 +2,13 @@
 every JSON under the results folder. What cannot be used becomes one line in `problems`, never an
 exception.
 
-    load_json(text)              strict JSON: NaN, Infinity and overflowing numbers refused
+    load_json(text)              strict JSON: NaN, Infinity, numbers beyond a float and deep nesting refused
     read_metrics(run_dir)        (metrics, None) or (None, why not)
     newest_run(root, problems)   the newest run under root whose metrics can be tabled
     load_run(run_dir, problems)  {"dir", "metrics", "scalars", "images", "kind"} or None
     load_results(dir, problems)  {relative path: (JSON, where it came from)}
     check_event_file(path)       the TFRecord framing walked, CRCs checked
+    events_beside(json_path)     a committed run's TensorBoard events, kept beside its JSON
 """
 import json
 import math
@@ -19,6 +20,7 @@ from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 REPO = Path(__file__).resolve().parents[1]
 NUMBER = (int, float)
+MAX_DEPTH = 64  # the deepest of our JSON files nests 4 levels
 FIELDS = {  # run kind -> what its table and figures read from metrics.json, with the type each must have
     "lenet5": {"test_accuracy": NUMBER, "test_loss": NUMBER, "epochs": int, "train_seconds": NUMBER,
                "device": str, "act": str, "params": int},
@@ -48,10 +50,37 @@ def refuse_constant(name):
     raise ValueError(f"{name} is not a number a table can print (a strict writer writes null)")
 
 
+def finite_int(text):
+    """An integer a table can print: beyond a float's range, formatting it as `.1f` raises OverflowError."""
+    if len(text.lstrip("-")) > 300:
+        raise ValueError(f"the number {text[:12]}… ({len(text)} digits) does not fit a float")
+    return int(text)
+
+
+def depth(value):
+    """How deeply a JSON value nests, counted without recursion (a walk of a 10,000-deep list must not
+    hit Python's recursion limit either)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
 def load_json(text):
     """json.loads, refusing NaN/Infinity (Python's writer emits them, ours write null): a NaN accuracy
-    would otherwise be printed as "nan%"."""
-    return json.loads(text, parse_constant=refuse_constant, parse_float=finite)
+    would otherwise be printed as "nan%"; refusing too what no writer of ours produces and what would
+    raise later instead of reading as one line: integers beyond a float (OverflowError in a format) and
+    nesting deeper than MAX_DEPTH (RecursionError in the parser or in a walk of the value)."""
+    try:
+        value = json.loads(text, parse_constant=refuse_constant, parse_float=finite, parse_int=finite_int)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    if depth(value) > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    return value
 
 
 def run_kind(metrics):
@@ -156,7 +185,8 @@ def load_results(results_dir, problems):
         try:
             data = load_json(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
-            problems.append(f"unreadable {path}: {e}")
+            if path.name != "results.json":  # gpu_check.sh's: gpu.py names it once, as its folder's damage
+                problems.append(f"unreadable {path}: {e}")
             continue
         if path.name == "results.json":  # gpu_check.sh's: its entries only (gpu.py names a damaged one)
             if isinstance(data, dict) and isinstance(data.get("results"), dict):
@@ -200,3 +230,17 @@ def corpus_name(m):
     if isinstance(corpus, dict) and corpus.get("name"):
         return corpus["name"]
     return "stand-in" if "standin" in str(m.get("text") or "") else "WOS46985"
+
+
+def events_beside(json_path):
+    """The TensorBoard events of a committed run: the folder named as its JSON (lenet_run_2x128_cpu/ beside
+    lenet_run_2x128_cpu.json), else a tb-* folder beside it whose name holds the run's kind and own name
+    part (tb-gpt-12M-cold for gpt_run_12M-cold_standin_h200.json); None when neither holds events: a
+    screenshot of another run's events under this run's numbers is what this prevents."""
+    if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are packed
+        return None
+    parts = json_path.stem.split("_")
+    candidates = [json_path.parent / json_path.stem]
+    if len(parts) >= 3:
+        candidates += sorted(d for d in json_path.parent.glob("tb-*") if f"{parts[0]}-{parts[2]}" in d.name)
+    return next((d for d in candidates if d.is_dir() and any(d.glob("events.out.tfevents.*"))), None)

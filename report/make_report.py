@@ -18,6 +18,7 @@ written under --results.
 """
 import argparse
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -29,6 +30,8 @@ if not __package__:  # run as python report/make_report.py: the repository, not 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from report import browser, facts  # noqa: E402
+from report.clock import phases_figure, profile_figure  # noqa: E402
+from report.derived import derived_sources, job_rows, profile_rows, shown_runs  # noqa: E402
 from report.figures import (
     gpt_curves,
     gpu_figure,
@@ -37,9 +40,18 @@ from report.figures import (
     lenet_images,
     scalars_from_metrics,  # noqa: E402
 )
-from report.gpu import committed_run, gpu_inputs, gpu_slot_lines  # noqa: E402
-from report.inputs import REPO, figure_name, load_results, load_run, newest_run, rel, result_name  # noqa: E402
-from report.screenshots import SHOTS, screenshot_sources, tensorboard_screenshots  # noqa: E402
+from report.gpu import gpu_inputs, gpu_slot_lines  # noqa: E402
+from report.inputs import (  # noqa: E402
+    REPO,
+    figure_name,
+    load_events,
+    load_results,
+    load_run,
+    newest_run,
+    rel,
+    result_name,
+)
+from report.screenshots import SHOTS, tensorboard_screenshots  # noqa: E402
 from report.tables import (
     gelu_table,
     gpt_table,
@@ -51,6 +63,8 @@ from report.tables import (
 from training import UserError  # noqa: E402
 
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
 
 
 # ----------------------------------------------------------------------------- sections
@@ -111,11 +125,15 @@ def result_sections(results, prefix, table, what, ctx, figure=None):
 def lenet_lines(inputs, ctx):
     results, by_kind = inputs["results"], inputs["by_kind"]
     lines = ["## LeNet-5", ""] + alias_section("lenet5", by_kind, results, lenet_table, lenet_curves, ctx)
-    with tempfile.TemporaryDirectory() as unpacked:
-        images = by_kind.get("lenet5") or committed_run("lenet5", inputs["gpu"], Path(unpacked), ctx["problems"])
-        if images:
-            source = images.get("source") or rel(images["dir"])
-            lines += ["", f"Intermediate layers of `{source}`:", ""] + lenet_images(images, ctx["out"], ctx["problems"])
+    shown = inputs["shown"].get("lenet5")
+    if shown and shown["events"]:  # the layers of the very run the section shows, never another's
+        images = by_kind.get("lenet5") or {"dir": shown["events"], "images": load_events(shown["events"],
+                                                                                          ctx["problems"])[1]}
+        lines += ["", f"Intermediate layers of `{rel(shown['events'])}`:", ""]
+        lines += lenet_images(images, ctx["out"], ctx["problems"])
+    elif shown:
+        lines += ["", f"- no TensorBoard events kept for `{shown['source']}`: no layer images (name a run folder "
+                      "of `python lenet5.py`, or keep its events beside its JSON, in a folder of the same name)"]
     lines += ["", "Runs whose metrics were kept in the results:", ""]
     lines += result_sections(results, "lenet_run", lenet_table, "LeNet-5 run metrics", ctx,
                              curves_from_json(lenet_curves))
@@ -135,17 +153,42 @@ def gpt_lines(inputs, ctx):
     return lines + result_sections(results, "gpt_bench", ladder_table, "acceleration ladder", ctx, ladder_figure)
 
 
+def clock_lines(inputs, ctx):
+    """Where the job's seconds go (job_seconds.png) and the grouped one-step profile (step_profile.png),
+    or the line saying which input is missing and the command that fills it."""
+    lines = ["", "## The job's clock", ""]
+    if inputs["job_rows"]:
+        phases_figure(inputs["job_rows"], ctx["out"] / "job_seconds.png")
+        lines += ["![where the job's seconds go](job_seconds.png) (runs with `phases`, else the loop and the rest of "
+                  "the process time from a GPU folder's step log)"]
+    else:
+        lines += ["- no run with `phases` or a recorded process time: run the current `gpt_train.py` / `lenet5.py` "
+                  "(their metrics.json records `process_seconds` and `phases`), or `bash benchmarks/gpu_check.sh`"]
+    lines += ["", "## One training step, profiled", ""]
+    if inputs["profile_rows"]:
+        profile_figure(inputs["profile_rows"], ctx["out"] / "step_profile.png")
+        return lines + ["![one step, grouped](step_profile.png)"]
+    return lines + ["- no `profile` in the ladder's rows or the GPT run: `python benchmarks/gpt_bench.py --metrics-out "
+                    "report/results/gpt_bench_cpu_2x1024.json` (its naive and default rows are profiled), or "
+                    "`python gpt_train.py --profile`"]
+
+
 def gpu_lines(inputs, ctx, args):
     """GPU use, the GPU slots the report links and the TensorBoard screenshots."""
     lines = ["", "## GPU utilisation", ""] + gpu_figure(list(inputs["by_kind"].values()), ctx["out"])
     lines += ["", "## GPU figures the report links", ""]
-    lines += gpu_slot_lines(inputs["gpu"], args.results, ctx["out"], ctx["todo"], ctx["problems"], ctx["linked"])
+    if inputs["gpu"] is None and inputs["named"] and args.results.resolve() == (REPO / "report" / "results").resolve():
+        lines += ["- runs were named and no `--gpu`: the committed GPU folder is not one of these inputs"]
+    else:
+        lines += gpu_slot_lines(inputs["gpu"], args.results, ctx["out"], ctx["todo"], ctx["problems"],
+                                ctx["linked"])
     if args.no_screenshots:
         return lines
     lines += ["", "## TensorBoard, as a browser shows it", ""]
-    with tempfile.TemporaryDirectory() as unpacked:
-        runs = screenshot_sources(inputs["by_kind"], inputs["named"], inputs["gpu"], Path(unpacked), ctx["problems"])
-        return lines + tensorboard_screenshots(runs, ctx["out"], ctx["problems"])
+    runs = [{"dir": run["events"], "kind": kind} for kind, run in inputs["shown"].items() if run["events"]]
+    lines += [f"- no TensorBoard events kept for `{run['source']}`: no screenshot of it"
+              for run in inputs["shown"].values() if not run["events"]]
+    return lines + tensorboard_screenshots(runs, ctx["out"], ctx["problems"])
 
 
 # ----------------------------------------------------------------------------- inputs and output
@@ -183,6 +226,32 @@ def check_args(args):
         raise UserError(f"--gpu {args.gpu} is not a folder")
     if not args.report.is_file():
         raise UserError(f"--report {args.report} is not a file")
+    try:
+        args.report_text = args.report.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"--report {args.report} is not UTF-8 text (a PDF?); give the Markdown it is built "
+                        "from, e.g. report/report.md") from None
+    writable(args.out, "--out")
+    if args.pdf:
+        writable(args.pdf_out, "--pdf-out")
+
+
+def writable(path, flag):
+    """A path this program may create or replace: its nearest existing folder is a folder, writable, on a
+    disk with room; said in one line before any work (a read-only or full disk found later is one line too)."""
+    parent = path.resolve()
+    while not parent.exists():
+        parent = parent.parent
+    if parent == path.resolve():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK) or os.statvfs(parent).f_flag & os.ST_RDONLY:
+        raise UserError(f"{flag} {path}: {parent} is read-only")
+    free = shutil.disk_usage(parent).free
+    if free < MIN_FREE:
+        raise UserError(f"{flag} {path}: {free >> 20} MiB free on {parent}'s disk, under the {MIN_FREE >> 20} MiB "
+                        "a report needs")
 
 
 def find_runs(args, problems):
@@ -209,6 +278,9 @@ def building(out, keep):
     half-written --out); `keep`: file names carried over from the old --out (screenshots not retaken)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become --out's: a folder as mkdir makes it
     try:
         for name in keep:
             if (out / name).is_file():
@@ -241,7 +313,7 @@ def checked_images(text, args, built, problems):
 
 def build(args, inputs, filled):
     """Every section and file into a fresh --out; returns (lines, todo)."""
-    linked = {Path(link).name for link in IMAGE_LINK.findall(args.report.read_text())}
+    linked = {Path(link).name for link in IMAGE_LINK.findall(args.report_text)}
     problems, todo = inputs["problems"], []
     with building(args.out, [f for shots in SHOTS.values() for f, _, _ in shots] if args.no_screenshots else []) as out:
         ctx = {"out": out, "problems": problems, "todo": todo, "results": args.results,
@@ -250,7 +322,8 @@ def build(args, inputs, filled):
                "wanted": lambda name: args.all_figures or name in linked}
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
                  "the files named. Inputs: `" + "`, `".join(map(rel, [args.results, *inputs["named_dirs"]])) + "`.", ""]
-        lines += lenet_lines(inputs, ctx) + gpt_lines(inputs, ctx) + gpu_lines(inputs, ctx, args)
+        lines += lenet_lines(inputs, ctx) + gpt_lines(inputs, ctx) + clock_lines(inputs, ctx)
+        lines += gpu_lines(inputs, ctx, args)
         lines += ["", "## Placeholders", "",
                   f"Those {rel(args.report)} uses (every key there is: placeholders.md):", ""]
         lines += facts.used_lines(filled["used"])
@@ -269,17 +342,31 @@ def build(args, inputs, filled):
     return lines, todo
 
 
+def gather(args, problems):
+    """Every input, read once: the runs named, the results, the GPU folder, what each section shows and
+    the facts derived from them; args.report_text becomes the blocks of report.md these inputs can fill."""
+    by_kind = find_runs(args, problems)
+    results = load_results(args.results, problems)
+    named = bool(args.runs or args.runs_root)
+    team_results = args.results.resolve() == (REPO / "report" / "results").resolve()
+    inputs = {"problems": problems, "by_kind": by_kind, "results": results, "named": named,
+              # a student's runs named: the team's GPU folder only when asked for (--gpu)
+              "gpu": gpu_inputs(args, problems) if args.gpu or not (named and team_results) else None,
+              "named_dirs": [r["dir"] for r in by_kind.values()], "shown": shown_runs(by_kind, results)}
+    inputs["job_rows"], inputs["profile_rows"] = job_rows(inputs), profile_rows(inputs)
+    inputs["sources"] = facts.fact_sources(results, by_kind) | derived_sources(inputs)
+    # the blocks of report.md its inputs can fill: a student's report drops the team's
+    args.report_text = facts.select_blocks(args.report_text, {*inputs["sources"], "own" if named else "team"})
+    return inputs
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         check_args(args)
         problems = []
-        by_kind = find_runs(args, problems)
-        results = load_results(args.results, problems)
-        inputs = {"problems": problems, "by_kind": by_kind, "results": results, "gpu": gpu_inputs(args, problems),
-                  "named": bool(args.runs or args.runs_root), "named_dirs": [r["dir"] for r in by_kind.values()],
-                  "sources": facts.fact_sources(results, by_kind)}
-        text, unfilled, used = facts.fill(args.report.read_text(), inputs["sources"])
+        inputs = gather(args, problems)
+        text, unfilled, used = facts.fill(args.report_text, inputs["sources"])
         if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
             raise UserError(f"{unfilled[0]} (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else unfilled[0])
         own_inputs = (args.results.resolve() == (REPO / "report" / "results").resolve()
@@ -298,6 +385,10 @@ def main(argv=None):
             write_pdf(args, filled["text"])
     except UserError as e:  # BrowserError too
         sys.exit(f"error: {e}")
+    except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
+        if e.errno not in DISK_ERRORS:
+            raise
+        sys.exit(f"error: {e.strerror}: {e.filename or args.out}; --out {args.out} was left as it was")
     return lines
 
 

@@ -2,14 +2,12 @@
 through a front that turns outlier-ignoring off, each cropped to its cards.
 
     SHOTS                                   the pages photographed for each kind of run
-    screenshot_sources(by_kind, named, ...) the runs photographed: named ones, else the GPU folder's events
     tensorboard_screenshots(runs, out, ...) the screenshots taken; the lines that show them
     crop_to_cards(path)                     a page cropped to its cards (no toolbar, sidebar, header)
 """
 import urllib.parse
 
 from report import browser
-from report.gpu import event_runs
 
 SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
     # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only
@@ -77,15 +75,6 @@ def tensorboard_screenshots(runs, out, problems):
             if not run_screenshots(run, base, out, lines, problems):
                 return lines
     return lines
-
-
-def screenshot_sources(by_kind, named, gpu, unpack_to, problems):
-    """The runs whose TensorBoard is photographed: the runs named on the command line; else the GPU
-    results folder's committed events (never a run found lying under runs/)."""
-    if named:
-        return [by_kind[k] for k in ("lenet5", "gpt") if k in by_kind]
-    committed = event_runs(gpu, unpack_to, problems)
-    return [committed[k] for k in ("lenet5", "gpt") if k in committed]
 
 
 def run_screenshots(run, base, out, lines, problems):

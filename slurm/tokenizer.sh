@@ -2,6 +2,9 @@
 # Own BPE tokenizer + tokenised-corpus cache (CPU only; run once before slurm/gpt.sh).
 #   sbatch slurm/tokenizer.sh [tokenizer_train.py flags]    the default partition (fits debug and normal)
 #   bash slurm/tokenizer.sh ...                             the same without Slurm
+# Without --out it (re)trains the default data/tokenizer/tokenizer.json, replacing one left by the CPU
+# try-out (--force): a job that stopped at "exists; pass --force" would leave the GPT job queued after
+# it waiting forever. With your own --out an existing file is refused, as tokenizer_train.py does.
 # Submit from the repository root (the log goes to runs/slurm/); from elsewhere add -o %x-%j.out.
 #SBATCH --job-name=tokenizer
 #SBATCH --cpus-per-task=8
@@ -16,4 +19,6 @@ if [ "${0##*/}" = slurm_script ]; then
 fi
 REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
 source "$REPO/slurm/common.sh"
-exec python "$REPO/tokenizer_train.py" "$@"
+FORCE=(--force)
+for a in "$@"; do case $a in --out|--out=*) FORCE=() ;; esac; done
+exec python "$REPO/tokenizer_train.py" "${FORCE[@]}" "$@"

@@ -123,3 +123,20 @@ def test_runs_as_a_module(tiny_mnist):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.stderr == "" and f"mnist      ok    {tiny_mnist}" in done.stdout.splitlines()
     assert done.stdout.splitlines()[-1].startswith(("ready for lenet5", "not ready for lenet5"))
+
+
+def test_lenet5_asks_for_the_compiled_gelu_only_for_act_cpp(no_gpu, tmp_path, monkeypatch, capsys):
+    """The CPU try-out never builds gelu_ext: `--for lenet5` (default --act torch) is ready without it."""
+    import gelu_ext
+    from conftest import write_tiny_mnist
+    mnist = write_tiny_mnist(tmp_path / "mnist", n_train=20, n_test=10)
+    monkeypatch.setattr(gelu_ext, "is_built", lambda: False)
+    assert check_env.main(["--for", "lenet5", "--data-dir", str(mnist)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    gelu = next(line for line in lines if line.startswith("gelu_ext"))
+    assert gelu.split()[1] == "note" and "only lenet5.py --act cpp needs it" in gelu and "circular" not in gelu
+    assert lines[-1] == "ready for lenet5"
+    assert check_env.main(["--for", "lenet5", "--act", "cpp", "--data-dir", str(mnist)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert next(line for line in lines if line.startswith("gelu_ext")).split()[1] == "todo"
+    assert lines[-1] == "not ready for lenet5: gelu_ext"

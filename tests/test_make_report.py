@@ -115,11 +115,15 @@ def test_tensorboard_screenshots_from_a_real_server_and_browser(runs, tmp_path):
     assert "did not answer" not in text and "uncropped" not in text
 
 
-def test_every_image_link_in_the_report_resolves():
+def test_every_image_link_in_the_report_resolves(tmp_path):
+    """Every figure the committed report shows (the blocks its committed inputs keep) is in report/generated/."""
     import re
     report = REPO / "report" / "report.md"
-    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
-    assert len(links) >= 6
+    args = make_report.parse_args(["--out", str(tmp_path / "out")])
+    make_report.check_args(args)
+    make_report.gather(args, [])
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", args.report_text)
+    assert len(links) >= 8
     for link in links:
         assert (report.parent / link).is_file(), link
 
@@ -131,10 +135,11 @@ def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
             pytest.fail("Chromium and pdftotext required (LAB5_REQUIRE_BROWSER=1)")
         pytest.skip("no Chromium or pdftotext (apt-get install chromium fonts-noto-cjk poppler-utils)")
     from report import facts
-    from report.inputs import load_results
     report = REPO / "report" / "report.md"
-    sources = facts.fact_sources(load_results(REPO / "report" / "results", []), {})
-    filled, unfilled, used = facts.fill(report.read_text(), sources)
+    args = make_report.parse_args(["--out", str(tmp_path / "out")])
+    make_report.check_args(args)
+    inputs = make_report.gather(args, [])
+    filled, unfilled, used = facts.fill(args.report_text, inputs["sources"])
     assert unfilled == []
     pdf = browser.write_pdf(report, tmp_path / "report.pdf", filled)
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
@@ -437,45 +442,39 @@ def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its
     assert [p.name for p in tmp_path.glob(".pdf-*")] == []  # the HTML printed is removed
 
 
-def test_screenshots_are_taken_of_the_gpu_folders_committed_events(runs, tmp_path):
-    import tarfile
-    loose = tmp_path / "results" / "h200"
-    for name in ("tb-lenet", "tb-gpt-12M-warm", "tb-gpt-12M-cold"):
-        (loose / name).mkdir(parents=True)
-        (loose / name / "events.out.tfevents.1.x").write_bytes(b"")
-    (loose / "nvidia-smi-during-lenet.txt").write_text(smi_snapshot("NVIDIA H200", 15))
+def test_screenshots_and_layer_images_are_of_the_very_run_the_text_reports(runs, tmp_path):
+    """The committed LeNet-5 run's events lie beside its JSON; the GPU folder's tb-lenet (another recipe, another
+    machine) is never shown under its numbers. Without events beside it: said, and no layers of another run."""
     results = tmp_path / "results"
-    cpu_gpt = {"dir": runs / "runs" / "gpt" / "b", "kind": "gpt"}
-
-    def sources(argv, unpack_to):
-        args = make_report.parse_args(argv)
-        gpu = make_report.gpu_inputs(args, [])
-        return screenshots.screenshot_sources({"gpt": cpu_gpt}, bool(args.runs), gpu, unpack_to, [])
-    shots = sources(["--results", str(results)], tmp_path / "unpack1")
-    assert [s["dir"] for s in shots] == [loose / "tb-lenet", loose / "tb-gpt-12M-cold"]
-    packed = tmp_path / "results" / "gpu-check"  # gpu_check.sh's OUT: the events in runs.tar.gz
-    packed.mkdir()
-    with tarfile.open(packed / "runs.tar.gz", "w:gz") as tar:
-        tar.add(loose / "tb-lenet" / "events.out.tfevents.1.x",
-                arcname="runs/lenet5/NVIDIA_H200-torch/events.out.tfevents.1.x")
-    shots = sources(["--results", str(results), "--gpu", str(packed)], tmp_path / "unpack2")
-    # the folder's own events only: the CPU run lying beside it is not named, so not photographed
-    assert [s["dir"] for s in shots] == [tmp_path / "unpack2" / "runs" / "lenet5" / "NVIDIA_H200-torch"]
-    explicit = sources([str(cpu_gpt["dir"]), "--results", str(results), "--gpu", str(packed)], tmp_path)
-    assert explicit == [cpu_gpt]  # runs named on the command line win
-
-
-def test_without_a_lenet_run_the_layer_images_come_from_the_gpu_folders_events(runs, tmp_path):
-    gpu = tmp_path / "results" / "h200"
+    gpu = results / "h200"
     shutil.copytree(runs / "runs" / "lenet5" / "a", gpu / "tb-lenet", ignore=shutil.ignore_patterns("*.json", "*.pt"))
     (gpu / "nvidia-smi-during-lenet.txt").write_text(smi_snapshot("NVIDIA H200", 15))
+    (results / "lenet_run_2x128_cpu.json").write_text((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
     out = tmp_path / "out"
-    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "results"), "--out", str(out),
-                      "--no-screenshots"])
+    argv = ["--results", str(results), "--out", str(out), "--no-screenshots"]
+    make_report.main(argv)
     text = (out / "results.md").read_text()
-    assert f"Intermediate layers of `{gpu / 'tb-lenet'}`:" in text
+    assert "no TensorBoard events kept for `" in text and "Intermediate layers" not in text
+    assert not (out / "lenet_conv1_filters.png").exists()
+    shutil.copytree(runs / "runs" / "lenet5" / "a", results / "lenet_run_2x128_cpu",
+                    ignore=shutil.ignore_patterns("*.json", "*.pt"))
+    make_report.main(argv)
+    text = (out / "results.md").read_text()
+    assert f"Intermediate layers of `{results / 'lenet_run_2x128_cpu'}`:" in text
     for name in ("lenet_conv1_filters.png", "lenet_conv1_feature_maps.png", "lenet_conv2_feature_maps.png"):
         assert f"]({name})" in text and (out / name).read_bytes().startswith(b"\x89PNG")
+    shown = make_report.shown_runs({}, make_report.load_results(results, []))
+    assert shown["lenet5"]["events"] == results / "lenet_run_2x128_cpu"
+
+
+def test_the_gpt_screenshot_is_of_the_headline_runs_own_events(tmp_path):
+    folder = tmp_path / "h200"
+    for name in ("tb-gpt-12M-warm", "tb-gpt-12M-cold", "tb-lenet"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "events.out.tfevents.1.x").write_bytes(b"")
+    assert inputs.events_beside(folder / "gpt_run_12M-cold_standin_h200.json") == folder / "tb-gpt-12M-cold"
+    assert inputs.events_beside(folder / "gpt_run_12M-warm_standin_h200.json") == folder / "tb-gpt-12M-warm"
+    assert inputs.events_beside(folder / "lenet_run_torch_h200.json") is None  # tb-lenet: not named as this run
 
 
 def test_a_figure_holds_one_image_and_only_its_own_caption():
@@ -518,3 +517,28 @@ def test_a_ladder_row_that_was_not_measured_is_a_table_row_that_says_why():
     assert rows[-1] == ("| 2 | SDPA cudnn | not measured: SDPA's cudnn_attention backend not available here: No kernel "
                         "| | | |")
     assert "400,000" in rows[-2]
+
+
+TEAM_WORDS = ("H200", "4-epoch", "4 个 epoch", "h200-", "f52a456", "替身语料", "stand-in")
+
+
+@pytest.mark.slow  # two real tiny runs (the module's fixture) and a build
+def test_a_students_report_from_own_cpu_runs_names_only_those_runs(runs, tmp_path):
+    """A student's report: every caption, title and sentence of the body names the runs it shows, none of the
+    team's machines, recipes or files (the H200, its 4-epoch LeNet-5 recipe, report/results/h200-...)."""
+    lenet, gpt = runs / "runs" / "lenet5" / "a", runs / "runs" / "gpt" / "b"
+    out = tmp_path / "mine"
+    make_report.main([str(lenet), str(gpt), "--out", str(out), "--no-screenshots"])
+    body = (out / "report_filled.md").read_text().split("# 附录")[0]
+    captions = [line for line in body.splitlines() if line.startswith("*图 ")]
+    assert len(captions) >= 2 and "{{" not in body
+    for word in TEAM_WORDS:
+        assert word not in body, word
+    lenet_m, gpt_m = (json.loads((d / "metrics.json").read_text()) for d in (lenet, gpt))
+    assert f"{lenet_m['test_accuracy']:.2%}" in body and f"{gpt_m['final_train_loss']:.2f}" in body
+    assert str(gpt) in body and str(lenet) in body
+    assert [f"图 {i}：" for i in range(1, len(captions) + 1)] == [c[1:5] for c in captions]  # numbered in order
+    shots = [c for c in captions if "事件文件" in c]  # the screenshot captions name the named runs' folders
+    assert all(str(lenet) in c or str(gpt) in c for c in shots)
+    team = (make_report.REPO / "report" / "report.md").read_text()
+    assert any(word in team for word in TEAM_WORDS)  # the words checked are the team report's, so this can fail

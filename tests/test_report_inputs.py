@@ -177,16 +177,6 @@ def test_a_damaged_gpu_folder_is_one_problem_line_and_its_slots_missing(tmp_path
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_a_cut_runs_archive_is_one_problem_line(tmp_path, committed, capsys):
-    results, report = committed
-    folder = gpu_folder(results, logs=whole_logs(tmp_path))
-    (folder / "runs.tar.gz").write_bytes((tmp_path / "logs.tar.gz").read_bytes()[:-40])
-    out, text = build(tmp_path, results, report, "--all-figures")
-    assert f"GPU results folder {folder}: runs.tar.gz is not a whole tarball" in text
-    assert text.count("runs.tar.gz is not a whole tarball") == 1
-    assert "Traceback" not in capsys.readouterr().err
-
-
 # --------------------------------------------------------------------- --out and the PDF's images
 
 def test_a_build_that_fails_leaves_the_old_out_whole(tmp_path, committed, monkeypatch):

@@ -168,3 +168,19 @@ def test_an_empty_out_dir_stops_the_launcher_in_one_line(tmp_path, script, flag)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "error: --out-dir is empty; give a folder, or leave the flag out for a new runs/gpt/ folder"]
     assert "out " not in result.stdout and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, forced", [([], True), (["--text", "x.txt"], True), (["--out", "mine.json"], False),
+                                           (["--out=mine.json", "--force"], False)])
+def test_tokenizer_sh_replaces_the_default_tokenizer_but_not_one_named_with_out(tmp_path, flags, forced):
+    """After the CPU try-out data/tokenizer/tokenizer.json exists: the job must not stop at "pass --force"
+    (a GPT job queued afterok on it would wait forever). Its own --out: the student's file, refused as ever."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    (fake / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "ARGS_OUT": str(tmp_path / "args")}
+    subprocess.run(["bash", str(REPO / "slurm" / "tokenizer.sh"), *flags], env=env, cwd=tmp_path, check=True,
+                   capture_output=True)
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args[0] == str(REPO / "tokenizer_train.py") and args[1:] == (["--force"] if forced else []) + flags

@@ -2,6 +2,7 @@
 
     python -m training.check_env                      # for everything: lenet5.py and the GPT scripts
     python -m training.check_env --for lenet5         # only what lenet5.py needs (--data-dir as lenet5.py's)
+    python -m training.check_env --for lenet5 --act cpp   # ... with the own GELU op, which must then be built
     python -m training.check_env --for gpt --text ../shared/data/wos-standin/X.txt --metrics-out env.json
 
 It reads only: nothing is downloaded, built or written (but --metrics-out). A node without a GPU is
@@ -165,10 +166,15 @@ def check_nvcc(torch, nvcc):
 
 # ----------------------------------------------------------------------------- the extension and the data
 
-def check_gelu_ext(torch):
+def check_gelu_ext(torch, act="cpp"):
+    """The compiled GELU op: a todo only where it will be used (`--act cpp`); for the default `--act torch`
+    an unbuilt op is a note (the CPU try-out never builds it)."""
     import gelu_ext
-    if not gelu_ext.is_built():
-        return todo("gelu_ext", f"{gelu_ext.build_info()}: pip install --no-build-isolation -e ./gelu_ext")
+    if not gelu_ext.is_built():  # (its import error reads "circular import": a missing _C, not a circle)
+        line = todo if act == "cpp" else note
+        return line("gelu_ext", "not built (no compiled gelu_ext/_C*.so): " + (
+            "--act cpp needs it: " if act == "cpp" else "only lenet5.py --act cpp needs it; to build: ")
+            + "pip install --no-build-isolation -e ./gelu_ext")
     kernels = [key for key in ("CPU", "CUDA")
                if torch._C._dispatch_has_kernel_for_dispatch_key("gelu_ext::gelu_forward", key)]
     if "CUDA" not in kernels and torch.version.cuda:
@@ -232,7 +238,7 @@ def run_checks(args):
         return checks + [todo("torch", f"not importable ({e}): pip install -r requirements.txt")]
     checks += [check_torch(torch), check_driver(torch, driver_cuda()), check_gpu(torch)]
     if "nvcc" in needed:
-        checks += [check_nvcc(torch, find_nvcc()), check_gelu_ext(torch)]
+        checks += [check_nvcc(torch, find_nvcc()), check_gelu_ext(torch, args.act)]
     if "mnist" in needed:
         checks.append(check_mnist(args.data_dir))
     if "corpus" in needed:
@@ -245,6 +251,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
     p.add_argument("--for", dest="use", choices=sorted(USES), default="all",
                    help="what to check for: lenet5.py, the GPT scripts, or all (default: %(default)s)")
+    p.add_argument("--act", choices=("torch", "python", "cpp"), default="torch",
+                   help="the GELU lenet5.py will use: only cpp needs the compiled gelu_ext (default: %(default)s)")
     p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="MNIST's folder, as lenet5.py --data-dir (default: $LAB5_DATA or data/)")
     p.add_argument("--text", type=Path, default=None,

@@ -1,0 +1,207 @@
+"""make_report.py against inputs and places that used to end in a traceback or a wrong mode: numbers beyond a
+float, JSON nested too deep, a 1 GiB log in a GPU folder, a PDF given as --report, --out under a file, on a
+read-only or full disk, and --out's mode. Each ends in one line, and what was there before is left as it was."""
+import io
+import json
+import os
+import stat
+import subprocess
+import tarfile
+
+import pytest
+
+from report import make_report
+
+
+def lenet_metrics(**extra):
+    return {"act": "torch", "test_accuracy": 0.99, "test_loss": 0.05, "epochs": 2, "train_seconds": 1.5,
+            "device": "cpu", "params": 44426, "steps": 4, "train_loss_curve": [[1, 2.0], [4, 0.5]],
+            "history": [{"epoch": 2, "test_loss": 0.05, "test_accuracy": 0.99}]} | extra
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics()))
+    report = tmp_path / "report.md"
+    report.write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}}.\n")
+    return results, report
+
+
+def snapshot(folder):
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def build(results, report, out, *extra):
+    return make_report.main(["--results", str(results), "--report", str(report), "--out", str(out),
+                             "--no-screenshots", *extra])
+
+
+def one_error(argv):
+    """main(argv)'s exit: the message sys.exit prints on stderr (status 1), which must be one line."""
+    with pytest.raises(SystemExit) as exit_:
+        make_report.main(argv)
+    message = str(exit_.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+# --------------------------------------------------------------------- JSON Python cannot hold (item 16)
+
+HUGE = "1" + "0" * 400  # an int json.loads takes, that .1f cannot format (OverflowError)
+DEEP = "[" * 5000 + "]" * 5000  # RecursionError in the parser (or in any walk of it)
+
+
+@pytest.mark.parametrize("text, why", [
+    (json.dumps(lenet_metrics(train_seconds=0)).replace('"train_seconds": 0', f'"train_seconds": {HUGE}'),
+     "(401 digits) does not fit a float"),
+    (json.dumps(lenet_metrics(history=[])).replace('"history": []', f'"history": {DEEP}'), "nested deeper than 64")],
+    ids=["huge-int", "deep"])
+def test_a_results_file_or_a_runs_metrics_python_cannot_hold_is_one_line(tmp_path, inputs, capsys, text, why):
+    results, report = inputs
+    (results / "lenet_run_x_cpu.json").write_text(text)
+    run = tmp_path / "runs" / "lenet5" / "mine"
+    run.mkdir(parents=True)
+    (run / "args.json").write_text("{}")
+    (run / "metrics.json").write_text(text)
+    before = snapshot(tmp_path)
+    build(results, report, tmp_path / "out", str(run))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if why in line]
+    assert len(lines) == 2, err  # the results file and the named run, each once
+    assert any(f"unreadable {results / 'lenet_run_x_cpu.json'}: " in line for line in lines)
+    assert any(f"left out {run}: unreadable metrics.json" in line for line in lines)
+    assert {p: b for p, b in snapshot(tmp_path).items() if p in before} == before  # the inputs untouched
+
+
+def test_a_gpu_folders_results_json_nested_too_deep_is_one_line(tmp_path, inputs, capsys):
+    results, report = inputs
+    folder = results / "gpu-new"
+    folder.mkdir()
+    (folder / "results.json").write_text('{"started_utc": "2026-12-02T06:59:00Z", "results": {"a": ' + DEEP + "}}")
+    build(results, report, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if "nested deeper" in line] == [
+        f"warning: GPU results folder {folder}: results.json nested deeper than 64 levels; its figures are left out"]
+
+
+# --------------------------------------------------------------------- a 1 GiB log (item 12)
+
+class Zeros(io.RawIOBase):
+    def __init__(self, n):
+        self.left = n
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        n = min(len(buffer), self.left)
+        buffer[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+@pytest.mark.slow  # a second to write the 1 GiB member (4.7 MB packed)
+def test_a_gpu_folders_log_of_1_gib_is_refused_from_its_header(tmp_path, inputs, capsys):
+    results, report = inputs
+    folder = results / "gpu-new"
+    folder.mkdir()
+    (folder / "results.json").write_text('{"started_utc": "2026-12-02T06:59:00Z", "results": {}}')
+    member = tarfile.TarInfo("logs/nvidia-smi-gpt-own-vocab.csv")
+    member.size = 1 << 30
+    with tarfile.open(folder / "logs.tar.gz", "w:gz", compresslevel=1) as tar:
+        tar.addfile(member, io.BufferedReader(Zeros(member.size), 1 << 20))
+    build(results, report, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if "logs.tar.gz" in line] == [
+        f"warning: GPU results folder {folder}: logs.tar.gz member logs/nvidia-smi-gpt-own-vocab.csv is "
+        "1,073,741,824 bytes uncompressed (1,073,741,824 so far), over the 64 MiB a log may be (256 MiB in all); "
+        "its figures are left out"]
+
+
+# --------------------------------------------------------------------- --report, --out (item 16) and its mode (item 10)
+
+def test_a_pdf_given_as_report_is_one_line_and_nothing_is_written(tmp_path, inputs):
+    results, report = inputs
+    out = tmp_path / "out"
+    build(results, report, out)
+    before = snapshot(tmp_path)
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(b"%PDF-1.4\n\xe2\x80\xff\xfe binary")
+    message = one_error(["--results", str(results), "--report", str(pdf), "--out", str(out)])
+    assert message == f"error: --report {pdf} is not UTF-8 text (a PDF?); give the Markdown it is built from, " \
+                      "e.g. report/report.md"
+    assert {p: b for p, b in snapshot(tmp_path).items() if p != pdf} == before
+
+
+def test_out_under_a_file_is_one_line_and_nothing_is_written(tmp_path, inputs):
+    results, report = inputs
+    (tmp_path / "notes.txt").write_text("keep")
+    before = snapshot(tmp_path)
+    target = tmp_path / "notes.txt" / "sub" / "x"
+    common = ["--results", str(results), "--report", str(report)]
+    for flag, argv in (("--out", ["--out", str(target)]), ("--pdf-out", ["--out", str(tmp_path / "o"), "--pdf",
+                                                                          "--pdf-out", str(target)])):
+        message = one_error(common + argv)
+        assert message == f"error: {flag} {target}: {tmp_path / 'notes.txt'} is a file, not a folder"
+    assert snapshot(tmp_path) == before and not (tmp_path / "o").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real tmpfs of `size` mounted on tmp_path/disk (root only: where mounting is refused, skip)."""
+    mounted = []
+
+    def mount(options):
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()[:80]})")
+        mounted.append(where)
+        return where
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_out_on_a_read_only_disk_is_one_line(inputs, small_disk):
+    results, report = inputs
+    disk = small_disk("ro,size=1m")
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen")])
+    assert message == f"error: --out {disk / 'gen'}: {disk} is read-only"
+
+
+def test_a_disk_with_no_room_is_refused_before_and_a_disk_filling_during_the_build_leaves_the_old_out(
+        inputs, small_disk, monkeypatch):
+    results, report = inputs
+    disk = small_disk("size=1m")
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen")])
+    assert message == f"error: --out {disk / 'gen'}: 1 MiB free on {disk}'s disk, under the 64 MiB a report needs"
+    monkeypatch.setattr(make_report, "MIN_FREE", 0)  # past the check: the disk fills while the figures are drawn
+    (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics()))
+    report.write_text("# R\n\n![c](generated/lenet_curves.png)\n")
+    build(results, report, disk / "gen", "--all-figures")  # a first build fits: results.md and a figure
+    before = snapshot(disk)
+    (disk / "ballast").write_bytes(b"\0" * (1024 * 1024 - sum(map(len, before.values())) - 64 * 1024))
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen"),
+                         "--no-screenshots", "--all-figures"])
+    assert message.startswith("error: No space left on device: ") and message.endswith(
+        f"--out {disk / 'gen'} was left as it was")
+    (disk / "ballast").unlink()
+    assert snapshot(disk) == before
+
+
+def test_out_is_made_as_mkdir_would_make_it_under_the_umask(tmp_path, inputs):
+    results, report = inputs
+    old = os.umask(0o022)
+    try:
+        build(results, report, tmp_path / "shared-out")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "shared-out").stat().st_mode) == 0o755  # not mkdtemp's 0700
+    assert stat.S_IMODE((tmp_path / "shared-out" / "results.md").stat().st_mode) == 0o644
