@@ -52,6 +52,7 @@ from training.checkpoints import (  # noqa: E402
     open_run_dir,
     remove_checkpoints,
     restore,
+    resume_advice,
     run_identity,
     save_checkpoint,
 )
@@ -325,9 +326,14 @@ def train(args, argv, stop, phases):
     """The phases: set-up, the loop, the final validation; then the metrics first (a full disk at final/
     keeps them), final/, the samples, and the metrics again with the whole process's time."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(runfiles.quiet_writer_thread())  # its failure is the main thread's one line
         setup, state, stats = set_up(args, argv, stack, phases)
         phases.switch("loop")
-        perf, profile = train_loop(setup, state, stop)
+        try:
+            perf, profile = train_loop(setup, state, stop)
+        except OSError as e:  # TensorBoard's writer on a full disk (a checkpoint's failure says its own line)
+            raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({runfiles.reason(e)}) after "
+                            f"step {state.step}; {resume_advice(setup.out_dir)}") from None
         if profile and setup.writer:  # the main process's step (each process profiles its own)
             profile = {**profile, "device_name": setup.info["device_name"], "step": state.step}
             runfiles.write_json(setup.out_dir / "profile.json", profile)
@@ -349,8 +355,7 @@ def train(args, argv, stop, phases):
                                                       args.sample_tokens, setup.writer, state.step, val_loss, stop)
         phases.switch("teardown")
         if main:
-            log_phases(setup.writer, phases, state.step, profile)
-            setup.writer.close()
+            close_writer(setup, phases, state.step, profile)
         if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
             remove_checkpoints(setup.step.accelerator, setup.out_dir)
         if main:
@@ -374,6 +379,17 @@ def with_clock(metrics, setup, phases, perf):
 def write_metrics(args, out_dir, metrics):
     for path in [out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
         runfiles.write_json(path, metrics)
+
+
+def close_writer(setup, phases, at_step, profile):
+    """The phases into TensorBoard, then its file closed; the run is saved by now, so a failing disk here
+    costs the last events only, said in a warning."""
+    try:
+        log_phases(setup.writer, phases, at_step, profile)
+        setup.writer.close()
+    except OSError as e:
+        print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} ({runfiles.reason(e)}); "
+              f"the metrics and final/ are saved", file=sys.stderr)
 
 
 def log_phases(writer, phases, at_step, profile):
