@@ -385,22 +385,13 @@ def close_writer(setup, phases, at_step, profile):
     """The phases into TensorBoard, then its file closed; the run is saved by now, so a failing disk here
     costs the last events only, said in a warning."""
     try:
-        log_phases(setup.writer, phases, at_step, profile)
+        phases.log(setup.writer, at_step)
+        for name, seconds in (profile or {}).get("groups", {}).items():
+            setup.writer.add_scalar(f"profile/{name}_seconds", seconds, at_step)
         setup.writer.close()
     except OSError as e:
         print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} ({runfiles.reason(e)}); "
               f"the metrics and final/ are saved", file=sys.stderr)
-
-
-def log_phases(writer, phases, at_step, profile):
-    """Where the seconds went, in TensorBoard: one scalar per phase (and per profile group), and a table."""
-    spent, now = phases.record()
-    for name, seconds in spent.items():
-        writer.add_scalar(f"phases/{name}_seconds", seconds, at_step)
-    for name, seconds in (profile or {}).get("groups", {}).items():
-        writer.add_scalar(f"profile/{name}_seconds", seconds, at_step)
-    writer.add_text("phases", "| phase | seconds |\n|---|---|\n" +
-                    "".join(f"| {k} | {v:.2f} |\n" for k, v in spent.items()) + f"| process | {now:.2f} |", at_step)
 
 
 def main(argv=None):

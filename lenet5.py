@@ -305,6 +305,7 @@ def fit_plain(run):
         test_loss, test_acc = test(run.model, test_loader)
         run.phases.switch("logging")
         epoch_done(run, writer, epoch, step, test_loss, test_acc)
+    run.phases.log(writer, step)
     writer.flush()  # raises what the writer thread could not write; close() alone would not
     writer.close()
 

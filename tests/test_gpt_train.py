@@ -446,3 +446,109 @@ def test_flags_that_make_no_sense_are_refused(capsys):
         with pytest.raises(SystemExit) as stop:
             gpt_train.parse_args(flags)
         assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], flags
+
+
+# ------------------------------------------------------------------ never lose a run, round 5 (issue 36)
+
+def test_a_full_disk_at_final_keeps_the_metrics_and_says_what_remains(corpus, tmp_path, monkeypatch):
+    """No checkpoint (--ckpt-every 0): the metrics are written before final/, and the message says so and
+    that no checkpoint holds the weights, never 'run the same command to resume'."""
+    from training import final
+
+    def full(*a, **kw):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(final, "write_final", full)
+    run, kept = tmp_path / "run", tmp_path / "other-disk" / "m.json"
+    with pytest.raises(SystemExit) as stop:
+        gpt_train.main(tiny_args(corpus, run, "--tokens", "2048", "--ckpt-every", "0", "--metrics-out", str(kept)))
+    message = str(stop.value.code)
+    assert "\n" not in message and "writing the final weights" in message and "No space left on device" in message
+    assert f"the metrics are in {run / 'metrics.json'}" in message and "no checkpoint holds the weights" in message
+    assert "resume" not in message
+    assert json.loads(kept.read_text())["steps"] == json.loads((run / "metrics.json").read_text())["steps"] == 8
+    assert not (run / "final").exists() and not (run / "final.tmp").exists()
+
+
+def test_a_rerun_into_a_failed_attempts_folder_keeps_the_attempt_apart(corpus, tmp_path, capsys):
+    """A killed attempt that never checkpointed left args.json and events: the new run's are its own, the
+    old ones are kept in earlier-attempt-*/ (TensorBoard shows them as another run, never mixed in)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.owner").write_text("gpt_train.py\n")
+    (run / "args.json").write_text('{"lr": 99}')
+    (run / "events.out.tfevents.1.old").write_bytes(b"")
+    gpt_train.main(tiny_args(corpus, run, "--tokens", "2048", "--lr", "2e-3"))
+    aside = list(run.glob("earlier-attempt-*"))
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == ["args.json", "events.out.tfevents.1.old"]
+    assert json.loads((run / "args.json").read_text())["lr"] == 2e-3
+    assert "earlier attempt" in capsys.readouterr().err
+    steps = [e.step for e in EventAccumulator(str(run)).Reload().Scalars("train/loss")]
+    assert steps == sorted(set(steps))  # one run's points, each once
+
+
+def test_the_loss_window_a_checkpoint_saves_is_every_processs_mean():
+    """With several processes each holds its own partial sum; every one restores the saved value, so it
+    must be their mean (the first log point after a resume then averages as an uninterrupted run's)."""
+    import torch
+
+    from training.metrics import LossWindow
+
+    class TwoRanks:  # this rank's sum is 1.0, the other's 3.0
+        def reduce(self, tensor, reduction):
+            assert reduction == "mean"
+            return (tensor + torch.tensor(3.0)) / 2
+    window = LossWindow([0.0, 0], "cpu")
+    window.add(torch.tensor(1.0))
+    window.steps = 1
+    assert window.saved(TwoRanks()) == [2.0, 1]
+
+
+def test_final_weights_are_written_before_the_samples_and_a_stop_ends_the_samples(corpus, tmp_path, monkeypatch):
+    """The final samples come after final/ (a job cut short while sampling has its weights), and a stop
+    signal ends them early, keeping what was generated."""
+    from training import sample
+    seen = {}
+    real = sample.greedy_and_sampled
+
+    def stopping(model, idx, new_tokens, generator, vocab_size, stop=None):
+        seen["final"] = (tmp_path / "run" / "final" / "model.safetensors").is_file()
+        stop.signal = "SIGUSR1"  # Slurm's warning arrives as sampling starts
+        return real(model, idx, new_tokens, generator, vocab_size, stop)
+    monkeypatch.setattr(sample, "greedy_and_sampled", stopping)
+    metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "2048", "--sample-tokens", "1024"))
+    assert seen["final"] and metrics["samples"]["new_tokens"] == 0
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["samples"]["new_tokens"] == 0
+
+
+def test_tensorboard_on_a_full_disk_mid_run_is_one_line_with_what_remains(corpus, tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+    real = SummaryWriter.add_scalar
+
+    def failing(self, tag, value, step=None, *a, **kw):
+        if step is not None and step >= 6:  # the disk filled during the run, after the step-4 checkpoint
+            raise OSError(28, "No space left on device")
+        return real(self, tag, value, step, *a, **kw)
+    monkeypatch.setattr(SummaryWriter, "add_scalar", failing)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        gpt_train.main(tiny_args(corpus, run, "--tokens", "4096", "--ckpt-every", "4"))
+    message = str(stop.value.code)
+    assert message.startswith(f"error: writing TensorBoard events in {run} failed (No space left on device)")
+    assert "ckpt-0000004 in" in message and "run the same command to resume from it" in message
+
+
+def test_a_model_that_cannot_fit_is_refused_before_the_data_is_read(corpus, tmp_path):
+    result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", "--n-embd", "1073741824", "--n-head", "1",
+                                                   "--cache-dir", str(tmp_path / "cache")))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: a model of --n-layer 2 --n-embd 1073741824")
+    assert "GiB for its weights, gradients and AdamW alone" in result.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()  # no data read, no folder left
+
+
+def test_too_few_blocks_for_one_global_batch_leaves_no_folder(corpus, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit, match="training blocks are fewer than one global batch"):
+        gpt_train.main(tiny_args(corpus, run, "--global-batch", "4096", "--micro-batch", "4"))
+    assert not run.exists()  # no args.json, no empty event file

@@ -60,6 +60,14 @@ class Phases:
         finally:
             self.switch(previous)
 
+    def log(self, writer, step):
+        """Where the seconds went so far, into TensorBoard: a scalar per phase and a table (the text tab)."""
+        spent, now = self.record()
+        for name, seconds in spent.items():
+            writer.add_scalar(f"phases/{name}_seconds", seconds, step)
+        writer.add_text("phases", "| phase | seconds |\n|---|---|\n" +
+                        "".join(f"| {k} | {v:.2f} |\n" for k, v in spent.items()) + f"| process | {now:.2f} |", step)
+
     def record(self):
         """{phase: seconds} up to now, in the order the phases first ran, and the process's seconds."""
         self.switch(self.current)

@@ -39,6 +39,7 @@ def fit_lightning(run):
                         callbacks=[epoch_callback(L)(run)], enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0, log_every_n_steps=args.log_every)
     trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=Batches(run.test_set, 1000, shuffle=False))
+    run.phases.log(logger.experiment, trainer.global_step)
     logger.experiment.flush()  # raises what the writer thread could not write
     logger.experiment.close()
 
