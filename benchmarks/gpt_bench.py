@@ -32,11 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -53,8 +54,8 @@ class HFLoss(torch.nn.Module):
 
     def __init__(self, cfg, dropout, attention):
         super().__init__()
-        cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = dropout
-        self.hf = GPT2LMHeadModel._from_config(cfg, attn_implementation=attention)
+        hf_cfg = GPT2Config(**{**asdict(cfg), "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout})
+        self.hf = GPT2LMHeadModel._from_config(hf_cfg, attn_implementation=attention)
         self.cfg, self.attention = cfg, attention
 
     def forward(self, x, y):

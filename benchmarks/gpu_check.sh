@@ -1,6 +1,7 @@
 #!/bin/bash
 # Every GPU-side check and measurement in one call, for a lent GPU machine or the first GPU node, the
-# graded numbers first: the 12M-token GPT run as gpt_train.py runs by default, cold and end to end;
+# graded numbers first: the 12M-token GPT run as a student runs it (slurm/gpt.sh with its defaults, after
+# the tokenizer step as tokenizer.sh, caches cold: no compile cache, no micro-batch probe), end to end;
 # the same with --compile regional (does compile pay?); GPT-2's vocabulary; the gelu_ext build for this
 # GPU (beside the GPT runs) and its CUDA tests; fp16 + GradScaler; LeNet-5; GELU bandwidth; then the
 # acceleration ladder, its unmeasured rows first, as long as the budget lasts; then the report.
@@ -13,7 +14,9 @@
 # So that a call cut short still leaves everything finished so far, OUT holds
 # results.json (an entry per step: ok, cut at N s, failed: why, skipped: why,
 # interrupted; and every result so far), logs.tar.gz, runs.tar.gz (TensorBoard events, run metrics),
-# report.tar.gz and gpu_check.log, each rewritten as soon as a step ends. results.json exists before
+# report.tar.gz and gpu_check.log, each rewritten as soon as a step ends; results.json's `clocks` give,
+# for every GPT and LeNet-5 run, the process's wall time as this shell measured it beside the run's own
+# `process_seconds` and `phases` (a grader's clock, and where its seconds went). results.json exists before
 # anything that could hang; everything before the first step runs under `timeout`. The --budget clock
 # (default 540 s) starts at once; each step runs under `timeout` in its own process group at the
 # smaller of its cap and what the budget leaves (less the report's reserve). The plan line at the
@@ -35,8 +38,9 @@
 #
 # --rehearse runs every step on the CPU at the smallest sizes (1,000 documents, vocabulary 1,024,
 # tiny GPT preset for 4,096 tokens, fp32 where the GPU runs fp16, LeNet-5 for one epoch of 1,024
-# images, GELU at 2^10 and 2^12, the ladder at sequence 16): the install, the checks, the (CPU)
-# build, each command line, the cuts and the results written as they come, before any GPU time is spent.
+# images, GELU at 2^10 and 2^12, the ladder at sequence 16): the install, the checks, the build (with its
+# CUDA kernels where nvcc is, for TORCH_CUDA_ARCH_LIST or sm90, checked compiled in: no device needed),
+# each command line, the cuts and the results written as they come, before any GPU time is spent.
 set -uo pipefail
 START=$(date +%s)  # the budget's clock: install, unpacking and build count
 CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
@@ -167,8 +171,11 @@ trap 'rm -rf "$WORK"' EXIT
 RESULTS="$WORK/results" LOGS="$WORK/logs"
 mkdir -p "$RESULTS" "$LOGS" "$WORK/runs"
 : > "$WORK/steps.jsonl"
-# caches start cold; PYTHONPATH: the carried packages, never over the image's
-export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$WORK/cache" PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
+# caches start cold; PYTHONPATH: the carried packages, never over the image's; `python` is the interpreter
+# that imports torch (slurm/gpt.sh calls `python`, which a bare image may not have)
+mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python"
+export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$WORK/cache" PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}" \
+    PATH="$WORK/bin:$PATH"
 now() { echo $(( $(date +%s) - START )); }
 say() { echo "[$(now) s] $*"; }
 pre() {  # pre SECONDS CMD...: a command before the first step, cut (and said) if it hangs
@@ -340,42 +347,57 @@ if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents, 1
     MNIST="$WORK/mnist-small"
 fi
 
-# The extension, built in a copy of its sources and moved into gelu_ext/ by a rename (a process that
-# has the old one loaded keeps it), for this GPU only. CPU-only is said in one line (the step's status).
+# The extension, built in a copy of its sources (a package of its own under $WORK/build), its CUDA
+# kernels checked compiled in there, then moved into gelu_ext/ by a rename (a process that has the old
+# one loaded keeps it); on a GPU for this GPU only. The rehearsal builds the same way (for
+# TORCH_CUDA_ARCH_LIST, default sm90: no device to ask) and leaves the repository's extension as it is.
 build() {
-    rm -rf "$WORK/gelu_ext-src" && cp -r gelu_ext "$WORK/gelu_ext-src" && rm -f "$WORK"/gelu_ext-src/_C.*.so || return 1
-    (cd "$WORK/gelu_ext-src" && unset TORCH_CUDA_ARCH_LIST && "$PY" setup.py -q build_ext --inplace) || return 1
     local so
-    so=$(ls "$WORK"/gelu_ext-src/_C.*.so) || return 1
+    rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cp -r gelu_ext "$WORK/build/gelu_ext" \
+        && rm -f "$WORK"/build/gelu_ext/_C.*.so || return 1
+    if [ "$REHEARSE" = 1 ]; then
+        (cd "$WORK/build/gelu_ext" && TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" \
+            "$PY" setup.py -q build_ext --inplace) || return 1
+    else
+        (cd "$WORK/build/gelu_ext" && unset TORCH_CUDA_ARCH_LIST && "$PY" setup.py -q build_ext --inplace) || return 1
+    fi
+    PYTHONPATH="$WORK/build" "$PY" "$TOOLS" cuda-ready "$REHEARSE" || return 1
+    [ "$REHEARSE" = 0 ] || { echo "rehearsal: built and checked in $WORK/build; gelu_ext/ left as it is"; return 0; }
+    so=$(ls "$WORK"/build/gelu_ext/_C.*.so) || return 1
     cp "$so" "gelu_ext/.${so##*/}.tmp" && mv -f "gelu_ext/.${so##*/}.tmp" "gelu_ext/${so##*/}"
-    "$PY" "$TOOLS" cuda-ready
-}
-# The rehearsal runs the same build but leaves an existing extension in place: others may be using it.
-rehearse_build() {
-    local so
-    so=$("$PY" -c 'import sysconfig; print("_C" + sysconfig.get_config_var("EXT_SUFFIX"))')
-    if [ -f "gelu_ext/$so" ]; then
-        rm -rf "$WORK/gelu_ext-src" && cp -r gelu_ext "$WORK/gelu_ext-src" && rm -f "$WORK"/gelu_ext-src/_C.*.so \
-            && (cd "$WORK/gelu_ext-src" && GELU_EXT_CPU_ONLY=1 "$PY" setup.py -q build_ext --inplace) \
-            && echo "rehearsal: built in $WORK/gelu_ext-src; gelu_ext/$so left in place"
-    else build; fi
 }
 # The CUDA tests, on a GPU only where the kernels are there: without them every CUDA test would skip
 # and pytest pass.
 cuda_tests() {
-    [ "$REHEARSE" = 1 ] || "$PY" "$TOOLS" cuda-ready || return 1
+    [ "$REHEARSE" = 1 ] || "$PY" "$TOOLS" cuda-ready 0 || return 1
     "$PY" -m pytest -q -p no:cacheprovider tests/test_gelu_ext.py "${TESTS[@]}"
+}
+clocked() {  # clocked METRICS CMD...: CMD, and its wall time from this shell beside the metrics' own clock
+    local metrics=$1 t0 rc
+    shift
+    t0=$(date +%s.%N)
+    "$@"; rc=$?
+    "$PY" "$TOOLS" clock "$WORK" "$metrics" "$t0" "$(date +%s.%N)"
+    return $rc
 }
 lenet() {  # lenet NAME FLAGS...
     local name=$1; shift
-    "$PY" lenet5.py --data-dir "$MNIST" --no-download --out-dir "$WORK/runs/lenet5/$GPU-$name" \
-        --metrics-out "$RESULTS/lenet_run_${name}_$GPU.json" "${SMALL_LENET[@]}" "$@"
+    clocked "$RESULTS/lenet_run_${name}_$GPU.json" "$PY" lenet5.py --data-dir "$MNIST" --no-download \
+        --out-dir "$WORK/runs/lenet5/$GPU-$name" --metrics-out "$RESULTS/lenet_run_${name}_$GPU.json" \
+        "${SMALL_LENET[@]}" "$@"
 }
 gpt() {  # gpt NAME FLAGS...: each run cold (its own data, compile and micro-batch caches), end to end
     local name=$1; shift
-    XDG_CACHE_HOME="$WORK/cache-$name" "$PY" gpt_train.py --text "$TEXT" --cache-dir "$WORK/data-cache-$name" \
-        --compile-cache "$WORK/compile-cache-$name" --out-dir "$WORK/runs/gpt/$GPU-$name" \
-        --metrics-out "$RESULTS/gpt_run_${name}_$GPU.json" "${SMALL_GPT[@]}" "$@"
+    clocked "$RESULTS/gpt_run_${name}_$GPU.json" env XDG_CACHE_HOME="$WORK/cache-$name" "$PY" gpt_train.py \
+        --text "$TEXT" --cache-dir "$WORK/data-cache-$name" --compile-cache "$WORK/compile-cache-$name" \
+        --out-dir "$WORK/runs/gpt/$GPU-$name" --metrics-out "$RESULTS/gpt_run_${name}_$GPU.json" "${SMALL_GPT[@]}" "$@"
+}
+gpt_sh() {  # gpt_sh NAME: the graded run as a student starts it: slurm/gpt.sh with its defaults, after the
+    # tokenizer step (its tokenizer and token cache, as tokenizer.sh leaves them), no compile or probe cache
+    local name=$1; shift
+    clocked "$RESULTS/gpt_run_${name}_$GPU.json" env XDG_CACHE_HOME="$WORK/cache-$name" bash slurm/gpt.sh \
+        --text "$TEXT" --tokenizer "$WORK/tokenizer.json" --cache-dir "$WORK/data-cache-tokenizer" \
+        --out-dir "$WORK/runs/gpt/$GPU-$name" --metrics-out "$RESULTS/gpt_run_${name}_$GPU.json" "${SMALL_GPT[@]}"
 }
 fp16() {  # the fp16 + GradScaler path a 2080Ti takes: loss < 7 and the steps GradScaler skipped
     gpt "$TOKENS-own-vocab-fp16" --tokenizer "$WORK/tokenizer.json" "${FP16[@]}" \
@@ -394,16 +416,16 @@ if [ "$REHEARSE" = 1 ]; then
     SMALL_LADDER=(--seq-len 16 --micro-batch 1 --vocab-size 64 --warmup 0 --steps 1 --repeats 1)
     SMALL_TOK=(--vocab-size 1024 --seq-len 64)  # the tiny preset's
     GELU=(--device cpu --log2 10 12 --repeats 2) TESTS=(-k cuda) FP16=(--precision fp32)  # fp16 needs a GPU
-    BUILD=rehearse_build TOKENS=4K
+    TOKENS=4K
     # the steps use the extension already built here, if there is one: then its rehearsal build comes
     # last, so that on a small login node it does not take their CPU
     BUILD_AT=first
     pre "$PRE" "$PY" -c 'import sys, gelu_ext; sys.exit(not gelu_ext.is_built())' 2>/dev/null && BUILD_AT=last
 else
     SMALL_LENET=() SMALL_GPT=() SMALL_LADDER=(--repeats 3) SMALL_TOK=() GELU=(--device cuda) TESTS=()
-    FP16=(--precision fp16) BUILD=build TOKENS=12M BUILD_AT=first
+    FP16=(--precision fp16) TOKENS=12M BUILD_AT=first
 fi
-export -f build rehearse_build cuda_tests lenet gpt fp16 report
+export -f build cuda_tests clocked lenet gpt gpt_sh fp16 report
 export REPO WORK RESULTS GPU MNIST TEXT TOOLS PY REHEARSE TOKENS
 # arrays do not cross `bash -c`: pass them as strings the functions split again
 export SMALL_LENET_S="${SMALL_LENET[*]}" SMALL_GPT_S="${SMALL_GPT[*]}" FP16_S="${FP16[*]}" TESTS_S="${TESTS[*]}"
@@ -428,12 +450,12 @@ say "$("$PY" "$TOOLS" plan "$PLAN" "$ONLY" "$BUDGET")"
 
 # In the plan's order. The build runs beside the GPT steps (niced, so that what is measured meanwhile
 # keeps its CPU); nothing before cuda-tests waits for it.
-[ "$BUILD_AT" = last ] || step build 180 --bg nice -n 10 bash -c "$BUILD"
+[ "$BUILD_AT" = last ] || step build 180 --bg nice -n 10 bash -c build
 step tokenizer 90 "$PY" tokenizer_train.py --text "$TEXT" --out "$WORK/tokenizer.json" --force \
     --compare "${GPT2TOK:-none}" --cache-dir "$WORK/data-cache-tokenizer" --metrics-out "$RESULTS/tokenizer_$GPU.json" \
     "${SMALL_TOK[@]}"
-# the graded run: gpt_train.py's defaults (compile off), cold, end to end; then the A/B with compile
-step gpt-own-vocab 120 --smi 'train:' bash -c "$ARRAYS gpt $TOKENS-own-vocab-cold --tokenizer '$WORK/tokenizer.json'"
+# the graded run: slurm/gpt.sh with gpt_train.py's defaults (compile off), cold, end to end; then the A/B with compile
+step gpt-own-vocab 120 --smi 'train:' bash -c "$ARRAYS gpt_sh $TOKENS-own-vocab-cold"
 step gpt-own-vocab-regional-compile 150 --smi 'train:' \
     bash -c "$ARRAYS gpt $TOKENS-own-vocab-regional-compile-cold --compile regional --tokenizer '$WORK/tokenizer.json'"
 step gpt-gpt2-vocab 150 --smi 'train:' bash -c "$ARRAYS gpt $TOKENS-gpt2-vocab-cold --tokenizer '$GPT2TOK'"
@@ -448,7 +470,7 @@ step ladder 600 "$PY" benchmarks/gpt_bench.py --order unmeasured --metrics-out "
     "${SMALL_LADDER[@]}"
 step lenet-cpp 60 --smi 'epoch 1' bash -c "$ARRAYS lenet cpp --act cpp"
 step lenet-lightning 75 --smi 'epoch 1' bash -c "$ARRAYS lenet lightning --engine lightning"
-[ "$BUILD_AT" = first ] || step build 600 bash -c "$BUILD"
+[ "$BUILD_AT" = first ] || step build 600 bash -c build
 for n in gpt-own-vocab gpt-own-vocab-regional-compile lenet-torch; do  # the report's figure: one taken during training
     [ ! -f "$LOGS/nvidia-smi-during-$n.txt" ] || { cp "$LOGS/nvidia-smi-during-$n.txt" "$LOGS/nvidia-smi.txt"; break; }
 done

@@ -10,7 +10,8 @@ and, at the end, the plan's second call.
     python benchmarks/gpu_check_tools.py record WORK STEP STATUS SECONDS  one step's entry (any bytes)
     python benchmarks/gpu_check_tools.py results WORK OUT.json            every step's status and results
     python benchmarks/gpu_check_tools.py mnist-subset SRC DST N_TRAIN N_TEST   the first N images (rehearsal)
-    python benchmarks/gpu_check_tools.py cuda-ready | gpt-verdict M.json REHEARSE | plan | summary
+    python benchmarks/gpu_check_tools.py cuda-ready [REHEARSE] | gpt-verdict M.json REHEARSE | plan | summary
+    python benchmarks/gpu_check_tools.py clock WORK METRICS.json T0 T1   a run's shell wall time beside its clock
     python benchmarks/gpu_check_tools.py second-call | all-ok
 
 Standard library only (plus `packaging`, which pip and transformers bring): it runs before the
@@ -132,7 +133,9 @@ def results(work, out):
             found[path.stem] = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # a step cut while writing: say so, keep the rest
             found[path.stem] = {"unreadable": str(e)}
-    write(out, {**facts, "steps": steps_of(work), "results": found})
+    clocks = [json.loads(line) for line in (work / "clocks.jsonl").read_text().splitlines()
+              if line.strip()] if (work / "clocks.jsonl").exists() else []
+    write(out, {**facts, "steps": steps_of(work), "clocks": clocks, "results": found})
 
 
 def mnist_subset(src, dst, n_train, n_test):
@@ -236,18 +239,40 @@ def tokenizer_json(prep):
     return None
 
 
-def cuda_ready():
-    """On a GPU: the extension has its CUDA kernels (else every CUDA test would skip and pytest pass)."""
+def cuda_ready(rehearsal="0"):
+    """The extension (the first gelu_ext on the path: a fresh build's) has its CUDA kernels compiled in, else
+    every CUDA test would skip and pytest pass; on a GPU, torch also sees the device. A rehearsal has none
+    to see: the compiled kernels are what it checks."""
     import torch
-    if not torch.cuda.is_available():
+    if rehearsal != "1" and not torch.cuda.is_available():
         return fail(f"torch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda or 'none'})")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH's build
     import gelu_ext
     if not gelu_ext.is_built():
         return fail("gelu_ext is not built (the build step failed or did not run)")
     if not gelu_ext.built_with_cuda():
         return fail(f"gelu_ext was built without CUDA kernels (no usable nvcc for torch's CUDA {torch.version.cuda})")
-    print("gelu_ext: CPU + CUDA kernels")
+    print(f"gelu_ext: CPU + CUDA kernels ({Path(gelu_ext.__file__).parent})")
+    return 0
+
+
+def clock(work, metrics, started, ended):
+    """A run's wall time as the shell measured it (fork to exit) beside its metrics' own process_seconds and
+    phases, into WORK/clocks.jsonl (results.json's `clocks`): a grader's clock and the run's should agree
+    within a second (the interpreter's exit is the difference)."""
+    wall = float(ended) - float(started)
+    try:
+        m = json.loads(Path(metrics).read_text())
+    except (OSError, ValueError):
+        m = {}
+    process = m.get("process_seconds")
+    entry = {"run": Path(metrics).stem, "shell_wall_seconds": round(wall, 3), "process_seconds": process,
+             "process_seconds_total": m.get("process_seconds_total"), "train_seconds": m.get("train_seconds"),
+             "phases": m.get("phases"), "agree_within_1s": process is not None and abs(wall - process) <= 1.0}
+    with open(Path(work) / "clocks.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    print(f"clock: {entry['run']}: {wall:.2f} s from the shell, process_seconds {process} "
+          f"({'agree within 1 s' if entry['agree_within_1s'] else 'DISAGREE'})")
     return 0
 
 
@@ -353,7 +378,8 @@ if __name__ == "__main__":
     sys.exit({"missing-wheels": lambda: missing_wheels(*args), "requirements": lambda: requirements(args),
               "imports": lambda: imports(args), "record": lambda: record(*args),
               "results": lambda: results(*args), "check-prep": lambda: check_prep(*args),
-              "cuda-ready": cuda_ready, "gpt-verdict": lambda: gpt_verdict(*args),
+              "cuda-ready": lambda: cuda_ready(*args), "gpt-verdict": lambda: gpt_verdict(*args),
+              "clock": lambda: clock(*args),
               "plan": lambda: plan(*args), "summary": lambda: summary(*args),
               "second-call": lambda: second_call(*args), "all-ok": lambda: all_ok(*args),
               "mnist-subset": lambda: mnist_subset(*args)}[command]())

@@ -383,3 +383,49 @@ def test_a_failure_message_with_a_tab_and_a_carriage_return_keeps_results_json(t
     status = {s["step"]: s["status"] for s in results["steps"]}
     assert status["lenet-torch"] == "failed (exit 1): a failure with a tab and a carriage return in it \u00ff"
     assert status["report"] == "ok"  # results.json kept updating after it
+
+
+@pytest.mark.slow
+def test_the_graded_gpt_step_is_slurm_gpt_sh_and_its_clock_is_the_shells(tmp_path, tiny_mnist, text_file):
+    """gpt-own-vocab runs slurm/gpt.sh with its defaults after the tokenizer step (its tokenizer and token
+    cache), no compile or micro-batch cache; results.json's clocks put the shell's wall time beside the
+    run's own process_seconds and phases, within a second of each other."""
+    result = gpu_check("--rehearse", "--mnist", tiny_mnist, "--text", text_file, "--out", tmp_path / "out",
+                       "--only", "tokenizer,gpt-own-vocab,lenet-torch", "--budget", "400", timeout=450)
+    assert result.returncode == 0, result.stdout[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    clocks = {c["run"]: c for c in results["clocks"]}
+    assert set(clocks) == {"gpt_run_4K-own-vocab-cold_rehearsal_cpu", "lenet_run_torch_rehearsal_cpu"}
+    for c in clocks.values():
+        assert c["agree_within_1s"] and abs(c["shell_wall_seconds"] - c["process_seconds"]) <= 1.0, c
+        assert abs(sum(c["phases"].values()) - c["process_seconds"]) <= 0.02 * c["process_seconds"]
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
+        log = tar.extractfile("logs/gpt-own-vocab.log").read().decode()
+    assert any(line.startswith("out ") for line in log.splitlines())  # slurm/gpt.sh's own line
+    metrics = results["results"]["gpt_run_4K-own-vocab-cold_rehearsal_cpu"]
+    flags = {f for f in metrics["command"].split() if f.startswith("--")}
+    assert flags == {"--text", "--tokenizer", "--cache-dir", "--out-dir", "--metrics-out", "--preset", "--tokens",
+                     "--val-batches"}  # paths and the rehearsal's size: every training setting gpt_train's default
+
+
+def test_a_rehearsal_checks_the_built_cuda_kernels_without_a_device(monkeypatch, capsys):
+    """No GPU here: the rehearsal's build is judged by its compiled kernels (a CPU-only build fails it)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gelu_ext
+    import gpu_check_tools
+    monkeypatch.setattr(gelu_ext, "is_built", lambda: True)
+    monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: True)
+    assert gpu_check_tools.cuda_ready("1") == 0 and capsys.readouterr().out.startswith("gelu_ext: CPU + CUDA kernels")
+    monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: False)
+    assert gpu_check_tools.cuda_ready("1") == 1
+    assert capsys.readouterr().out.startswith("gelu_ext was built without CUDA kernels")
+
+
+def test_the_clock_entry_compares_the_shells_wall_time_with_the_runs(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps({"process_seconds": 10.2, "phases": {"loop": 10.2}}))
+    assert tools("clock", tmp_path, tmp_path / "m.json", "100.0", "110.5").returncode == 0
+    (tmp_path / "n.json").write_text(json.dumps({"process_seconds": 8.0, "phases": {"loop": 8.0}}))
+    assert "DISAGREE" in tools("clock", tmp_path, tmp_path / "n.json", "100.0", "110.5").stdout
+    entries = [json.loads(line) for line in (tmp_path / "clocks.jsonl").read_text().splitlines()]
+    assert [(e["run"], e["shell_wall_seconds"], e["agree_within_1s"]) for e in entries] == [("m", 10.5, True),
+                                                                                               ("n", 10.5, False)]

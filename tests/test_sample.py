@@ -232,7 +232,7 @@ def test_an_older_final_folder_samples_the_same_text(run_copy, finished_run, cap
     for file in (run_copy / "final").iterdir():
         file.unlink()
     torch.save(model.state_dict(), run_copy / "final" / "model.pt")
-    (run_copy / "final" / "config.json").write_text(json.dumps(model.cfg.to_dict()))
+    (run_copy / "final" / "config.json").write_text(json.dumps(model.cfg.to_transformers()))
     code, out, err = sample_here(capsys, run_copy, "--prompt", "Kalo mi", "--seed", "3")
     assert code == 0 and out == sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--seed", "3")[1]
     assert err.startswith("note: ") and "older format" in err and len(err.splitlines()) == 1

@@ -74,8 +74,8 @@ def write_final(net, tokenizer, folder):
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
     # what save_pretrained writes, the shape always spelled out; the hash: training.sample refuses a
     # tokenizer.json that is not the one the model learned
-    config = {**cfg.to_diff_dict(), **{k: getattr(cfg, k) for k in SHAPE}, "eos_token_id": eot, "bos_token_id": eot,
-              "architectures": ["GPT2LMHeadModel"], "tokenizer_sha256": tokenizer_sha256(tokenizer)}
+    config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot,
+              "tokenizer_sha256": tokenizer_sha256(tokenizer)}
     # bytes written here: safetensors' own save_file makes the file unreadable to the user's group
     metadata = {"format": "pt", "config_sha256": config_sha256(config)}
     (folder / HF_WEIGHTS).write_bytes(save(to_transformers(net.state_dict()), metadata=metadata))

@@ -4,26 +4,50 @@ attention as one scaled_dot_product_attention call. gpt_train.py trains it; trai
 benchmarks/gpt_bench.py use it; its parameter names are transformers' GPT2LMHeadModel's without the
 `transformer.` prefix, so a state_dict maps onto that class one to one.
 
-    model_config(vocab_size, eot_id, **shape)   GPT2Config for a tokenizer's vocabulary
+    GPTConfig / model_config(vocab_size, eot_id, **shape)   GPT2Config's fields and names, for a vocabulary
     GPT(cfg, attention, loss)                   idx (B, T) -> mean loss, or the next token's logits
                                                 (with a KV cache for sampling: keys and values kept)
     to_transformers / from_transformers         its state_dict as GPT2LMHeadModel's, and back
 """
 import math
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import GPT2Config
 
 from training import lm_loss
 
 
+@dataclass
+class GPTConfig:
+    """The fields of transformers' GPT2Config that this model reads, by their names and with its defaults
+    (GPT-2 small), so that final/config.json is a GPT2Config's and the weights map 1:1. Not the class
+    itself: importing transformers costs a job a second or more of start-up for a config object."""
+    vocab_size: int
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    activation_function: str = "gelu_new"  # GPT-2's tanh approximation
+    resid_pdrop: float = 0.0
+    embd_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def to_transformers(self):
+        """As GPT2Config's config.json holds it: transformers' Auto* classes open it by its model_type."""
+        return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "tie_word_embeddings": True,
+                **asdict(self)}
+
+
 def model_config(vocab_size, eot_id, **shape):
-    """GPT2Config: GPT-2 small (12 layers, 12 heads, 768 wide, 1024 positions) unless `shape` says
-    otherwise; no dropout; the vocabulary padded to a multiple of 64 (tensor-core friendly)."""
-    return GPT2Config(vocab_size=(vocab_size + 63) // 64 * 64, activation_function="gelu_new", resid_pdrop=0.0,
-                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eot_id, eos_token_id=eot_id, **shape)
+    """GPT-2 small (12 layers, 12 heads, 768 wide, 1024 positions) unless `shape` says otherwise; no dropout;
+    the vocabulary padded to a multiple of 64 (tensor-core friendly)."""
+    return GPTConfig(vocab_size=(vocab_size + 63) // 64 * 64, bos_token_id=eot_id, eos_token_id=eot_id, **shape)
 
 
 class CausalSelfAttention(nn.Module):
@@ -74,11 +98,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 as GPT2Config describes it (pre-LayerNorm, tanh-GELU, tied embeddings), no dropout.
+    """GPT-2 as its config describes it (pre-LayerNorm, tanh-GELU, tied embeddings), no dropout.
     Parameter names follow transformers' GPT2LMHeadModel without its `transformer.` prefix.
     attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
 
-    def __init__(self, cfg: GPT2Config, attention="sdpa", loss="plain"):
+    def __init__(self, cfg: GPTConfig, attention="sdpa", loss="plain"):
         super().__init__()
         self.cfg, self.attention, self.loss = cfg, attention, loss
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
