@@ -296,7 +296,8 @@ def set_up(args, argv, stack, phases):
     phases.switch("model")
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
-    model = GPT(cfg, attention=acc.attention, loss=acc.loss).to(accelerator.device)
+    with accelerator.device:  # weights made where they train: on a GPU no CPU init and no 0.5 GB host-to-device copy
+        model = GPT(cfg, attention=acc.attention, loss=acc.loss)
     micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, decisions.precision,
                                              args.global_batch, PRESETS[args.preset]["micro_batch"],
                                              saved_identity.get("micro_batch"))

@@ -25,7 +25,7 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
     "lenet5": {"test_accuracy": NUMBER, "test_loss": NUMBER, "epochs": int, "train_seconds": NUMBER,
                "device": str, "act": str, "params": int},
     "gpt": {"tokens_seen": int, "steps": int, "final_train_loss": NUMBER, "final_val_loss": NUMBER,
-            "val_bits_per_byte": NUMBER, "success": bool, "train_seconds": NUMBER, "total_seconds": NUMBER,
+            "val_bits_per_byte": NUMBER, "success": bool, "train_seconds": NUMBER,
             "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
             "vocab_size": int},
 }

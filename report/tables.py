@@ -36,12 +36,14 @@ def lenet_table(m):
 
 
 def gpt_table(m):
-    return ["| tokens | steps | final train loss | val loss | val bits/byte | < 7 | training s | total s | "
+    process = m.get("process_seconds")  # end to end; an older run's in-process total_seconds is not that
+    return ["| tokens | steps | final train loss | val loss | val bits/byte | < 7 | loop s | process s (end to end) | "
             "tokens/s | MFU | precision | processes | device |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             f"| {m['tokens_seen']:,} | {m['steps']} | {m['final_train_loss']:.3f} | {m['final_val_loss']:.3f} | "
             f"{m['val_bits_per_byte']:.3f} | {'yes' if m['success'] else 'no'} | {m['train_seconds']:.1f} | "
-            f"{m['total_seconds']:.1f} | {m['tokens_per_second']:,.0f} | {fmt(m['mfu'], '.1%')} | {m['precision']} | "
+            f"{fmt(process, '.1f') if isinstance(process, (int, float)) else 'not recorded'} | "
+            f"{m['tokens_per_second']:,.0f} | {fmt(m['mfu'], '.1%')} | {m['precision']} | "
             f"{m['world_size']} | {m['device_name']} |",
             "", f"Text: `{rel(m.get('text'))}`{corpus_label(m)}; tokenizer: `{rel(m.get('tokenizer'))}`, "
                 f"vocabulary {m['vocab_size']:,}, {m['params']:,} parameters, preset `{m.get('preset')}`."]

@@ -44,6 +44,9 @@ def test_final_is_one_copy_of_the_weights_beside_the_run_tokenizer(padded_run):
     assert tok.vocab_size == VOCAB and ours.cfg.vocab_size == 512
     weight_bytes = 4 * sum(p.numel() for p in ours.parameters())  # the tied wte/lm_head counted once
     assert weight_bytes < (final / "model.safetensors").stat().st_size < weight_bytes + 16_384  # + the header
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (final / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # the group may read it too
     config = json.loads((final / "config.json").read_text())
     assert config["architectures"] == ["GPT2LMHeadModel"] and config["tokenizer_sha256"] == tok.sha256
     assert config["eos_token_id"] == config["bos_token_id"] == tok.eot

@@ -64,11 +64,17 @@ def config_sha256(config):
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_final(net, tokenizer, folder):
     """`net` (training.model.GPT) and the run's `tokenizer` as a transformers model folder. The JSON
     files are written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x
     cannot open, and this keeps the folder the same under every supported version."""
-    from safetensors.torch import save
+    from safetensors.torch import save_file
 
     from data.tokenizer import EOT, tokenizer_sha256
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
@@ -76,9 +82,9 @@ def write_final(net, tokenizer, folder):
     # tokenizer.json that is not the one the model learned
     config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot,
               "tokenizer_sha256": tokenizer_sha256(tokenizer)}
-    # bytes written here: safetensors' own save_file makes the file unreadable to the user's group
     metadata = {"format": "pt", "config_sha256": config_sha256(config)}
-    (folder / HF_WEIGHTS).write_bytes(save(to_transformers(net.state_dict()), metadata=metadata))
+    save_file(to_transformers(net.state_dict()), folder / HF_WEIGHTS, metadata=metadata)  # streamed: no copy in memory
+    os.chmod(folder / HF_WEIGHTS, 0o666 & ~current_umask())  # save_file makes it 0600: the group may read it
     runfiles.write_json(folder / HF_CONFIG, config)
     # the padding rows (vocab up to cfg.vocab_size, whole tiles for the matmuls) are no token: generate()
     # must never pick one; at most 63 ids, masked once per step
