@@ -27,6 +27,7 @@ IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job 
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -185,9 +186,7 @@ def train_loop(setup, state, stop):
             t0, first = time.perf_counter(), perf.first_step_seconds is None  # ---- timed: one optimizer step
             n_micro = budget.micro_in_step(state.micro_batches)
             lr = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
-
-            def one_step():
-                return run.run(batches, n_micro, lr, losses.add)
+            one_step = functools.partial(run.run, batches, n_micro, lr, losses.add)
             if state.step == profile_at:  # the profiler's overhead: this step is kept out of tokens/s
                 grad_norm, profile = profiled(one_step, accelerator.device, setup.out_dir / "profile")
             else:

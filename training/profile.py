@@ -17,7 +17,7 @@ GROUPS = ("matmul", "attention", "elementwise", "loss", "optimizer", "communicat
 SCOPES = {"lab5.data": "data", "lab5.optimizer": "optimizer"}
 NAME_RULES = (  # the first rule whose words appear in the lower-cased operator name decides
     ("communication", ("nccl", "all_reduce", "allreduce", "gloo", "c10d::", "broadcast")),
-    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "logsumexp", "chunkedcrossentropy")),
+    ("loss", ("cross_entropy", "nll_loss", "nllloss", "log_softmax", "logsoftmax", "logsumexp", "chunkedcrossentropy")),
     ("attention", ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha", "softmax")),
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "_addmm_activation",
                 "gemm", "cutlass", "sm90_xmma", "ampere_", "volta_", "turing_")),

@@ -1,0 +1,62 @@
+"""training/profile.py: one training step under torch.profiler, its time grouped by what the hardware did;
+gpt_train.py --profile and the ladder's naive and default rows carry it."""
+import json
+
+import pytest
+import torch
+
+import gpt_train
+from conftest import tiny_args
+from training import profile
+
+
+@pytest.mark.parametrize("name, group", [
+    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("aten::bmm", "matmul"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"), ("aten::_softmax", "attention"),
+    ("aten::cross_entropy_loss", "loss"), ("aten::_log_softmax_backward_data", "loss"), ("aten::nll_loss_nd", "loss"),
+    ("autograd::engine::evaluate_function: LogSoftmaxBackward0", "loss"), ("NllLossBackward0", "loss"),
+    ("nccl:all_reduce", "communication"), ("c10d::allreduce_", "communication"),
+    ("aten::native_layer_norm", "elementwise"), ("aten::gelu", "elementwise"), ("aten::add_", "elementwise"),
+])
+def test_an_operator_goes_to_its_group_by_name(name, group):
+    assert profile.group_of(name) == group
+
+
+def test_a_profiled_step_splits_its_wall_time_into_the_groups():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
+
+    def step():
+        with profile.scope("data"):
+            batch = x.clone()
+        loss = torch.nn.functional.cross_entropy(model(batch), y)
+        loss.backward()
+        with profile.scope("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss
+    step()  # warm-up
+    loss, got = profile.profiled(step, torch.device("cpu"))
+    groups = got["groups"]
+    assert set(groups) == set(profile.GROUPS) and loss.item() > 0
+    assert sum(groups.values()) == pytest.approx(got["step_seconds"], rel=1e-3)
+    assert groups["matmul"] > 0 and groups["optimizer"] > 0 and groups["loss"] > 0 and groups["data"] > 0
+    assert groups["communication"] == groups["attention"] == 0
+    assert profile.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
+
+
+@pytest.mark.slow
+def test_gpt_train_profile_records_one_steady_step(corpus, tmp_path):
+    run = tmp_path / "run"
+    metrics = gpt_train.main(tiny_args(corpus, run, "--tokens", "2048", "--profile"))
+    got = metrics["profile"]
+    assert got == json.loads((run / "profile.json").read_text()) == json.loads((run / "metrics.json").read_text())[
+        "profile"]
+    assert got["step"] == 8 and set(got["groups"]) == set(profile.GROUPS)
+    assert sum(got["groups"].values()) == pytest.approx(got["step_seconds"], rel=1e-3)
+    assert got["groups"]["matmul"] > 0 and got["groups"]["attention"] > 0 and got["groups"]["optimizer"] > 0
+    assert list((run / "profile").glob("*.pt.trace.json"))  # for TensorBoard's profiler plugin
+    plain = gpt_train.main(tiny_args(corpus, tmp_path / "plain", "--tokens", "2048"))
+    assert plain["loss_curve"] == metrics["loss_curve"] and plain["profile"] is None  # the profile changes nothing
