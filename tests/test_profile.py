@@ -41,7 +41,7 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     loss, got = profile.profiled(step, torch.device("cpu"))
     groups = got["groups"]
     assert set(groups) == set(profile.GROUPS) and loss.item() > 0
-    assert sum(groups.values()) == pytest.approx(got["step_seconds"], rel=1e-3)
+    assert sum(groups.values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)  # groups rounded to 1 µs
     assert groups["matmul"] > 0 and groups["optimizer"] > 0 and groups["loss"] > 0 and groups["data"] > 0
     assert groups["communication"] == groups["attention"] == 0
     assert profile.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
@@ -55,7 +55,7 @@ def test_gpt_train_profile_records_one_steady_step(corpus, tmp_path):
     assert got == json.loads((run / "profile.json").read_text()) == json.loads((run / "metrics.json").read_text())[
         "profile"]
     assert got["step"] == 8 and set(got["groups"]) == set(profile.GROUPS)
-    assert sum(got["groups"].values()) == pytest.approx(got["step_seconds"], rel=1e-3)
+    assert sum(got["groups"].values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)
     assert got["groups"]["matmul"] > 0 and got["groups"]["attention"] > 0 and got["groups"]["optimizer"] > 0
     assert list((run / "profile").glob("*.pt.trace.json"))  # for TensorBoard's profiler plugin
     plain = gpt_train.main(tiny_args(corpus, tmp_path / "plain", "--tokens", "2048"))
