@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,7 @@ def main(argv=None):
         p.error(f"--cases takes {', '.join(CASES)}; --repeats >= 1")
     if args.metrics_out:
         runfiles.check_output(args.metrics_out, "--metrics-out")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the baseline's checkout
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         tmp = Path(tmp)
         versions = {"baseline": checkout(args.baseline, tmp / "baseline"), "current": REPO}
