@@ -283,7 +283,7 @@ def test_each_tokenizer_has_its_own_cache_folder(text_file, small_tokenizer, tmp
 def test_a_damaged_datasets_cache_of_the_text_is_rebuilt_with_a_warning(text_file, tmp_path, capsys, name):
     first = splits_of(text_file, tmp_path)
     expected = {part: list(first[part]["text"]) for part in first}
-    for path in (tmp_path / "cache" / "text").rglob(name):
+    for path in (tmp_path / "cache").glob(f"corpus-*/text/**/{name}"):
         truncate(path)
     again = splits_of(text_file, tmp_path)
     assert {part: list(again[part]["text"]) for part in again} == expected
