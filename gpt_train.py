@@ -92,14 +92,14 @@ def finite_float(text):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,  # --out is no --out-dir
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add, lab, tiny = p.add_argument, PRESETS["lab"], PRESETS["tiny"]
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
-    add("--text", type=Path, default=None, help="X.txt, one document per line; None: data/WebOfScience/"
-                                                "WOS46985/X.txt, downloaded if missing")
-    add("--tokenizer", default=default_tokenizer(), help="tokenizer.json or 'gpt2'; the default is data/"
-                                                             "tokenizer/tokenizer.json once tokenizer_train.py made it")
+    add("--text", type=runfiles.path_flag, default=None,
+        help="X.txt, one document per line; None: data/WebOfScience/WOS46985/X.txt, downloaded if missing")
+    add("--tokenizer", type=runfiles.path_or_name_flag, default=default_tokenizer(),
+        help="tokenizer.json or 'gpt2'; the default is data/tokenizer/tokenizer.json once tokenizer_train.py made it")
     add("--out-dir", type=runfiles.path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
         "new or empty folder, or one of gpt_train.py's (with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
     add("--tokens", type=int, default=12_000_000, help="training budget in tokens, all processes")
@@ -117,7 +117,7 @@ def build_parser():
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
         help="torch.compile each transformer block (regional) or the whole model (sm70+ GPUs, CPU); auto: off, "
              "since a 12M-token run does not repay a cold compile (training/device.py)")
-    add("--compile-cache", type=Path, default=CACHE_HOME / "torch-compile",
+    add("--compile-cache", type=runfiles.path_flag, default=CACHE_HOME / "torch-compile",
         help="inductor/Triton cache, kept across runs and nodes")
     add("--fused-adamw", choices=["on", "off"], default="on", help="the whole AdamW update in one kernel")
     add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
@@ -130,10 +130,10 @@ def build_parser():
     add("--ckpt-every", type=int, default=100, help="steps between checkpoints; 0 = only on signals")
     add("--keep-checkpoints", action="store_true", help="keep the optimizer checkpoints of a finished run, and "
         "write one after its last step (else only final/ stays: a transformers model folder)")
-    add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: the repository's data/cache "
-                                                     "(LAB5_DATA or not)")
+    add("--cache-dir", type=runfiles.path_flag, default=None,
+        help="tokenised-data cache; None: the repository's data/cache (LAB5_DATA or not)")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
-    add("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
+    add("--metrics-out", type=runfiles.path_flag, default=None, help="write the final metrics here as JSON")
     return p
 
 
@@ -309,7 +309,7 @@ def set_up(args, argv, stack):
     check_same_run(saved_identity, identity)  # a resume must continue the same run: one line naming what differs
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
-        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
+        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
         blocks, stats = wos.tokenize_blocks(splits, tok.tokenizer, wos.tokens_per_block(args.seq_len))
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)

@@ -129,11 +129,10 @@ def check_outputs(args):
     """Every file the run will write, checked before any training: none of the work is lost at the end,
     and no output overwrites an input (an MNIST file, or a file beside them)."""
     runfiles.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
-                                   {"--data-dir": args.data_dir})
-    if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out")
-    if args.save:
-        runfiles.check_output(args.save, "--save")
+                                      {"--data-dir": args.data_dir})
+    for flag, path in (("--metrics-out", args.metrics_out), ("--save", args.save)):
+        if path:  # the ownership rule: not inside another run's folder, no file replaced that lenet5.py did not write
+            runfiles.check_output(path, flag, "lenet5.py", own_run=args.out_dir)
 
 
 def positive(kind):
@@ -146,8 +145,8 @@ def positive(kind):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=data_root(),
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--data-dir", type=runfiles.path_flag, default=data_root(),
                    help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA "
                         "(default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download missing files")
@@ -169,8 +168,8 @@ def parse_args(argv):
                         "(default: a new runs/lenet5/<time>-<act>[-lightning]/)")
     p.add_argument("--log-every", type=positive(int), default=50,
                    help="steps between train-loss points (default: %(default)s)")
-    p.add_argument("--save", type=Path, default=None, help="write the trained state_dict here")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
+    p.add_argument("--save", type=runfiles.path_flag, default=None, help="write the trained state_dict here")
+    p.add_argument("--metrics-out", type=runfiles.path_flag, default=None, help="write the final metrics here as JSON")
     return p.parse_args(argv)
 
 
@@ -244,7 +243,8 @@ def keep_what_we_can(run, metrics, failure=None):
         metrics = metrics | {"stopped": failure}
     for flag, what, path, write in (
             ("--metrics-out", "metrics", args.metrics_out, lambda p: runfiles.write_json(p, metrics)),
-            ("--save", "weights", args.save, lambda p: torch.save(model.state_dict(), p))):
+            ("--save", "weights", args.save,
+             lambda p: runfiles.write_atomic(p, lambda f: torch.save(model.state_dict(), f)))):
         if path is None:
             continue
         try:

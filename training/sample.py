@@ -16,11 +16,10 @@ import argparse
 import math
 import os
 import sys
-from pathlib import Path
 
 import torch
 
-from training import UserError
+from training import UserError, runfiles
 from training.device import eager_mode
 from training.final import load_run
 
@@ -104,15 +103,18 @@ class Sampler:
 
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m training.sample", description="Continue a prompt with the weights "
-                                "of a gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("run_dir", type=Path, help="the run's --out-dir (final/, or a checkpoint of an unfinished run)")
+                                "of a gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("run_dir", type=runfiles.path_flag,
+                   help="the run's --out-dir (final/, or a checkpoint of an unfinished run)")
     p.add_argument("--prompt", default="", help="text to continue ('': from <|endoftext|>)")
     p.add_argument("--tokens", type=int, default=64, help=f"new tokens, at most {MAX_TOKENS:,}: without a KV cache "
                    "each is a forward pass over up to n_positions tokens, which at the lab shape on a CPU is hours")
     p.add_argument("--temperature", type=float, default=TEMPERATURE, help=f"0 (or below {GREEDY_BELOW}): greedy")
     p.add_argument("--top-k", type=int, default=TOP_K, help="sample among the k most likely; 0: all")
     p.add_argument("--seed", type=int, default=SEED, help="the sampling's random generator")
-    p.add_argument("--tokenizer", default=None, help="None: the run's own (final/); needed only where it kept none "
+    p.add_argument("--tokenizer", type=runfiles.path_or_name_flag, default=None,
+                   help="None: the run's own (final/); needed only where it kept none "
                    "(a checkpoint, an older final/) and args.json's path moved; always checked against the run")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps, where available")
     return p
