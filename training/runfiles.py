@@ -138,6 +138,7 @@ def path_problem(path):
 def path_flag(text):
     """A path flag's value (argparse type): refused in one line naming the flag if it is empty (it would
     mean the current folder) or path_problem() finds it unusable."""
+    text = os.fspath(text)  # main(argv) called with Path objects
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path; give a folder or file name (an empty value would mean "
                                          "the current folder)")
@@ -150,7 +151,7 @@ def path_flag(text):
 def path_or_name_flag(text):
     """The same for a flag that takes a path or a name (--tokenizer gpt2): the text itself."""
     path_flag(text)
-    return text
+    return os.fspath(text)  # as typed: "./x.json" must still look like a path, not a hub name
 
 
 # ----------------------------------------------------------------------------- output paths
