@@ -206,3 +206,33 @@ def test_numeric_flags_out_of_range_are_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as stop:
         tokenizer_train.parse_args(flags)
     assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
+
+
+# ------------------------------------------------------------------ issue 36.15: the save after the work
+
+def quick_args(text_file, tmp_path, out):
+    return ["--text", str(text_file), "--out", str(out), "--force", "--compare", "none", "--seq-len", "0",
+            "--vocab-size", "512", "--cache-dir", str(tmp_path / "cache")]
+
+
+def test_a_folder_named_like_the_temporary_file_does_not_stop_the_save(text_file, tmp_path):
+    """tokenizer.json.tmp, a fixed name: a folder there ended the run in a Rust error after the work."""
+    out = tmp_path / "t.json"
+    (tmp_path / "t.json.tmp").mkdir()
+    metrics = tokenizer_train.main(quick_args(text_file, tmp_path, out))
+    assert open_tokenizer(out).sha256 == metrics["tokenizer_sha256"] and (tmp_path / "t.json.tmp").is_dir()
+
+
+def test_a_full_disk_at_the_save_is_one_line_and_keeps_the_old_tokenizer(text_file, small_tokenizer, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    with tmpfs(disk, "64k"):
+        out = disk / "t.json"
+        tokenizer_train.main(quick_args(text_file, tmp_path, out))  # the old tokenizer, this program's
+        old = out.read_bytes()
+        with open(disk / "filler", "wb") as f:  # room for the probe (an empty file), not for a tokenizer
+            f.write(b"x" * (64 * 1024 - len(old) - 8192))
+        with pytest.raises(SystemExit) as stop:
+            tokenizer_train.main(quick_args(text_file, tmp_path, out) + ["--vocab-size", "576"])
+        assert str(stop.value.code) == f"error: cannot write {out}: No space left on device"
+        assert out.read_bytes() == old and sorted(p.name for p in disk.iterdir()) == ["filler", "t.json"]
