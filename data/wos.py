@@ -382,7 +382,9 @@ def cache_manifest(manifest, files, before):
         try:
             expected = json.loads(manifest.read_text())
         except (OSError, ValueError):
-            raise DamagedCache(f"{manifest.name} is missing or unreadable") from None
+            expected = None
+        if not isinstance(expected, dict):
+            raise DamagedCache(f"{manifest.name} is missing or unreadable")
         for f in loaded:
             if expected.get(f.name) != {"bytes": f.stat().st_size, "sha256": runfiles.sha256_file(f)}:
                 raise DamagedCache(f"{f.name} does not match its manifest")

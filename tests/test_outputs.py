@@ -119,20 +119,32 @@ def test_gpt_train_metrics_never_land_in_another_run(corpus, tmp_path, gpt_run):
     assert contents(gpt_run) == before and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("script", ["lenet5", "tokenizer_train"])
-def test_an_existing_file_the_program_did_not_write_is_never_replaced(tiny_mnist, text_file, tmp_path, script):
+def test_lenet5_replaces_its_own_outputs_and_no_other_file(tiny_mnist, tmp_path):
+    """The marks in use: a second run with the same --metrics-out and --save replaces them; a file lenet5.py did
+    not write is refused before any work."""
+    outputs = ["--metrics-out", tmp_path / "m.json", "--save", tmp_path / "w.pt"]
+    lenet5.main(lenet_args(tiny_mnist, tmp_path / "a", *outputs))
+    second = lenet5.main(lenet_args(tiny_mnist, tmp_path / "b", *outputs))
+    assert json.loads((tmp_path / "m.json").read_text())["out_dir"] == second["out_dir"]
     notes = tmp_path / "notes.txt"
     notes.write_text("my thesis notes\n")
-    if script == "lenet5":
-        run = lambda: lenet5.main(lenet_args(tiny_mnist, tmp_path / "lenet", "--metrics-out", notes))  # noqa: E731
-    else:
-        run = lambda: tokenizer_train.main(["--text", str(text_file), "--out", str(notes), "--force",  # noqa: E731
-                                            "--compare", "none", "--seq-len", "0", "--vocab-size", "512"])
     with pytest.raises(SystemExit) as stop:
-        run()
-    flag = "--metrics-out" if script == "lenet5" else "--out"
-    assert str(stop.value.code) == (f"error: {flag} {notes} exists and {script}.py did not write it (no mark of this "
-                                    f"project's); give a new file name, or move it away first (it was left as it is)")
+        lenet5.main(lenet_args(tiny_mnist, tmp_path / "c", "--metrics-out", notes))
+    assert str(stop.value.code) == (f"error: --metrics-out {notes} exists and lenet5.py did not write it (no mark "
+                                    f"of this project's); give a new file name, or move it away first (it was left "
+                                    f"as it is)")
+    assert notes.read_text() == "my thesis notes\n" and not (tmp_path / "c").exists()
+
+
+def test_tokenizer_train_force_never_replaces_a_file_it_did_not_write(text_file, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my thesis notes\n")
+    with pytest.raises(SystemExit) as stop:
+        tokenizer_train.main(["--text", str(text_file), "--out", str(notes), "--force", "--compare", "none",
+                              "--seq-len", "0", "--vocab-size", "512"])
+    assert str(stop.value.code) == (f"error: --out {notes} exists and tokenizer_train.py did not write it (no mark "
+                                    f"of this project's); give a new file name, or move it away first (it was left "
+                                    f"as it is)")
     assert notes.read_text() == "my thesis notes\n"
 
 
@@ -146,14 +158,6 @@ def test_a_file_is_replaceable_only_by_the_program_that_wrote_it(tmp_path):
     (tmp_path / "link.json").symlink_to(path)
     with pytest.raises(runfiles.OutputError, match="exists and is a symbolic link"):
         runfiles.check_output(tmp_path / "link.json", "--metrics-out", "lenet5.py")
-
-
-def test_lenet5_replaces_its_own_outputs_on_a_second_run(tiny_mnist, tmp_path):
-    """The marks in use: the second run with the same --metrics-out and --save is not refused."""
-    outputs = ["--metrics-out", tmp_path / "m.json", "--save", tmp_path / "w.pt"]
-    first = lenet5.main(lenet_args(tiny_mnist, tmp_path / "a", *outputs))
-    second = lenet5.main(lenet_args(tiny_mnist, tmp_path / "b", *outputs))
-    assert json.loads((tmp_path / "m.json").read_text())["out_dir"] == second["out_dir"] != first["out_dir"]
 
 
 # ------------------------------------------------------------------ 36.14, 36.21: path flags in one line

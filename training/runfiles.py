@@ -223,6 +223,9 @@ def check_output_dir(path, what):
     problem = path_problem(path)
     if problem:
         raise OutputError(f"{what} {path}: {problem}")
+    problem = inside_another_run(path, what)
+    if problem:
+        raise OutputError(problem)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{what} {path} is a file, not a folder")
     probe_folder(path, f"{what} {path}")
