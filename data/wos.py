@@ -380,8 +380,8 @@ def cache_manifest(manifest, files, before):
     loaded = [f for f in files if f in before]
     if loaded:
         try:
-            expected = json.loads(manifest.read_text())
-        except (OSError, ValueError):
+            expected = json.loads(runfiles.read_small(manifest, 1 << 20))
+        except (OSError, ValueError):  # missing, a planted link or device, not JSON
             expected = None
         if not isinstance(expected, dict):
             raise DamagedCache(f"{manifest.name} is missing or unreadable")

@@ -160,6 +160,17 @@ def test_a_file_is_replaceable_only_by_the_program_that_wrote_it(tmp_path):
         runfiles.check_output(tmp_path / "link.json", "--metrics-out", "lenet5.py")
 
 
+@pytest.mark.parametrize("name", sorted(runfiles.BOOKKEEPING))
+def test_an_output_named_like_a_runs_bookkeeping_is_refused(tiny_mnist, tmp_path, name):
+    """A new surface of the rule above: `--out-dir R --metrics-out R/run.owner` (R new, so no run above it yet)
+    would have replaced the run's own owner file or lock with the metrics."""
+    with pytest.raises(SystemExit) as stop:
+        lenet5.main(lenet_args(tiny_mnist, tmp_path / "run", "--metrics-out", tmp_path / "run" / name))
+    assert str(stop.value.code) == (f"error: --metrics-out {tmp_path / 'run' / name}: {name} is a run folder's "
+                                    f"bookkeeping file; give another name")
+    assert not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------ 36.14, 36.21: path flags in one line
 
 LONG = "x" * 300  # over the 255 bytes a file name may have

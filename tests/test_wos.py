@@ -372,3 +372,17 @@ def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
     line = head.count("\n") + 1
     with pytest.raises(wos.TextError, match=rf"X.txt: line {line} is \d+% NUL bytes: UTF-16 or binary, not UTF-8"):
         wos.check_text(path)
+
+
+def test_a_manifest_planted_as_a_link_to_a_device_is_a_rebuild_not_a_hang(text_file, small_tokenizer, tmp_path,
+                                                                          capsys):
+    """A new surface of the manifest: it is read bounded and no-follow (runfiles.read_small), so a link to
+    /dev/zero (an endless read) is a damaged cache like any other."""
+    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    for manifest in token_files(first)[0].parent.glob("*.manifest.json"):
+        manifest.unlink()
+        manifest.symlink_to("/dev/zero")
+    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    assert not stats["train"]["from_cache"] and again["train"].to_dict() == first["train"].to_dict()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "manifest.json is missing or unreadable" in warnings[0]

@@ -8,13 +8,13 @@ Four rules live here, one each, for every script:
                                replaced that `program` did not write (the mark write_atomic leaves on it)
     path_flag                  argparse type of every path flag: empty, too long a name, a looping or dangling
                                link, any OSError but "not found": one line naming the flag
-    RunLock, claim_run_dir     run.lock and run.owner opened no-follow; a link among them: the folder is not empty
+    read_small(path, limit)    a small file of the project's own (owner, manifest): plain, no-follow, bounded
 
     UserError                  the base of every one-line user error (OutputError, TextError, ...)
     write_json(path, obj)      write_atomic of strict JSON; NaN/inf become null (any reader)
     check_outputs_not_inputs   before training: no output path is one of the run's inputs
-    RunLock(dir)               one run per directory; the kernel drops the lock when a process dies
-    claim_run_dir(dir, program)  a run directory: new, empty or this program's; locked; a failed start undone
+    RunLock, claim_run_dir     one run per directory: new, empty or this program's, locked, a failed start undone;
+                               run.lock and run.owner never followed (a link among them: the folder is not empty)
     new_run_name()             a default run folder's name: the time and a random suffix (runs started together)
     seed_flag                  argparse type: a seed in range
     quiet_writer_thread()      TensorBoard's writer thread: a failed write stops the run in one line, not two tracebacks
@@ -184,6 +184,8 @@ def output_problem(path, what, program, own_run=None):
     Refused: a path inside another run's folder (OWNER_FILE names it; `own_run`, this run's folder, is
     allowed), and an existing file that `program` did not write (no mark, another's mark, a link)."""
     path = Path(path)
+    if path.name in BOOKKEEPING:  # another run's, or this run's own lock or owner: never an output
+        return f"{what} {path}: {path.name} is a run folder's bookkeeping file; give another name"
     problem = inside_another_run(path, what, own_run)
     if problem or not os.path.lexists(path) or program is None:
         return problem
@@ -205,11 +207,8 @@ def check_output(path, what, program=None, own_run=None):
     what it writes there."""
     path = Path(path)
     problem = path_problem(path)
-    if problem:
-        raise OutputError(f"{what} {path}: {problem}")
-    if path.is_dir():
-        raise OutputError(f"{what} {path} is a folder; give a file name")
-    problem = output_problem(path, what, program, own_run)
+    problem = (f"{what} {path}: {problem}" if problem else f"{what} {path} is a folder; give a file name"
+               if path.is_dir() else output_problem(path, what, program, own_run))
     if problem:
         raise OutputError(problem)
     probe_folder(path.parent, f"{what} {path}")
@@ -221,13 +220,10 @@ def check_output_dir(path, what):
     """The same for a folder the run will fill (a read-only cache folder: one line, not a filelock traceback)."""
     path = Path(path)
     problem = path_problem(path)
-    if problem:
-        raise OutputError(f"{what} {path}: {problem}")
-    problem = inside_another_run(path, what)
+    problem = (f"{what} {path}: {problem}" if problem else inside_another_run(path, what) or
+               (f"{what} {path} is a file, not a folder" if path.exists() and not path.is_dir() else None))
     if problem:
         raise OutputError(problem)
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{what} {path} is a file, not a folder")
     probe_folder(path, f"{what} {path}")
 
 
@@ -262,12 +258,9 @@ def same_file(a, b):
 
 
 class RunLock:
-    """An exclusive flock on DIR/run.lock, held while the run lives: a second run on the same
-    directory (a double sbatch, a second terminal) stops at once. The kernel releases it when
-    the process ends, however it ends, so a killed run never leaves a stale lock.
-    The lock is the file's inode, so it is made once (create_exclusive, then a hard link to the name:
-    never through a link) and reused; it is opened no-follow and used only if it is a plain file with
-    one name, so the pid written into it can land nowhere else."""
+    """An exclusive flock on DIR/run.lock, held while the run lives: a second run on the same directory (a
+    double sbatch, a second terminal) stops at once. The kernel releases it when the process ends, however
+    it ends. The lock is the file's inode, so the file is reused (open_lock_file), and its pid written in."""
 
     def __init__(self, directory):
         self.path = Path(directory) / "run.lock"
@@ -292,8 +285,9 @@ class RunLock:
 
 
 def open_lock_file(path):
-    """A file descriptor of the run lock `path`, made if missing; OutputError if what is there is a link,
-    a folder, a device or a file with other names (hard links): not a lock this project made."""
+    """A file descriptor of the run lock `path`, made if missing (create_exclusive, then a hard link to the
+    name: never through a link), opened no-follow; OutputError if it is a link, a folder, a device or a file
+    with other names (hard links): not a lock this project made, so the pid can land nowhere else."""
     for _ in range(8):
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -312,11 +306,10 @@ def open_lock_file(path):
     else:
         raise OutputError(f"{path} keeps changing: another program is making and removing it")
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        os.close(fd)
-        raise OutputError(f"{path} is not a run lock (not a plain file of one name): remove it, or pick another "
-                          f"--out-dir")
-    return fd
+    if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+        return fd
+    os.close(fd)
+    raise OutputError(f"{path} is not a run lock (not a plain file of one name): remove it, or pick another --out-dir")
 
 
 OWNER_FILE = "run.owner"  # names the program that made a run directory: only it may use the folder again
@@ -366,15 +359,25 @@ def bookkeeping_only(path):
 
 
 def read_owner(path):
-    """The program folder `path`'s OWNER_FILE names, read no-follow from a plain file; else None."""
+    """The program folder `path`'s OWNER_FILE names (read_small), else None."""
     try:
-        fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        return read_small(path / OWNER_FILE, 256).decode(errors="replace").strip() or None
+    except (OSError, ValueError):
         return None
+
+
+def read_small(path, limit):
+    """The bytes of a small file of the project's own (an owner file, a manifest): a plain file, opened
+    no-follow and non-blocking, of at most `limit` bytes. A link, a FIFO, a device (/dev/zero) or a huge
+    file planted there is never read whole: OSError (ELOOP...) or ValueError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return f.read(256).decode(errors="replace").strip() or None
+            raise ValueError(f"{path} is not a plain file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} holds over {limit:,} bytes")
+    return data
 
 
 def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
