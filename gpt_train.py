@@ -92,7 +92,7 @@ def finite_float(text):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,  # --out is no --out-dir
+    p = runfiles.ArgumentParser(description=__doc__.split("\n")[0],  # no abbreviations; errors in one line
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add, lab, tiny = p.add_argument, PRESETS["lab"], PRESETS["tiny"]
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")

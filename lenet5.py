@@ -145,7 +145,7 @@ def positive(kind):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = runfiles.ArgumentParser(description=__doc__.split("\n")[0])  # no abbreviations; errors in one line
     p.add_argument("--data-dir", type=runfiles.path_flag, default=data_root(),
                    help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA "
                         "(default: %(default)s)")

@@ -11,7 +11,6 @@ tokenizer.json that `transformers.PreTrainedTokenizerFast(tokenizer_file=...)` l
 bytes per token on the validation split (and GPT-2's, where its tokenizer can be loaded), checks
 decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -114,7 +113,7 @@ MAX_VOCAB = 2**20
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = runfiles.ArgumentParser(description=__doc__.split("\n")[0])  # no abbreviations; errors in one line
     p.add_argument("--text", type=runfiles.path_flag, default=None,
                    help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt, "
                         "downloaded if missing)")

@@ -193,8 +193,8 @@ def parse_error(capsys, script, argv):
     with pytest.raises(SystemExit) as stop:
         PARSERS[script](argv)
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and "Traceback" not in err
-    return err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err  # no usage block
+    return err.strip()
 
 
 @pytest.mark.parametrize("script, flag", PATH_FLAGS)

@@ -58,9 +58,7 @@ def strict(obj):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict(v) for v in obj]
-    return obj
+    return [strict(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
 
 
 def write_json(path, obj):
@@ -69,12 +67,10 @@ def write_json(path, obj):
 
 
 def write_atomic(path, data):
-    """Write `data` (bytes, or a function that writes into a binary file object: torch.save) to `path` via
-    a temporary file and a rename. The temporary name is the writer's own (create_exclusive), so writers of
-    one file at once (the processes of a multi-GPU job) do not rename each other's halves, and a link
-    planted there is never opened; the rename replaces a link at `path` instead of writing through it.
-    A path claimed by check_output gets its program's mark. A write that fails (a full disk) is one
-    OutputError naming the path, and leaves no temporary file and the old file as it was."""
+    """Write `data` (bytes, or a function writing into a binary file: torch.save) to `path` via the writer's
+    own temporary file (create_exclusive: writers of one file at once never rename each other's halves) and
+    a rename (a link at `path` is replaced, not written through); a path check_output claimed gets its mark.
+    A failed write (a full disk) is one OutputError; no temporary file stays, the old file is as it was."""
     path = Path(path)
     tmp = None
     try:
@@ -93,9 +89,8 @@ def write_atomic(path, data):
 
 
 def create_exclusive(path, attempts=8):
-    """(name, fd) of a new temporary file beside `path`, created with O_EXCL | O_NOFOLLOW: a file, folder
-    or symlink already at the name (planted there to redirect the write) is never opened, another name is
-    drawn instead."""
+    """(name, fd) of a new temporary file beside `path`, O_EXCL | O_NOFOLLOW: a file, folder or link already
+    at the name (planted to redirect the write) is never opened; another name is drawn instead."""
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     for _ in range(attempts):
         tmp = temporary_name(path)
@@ -118,9 +113,8 @@ def temporary_name(path):
 # ----------------------------------------------------------------------------- path flags
 
 def path_problem(path):
-    """None if `path` can be looked at (it exists, or does not yet: what to do then is the caller's),
-    else why not: a name longer than a file system allows (which a missing folder above it would hide
-    until the write), a looping or dangling symlink, or any OSError but "not found"."""
+    """None if `path` can be used (it exists, or does not yet), else why not: a name over NAME_MAX (a missing
+    folder above it hides that until the write), a looping or dangling link, any OSError but "not found"."""
     path = Path(path)
     for part in path.parts:
         if len(os.fsencode(part)) > NAME_MAX:
@@ -133,6 +127,17 @@ def path_problem(path):
     except (OSError, ValueError) as e:  # too long a path, a loop of links, no permission, a NUL byte
         return reason(e)
     return None
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Every script's parser: no abbreviated flags (`--out` taken for `--out-dir`: a Slurm log named one
+    folder, the run wrote another), and a flag error in one line, as every user error (usage: --help)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
 
 
 def path_flag(text):
@@ -160,15 +165,6 @@ MARK = "user.lab5.written-by"  # extended attribute: the program that wrote an o
 CLAIMED = {}  # absolute output path -> the program whose check_output claimed it: what write_atomic marks
 
 
-def written_by(path):
-    """The program whose mark `path` carries, or why none can be read ("no mark", ...)."""
-    try:
-        return os.getxattr(path, MARK, follow_symlinks=False).decode(errors="replace"), None
-    except OSError as e:
-        return None, ("this file system keeps no mark of who wrote a file" if e.errno == errno.ENOTSUP
-                      else "no mark of this project's")
-
-
 def inside_another_run(path, what, own_run=None):
     """Why `path` may not be written: a folder above it holds a run (OWNER_FILE) and is not `own_run`, this
     run's; else None."""
@@ -192,9 +188,13 @@ def output_problem(path, what, program, own_run=None):
     if path.is_symlink() or not path.is_file():
         kind = "a symbolic link" if path.is_symlink() else "not a plain file"
         return f"{what} {path} exists and is {kind}; give a new file name (it was left as it is)"
-    writer, why = written_by(path)
+    try:
+        writer = os.getxattr(path, MARK, follow_symlinks=False).decode(errors="replace")
+        by = f"it was written by {writer}"
+    except OSError as e:
+        writer, by = None, ("this file system keeps no mark of who wrote a file" if e.errno == errno.ENOTSUP
+                            else "no mark of this project's")
     if writer != program:
-        by = f"it was written by {writer}" if writer else why
         return (f"{what} {path} exists and {program} did not write it ({by}); give a new file name, or move "
                 f"it away first (it was left as it is)")
     return None
@@ -228,6 +228,8 @@ def check_output_dir(path, what):
 
 
 def probe_folder(folder, named):
+    if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
+        raise OutputError(f"{named} cannot be written ({folder} is a file, not a folder)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):

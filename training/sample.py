@@ -102,9 +102,8 @@ class Sampler:
 # ----------------------------------------------------------------------------- the command line
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m training.sample", description="Continue a prompt with the weights "
-                                "of a gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                allow_abbrev=False)
+    p = runfiles.ArgumentParser(prog="python -m training.sample", description="Continue a prompt with the weights "
+                                "of a gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run_dir", type=runfiles.path_flag,
                    help="the run's --out-dir (final/, or a checkpoint of an unfinished run)")
     p.add_argument("--prompt", default="", help="text to continue ('': from <|endoftext|>)")
