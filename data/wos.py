@@ -270,7 +270,8 @@ def check_blocks_fit(splits, block_size):
             if room >= block_size:
                 break
         else:
-            raise TextError(f"the {name} split ({len(split):,} documents, {room:,} bytes) cannot fill one block of "
+            raise TextError(f"the {name} split ({len(split):,} document{'s' * (len(split) != 1)}, {room:,} bytes) "
+                            f"cannot fill one block of "
                             f"{block_size} tokens (--seq-len {block_size - 1} + 1): give a smaller --seq-len, "
                             f"--seq-len 0 (no token cache), or more text")
 

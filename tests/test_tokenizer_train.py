@@ -140,7 +140,7 @@ def test_a_corpus_too_small_for_one_block_is_one_line_naming_seq_len_before_trai
                         "--compare", "none", "--cache-dir", str(tmp_path / "cache"))
     last = result.stderr.strip().splitlines()[-1]  # after datasets' progress bars
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-500:]
-    assert last.startswith("error: the validation split (1 documents, ")
+    assert last.startswith("error: the validation split (1 document, ")
     assert "cannot fill one block of 1025 tokens (--seq-len 1024 + 1): give a smaller --seq-len" in result.stderr
     assert "training" not in result.stdout and not (tmp_path / "t.json").exists()
 
