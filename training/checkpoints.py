@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -139,7 +140,9 @@ def load_problem(path):
     """None if accelerate's loader (weights only: a planted pickle runs no code) reads `path`, else the error."""
     from accelerate.utils import load
     try:
-        load(path, map_location="cpu")
+        with warnings.catch_warnings():  # garbage makes torch warn about pickle protocols first: one line only
+            warnings.simplefilter("ignore")
+            load(path, map_location="cpu")
         return None
     except Exception as e:
         return e
