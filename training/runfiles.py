@@ -1,13 +1,13 @@
 """What every script shares about its outputs, run folders and flags: files written atomically, output
 paths checked before any work, a lock on a run directory, content hashes, one-line user errors.
-Four rules live here, one each, for every script:
+The rules live here, one each, for every script:
 
     write_atomic(path, data)   the one way the project writes a file: its own new file beside it (exclusive,
                                no-follow: a planted link is never opened), renamed over `path` (a link replaced)
     check_output(path, what, program)  ownership: no output inside another run's folder (run.owner), no file
                                replaced that `program` did not write (the mark write_atomic leaves on it)
-    path_flag                  argparse type of every path flag: empty, too long a name, a looping or dangling
-                               link, any OSError but "not found": one line naming the flag
+    ArgumentParser, path_flag  the scripts' parser (no abbreviations, a flag error in one line); every path flag's
+                               type: empty, a name too long, a looping or dangling link, any OSError but not found
     read_small(path, limit)    a small file of the project's own (owner, manifest): plain, no-follow, bounded
 
     UserError                  the base of every one-line user error (OutputError, TextError, ...)
