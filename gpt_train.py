@@ -58,7 +58,7 @@ from training.checkpoints import (  # noqa: E402
     save_checkpoint,
 )
 from training.final import save_final  # noqa: E402
-from training.flags import Parser, int_or_auto, number  # noqa: E402
+from training.flags import Parser, int_or_auto, number, path_flag, path_or_name_flag, seed_flag  # noqa: E402
 from training.metrics import (  # noqa: E402
     STOP_EXIT_CODE,
     LossWindow,
@@ -91,11 +91,11 @@ def build_parser():
     add, lab, tiny = p.add_argument, PRESETS["lab"], PRESETS["tiny"]
     positive, fraction = number(int, 1), number(float, 0, 1, high_open=True)
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
-    add("--text", type=Path, default=None, help="X.txt, one document per line; None: data/WebOfScience/"
-                                                "WOS46985/X.txt, downloaded if missing")
-    add("--tokenizer", default=default_tokenizer(), help="tokenizer.json or 'gpt2'; the default is data/"
-                                                             "tokenizer/tokenizer.json once tokenizer_train.py made it")
-    add("--out-dir", type=runfiles.path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
+    add("--text", type=path_flag, default=None,
+        help="X.txt, one document per line; None: data/WebOfScience/WOS46985/X.txt, downloaded if missing")
+    add("--tokenizer", type=path_or_name_flag, default=default_tokenizer(),
+        help="tokenizer.json or 'gpt2'; the default is data/tokenizer/tokenizer.json once tokenizer_train.py made it")
+    add("--out-dir", type=path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
         "new or empty folder, or one of gpt_train.py's (with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
     add("--tokens", type=number(int, 1, 10**13), default=12_000_000, help="training budget in tokens, all processes")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
@@ -114,11 +114,11 @@ def build_parser():
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
         help="torch.compile each transformer block (regional) or the whole model (sm70+ GPUs, CPU); auto: off, "
              "since a 12M-token run does not repay a cold compile (training/device.py)")
-    add("--compile-cache", type=Path, default=CACHE_HOME / "torch-compile",
+    add("--compile-cache", type=path_flag, default=CACHE_HOME / "torch-compile",
         help="inductor/Triton cache, kept across runs and nodes")
     add("--fused-adamw", choices=["on", "off"], default="on", help="the whole AdamW update in one kernel")
     add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
-    add("--seed", type=number(int, 0, 2**32, high_open=True), default=0, help="weights, data order, split")
+    add("--seed", type=seed_flag, default=0, help="weights, data order, split")
     add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
     add("--eval-every", type=positive, default=50, help="steps between validation losses")
     add("--val-batches", type=positive, default=20, help="micro-batches per validation")
@@ -129,12 +129,12 @@ def build_parser():
         help="steps between checkpoints; 0 = only on signals")
     add("--keep-checkpoints", action="store_true", help="keep the optimizer checkpoints of a finished run, and "
         "write one after its last step (else only final/ stays: a transformers model folder)")
-    add("--cache-dir", type=Path, default=None, help="tokenised-data cache; None: the repository's data/cache "
-                                                     "(LAB5_DATA or not)")
+    add("--cache-dir", type=path_flag, default=None,
+        help="tokenised-data cache; None: the repository's data/cache (LAB5_DATA or not)")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--profile", action="store_true", help="record one steady step with torch.profiler: profile.json (time "
         "by matmul, attention, elementwise, loss, optimizer, ...), the metrics' `profile`, TensorBoard's profiler")
-    add("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
+    add("--metrics-out", type=path_flag, default=None, help="write the final metrics here as JSON")
     return p
 
 
@@ -288,7 +288,7 @@ def set_up(args, argv, stack, phases):
     check_same_run(saved_identity, identity)  # a resume must continue the same run: one line naming what differs
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
-        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
+        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
         blocks, stats = wos.tokenize_blocks(splits, tok.tokenizer, wos.tokens_per_block(args.seq_len))
     check_enough(blocks["train"], args.global_batch)
 

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from data import wos  # noqa: E402
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256  # noqa: E402
 from training import UserError, runfiles  # noqa: E402
-from training.flags import Parser  # noqa: E402
+from training.flags import Parser, number, path_flag, path_or_name_flag, seed_flag  # noqa: E402
 
 IMPORTS = (IMPORTS_STARTED, process_seconds())
 
@@ -110,47 +110,45 @@ def tokenize_corpus(splits, tokenizer, seq_len):
 
 
 def save_atomic(tokenizer, path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tokenizer.save(str(tmp))
-    tmp.replace(path)
+    """tokenizer.json as Tokenizer.save writes it, through runfiles.write_atomic: its own temporary name
+    (never a fixed one a link or a folder could take), renamed into place; a full disk is one line."""
+    runfiles.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
+
+
+PROGRAM = "tokenizer_train.py"  # the writer its outputs are marked with (runfiles.check_output)
+# The trainer reserves memory in proportion to vocab_size (2^28: +1 GB on a small corpus; near 2^31 it aborts
+# in Rust); the largest vocabularies in use are ~256K.
+MAX_VOCAB = 2**20
 
 
 def parse_args(argv):
     p = Parser(description=__doc__.split("\n")[0])
-    p.add_argument("--text", type=Path, default=None,
+    p.add_argument("--text", type=path_flag, default=None,
                    help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt, "
                         "downloaded if missing)")
-    p.add_argument("--vocab-size", type=int, default=16384,
+    p.add_argument("--vocab-size", type=number(int, 512, MAX_VOCAB, multiple=64), default=16384,
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
-    p.add_argument("--min-frequency", type=int, default=2, help="merges seen fewer times are not learned "
-                                                                "(default: %(default)s)")
-    p.add_argument("--out", type=Path, default=OWN_TOKENIZER,
+    p.add_argument("--min-frequency", type=number(int, 0, 2**32, high_open=True), default=2,
+                   help="merges seen fewer times are not learned (default: %(default)s)")
+    p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER,
                    help="where tokenizer.json goes (default: %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out file")
-    p.add_argument("--val-fraction", type=float, default=0.005, help="held-out documents (default: %(default)s)")
-    p.add_argument("--seed", type=runfiles.seed_flag, default=0,
+    p.add_argument("--force", action="store_true", help="replace an existing --out file (one tokenizer_train.py "
+                                                         "wrote)")
+    p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
+                   help="held-out documents (default: %(default)s)")
+    p.add_argument("--seed", type=seed_flag, default=0,
                    help="of the train/validation split (default: %(default)s)")
-    p.add_argument("--seq-len", type=int, default=1024,
+    p.add_argument("--seq-len", type=number(int, 0), default=1024,
                    help="gpt_train.py's --seq-len: also tokenise the corpus into the blocks of seq_len + 1 tokens it "
                         "reads from the cache; 0 = skip (default: %(default)s)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="datasets cache (default: the repository's "
-                                                                 "data/cache, LAB5_DATA or not)")
-    p.add_argument("--compare", default="gpt2",
+    p.add_argument("--cache-dir", type=path_flag, default=None,
+                   help="datasets cache (default: the repository's data/cache, LAB5_DATA or not)")
+    p.add_argument("--compare", type=path_or_name_flag, default="gpt2",
                    help="tokenizer to compare with: a tokenizer.json, a folder (data/gpt2-tokenizer/), a hub name "
                         "found locally (the HF cache or data/<name>-tokenizer/), or 'none' (default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the final metrics here as JSON")
-    args = p.parse_args(argv)
-    if not 512 <= args.vocab_size < 2**31 or args.vocab_size % 64:  # the tokenizers library's ids are 32-bit
-        p.error(f"--vocab-size must be a multiple of 64 in [512, 2^31), got {args.vocab_size}")
-    if not 0 <= args.min_frequency < 2**32:
-        p.error(f"--min-frequency must be in [0, 2^32), got {args.min_frequency}")
-    if not 0 < args.val_fraction < 0.5:
-        p.error(f"--val-fraction must be in (0, 0.5), got {args.val_fraction}")
-    if args.seq_len < 0:
-        p.error("--seq-len must be >= 0")
-    return args
+    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the final metrics here as JSON")
+    return p.parse_args(argv)
 
 
 def main(argv=None):
@@ -164,16 +162,17 @@ def main(argv=None):
 
 
 def check_outputs(args):
-    """Before any work: --out may be written (and is not replaced without --force), --metrics-out and
-    the cache folder too, and no output is one of the inputs (--text, a --compare file or folder)."""
+    """Before any work: --out may be written (and is not replaced without --force, nor ever a file this
+    program did not write), --metrics-out and the cache folder too (runfiles.check_output's rule), and no
+    output is one of the inputs (--text, a --compare file or folder)."""
     compare = Path(args.compare) if Path(args.compare).exists() else None
     runfiles.check_outputs_not_inputs({"--out": args.out, "--metrics-out": args.metrics_out},
-                                   {"--text": args.text or wos.default_text(), "--compare": compare})
+                                      {"--text": args.text or wos.default_text(), "--compare": compare})
     if args.out.exists() and not args.out.is_dir() and not args.force:
         raise UserError(f"{args.out} exists; pass --force to replace it (or another --out)")
-    runfiles.check_output(args.out, "--out")
+    runfiles.check_output(args.out, "--out", PROGRAM)
     if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out")
+        runfiles.check_output(args.metrics_out, "--metrics-out", PROGRAM)
     runfiles.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
@@ -182,7 +181,10 @@ def run(args, phases):
     text = wos.resolve_text(args.text, download=not args.no_download)
     other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
     phases.switch("data")
-    splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir)
+    corpus = wos.corpus_identity(text)  # hashed once: the metrics' record and the cache's key
+    splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
+    if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
+        wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
     train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
     print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
 
@@ -197,25 +199,37 @@ def run(args, phases):
                "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
                "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
-               "text": str(text), "corpus": wos.corpus_identity(text), "out": str(args.out),
+               "text": str(text), "corpus": corpus, "out": str(args.out),
                "cpu": runfiles.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
     metrics.update(comparison(args.compare, other, tokenizer, val_docs))
-    if args.seq_len:
-        phases.switch("cache")
-        metrics.update(tokenize_corpus(splits, tokenizer, args.seq_len))
     phases.switch("final_save")
 
-    save_atomic(tokenizer, args.out)  # last: a run that fails on the way leaves nothing to --force over
+    save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does
     print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
     print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
           + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")
           + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
+    if args.seq_len:
+        phases.switch("cache")
+        metrics.update(token_cache(splits, tokenizer, args.seq_len, args.out))
     phases.switch("teardown")
     metrics["phases"], metrics["process_seconds"] = phases.record()  # just before the last output is written
     if args.metrics_out:
         runfiles.write_json(args.metrics_out, metrics)
     return metrics
+
+
+def token_cache(splits, tokenizer, seq_len, out):
+    """tokenize_corpus, which only saves gpt_train.py the work: where it fails (too few tokens for a block,
+    a disk), the saved tokenizer stays and the failure is a warning naming what to change."""
+    try:
+        return tokenize_corpus(splits, tokenizer, seq_len)
+    except UserError as e:
+        print(f"warning: no token cache: {e}; the tokenizer is saved in {out} (gpt_train.py tokenises the "
+              f"corpus itself)", file=sys.stderr)
+        return {"tokenize_seconds": None, "num_train_tokens": None, "num_val_tokens": None,
+                "tokenize_from_cache": None, "tokenize_tokens_per_second": None, "token_cache_problem": str(e)}
 
 
 if __name__ == "__main__":

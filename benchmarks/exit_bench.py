@@ -58,7 +58,7 @@ else:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--runs", type=int, default=20, help="runs of each mode")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

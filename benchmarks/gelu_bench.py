@@ -171,7 +171,7 @@ def max_backward_error(n=1_000_000):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="(default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",

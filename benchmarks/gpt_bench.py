@@ -185,7 +185,7 @@ def matmul_rate(kind, m, device, k=768, n=3072):
 # ----------------------------------------------------------------------------- the run
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     cuda = torch.cuda.is_available()
     add = p.add_argument
     add("--micro-batch", type=int, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, 2 on CPU)")

@@ -136,7 +136,7 @@ def act_pair(args, device):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="MNIST root with MNIST/raw/ (env LAB5_DATA)")

@@ -1,8 +1,8 @@
 """MNIST for lenet5.py: the IDX files parsed here, the whole set held as one uint8 tensor.
 
     find_mnist(data_dir, download)  -> the four IDX paths (torchvision downloads missing ones)
-    load_train_test(paths)          -> the two datasets; swapped train/test files refused by their sizes
-    read_idx(path)                  -> one uint8 tensor, every header field checked
+    load_train_test(paths)          -> the two datasets; empty or swapped train/test files refused by their sizes
+    read_idx(path)                  -> one uint8 tensor, every header field checked, the read bounded by them
     MNIST(images, labels).to(dev)   -> the set on the training device; ds[indices] is a whole batch
     Batches(ds, batch_size, ...)    -> one pass: a seeded permutation copied to the device once, sliced
 
@@ -13,6 +13,7 @@ import gzip
 import math
 import struct
 import sys
+import zlib
 from pathlib import Path
 
 import torch
@@ -25,32 +26,50 @@ FILES = {  # split -> (images, labels), the official names (torchvision's layout
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisation
+MIN_TEST_IMAGES = 8  # lenet5.py's feature-map figures show 8 fixed test digits
 
 
 class MNISTError(UserError):
     """Missing or damaged MNIST files: said in one line by the scripts, never a traceback."""
 
 
+MAX_IDX_BYTES = 64 << 20  # MNIST's largest file holds 47,040,016 bytes; nothing larger is read into memory
+
+
 def read_idx(path):
-    """Parse one IDX file (http://yann.lecun.com/exdb/mnist/) into a uint8 tensor, checking every field."""
+    """Parse one IDX file (http://yann.lecun.com/exdb/mnist/) into a uint8 tensor, checking every field.
+    The header is read first and the payload bounded by it (and by MAX_IDX_BYTES): a .gz that inflates
+    to gigabytes is refused after reading at most one byte more than its header promises."""
     path = Path(path)
     try:
-        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
+        with (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")) as f:
+            dims = read_header(f, path)
+            expected = math.prod(dims)
+            if expected > MAX_IDX_BYTES:
+                raise MNISTError(f"{path}: its header {dims} says {expected:,} bytes of images or labels, more than "
+                                 f"MNIST's files hold; not an MNIST file")
+            payload = f.read(expected + 1)
+    except (OSError, EOFError, zlib.error) as e:  # unreadable, or a damaged .gz
         raise MNISTError(f"{path}: cannot read ({e})") from e
+    if len(payload) != expected:
+        size = f"{len(payload):,} bytes" if len(payload) < expected else "more bytes"
+        raise MNISTError(f"{path}: {size} after its header, which says {dims}: {expected:,} (truncated or corrupt)")
+    if not payload:  # frombuffer refuses an empty buffer; an empty set is refused by its users
+        return torch.empty(dims, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
+
+
+def read_header(f, path):
+    """The dimensions in an IDX header (magic 0, 0, dtype, ndim; then ndim big-endian uint32)."""
+    raw = f.read(4)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise MNISTError(f"{path}: not an IDX file (bad magic number)")
     if raw[2] != 0x08:  # MNIST is unsigned bytes; other IDX dtypes are valid files but not MNIST
         raise MNISTError(f"{path}: IDX dtype 0x{raw[2]:02x}, expected 0x08 (unsigned byte)")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    if len(raw) < header:
+    dims = f.read(4 * raw[3])
+    if len(dims) < 4 * raw[3]:
         raise MNISTError(f"{path}: truncated header")
-    dims = struct.unpack(f">{ndim}I", raw[4:header])
-    expected = header + math.prod(dims)
-    if len(raw) != expected:
-        raise MNISTError(f"{path}: {len(raw)} bytes, header {dims} says {expected} (truncated or corrupt)")
-    return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(dims)
+    return struct.unpack(f">{raw[3]}I", dims)
 
 
 def _lookup(roots, name):
@@ -91,6 +110,10 @@ def load_train_test(paths):
     its test files 10,000: files swapped under each other's names (a test accuracy measured on the training
     images) are refused by their sizes."""
     train, test = (MNIST(*paths[split]) for split in ("train", "test"))
+    for split, ds, least in (("train", train, 1), ("test", test, MIN_TEST_IMAGES)):
+        if len(ds) < least:
+            raise MNISTError(f"{paths[split][0]} holds {len(ds):,} images; lenet5.py needs at least {least} {split} "
+                             f"images (MNIST's files hold 60,000 train and 10,000 test images)")
     if len(train) < len(test):
         raise MNISTError(f"the training files ({paths['train'][0]}) hold {len(train):,} images, the test files "
                          f"({paths['test'][0]}) {len(test):,}: swapped? MNIST's training set is the larger "

@@ -52,6 +52,10 @@ def open_tokenizer(spec):
     if eot is None:
         raise TokenizerError(f"tokenizer {spec} has no {EOT} token")
     size = tokenizer.get_vocab_size()
+    top = max(tokenizer.get_vocab().values(), default=-1)
+    if top >= size:  # the model has `size` embedding rows: such an id fails steps into training
+        raise TokenizerError(f"tokenizer {spec} has ids up to {top:,} for a vocabulary of {size:,} tokens (ids "
+                             f"with gaps); a model needs them in 0..{size - 1:,}: retrain it with tokenizer_train.py")
     return LoadedTokenizer(tokenizer, source, tokenizer_sha256(tokenizer), size, -(-size // 64) * 64, eot)
 
 

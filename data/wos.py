@@ -10,12 +10,15 @@ they read it with: data/tokenizer.py).
       -> batches in a seeded order, one epoch = one permutation  epoch_loader()
 
 Everything after reading is done by `datasets` (imported only there: the rest works without it).
-Its fingerprints key the text's cache under the repository's data/cache/ (LAB5_DATA or not; a changed
-file: path, size or mtime, is read afresh); the token blocks sit beside it in one folder per tokenizer
-(tokens-v1-<its sha256>), so a second run loads them instead of tokenising again. Every cached file is
-verified when used; a damaged one is rebuilt once, or refused in one line naming the folder to delete.
+Its cache of the text sits under the repository's data/cache/ (LAB5_DATA or not), in one folder per
+corpus content (corpus-<its sha256>: a file rewritten in place with the same size and mtime is a new
+corpus); the token blocks sit beside it in one folder per tokenizer (tokens-v1-<its sha256>), so a
+second run loads them instead of tokenising again. Every cached token file is verified when used, by
+content (a manifest of sha256s) and structure; a damaged one is rebuilt once, or refused in one line
+naming the folder to delete.
 """
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -74,10 +77,7 @@ def download_wos(dest):
     print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="wos-") as scratch:
         data = fetch_x_txt(request, Path(scratch) / "WebOfScience.zip")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
+    runfiles.write_atomic(dest, data)
 
 
 def fetch_x_txt(request, archive):
@@ -133,6 +133,9 @@ def check_text(path):
         if len(line) > MAX_DOC_BYTES:
             raise TextError(f"{path}: line {number} has {len(line):,} bytes; expected one document (an abstract) per "
                             f"line, at most {MAX_DOC_BYTES:,} bytes")
+        if line.count(0) > len(line) // 8:  # past the first MiB too: text in UTF-16 is every other byte NUL
+            raise TextError(f"{path}: line {number} is {line.count(0) / len(line):.0%} NUL bytes: UTF-16 or binary, "
+                            f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
@@ -187,26 +190,36 @@ def corpus_identity(path):
 
 # ----------------------------------------------------------------------------- datasets
 
-def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None):
+def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
     """DatasetDict(train, validation) of {"text"}: one row per document, split by document.
 
     The split is datasets' seeded `train_test_split`, so the same file and seed always give the
-    same documents in each part; its indices are cached with the rest. A cache folder that cannot
-    be written is one line before any work; a damaged cache is rebuilt once, then refused in one line.
+    same documents in each part; its indices are cached with the rest, in corpus_cache(): one folder
+    per corpus content (`sha256`, corpus_identity's: pass it, or the file is hashed here), since
+    datasets' own key (path, mtime) misses a file rewritten in place (`cp -p`, `rsync -t`). A cache
+    folder that cannot be written is one line before any work; a damaged cache is rebuilt once, then
+    refused in one line.
     """
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
     runfiles.check_output_dir(cache_dir, "--cache-dir")
+    corpus_dir = corpus_cache(cache_dir, sha256 or runfiles.sha256_file(path))
     try:
-        return read_splits(path, val_fraction, seed, cache_dir, fresh=False)
+        return read_splits(path, val_fraction, seed, corpus_dir, fresh=False)
     except DamagedCache as e:
         print(f"warning: the datasets cache of {path} under {cache_dir} is damaged ({e}); rebuilding it",
               file=sys.stderr)
     try:
-        return read_splits(path, val_fraction, seed, cache_dir, fresh=True)
+        return read_splits(path, val_fraction, seed, corpus_dir, fresh=True)
     except DamagedCache as e:
-        raise TextError(f"the datasets cache {cache_dir / 'text'} is damaged ({e}) and its rebuild too: "
-                        f"delete {cache_dir / 'text'} and run again") from None
+        raise TextError(f"the datasets cache {corpus_dir} is damaged ({e}) and its rebuild too: "
+                        f"delete {corpus_dir} and run again") from None
+
+
+def corpus_cache(cache_dir, sha256):
+    """cache_dir/corpus-<the text's sha256, 32 hex digits>: everything cached from one corpus content
+    (datasets' tables of its text, the token blocks of each tokenizer beside them)."""
+    return Path(cache_dir) / f"corpus-{sha256[:32]}"
 
 
 def read_splits(path, val_fraction, seed, cache_dir, fresh):
@@ -246,6 +259,23 @@ def tokens_per_block(seq_len):
     return seq_len + 1
 
 
+def check_blocks_fit(splits, block_size):
+    """Before a tokenizer is trained: TextError, naming --seq-len, if a split cannot fill one block of
+    block_size tokens whatever the tokenizer (a byte-level token is at least one byte, plus one
+    <|endoftext|> a document)."""
+    for name, split in splits.items():
+        room = 0
+        for text in split["text"]:
+            room += len(text.encode("utf-8")) + 1
+            if room >= block_size:
+                break
+        else:
+            raise TextError(f"the {name} split ({len(split):,} document{'s' * (len(split) != 1)}, {room:,} bytes) "
+                            f"cannot fill one block of "
+                            f"{block_size} tokens (--seq-len {block_size - 1} + 1): give a smaller --seq-len, "
+                            f"--seq-len 0 (no token cache), or more text")
+
+
 TOKEN_CACHE_VERSION = 1  # part of the cache folder's name: bump it when tokenize() or group() change their output
 
 
@@ -258,9 +288,9 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
 
     Documents are joined by <|endoftext|>. As in HF's run_clm, each map batch of 1000 documents drops
     its last partial block (< 0.5% of the tokens). The result is cached per tokenizer, in
-    token_cache_folder(), and verified however it was obtained (readable, blocks of block_size,
-    ids inside the vocabulary): a damaged cache is rebuilt once with a warning, and refused in one
-    line naming the folder to delete if the rebuild is damaged too.
+    token_cache_folder(), and verified however it was obtained (a loaded file against its manifest;
+    readable, blocks of block_size, ids inside the vocabulary): a damaged cache is rebuilt once with a
+    warning, and refused in one line naming the folder to delete if the rebuild is damaged too.
     """
     if tokenizer.token_to_id(EOT) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
@@ -301,7 +331,8 @@ def tokenize_splits(splits, tokenizer, block_size, num_proc, folder):
                                   num_proc=num_proc, desc=f"blocks of {block_size} ({name})")
         verify_tokens(ids, blocks[name], len(split), block_size, tokenizer.get_vocab_size())
         if len(blocks[name]) == 0:
-            raise TextError(f"the {name} split has fewer than {block_size} tokens: use a smaller block size")
+            raise TextError(f"the {name} split has {sum(ids['n_tokens']):,} tokens, too few for one block of "
+                            f"{block_size} (--seq-len {block_size - 1} + 1): give a smaller --seq-len, or more text")
         stats[name] = {"docs": len(ids), "tokens": sum(ids["n_tokens"]), "bytes": sum(ids["n_bytes"]),
                        # a cache file older than this call was reused, not rebuilt
                        "from_cache": all(os.path.getmtime(f["filename"]) < started for f in blocks[name].cache_files)}
@@ -326,16 +357,41 @@ def block_makers(tokenizer, block_size):
 
 
 def cached_map(dataset, function, folder, stem, **kwargs):
-    """dataset.map(function) cached as folder/stem.arrow (loaded when it exists); unreadable: DamagedCache."""
-    where = None
+    """dataset.map(function) cached as folder/stem.arrow (loaded when it exists); unreadable, or not what
+    was written (cache_manifest): DamagedCache."""
+    where, before = None, set()
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         where = str(folder / f"{stem}.arrow")
+        before = set(folder.glob("*.arrow"))  # what existed is loaded, and must match its manifest
     # the fingerprint is the file's key (short: datasets appends the worker's rank to it)
     fingerprint = hashlib.sha256(f"{folder and folder.name}-{stem}".encode()).hexdigest()[:32]
     with arrow_damage(folder, f"{stem}.arrow"):
-        return dataset.map(function, batched=True, remove_columns=dataset.column_names, cache_file_name=where,
-                           new_fingerprint=fingerprint, **kwargs)
+        result = dataset.map(function, batched=True, remove_columns=dataset.column_names, cache_file_name=where,
+                             new_fingerprint=fingerprint, **kwargs)
+    if folder is not None:
+        cache_manifest(folder / f"{stem}.manifest.json", [Path(f["filename"]) for f in result.cache_files], before)
+    return result
+
+
+def cache_manifest(manifest, files, before):
+    """Cached blocks are trusted by content, as checkpoints are: `files` that existed `before` the map must
+    match the manifest's size and sha256 (rewritten in place, valid ids or not, they are DamagedCache);
+    files made now are recorded in it. Hashing costs a read of the files (~30 ms for the stand-in's)."""
+    loaded = [f for f in files if f in before]
+    if loaded:
+        try:
+            expected = json.loads(runfiles.read_small(manifest, 1 << 20))
+        except (OSError, ValueError):  # missing, a planted link or device, not JSON
+            expected = None
+        if not isinstance(expected, dict):
+            raise DamagedCache(f"{manifest.name} is missing or unreadable")
+        for f in loaded:
+            if expected.get(f.name) != {"bytes": f.stat().st_size, "sha256": runfiles.sha256_file(f)}:
+                raise DamagedCache(f"{f.name} does not match its manifest")
+    if len(loaded) < len(files):
+        runfiles.write_json(manifest, {f.name: {"bytes": f.stat().st_size, "sha256": runfiles.sha256_file(f)}
+                                       for f in files})
 
 
 def verify_tokens(ids, blocks, n_docs, block_size, vocab_size):

@@ -14,6 +14,7 @@
 #SBATCH --requeue
 #SBATCH --output=runs/slurm/%x-%j.out
 #SBATCH --open-mode=append
+[ -n "${BASH_VERSION:-}" ] || { echo "error: $0 needs bash: run it with bash or sbatch, not sh" >&2; exit 2; }
 set -uo pipefail
 SCRIPT=$0  # under sbatch a spool copy: Slurm records the submitted path, then the arguments
 if [ "${0##*/}" = slurm_script ]; then

@@ -74,3 +74,46 @@ def test_failed_download_falls_back_to_the_clear_message(tmp_path, monkeypatch, 
         mnist.find_mnist(tmp_path, download=True)
     warning = capsys.readouterr().err.strip()
     assert warning.startswith("warning: MNIST download failed") and len(warning.splitlines()) == 1
+
+
+# --------------------------------------------------------------------- hostile files (issue 36)
+
+def test_a_gz_that_inflates_past_its_header_is_refused_in_bounded_memory(tmp_path):
+    """Issue 36.12: a valid header over 64 MB of zeros (1.5 GB in the report) used to be inflated whole
+    before the one-line error; a header that promises more than MNIST holds is refused before any payload."""
+    import gzip
+    import struct
+    import tracemalloc
+    cases = {"long": (10, 28, 28), "huge": (2**20, 28, 28)}
+    for name, dims in cases.items():
+        with gzip.open(tmp_path / f"{name}.gz", "wb", compresslevel=1) as f:
+            f.write(bytes([0, 0, 8, 3]) + struct.pack(">3I", *dims))
+            for _ in range(64):
+                f.write(bytes(1 << 20))
+    for name, message in (("long", r"more bytes after its header, which says \(10, 28, 28\).*truncated or corrupt"),
+                          ("huge", "more than MNIST's files hold")):
+        tracemalloc.start()
+        try:
+            with pytest.raises(MNISTError, match=message):
+                mnist.read_idx(tmp_path / f"{name}.gz")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20, f"{name}: {peak:,} bytes"
+
+
+@pytest.mark.parametrize("n_train, n_test, message", [
+    (0, 0, "train-images-idx3-ubyte.gz holds 0 images; lenet5.py needs at least 1 train images"),
+    (20, 0, "t10k-images-idx3-ubyte holds 0 images; lenet5.py needs at least 8 test images"),
+    (20, 7, "t10k-images-idx3-ubyte holds 7 images; lenet5.py needs at least 8 test images"),
+])
+def test_lenet5_on_empty_or_tiny_idx_files_is_one_line_and_leaves_no_run_folder(tmp_path, capsys, n_train, n_test,
+                                                                                 message):
+    """Issue 36.17: an IndexError (8 feature-map digits) or a ZeroDivisionError traceback."""
+    import lenet5
+    from conftest import write_tiny_mnist
+    data = write_tiny_mnist(tmp_path / "mnist", n_train=n_train, n_test=n_test)
+    with pytest.raises(SystemExit) as stop:
+        lenet5.main(["--data-dir", str(data), "--no-download", "--device", "cpu", "--out-dir", str(tmp_path / "run")])
+    assert str(stop.value.code).startswith("error: ") and message in str(stop.value.code)
+    assert "\n" not in str(stop.value.code) and not (tmp_path / "run").exists()

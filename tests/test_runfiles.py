@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from conftest import REPO
-from training import runfiles
+from training import flags, runfiles
 
 
 def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp_path):
@@ -174,10 +174,10 @@ def test_a_run_folder_locked_by_another_run_keeps_its_lock(tmp_path):
 def test_an_empty_path_flag_and_a_seed_out_of_range_are_refused():
     for text in ("", "  "):
         with pytest.raises(argparse.ArgumentTypeError, match="empty"):
-            runfiles.path_flag(text)
-    with pytest.raises(argparse.ArgumentTypeError, match=r"\[0, 2\^32\)"):
-        runfiles.seed_flag(str(2**64))
-    assert runfiles.path_flag("runs/x").name == "x" and runfiles.seed_flag("7") == 7
+            flags.path_flag(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be in \[0, 4294967296\)"):
+        flags.seed_flag(str(2**64))
+    assert flags.path_flag("runs/x").name == "x" and flags.seed_flag("7") == 7
 
 
 def test_default_run_names_of_one_second_differ():

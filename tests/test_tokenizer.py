@@ -115,3 +115,32 @@ def test_the_hub_probe_never_hangs_on_a_name_lookup(monkeypatch):
     monkeypatch.setattr(tokenizer.socket, "create_connection", hangs)
     started = time.perf_counter()
     assert tokenizer.hub_reachable(timeout=0.5) is False and time.perf_counter() - started < 5
+
+
+def sparse_ids(small_tokenizer, path):
+    """The tokenizer with <|endoftext|> (in every document's end) moved to id 5000, past its 512 tokens."""
+    import json
+    data = json.loads(small_tokenizer.to_str())
+    data["model"]["vocab"][tokenizer.EOT] = 5000
+    for added in data["added_tokens"]:
+        if added["content"] == tokenizer.EOT:
+            added["id"] = 5000
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_tokenizer_with_ids_past_its_vocabulary_is_named_not_the_token_cache(small_tokenizer, corpus, tmp_path):
+    """Issue 36.19: ids with gaps (one >= the vocabulary size) were blamed on "the token cache is damaged:
+    delete it", after a rebuild; the tokenizer is named now, before any work."""
+    import gpt_train
+    from conftest import tiny_args
+    path = sparse_ids(small_tokenizer, tmp_path / "sparse.json")
+    with pytest.raises(tokenizer.TokenizerError, match=f"^tokenizer {path} has ids up to 5,000 for a vocabulary of "
+                                                       "512 tokens"):
+        tokenizer.open_tokenizer(str(path))
+    with pytest.raises(SystemExit) as stop:
+        gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokenizer", str(path), "--cache-dir",
+                                 str(tmp_path / "cache")))
+    assert str(stop.value.code).startswith(f"error: tokenizer {path} has ids up to 5,000") and \
+        "token cache" not in str(stop.value.code)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

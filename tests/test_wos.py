@@ -283,7 +283,7 @@ def test_each_tokenizer_has_its_own_cache_folder(text_file, small_tokenizer, tmp
 def test_a_damaged_datasets_cache_of_the_text_is_rebuilt_with_a_warning(text_file, tmp_path, capsys, name):
     first = splits_of(text_file, tmp_path)
     expected = {part: list(first[part]["text"]) for part in first}
-    for path in (tmp_path / "cache" / "text").rglob(name):
+    for path in (tmp_path / "cache").glob(f"corpus-*/text/**/{name}"):
         truncate(path)
     again = splits_of(text_file, tmp_path)
     assert {part: list(again[part]["text"]) for part in again} == expected
@@ -312,3 +312,77 @@ def test_with_lab5_data_the_cache_is_the_repositorys_and_a_failed_download_write
     with pytest.raises(wos.TextError, match="WOS46985/X.txt not found"):
         wos.resolve_text(None, download=True)
     assert list((tmp_path / "data").iterdir()) == []  # no empty WebOfScience/WOS46985/
+
+
+# ------------------------------------------------------------------ caches that lie (issue 36.5, 36.8)
+
+def test_a_corpus_rewritten_with_the_same_size_and_mtime_is_read_afresh(text_file, small_tokenizer, tmp_path):
+    """Issue 36.5: `cp -p` or `rsync -t` over the corpus kept datasets' key (path, size, mtime): the old text
+    trained while the metrics recorded the new one's sha256. The cache is keyed on the content now."""
+    first = splits_of(text_file, tmp_path)
+    old_blocks, _ = wos.tokenize_blocks(first, small_tokenizer, 64)
+    before = text_file.stat()
+    new = text_file.read_bytes().replace(b"ka", b"zu")  # the same size, another text
+    text_file.write_bytes(new)
+    os.utime(text_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    again = splits_of(text_file, tmp_path)
+    docs = sorted(list(again["train"]["text"]) + list(again["validation"]["text"]))
+    assert docs == sorted(line.strip() for line in new.decode().splitlines() if line.strip())
+    blocks, stats = wos.tokenize_blocks(again, small_tokenizer, 64)
+    assert not stats["train"]["from_cache"] and blocks["train"][0] != old_blocks["train"][0]
+    given = splits_of(text_file, tmp_path, sha256=hashlib.sha256(new).hexdigest())  # as gpt_train passes it
+    assert given["train"]["text"] == again["train"]["text"]  # the same key as the hash made here
+
+
+def other_valid_ids(path):
+    """Every block's ids rotated by one: the same size, ids inside the vocabulary, another text."""
+    import pyarrow as pa
+    table = pa.ipc.open_stream(pa.BufferReader(path.read_bytes())).read_all()  # in memory: the file is rewritten
+    column = table.schema.get_field_index("input_ids" if "input_ids" in table.column_names else "ids")
+    rotated = pa.array([row[1:] + row[:1] for row in table.column(column).to_pylist()],
+                       type=table.schema.field(column).type)
+    table = table.set_column(column, table.schema.field(column), rotated)
+    stat = path.stat()
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("kind", ["blocks", "ids"])
+def test_token_files_rewritten_in_place_with_valid_ids_are_rebuilt(text_file, small_tokenizer, tmp_path, capsys,
+                                                                   kind):
+    """Issue 36.5: the cache was trusted by structure only; now by content too (a manifest of sha256s)."""
+    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    expected = first["train"].to_dict()["input_ids"]
+    for path in token_files(first, kind):
+        other_valid_ids(path)
+    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    assert not stats["train"]["from_cache"] and again["train"].to_dict()["input_ids"] == expected
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "does not match its manifest" in warnings[0]
+    assert wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)[1]["train"]["from_cache"]
+
+
+def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
+    """Issue 36.8: only the first MiB was looked at; a later UTF-16 part trained as NUL-riddled text."""
+    path = tmp_path / "X.txt"
+    head = "\n".join(generated_docs(6000)) + "\n"
+    assert len(head.encode()) > 1 << 20
+    path.write_bytes(head.encode() + "\n".join(generated_docs(20, seed=1)).encode("utf-16-le"))
+    line = head.count("\n") + 1
+    with pytest.raises(wos.TextError, match=rf"X.txt: line {line} is \d+% NUL bytes: UTF-16 or binary, not UTF-8"):
+        wos.check_text(path)
+
+
+def test_a_manifest_planted_as_a_link_to_a_device_is_a_rebuild_not_a_hang(text_file, small_tokenizer, tmp_path,
+                                                                          capsys):
+    """A new surface of the manifest: it is read bounded and no-follow (runfiles.read_small), so a link to
+    /dev/zero (an endless read) is a damaged cache like any other."""
+    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    for manifest in token_files(first)[0].parent.glob("*.manifest.json"):
+        manifest.unlink()
+        manifest.symlink_to("/dev/zero")
+    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+    assert not stats["train"]["from_cache"] and again["train"].to_dict() == first["train"].to_dict()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "manifest.json is missing or unreadable" in warnings[0]

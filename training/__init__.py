@@ -28,7 +28,10 @@ LeNet-5 (lenet5.py):
 import os
 from pathlib import Path
 
-CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lab5"  # shared on a cluster
+# shared on a cluster; an empty or relative XDG_CACHE_HOME is ignored, as the XDG spec says (it would put the
+# cache under whatever folder the script runs in: the repository)
+_XDG = os.environ.get("XDG_CACHE_HOME", "")
+CACHE_HOME = (Path(_XDG) if os.path.isabs(_XDG) else Path.home() / ".cache") / "lab5"
 
 
 from training.runfiles import UserError  # noqa: E402,F401  the one base of one-line errors: import it from here

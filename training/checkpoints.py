@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -151,16 +152,30 @@ def load_problem(path):
     """None if accelerate's loader (weights only: a planted pickle runs no code) reads `path`, else the error."""
     from accelerate.utils import load
     try:
-        load(path, map_location="cpu")
+        with warnings.catch_warnings():  # garbage makes torch warn about pickle protocols first: one line only
+            warnings.simplefilter("ignore")
+            load(path, map_location="cpu")
         return None
     except Exception as e:
         return e
 
 
 def damaged(ckpt, path, error):
-    why = (str(error).splitlines() or [type(error).__name__])[0][:200]
+    why = load_reason(error)
     return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
                      f"resume from the checkpoint before it, or pick a new --out-dir")
+
+
+def load_reason(error):
+    """The loader's error in a few words, without torch's advice to retry with weights_only=False: that
+    would run whatever code a planted pickle holds."""
+    text = str(error).strip()
+    if "WeightsUnpickler error:" in text:  # torch's weights-only refusal: only its own reason, first sentence
+        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
+        return f"not plain tensors and numbers: {detail[0].split('. ')[0][:160]}".rstrip(": ")
+    if "weights_only" in text:
+        return "not plain tensors and numbers"
+    return (text.splitlines() or [type(error).__name__])[0][:200]
 
 
 def remove_checkpoints(accelerator, out_dir):
@@ -258,9 +273,9 @@ def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None):
     ckpt = None
     if accelerator.is_main_process:
         runfiles.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),
-                                       {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
-        if metrics_out:
-            runfiles.check_output(metrics_out, "--metrics-out")
+                                          {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
+        if metrics_out:  # the ownership rule: in no other run's folder, over no file gpt_train.py did not write
+            runfiles.check_output(metrics_out, "--metrics-out", PROGRAM, own_run=out_dir)
         runfiles.claim_run_dir(out_dir, PROGRAM, stack)  # new, empty or gpt_train.py's; a failed start leaves none
         if (out_dir / "metrics.json").exists():
             raise UserError(f"{out_dir} holds a finished run (metrics.json); pick a new --out-dir")

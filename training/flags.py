@@ -3,26 +3,31 @@ declared, so a bad value is one line (`error: argument --lr: must be > 0, got -1
 rule is read beside the flag's help. Rules that join two flags stay in the script, through Parser.error.
 
     Parser         every script's ArgumentParser: errors in one line, no abbreviated flags
-    number(...)    an int or float in a range;  int_or_auto()  a positive integer or "auto"
+    number(...)    an int or float in a range (and a multiple of a step);  int_or_auto()  a positive integer or "auto"
+    path_flag      a path: not empty, no name over the limit, no dangling or looping link (runfiles.path_problem)
+    path_or_name_flag  the same, for a flag that also takes a name (--tokenizer gpt2)
 """
 import argparse
 import math
+import os
+from pathlib import Path
+
+from training.runfiles import path_problem
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with a user error in one line on stderr (no usage block: --help has it) and exit status 2,
-    and no abbreviations: `--out` is not taken for `--out-dir` (a launcher that reads one flag and a script
-    that takes another would disagree about the run folder)."""
+    """Every script's parser: no abbreviated flags (`--out` taken for `--out-dir`: a Slurm log named one
+    folder, the run wrote another), and a flag error in one line, as every user error (usage: --help)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+        self.exit(2, f"error: {message}\n")
 
 
-def number(kind, low=None, high=None, low_open=False, high_open=False, why=""):
-    """An int or float flag in [low, high] (an open end with `*_open`): finite, and in range."""
+def number(kind, low=None, high=None, low_open=False, high_open=False, why="", multiple=None):
+    """An int or float flag in [low, high] (an open end with `*_open`): finite, in range, a multiple of `multiple`."""
     def parse(text):
         try:
             value = kind(text)
@@ -34,6 +39,8 @@ def number(kind, low=None, high=None, low_open=False, high_open=False, why=""):
                 (high is not None and (value >= high if high_open else value > high)):
             shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
             raise argparse.ArgumentTypeError(f"must be {describe(low, high, low_open, high_open)}{why}, got {shown}")
+        if multiple and value % multiple:
+            raise argparse.ArgumentTypeError(f"must be a multiple of {multiple}{why}, got {text}")
         return value
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
@@ -45,6 +52,28 @@ def describe(low, high, low_open, high_open):
     if low is None:
         return f"{'<' if high_open else '<='} {high}"
     return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def path_flag(text):
+    """A path flag's value (argparse type): refused in one line naming the flag if it is empty (it would
+    mean the current folder) or path_problem() finds it unusable."""
+    text = os.fspath(text)  # main(argv) called with Path objects
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a folder or file name (an empty value would mean "
+                                         "the current folder)")
+    problem = path_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
+    return Path(text)
+
+
+def path_or_name_flag(text):
+    """The same for a flag that takes a path or a name (--tokenizer gpt2): the text itself."""
+    path_flag(text)
+    return os.fspath(text)  # as typed: "./x.json" must still look like a path, not a hub name
+
+
+seed_flag = number(int, 0, 2**32, high_open=True)  # the range every generator here takes (torch, numpy, datasets)
 
 
 def int_or_auto(low=1):

@@ -1,19 +1,25 @@
-"""What every script shares about its outputs, run folders and flags: strict JSON written atomically,
-output paths checked before any work, a lock on a run directory, content hashes, one-line user errors.
+"""What every script shares about its outputs, run folders and flags: files written atomically, output
+paths checked before any work, a lock on a run directory, content hashes, one-line user errors.
+The rules live here, one each, for every script:
+
+    write_atomic(path, data)   the one way the project writes a file: its own new file beside it (exclusive,
+                               no-follow: a planted link is never opened), renamed over `path` (a link replaced)
+    check_output(path, what, program)  ownership: no output inside another run's folder (run.owner), no file
+                               replaced that `program` did not write (the mark write_atomic leaves on it)
+    path_problem(path)         why a path flag's value cannot be used (a name too long, a looping or dangling link,
+                               any OSError but not found): training/flags.py's path_flag, every path flag's type
+    read_small(path, limit)    a small file of the project's own (owner, manifest): plain, no-follow, bounded
 
     UserError                  the base of every one-line user error (OutputError, TextError, ...)
-    write_json(path, obj)      own tmp file + rename; NaN/inf become null (strict JSON, any reader)
-    check_output(path, what)   before training: the path can be written, or one clear error
+    write_json(path, obj)      write_atomic of strict JSON; NaN/inf become null (any reader)
     check_outputs_not_inputs   before training: no output path is one of the run's inputs
-    RunLock(dir)               one run per directory; the kernel drops the lock when a process dies
-    claim_run_dir(dir, program)  a run directory: new, empty or this program's; locked; a failed start undone
+    RunLock, claim_run_dir     one run per directory: new, empty or this program's, locked, a failed start undone;
+                               run.lock and run.owner never followed (a link among them: the folder is not empty)
     new_run_name()             a default run folder's name: the time and a random suffix (runs started together)
-    path_flag, seed_flag       argparse types: an empty path is refused (not the current folder); a seed in range
     quiet_writer_thread()      TensorBoard's writer thread: a failed write stops the run in one line, not two tracebacks
     sha256_file(path)          what a checkpoint or a run depends on, by content
     cpu_name()                 the processor, for the hardware every measurement names
 """
-import argparse
 import contextlib
 import errno
 import fcntl
@@ -23,6 +29,7 @@ import math
 import os
 import secrets
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -49,24 +56,29 @@ def strict(obj):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict(v) for v in obj]
-    return obj
+    return [strict(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
 
 
 def write_json(path, obj):
-    """Write obj as strict JSON via a temporary file and a rename: a reader never sees half a file.
-    The temporary name is the writer's own (host, process, thread, random), so writers of one file at
-    once (the processes of a multi-GPU job) do not rename each other's halves; the last rename wins.
-    A write that fails (a full disk) is one OutputError naming the path, and leaves no temporary file."""
+    """Write obj as strict JSON with write_atomic: a reader never sees half a file."""
+    write_atomic(path, (json.dumps(strict(obj), indent=2, allow_nan=False, default=str) + "\n").encode("utf-8"))
+
+
+def write_atomic(path, data):
+    """Write `data` (bytes, or a function writing into a binary file: torch.save) to `path` via the writer's
+    own temporary file (create_exclusive: writers of one file at once never rename each other's halves) and
+    a rename (a link at `path` is replaced, not written through); a path check_output claimed gets its mark.
+    A failed write (a full disk) is one OutputError; no temporary file stays, the old file is as it was."""
     path = Path(path)
-    data = (json.dumps(strict(obj), indent=2, allow_nan=False, default=str) + "\n").encode("utf-8")
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp, fd = create_exclusive(path)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            data(f) if callable(data) else f.write(data)
+        if os.path.abspath(path) in CLAIMED:
+            with contextlib.suppress(OSError):  # no user attributes here: written, but not replaceable later
+                os.setxattr(tmp, MARK, CLAIMED[os.path.abspath(path)].encode(), follow_symlinks=False)
         os.replace(tmp, path)
     except OSError as e:
         if tmp is not None:
@@ -75,10 +87,9 @@ def write_json(path, obj):
 
 
 def create_exclusive(path, attempts=8):
-    """(name, fd) of a new temporary file beside `path`, created with O_EXCL | O_NOFOLLOW: a file or a
-    symlink already at the name (planted there to redirect the write) is never opened, another name is
-    drawn instead."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    """(name, fd) of a new temporary file beside `path`, O_EXCL | O_NOFOLLOW: a file, folder or link already
+    at the name (planted to redirect the write) is never opened; another name is drawn instead."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     for _ in range(attempts):
         tmp = temporary_name(path)
         try:
@@ -88,9 +99,111 @@ def create_exclusive(path, attempts=8):
     raise OSError(errno.EEXIST, f"{attempts} temporary names beside it were taken")
 
 
+NAME_MAX = 255  # bytes in one file name, on every file system this runs on (Linux: ext4, xfs, NFS, Lustre)
+
+
 def temporary_name(path):
-    return path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}."
-                          f"{secrets.token_hex(4)}.tmp")
+    """<name>.<host>.<pid>.<thread>.<random>.tmp, the name cut so that the whole fits NAME_MAX."""
+    suffix = f".{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp"
+    return path.with_name(os.fsdecode(os.fsencode(path.name)[:NAME_MAX - len(os.fsencode(suffix))]) + suffix)
+
+
+# ----------------------------------------------------------------------------- path flags
+
+def path_problem(path):
+    """None if `path` can be used (it exists, or does not yet), else why not: a name over NAME_MAX (a missing
+    folder above it hides that until the write), a looping or dangling link, any OSError but "not found"."""
+    path = Path(path)
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            return f"a name of {len(os.fsencode(part))} bytes ({part[:16]}...); a file name has at most {NAME_MAX}"
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # not there (yet), or a file where a folder should be
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    except (OSError, ValueError) as e:  # too long a path, a loop of links, no permission, a NUL byte
+        return reason(e)
+    return None
+
+
+# ----------------------------------------------------------------------------- output paths
+
+MARK = "user.lab5.written-by"  # extended attribute: the program that wrote an output file (write_atomic)
+CLAIMED = {}  # absolute output path -> the program whose check_output claimed it: what write_atomic marks
+
+
+def inside_another_run(path, what, own_run=None):
+    """Why `path` may not be written: a folder above it holds a run (OWNER_FILE) and is not `own_run`, this
+    run's; else None."""
+    run = next((f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
+    if run and not (own_run and os.path.abspath(run) == os.path.abspath(own_run)):
+        return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
+                f"run's only record; give a path outside it (nothing was written)")
+    return None
+
+
+def output_problem(path, what, program, own_run=None):
+    """The ownership rule, for every output path: None, or why `program` may not write `path`.
+    Refused: a path inside another run's folder (OWNER_FILE names it; `own_run`, this run's folder, is
+    allowed), and an existing file that `program` did not write (no mark, another's mark, a link)."""
+    path = Path(path)
+    if path.name in BOOKKEEPING:  # another run's, or this run's own lock or owner: never an output
+        return f"{what} {path}: {path.name} is a run folder's bookkeeping file; give another name"
+    problem = inside_another_run(path, what, own_run)
+    if problem or not os.path.lexists(path) or program is None:
+        return problem
+    if path.is_symlink() or not path.is_file():
+        kind = "a symbolic link" if path.is_symlink() else "not a plain file"
+        return f"{what} {path} exists and is {kind}; give a new file name (it was left as it is)"
+    try:
+        writer = os.getxattr(path, MARK, follow_symlinks=False).decode(errors="replace")
+        by = f"it was written by {writer}"
+    except OSError as e:
+        writer, by = None, ("this file system keeps no mark of who wrote a file" if e.errno == errno.ENOTSUP
+                            else "no mark of this project's")
+    if writer != program:
+        return (f"{what} {path} exists and {program} did not write it ({by}); give a new file name, or move "
+                f"it away first (it was left as it is)")
+    return None
+
+
+def check_output(path, what, program=None, own_run=None):
+    """Fail now, not after the work, if `path` (a file to be written) cannot or may not be: path_problem,
+    output_problem (with `program`: the ownership rule whole, else only the run folders), its folder
+    created and a probe file written and removed there. Then the path is `program`'s: write_atomic marks
+    what it writes there."""
+    path = Path(path)
+    problem = path_problem(path)
+    problem = (f"{what} {path}: {problem}" if problem else f"{what} {path} is a folder; give a file name"
+               if path.is_dir() else output_problem(path, what, program, own_run))
+    if problem:
+        raise OutputError(problem)
+    probe_folder(path.parent, f"{what} {path}")
+    if program:
+        CLAIMED[os.path.abspath(path)] = program
+
+
+def check_output_dir(path, what):
+    """The same for a folder the run will fill (a read-only cache folder: one line, not a filelock traceback)."""
+    path = Path(path)
+    problem = path_problem(path)
+    problem = (f"{what} {path}: {problem}" if problem else inside_another_run(path, what) or
+               (f"{what} {path} is a file, not a folder" if path.exists() and not path.is_dir() else None))
+    if problem:
+        raise OutputError(problem)
+    probe_folder(path, f"{what} {path}")
+
+
+def probe_folder(folder, named):
+    if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
+        raise OutputError(f"{named} cannot be written ({folder} is a file, not a folder)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        raise OutputError(f"{named} cannot be written ({reason(e)})") from None
 
 
 def check_outputs_not_inputs(outputs, inputs):
@@ -114,80 +227,63 @@ def same_file(a, b):
         return False
 
 
-def check_output(path, what):
-    """Fail now, not after the work, if `path` (a file to be written) cannot be: its folder is created
-    and a probe file written and removed there."""
-    path = Path(path)
-    if path.is_dir():
-        raise OutputError(f"{what} {path} is a folder; give a file name")
-    probe_folder(path.parent, f"{what} {path}")
-
-
-def check_output_dir(path, what):
-    """The same for a folder the run will fill (a read-only cache folder: one line, not a filelock traceback)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{what} {path} is a file, not a folder")
-    probe_folder(path, f"{what} {path}")
-
-
-def probe_folder(folder, named):
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
-            pass
-    except OSError as e:
-        raise OutputError(f"{named} cannot be written ({reason(e)})") from None
-
-
 class RunLock:
-    """An exclusive flock on DIR/run.lock, held while the run lives: a second run on the same
-    directory (a double sbatch, a second terminal) stops at once. The kernel releases it when
-    the process ends, however it ends, so a killed run never leaves a stale lock."""
+    """An exclusive flock on DIR/run.lock, held while the run lives: a second run on the same directory (a
+    double sbatch, a second terminal) stops at once. The kernel releases it when the process ends, however
+    it ends. The lock is the file's inode, so the file is reused (open_lock_file), and its pid written in."""
 
     def __init__(self, directory):
         self.path = Path(directory) / "run.lock"
-        self.file = None
+        self.fd = None
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "a+")
+        self.fd = open_lock_file(self.path)
         try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip() or "?"
-            self.file.close()
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
             raise OutputError(f"{self.path.parent} is in use by another run (pid {holder}); "
                               f"wait for it or pick another --out-dir") from None
-        self.file.truncate(0)
-        self.file.write(str(os.getpid()))
-        self.file.flush()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
         return self
 
     def __exit__(self, *exc):
-        self.file.close()  # closing releases the lock
+        os.close(self.fd)  # closing releases the lock
+
+
+def open_lock_file(path):
+    """A file descriptor of the run lock `path`, made if missing (create_exclusive, then a hard link to the
+    name: never through a link), opened no-follow; OutputError if it is a link, a folder, a device or a file
+    with other names (hard links): not a lock this project made, so the pid can land nowhere else."""
+    for _ in range(8):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            break
+        except FileNotFoundError:
+            tmp, fd = create_exclusive(path)
+            try:
+                os.link(tmp, path)  # fails, never follows, if the name was taken meanwhile
+                break
+            except FileExistsError:
+                os.close(fd)
+            finally:
+                tmp.unlink()
+        except OSError as e:
+            raise OutputError(f"{path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") from None
+    else:
+        raise OutputError(f"{path} keeps changing: another program is making and removing it")
+    info = os.fstat(fd)
+    if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+        return fd
+    os.close(fd)
+    raise OutputError(f"{path} is not a run lock (not a plain file of one name): remove it, or pick another --out-dir")
 
 
 OWNER_FILE = "run.owner"  # names the program that made a run directory: only it may use the folder again
 BOOKKEEPING = {"run.lock", OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
-
-
-def path_flag(text):
-    """A path flag's value; an empty one (`--out-dir=`, a shell variable left unset) would mean the current
-    folder, so it is refused instead."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path; give a folder or file name (an empty value would mean "
-                                         "the current folder)")
-    return Path(text)
-
-
-def seed_flag(text):
-    """A seed flag's value: in [0, 2^32), the range every generator here (torch, numpy, datasets) takes."""
-    value = int(text)
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"a seed must be in [0, 2^32), got {text}")
-    return value
 
 
 def new_run_name():
@@ -197,19 +293,19 @@ def new_run_name():
 
 def run_dir_problem(path, program, what="--out-dir", reuse=True):
     """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse` (a
-    resume), its OWNER_FILE names `program`), else why not. Only the folder's listing and owner file are
-    read: nothing is written."""
+    resume), its OWNER_FILE names `program`), else why not: also a path path_problem() refuses, and a
+    folder inside another run's. Only listings and the owner file are read: nothing is written."""
     path = Path(path)
+    problem = path_problem(path) or inside_another_run(path, what)
+    if problem:
+        return problem if problem.startswith(what) else f"{what} {path}: {problem}"
     if not path.exists():
         return None
     if not path.is_dir():
         return f"{what} {path} is a file, not a folder"
-    if not {p.name for p in path.iterdir()} - BOOKKEEPING:
+    if bookkeeping_only(path):
         return None
-    try:
-        owner = (path / OWNER_FILE).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        owner = None
+    owner = read_owner(path)
     if owner == program and reuse:
         return None
     whose = (f"a run of {program} already (runs are never overwritten)" if owner == program else
@@ -217,11 +313,41 @@ def run_dir_problem(path, program, what="--out-dir", reuse=True):
     return f"{what} {path} is not empty: it holds {whose}; give a new or empty folder (nothing was written)"
 
 
+def bookkeeping_only(path):
+    """Whether folder `path` holds nothing but BOOKKEEPING, each a plain file: a link named run.lock or
+    run.owner (planted to redirect a write) is not this project's, and makes the folder not empty."""
+    with os.scandir(path) as entries:
+        return all(e.name in BOOKKEEPING and e.is_file(follow_symlinks=False) for e in entries)
+
+
+def read_owner(path):
+    """The program folder `path`'s OWNER_FILE names (read_small), else None."""
+    try:
+        return read_small(path / OWNER_FILE, 256).decode(errors="replace").strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def read_small(path, limit):
+    """The bytes of a small file of the project's own (an owner file, a manifest): a plain file, opened
+    no-follow and non-blocking, of at most `limit` bytes. A link, a FIFO, a device (/dev/zero) or a huge
+    file planted there is never read whole: OSError (ELOOP...) or ValueError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a plain file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} holds over {limit:,} bytes")
+    return data
+
+
 def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
     """Take `path` for a run of `program` until `stack` closes: refused in one OutputError, before anything
     is written, unless run_dir_problem() allows it; then created, written probe-checked, locked (RunLock)
-    and marked (OWNER_FILE). When `stack` closes, a folder that still holds nothing but BOOKKEEPING (a
-    start that failed before any work) is removed if this call made it, so the retry finds it as it was."""
+    and marked (OWNER_FILE, by write_atomic). When `stack` closes, a folder that still holds nothing but
+    BOOKKEEPING (a start that failed before any work) is removed if this call made it, so the retry finds
+    it as it was."""
     path = Path(path)
     problem = run_dir_problem(path, program, what, reuse)
     if problem:
@@ -230,15 +356,15 @@ def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
     check_output_dir(path, what)
     stack.enter_context(RunLock(path))
     stack.callback(remove_if_unused, path, fresh)  # only once locked: another run's lock file is never touched
-    if not (path / OWNER_FILE).is_file() or (path / OWNER_FILE).read_text().strip() != program:
-        (path / OWNER_FILE).write_text(program + "\n")
+    if read_owner(path) != program:
+        write_atomic(path / OWNER_FILE, f"{program}\n".encode())
     return path
 
 
 def remove_if_unused(path, made_here):
     """A run folder that holds only BOOKKEEPING: its files go, and the folder too if this run made it."""
     try:
-        if {p.name for p in path.iterdir()} - BOOKKEEPING:
+        if not bookkeeping_only(path):
             return
         for name in BOOKKEEPING:
             (path / name).unlink(missing_ok=True)

@@ -22,14 +22,13 @@ IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job 
 import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
 from training import UserError, runfiles  # noqa: E402
 from training.device import eager_mode  # noqa: E402
 from training.final import load_run  # noqa: E402
-from training.flags import Parser, number  # noqa: E402
+from training.flags import Parser, number, path_flag, path_or_name_flag  # noqa: E402
 
 IMPORTS = (IMPORTS_STARTED, process_seconds())
 
@@ -137,7 +136,7 @@ def final_samples(run, tokenizer, validation_blocks, new_tokens, writer, at_step
 def build_parser():
     p = Parser(prog="python -m training.sample", description="Continue a prompt with the weights of a "
                "gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("run_dir", type=Path, help="the run's --out-dir (final/, or a checkpoint of an unfinished run)")
+    p.add_argument("run_dir", type=path_flag, help="the run's --out-dir (final/, or a checkpoint of an unfinished run)")
     p.add_argument("--prompt", default="", help="text to continue ('': from <|endoftext|>)")
     p.add_argument("--tokens", type=number(int, 1, MAX_TOKENS), default=64, help=f"new tokens, at most {MAX_TOKENS:,}: "
                    "past the model's n_positions each is a forward pass over n_positions tokens (hours on a CPU)")
@@ -146,10 +145,11 @@ def build_parser():
     p.add_argument("--top-k", type=number(int, 0), default=TOP_K, help="sample among the k most likely; 0: all")
     p.add_argument("--seed", type=number(int, 0, 2**64, high_open=True), default=SEED,
                    help="the sampling's random generator")
-    p.add_argument("--tokenizer", default=None, help="None: the run's own (final/); needed only where it kept none "
-                   "(a checkpoint, an older final/) and args.json's path moved; always checked against the run")
+    p.add_argument("--tokenizer", type=path_or_name_flag, default=None,
+                   help="None: the run's own (final/); needed only where it kept none (a checkpoint, an older final/) "
+                        "and args.json's path moved; always checked against the run")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps, where available")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the text, the settings and the process's "
+    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the text, the settings and the process's "
                    "time here as JSON")
     return p
 
@@ -202,7 +202,7 @@ def main(argv=None):
         p.error(problem)
     try:
         if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out")
+            runfiles.check_output(args.metrics_out, "--metrics-out", "training.sample")
         phases.switch("model")
         model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
         phases.switch("sampling")
