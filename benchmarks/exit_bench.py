@@ -28,6 +28,7 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from training import runfiles  # noqa: E402
+from training.flags import Parser, path_flag  # noqa: E402
 
 MODES = ("plain", "destroy", "no_teardown")
 
@@ -58,13 +59,13 @@ else:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+    p = Parser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--runs", type=int, default=20, help="runs of each mode")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--hogs", type=int, default=1, help="CPU-bound processes beside the runs")
     p.add_argument("--timeout", type=float, default=300, help="seconds for one run")
-    p.add_argument("--metrics-out", type=Path, help="write the counts here (JSON)")
+    p.add_argument("--metrics-out", type=path_flag, help="write the counts here (JSON)")
     args = p.parse_args(argv)
     if args.runs < 1 or args.hogs < 0:
         p.error("--runs must be at least 1 and --hogs at least 0")
@@ -90,7 +91,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out")  # before the long part
+            runfiles.check_output(args.metrics_out, "--metrics-out", "exit_bench.py")  # before the long part
     except runfiles.OutputError as e:
         sys.exit(f"error: {e}")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]

@@ -12,7 +12,6 @@ x and writes y, backward reads grad and x and writes dx: 5 x itemsize. Where the
 (not built; on a GPU, built without its CUDA kernel) the others are still measured, and the JSON
 says why the op is missing.
 """
-import argparse
 import json
 import os
 import random
@@ -29,6 +28,7 @@ sys.path.insert(0, str(REPO))
 import gelu_ext  # noqa: E402
 import training.device  # noqa: E402
 from training import runfiles  # noqa: E402
+from training.flags import Parser, path_flag  # noqa: E402
 
 
 class SeedGELU(torch.autograd.Function):
@@ -171,7 +171,7 @@ def max_backward_error(n=1_000_000):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="(default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
@@ -189,7 +189,7 @@ def parse_args(argv):
                    help="on a GPU, also profile the kernels of ATen and the op at the largest size")
     p.add_argument("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"],
                    help="implementations to leave out (ATen, the baseline, stays)")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the table here as JSON")
+    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the table here as JSON")
     args = p.parse_args(argv)
     if args.log2 and not all(0 <= k <= 32 for k in args.log2):
         p.error("--log2: sizes from 2^0 to 2^32")
@@ -234,7 +234,7 @@ def main(argv=None):
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
     try:
         if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out")
+            runfiles.check_output(args.metrics_out, "--metrics-out", "gelu_bench.py")
     except runfiles.OutputError as e:
         sys.exit(f"error: {e}")
     if args.threads:

@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 import training.device  # noqa: E402
 from ladder_rows import accelerations, default_step, ladder, unmeasured_first  # noqa: E402
 from training import runfiles, step  # noqa: E402
+from training.flags import Parser, path_flag  # noqa: E402
 from training.model import GPT, model_config  # noqa: E402
 from training.profile import profiled  # noqa: E402
 
@@ -185,7 +186,7 @@ def matmul_rate(kind, m, device, k=768, n=3072):
 # ----------------------------------------------------------------------------- the run
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = Parser(description=__doc__.split("\n")[0])
     cuda = torch.cuda.is_available()
     add = p.add_argument
     add("--micro-batch", type=int, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, 2 on CPU)")
@@ -205,7 +206,7 @@ def build_parser():
     add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: what the GPU results "
         "lack first, group by group (repeats interleaved within a group), for a run that may be cut")
     add("--repeats", type=int, default=3, help="interleaved repeats of every row (default: %(default)s)")
-    add("--metrics-out", type=Path, default=None, help="write the results here as JSON (after every row)")
+    add("--metrics-out", type=path_flag, default=None, help="write the results here as JSON (after every row)")
     return p
 
 
@@ -217,7 +218,7 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out")
+        runfiles.check_output(args.metrics_out, "--metrics-out", "gpt_bench.py")
     if args.compile_cost:
         return compile_cost(args)
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)

@@ -33,6 +33,7 @@ import lenet5  # noqa: E402
 from data import data_root  # noqa: E402
 from data.mnist import find_mnist  # noqa: E402
 from training import UserError, runfiles  # noqa: E402
+from training.flags import Parser, path_flag  # noqa: E402
 
 
 def original_recipe(data_dir, device, epochs, seed):
@@ -136,7 +137,7 @@ def act_pair(args, device):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+    p = Parser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
@@ -145,7 +146,7 @@ def parse_args(argv):
     p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the original recipe per seed")
     p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
     p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the comparison here as JSON")
+    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the comparison here as JSON")
     return p.parse_args(argv)
 
 
@@ -154,7 +155,7 @@ def check(args):
     if args.baseline_epochs < 1 or any(seed < 0 for seed in args.seeds):
         raise UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
     if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out")
+        runfiles.check_output(args.metrics_out, "--metrics-out", "lenet_bench.py")
     device = lenet5.pick_device(args.device)
     find_mnist(args.data_dir, download=False)
     if args.act_pair:

@@ -11,7 +11,6 @@ the loop; the current code's runs also give their `process_seconds` and `phases`
 commit checked out into a temporary git worktree; both versions read the same inputs, each with a token
 cache warmed by one untimed run (a student's second run, and the figure the goals are stated for).
 """
-import argparse
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from training import runfiles  # noqa: E402
+from training.flags import Parser, path_flag  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 CASES = {  # name -> (script and flags; {text}, {tokenizer}, {mnist}, {cache}, {out} are filled in)
@@ -41,7 +41,7 @@ GOALS = {"lab-1-step": 8.0, "tiny-20k": 4.0, "lenet-1-epoch": 3.0}  # seconds ou
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--baseline", default="139e3cc", help="the commit to compare with (default: %(default)s, the "
                    "code the job-clock issue measured)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
@@ -49,7 +49,8 @@ def build_parser():
     p.add_argument("--text", type=Path, default=SHARED / "wos-standin" / "X.txt", help="corpus (default: %(default)s)")
     p.add_argument("--tokenizer", default=str(SHARED / "gpt2-tokenizer"), help="(default: %(default)s)")
     p.add_argument("--mnist", type=Path, default=SHARED, help="MNIST's folder (default: %(default)s)")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the results here as JSON (after every run)")
+    p.add_argument("--metrics-out", type=path_flag, default=None,
+                   help="write the results here as JSON (after every run)")
     return p
 
 
@@ -60,7 +61,7 @@ def main(argv=None):
     if not set(cases) <= set(CASES) or args.repeats < 1:
         p.error(f"--cases takes {', '.join(CASES)}; --repeats >= 1")
     if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out")
+        runfiles.check_output(args.metrics_out, "--metrics-out", "startup_bench.py")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the baseline's checkout
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         tmp = Path(tmp)
@@ -90,6 +91,7 @@ def command(case, tree, args, cache, out):
 def run_once(case, tree, args, cache, out):
     """One process, timed from the parent; its metrics."""
     shutil.rmtree(out, ignore_errors=True)
+    Path(f"{out}.json").unlink(missing_ok=True)  # the other version's: a script replaces only what it wrote
     cmd = command(case, tree, args, cache, out)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tree)

@@ -16,7 +16,6 @@ filled from the same inputs (report_filled.md in --out) and printed to --pdf-out
 placeholder or a missing or broken image is an error or a problem line, never a blank. Nothing is
 written under --results.
 """
-import argparse
 import contextlib
 import errno
 import os
@@ -61,10 +60,12 @@ from report.tables import (
     tokenizer_table,  # noqa: E402
 )
 from training import UserError  # noqa: E402
+from training.flags import Parser, path_flag  # noqa: E402
 
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
+BUILT = ".built-by-make_report"  # in --out: the files a build wrote (any other file there is someone else's)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -194,32 +195,42 @@ def gpu_lines(inputs, ctx, args):
 # ----------------------------------------------------------------------------- inputs and output
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="*", type=Path, help="your own run directories to report (default: none)")
-    p.add_argument("--runs-root", type=Path, default=None,
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="*", type=path_flag, help="your own run directories to report (default: none)")
+    p.add_argument("--runs-root", type=path_flag, default=None,
                    help="report the newest LeNet-5 and GPT runs under this folder (default: none)")
-    p.add_argument("--results", type=Path, default=REPO / "report" / "results",
+    p.add_argument("--results", type=path_flag, default=REPO / "report" / "results",
                    help="benchmark/tokenizer/run JSON files (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=REPO / "report" / "generated", help="(default: %(default)s)")
-    p.add_argument("--report", type=Path, default=REPO / "report" / "report.md",
+    p.add_argument("--out", type=path_flag, default=REPO / "report" / "generated", help="(default: %(default)s)")
+    p.add_argument("--report", type=path_flag, default=REPO / "report" / "report.md",
                    help="the report whose links and placeholders are filled (default: %(default)s)")
     p.add_argument("--all-figures", action="store_true", help="draw every figure, not only those the report links")
     p.add_argument("--no-screenshots", action="store_true", help="skip the TensorBoard screenshots (Chromium); "
                    "those already in --out are kept")
-    p.add_argument("--gpu", "--gpu-logs", type=Path, default=None, dest="gpu",
+    p.add_argument("--gpu", "--gpu-logs", type=path_flag, default=None, dest="gpu",
                    help="the GPU results folder whose nvidia-smi files and runs fill the GPU figures: "
                         "gpu_check.sh's OUT or its logs/, or a folder like report/results/h200-2026-11-30 "
                         "(default: the newest such folder under --results)")
     p.add_argument("--pdf", action="store_true", help="also render the filled report to --pdf-out")
-    p.add_argument("--pdf-out", type=Path, default=REPO / "report" / "report.pdf", help="(default: %(default)s)")
+    p.add_argument("--pdf-out", type=path_flag, default=REPO / "report" / "report.pdf", help="(default: %(default)s)")
     return p.parse_args(argv)
 
 
 def check_args(args):
-    """The user's mistakes, before any work: one line each."""
-    out, results = args.out.resolve(), args.results.resolve()
-    if out == results or out.is_relative_to(results) or results.is_relative_to(out):
-        raise UserError(f"--out {args.out} and --results {args.results} overlap: the report never writes its inputs")
+    """The user's mistakes, before any work: one line each. No output overlaps an input (the report never
+    writes what it reads: --pdf-out onto report.md, --out over a run it reports), and --pdf-out replaces a
+    PDF only."""
+    out = args.out.resolve()
+    inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
+              **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
+              **{f"the run {d}": d for d in args.runs}}
+    for flag, path in {"--out": args.out, **({"--pdf-out": args.pdf_out} if args.pdf else {})}.items():
+        for name, given in inputs.items():
+            there, mine = Path(given or "").resolve(), path.resolve()
+            if given and (there == mine or there.is_relative_to(mine) or mine.is_relative_to(there)):
+                raise UserError(f"{flag} {path} and {name} {given} overlap: the report never writes its inputs")
+    if args.pdf and args.pdf_out.exists() and (not args.pdf_out.is_file() or not is_pdf(args.pdf_out)):
+        raise UserError(f"--pdf-out {args.pdf_out} exists and is not a PDF: give a new file name (nothing written)")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "results.md").is_file())):
         raise UserError(f"--out {args.out} is not a folder this program wrote (no results.md); give a new or empty one")
     if args.gpu and not args.gpu.is_dir():
@@ -234,6 +245,11 @@ def check_args(args):
     writable(args.out, "--out")
     if args.pdf:
         writable(args.pdf_out, "--pdf-out")
+
+
+def is_pdf(path):
+    with open(path, "rb") as f:
+        return f.read(5) == b"%PDF-"
 
 
 def writable(path, flag):
@@ -275,7 +291,9 @@ def missing_run_lines(args):
 @contextlib.contextmanager
 def building(out, keep):
     """A fresh folder beside `out` to build in, renamed into place when the build succeeded (never a
-    half-written --out); `keep`: file names carried over from the old --out (screenshots not retaken)."""
+    half-written --out); `keep`: file names carried over from the old --out (screenshots not retaken). Every
+    file of the old --out that no build wrote (BUILT lists what one did: a student's own screenshots, notes)
+    is moved into the new one, never deleted."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     umask = os.umask(0)
@@ -286,6 +304,11 @@ def building(out, keep):
             if (out / name).is_file():
                 shutil.copy2(out / name, tmp / name)
         yield tmp
+        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir())))
+        built = set((out / BUILT).read_text().split("\n")) if (out / BUILT).is_file() else set()
+        for path in sorted(out.iterdir()) if out.is_dir() else []:
+            if path.name not in built and not (tmp / path.name).exists():
+                path.rename(tmp / path.name)  # someone else's: kept
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
             out.rename(old)

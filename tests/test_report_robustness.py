@@ -205,3 +205,50 @@ def test_out_is_made_as_mkdir_would_make_it_under_the_umask(tmp_path, inputs):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "shared-out").stat().st_mode) == 0o755  # not mkdtemp's 0700
     assert stat.S_IMODE((tmp_path / "shared-out" / "results.md").stat().st_mode) == 0o644
+
+
+# --------------------------------------------------------------------- what it reads, never written over (item 3)
+
+def test_pdf_out_onto_the_report_it_reads_is_refused(inputs, tmp_path):
+    results, report = inputs
+    before = report.read_bytes()
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(tmp_path / "out"),
+                         "--no-screenshots", "--pdf", "--pdf-out", str(report)])
+    assert "--pdf-out" in message and "the report never writes its inputs" in message
+    assert report.read_bytes() == before and not (tmp_path / "out").exists()
+
+
+def test_pdf_out_replaces_a_pdf_only(inputs, tmp_path):
+    results, report = inputs
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes")
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(tmp_path / "out"),
+                         "--no-screenshots", "--pdf", "--pdf-out", str(notes)])
+    assert message == f"error: --pdf-out {notes} exists and is not a PDF: give a new file name (nothing written)"
+    assert notes.read_text() == "my notes"
+
+
+def test_a_rebuild_keeps_the_files_a_student_put_in_out(inputs, tmp_path):
+    """README step 7: screenshots taken by hand go beside the report's figures; a rebuild keeps them."""
+    results, report = inputs
+    out = tmp_path / "out"
+    build(results, report, out)
+    (out / "my-tensorboard.png").write_bytes(b"\x89PNG by hand")
+    (out / "notes").mkdir()
+    (out / "notes" / "todo.txt").write_text("caption fig. 3")
+    build(results, report, out)
+    assert (out / "my-tensorboard.png").read_bytes() == b"\x89PNG by hand"
+    assert (out / "notes" / "todo.txt").read_text() == "caption fig. 3" and (out / "results.md").is_file()
+
+
+def test_out_over_a_run_it_reports_is_refused(inputs, tmp_path):
+    results, report = inputs
+    out = tmp_path / "out"
+    run = out / "copied-run"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps(lenet_metrics()))
+    (out / "results.md").write_text("an earlier build")
+    before = snapshot(out)
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots",
+                         str(run)])
+    assert "--out" in message and "overlap" in message and snapshot(out) == before

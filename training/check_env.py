@@ -9,7 +9,6 @@ It reads only: nothing is downloaded, built or written (but --metrics-out). A no
 fine (a login node: the jobs get one); what would stop a job is a line with `todo`, and then the
 exit status is 1.
 """
-import argparse
 import importlib.metadata
 import os
 import platform
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from data import data_root
 from training import UserError, runfiles
+from training.flags import Parser, path_flag  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
@@ -248,7 +248,7 @@ def run_checks(args):
 
 def parse_args(argv):
     from data import tokenizer
-    p = argparse.ArgumentParser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
     p.add_argument("--for", dest="use", choices=sorted(USES), default="all",
                    help="what to check for: lenet5.py, the GPT scripts, or all (default: %(default)s)")
     p.add_argument("--act", choices=("torch", "python", "cpp"), default="torch",
@@ -259,7 +259,7 @@ def parse_args(argv):
                    help="the corpus, as gpt_train.py --text (default: data/WebOfScience/WOS46985/X.txt)")
     p.add_argument("--tokenizer", default=tokenizer.default_tokenizer(),
                    help="as gpt_train.py --tokenizer (default: %(default)s)")
-    p.add_argument("--metrics-out", type=Path, default=None, help="write the checks here as JSON")
+    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the checks here as JSON")
     return p.parse_args(argv)
 
 
@@ -267,7 +267,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out")
+            runfiles.check_output(args.metrics_out, "--metrics-out", "check_env.py")
         checks = run_checks(args)
         for check in checks:
             print(f"{check.name:<10} {check.status:<4}  {check.detail}")
