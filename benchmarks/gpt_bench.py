@@ -282,11 +282,12 @@ def run_ladder(args, device, chosen, fit, groups):
 
 
 def git_commit():
-    """The commit measured, "+ changes" where the tree differs from it (the JSON says what code it is from)."""
+    """The commit measured, "+ changes" where its code differs from it (the JSON says what code it is from;
+    the results folder, where this file itself goes, is not code)."""
     def git(*cmd):
         return subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True).stdout.strip()
     commit = git("rev-parse", "HEAD")
-    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "") \
+    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!report/results") else "") \
         if commit else None
 
 
