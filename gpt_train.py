@@ -40,6 +40,7 @@ from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from data import wos  # noqa: E402
+from data.blocks import token_blocks  # noqa: E402
 from data.tokenizer import default_tokenizer, open_tokenizer  # noqa: E402
 from training import CACHE_HOME, UserError, device, runfiles, sample, step  # noqa: E402
 from training.batches import batch_stream, check_enough, evaluate  # noqa: E402
@@ -288,8 +289,8 @@ def set_up(args, argv, stack, phases):
     check_same_run(saved_identity, identity)  # a resume must continue the same run: one line naming what differs
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
-        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
-        blocks, stats = wos.tokenize_blocks(splits, tok.tokenizer, wos.tokens_per_block(args.seq_len))
+        blocks, stats = token_blocks(text, corpus["sha256"], tok.tokenizer, wos.tokens_per_block(args.seq_len),
+                                     args.val_fraction, args.seed, args.cache_dir)
     check_enough(blocks["train"], args.global_batch)
 
     phases.switch("model")

@@ -27,6 +27,7 @@ import tokenizers  # noqa: E402
 import torch  # noqa: E402
 
 from data import wos  # noqa: E402
+from data.blocks import token_blocks  # noqa: E402
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256  # noqa: E402
 from training import UserError, runfiles  # noqa: E402
 from training.flags import Parser, number, path_flag, path_or_name_flag, seed_flag  # noqa: E402
@@ -92,13 +93,15 @@ def comparison(spec, other, tokenizer, val_docs):
     return result
 
 
-def tokenize_corpus(splits, tokenizer, seq_len):
-    """The blocks gpt_train.py --seq-len seq_len reads, into the cache; their counts and speed."""
+def tokenize_corpus(splits, tokenizer, args, text, sha256):
+    """The blocks gpt_train.py --seq-len args.seq_len reads, packed into the cache (data/blocks.py), for
+    the split of --val-fraction and --seed; their counts and speed."""
     # From here on datasets' worker processes are the parallelism; tokenizers would warn about
     # (and disable) its own threads in each forked worker.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     t0 = time.perf_counter()
-    _, stats = wos.tokenize_blocks(splits, tokenizer, wos.tokens_per_block(seq_len))
+    _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction, args.seed,
+                            args.cache_dir, splits=splits)
     seconds = time.perf_counter() - t0
     tokens = stats["train"]["tokens"] + stats["validation"]["tokens"]
     from_cache = stats["train"]["from_cache"]
@@ -212,7 +215,7 @@ def run(args, phases):
           + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
     if args.seq_len:
         phases.switch("cache")
-        metrics.update(token_cache(splits, tokenizer, args.seq_len, args.out))
+        metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"]))
     phases.switch("teardown")
     metrics["phases"], metrics["process_seconds"] = phases.record()  # just before the last output is written
     if args.metrics_out:
@@ -220,13 +223,13 @@ def run(args, phases):
     return metrics
 
 
-def token_cache(splits, tokenizer, seq_len, out):
+def token_cache(splits, tokenizer, args, text, sha256):
     """tokenize_corpus, which only saves gpt_train.py the work: where it fails (too few tokens for a block,
     a disk), the saved tokenizer stays and the failure is a warning naming what to change."""
     try:
-        return tokenize_corpus(splits, tokenizer, seq_len)
+        return tokenize_corpus(splits, tokenizer, args, text, sha256)
     except UserError as e:
-        print(f"warning: no token cache: {e}; the tokenizer is saved in {out} (gpt_train.py tokenises the "
+        print(f"warning: no token cache: {e}; the tokenizer is saved in {args.out} (gpt_train.py tokenises the "
               f"corpus itself)", file=sys.stderr)
         return {"tokenize_seconds": None, "num_train_tokens": None, "num_val_tokens": None,
                 "tokenize_from_cache": None, "tokenize_tokens_per_second": None, "token_cache_problem": str(e)}

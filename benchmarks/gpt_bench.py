@@ -218,7 +218,10 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out", "gpt_bench.py")
+        try:
+            runfiles.check_output(args.metrics_out, "--metrics-out", "gpt_bench.py")
+        except runfiles.OutputError as e:
+            sys.exit(f"error: {e}")
     if args.compile_cost:
         return compile_cost(args)
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
@@ -286,9 +289,9 @@ def git_commit():
     the results folder, where this file itself goes, is not code)."""
     def git(*cmd):
         return subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True).stdout.strip()
-    commit = git("rev-parse", "HEAD")
-    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!report/results") else "") \
-        if commit else None
+    commit, changed = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                                    ":!report/results")
+    return commit + (" + uncommitted changes" if changed else "") if commit else None
 
 
 def largest_micro_batch(settings, args, device):

@@ -61,7 +61,10 @@ def main(argv=None):
     if not set(cases) <= set(CASES) or args.repeats < 1:
         p.error(f"--cases takes {', '.join(CASES)}; --repeats >= 1")
     if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out", "startup_bench.py")
+        try:
+            runfiles.check_output(args.metrics_out, "--metrics-out", "startup_bench.py")
+        except runfiles.OutputError as e:
+            sys.exit(f"error: {e}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the baseline's checkout
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         tmp = Path(tmp)

@@ -7,9 +7,10 @@ they read it with: data/tokenizer.py).
       -> train / validation split by document, seeded     load_splits()     (datasets, cached)
       -> token ids, documents joined by <|endoftext|>      tokenize_blocks() (datasets map, cached per tokenizer)
       -> fixed blocks of seq_len + 1 tokens                tokens_per_block()
-      -> batches in a seeded order, one epoch = one permutation  epoch_loader()
+      -> packed into tensors, cached as .npy (read without datasets), batched in a seeded order: data/blocks.py
 
-Everything after reading is done by `datasets` (imported only there: the rest works without it).
+Everything after reading is done by `datasets` (imported only there: the rest works without it; a warm
+start reads data/blocks.py's packed cache and never imports it).
 Its cache of the text sits under the repository's data/cache/ (LAB5_DATA or not), in one folder per
 corpus content (corpus-<its sha256>: a file rewritten in place with the same size and mtime is a new
 corpus); the token blocks sit beside it in one folder per tokenizer (tokens-v1-<its sha256>), so a
@@ -29,9 +30,6 @@ import zipfile
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
-
-import torch
-from torch.utils.data import DataLoader
 
 from data import data_root
 from data.tokenizer import EOT, tokenizer_sha256
@@ -414,25 +412,3 @@ def verify_tokens(ids, blocks, n_docs, block_size, vocab_size):
         raise DamagedCache(f"blocks of {sorted(lengths)[:4]} tokens, not {block_size}")
     if len(ids) != n_docs:
         raise DamagedCache(f"{len(ids)} tokenised documents for {n_docs}")
-
-
-# ----------------------------------------------------------------------------- batches
-
-def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
-    """A DataLoader over one epoch: the permutation of epoch `epoch` is fixed by (seed, epoch).
-
-    A new loader per epoch, instead of a sampler with hidden epoch state, makes the position in
-    the data two integers (epoch, batch): resuming is `skip_first_batches(loader, batch)` on the
-    loader of that epoch, exact past the first epoch too. accelerate's `prepare` shards it.
-    `whole`: the epoch is cut to a multiple of this many sequences (the global batch, so that
-    every process count splits it alike; a different few sequences are left out each epoch).
-    """
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(len(blocks), generator=g).tolist()
-    order = order[:len(order) - len(order) % whole]
-    return DataLoader(blocks.with_format("torch"), batch_size=batch_size, sampler=order, drop_last=drop_last,
-                      collate_fn=collate, **loader_kwargs)
-
-
-def collate(rows):
-    return torch.stack([row["input_ids"] for row in rows]).long()

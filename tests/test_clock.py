@@ -66,8 +66,8 @@ def test_gpt_train_process_seconds_and_phases(corpus, tmp_path):
 def test_a_slow_phase_shows_in_its_own_slot(corpus, tmp_path):
     """The data phase made 1.5 s slower (a slow file system): the data slot takes it, no other slot does."""
     out = tmp_path / "run"
-    wrapper = ("import runpy, sys, time; from data import wos; load = wos.load_splits\n"
-               "wos.load_splits = lambda *a, **k: (time.sleep(1.5), load(*a, **k))[1]\n"
+    wrapper = ("import runpy, sys, time; from data import blocks; read = blocks.read_packed\n"
+               "blocks.read_packed = lambda *a, **k: (time.sleep(1.5), read(*a, **k))[1]\n"
                "sys.argv = ['gpt_train.py'] + sys.argv[1:]; runpy.run_path('gpt_train.py', run_name='__main__')")
     done, wall = timed([sys.executable, "-c", wrapper, *tiny_args(corpus, out, "--tokens", "2048")], cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]

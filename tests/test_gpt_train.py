@@ -167,13 +167,14 @@ def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path
 
 def test_batches_come_without_worker_processes(corpus, tmp_path, monkeypatch):
     seen = []
-    original = gpt_train.wos.epoch_loader
+    from training import batches
+    original = batches.epoch_loader
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("num_workers", 0))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(gpt_train.wos, "epoch_loader", spy)
+    monkeypatch.setattr(batches, "epoch_loader", spy)
     # 300 docs ~ 115 blocks ~ 28 micro-batches per epoch: 40 steps x 2 cross 2 epoch boundaries
     gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(40 * 8 * 32)))
     assert len(seen) >= 3 and set(seen) == {0}

@@ -11,7 +11,7 @@ from training import profile
 
 
 @pytest.mark.parametrize("name, group", [
-    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("aten::bmm", "matmul"),
+    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("aten::bmm", "attention"), ("BmmBackward0", "attention"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"), ("aten::_softmax", "attention"),
     ("aten::cross_entropy_loss", "loss"), ("aten::_log_softmax_backward_data", "loss"), ("aten::nll_loss_nd", "loss"),
@@ -44,6 +44,8 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     assert sum(groups.values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)  # groups rounded to 1 µs
     assert groups["matmul"] > 0 and groups["optimizer"] > 0 and groups["loss"] > 0 and groups["data"] > 0
     assert groups["communication"] == groups["attention"] == 0
+    assert got["top_ops"][0][2] == max(s for _, _, s in got["top_ops"]) and {g for _, g, _ in got["top_ops"]} <= set(
+        profile.GROUPS)
     assert profile.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
 
 

@@ -77,7 +77,7 @@ def test_a_chunked_loss_run_follows_the_plain_one(corpus, tmp_path):
 # ------------------------------------------------------------------ samples during training
 
 def test_fixed_prompts_start_after_an_end_of_text_and_have_one_length():
-    blocks = [{"input_ids": [5, 6, 0, 7, 8, 9, 10, 11, 12]}, {"input_ids": [1, 2, 3, 4, 5, 6, 7, 0, 9]}]
+    blocks = torch.tensor([[5, 6, 0, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 5, 6, 7, 0, 9]], dtype=torch.int32)
     assert sample.fixed_prompts(blocks, eot=0, length=4) == [[7, 8, 9, 10], [1, 2, 3, 4]]  # 2nd: no room after eot
 
 

@@ -12,6 +12,7 @@ from accelerate.data_loader import prepare_data_loader, skip_first_batches
 import tokenizer_train
 from conftest import REPO, generated_docs, tmpfs
 from data import wos
+from data.blocks import epoch_loader, pack
 from data.tokenizer import EOT, tokenizer_sha256
 
 
@@ -93,7 +94,7 @@ def test_cache_is_reused_and_invalidated(text_file, small_tokenizer, tmp_path):
 
 @pytest.fixture
 def blocks(text_file, small_tokenizer, tmp_path):
-    return wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)[0]["train"]
+    return pack(wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)[0]["train"])
 
 
 def batches(loader):
@@ -101,24 +102,24 @@ def batches(loader):
 
 
 def test_batch_order_is_seeded_per_epoch(blocks):
-    a0 = batches(wos.epoch_loader(blocks, 4, seed=0, epoch=0))
-    assert a0 == batches(wos.epoch_loader(blocks, 4, seed=0, epoch=0))
-    assert a0 != batches(wos.epoch_loader(blocks, 4, seed=0, epoch=1))
-    assert a0 != batches(wos.epoch_loader(blocks, 4, seed=1, epoch=0))
+    a0 = batches(epoch_loader(blocks, 4, seed=0, epoch=0))
+    assert a0 == batches(epoch_loader(blocks, 4, seed=0, epoch=0))
+    assert a0 != batches(epoch_loader(blocks, 4, seed=0, epoch=1))
+    assert a0 != batches(epoch_loader(blocks, 4, seed=1, epoch=0))
     assert len(a0) == len(blocks) // 4 and all(len(b) == 4 and len(b[0]) == 32 for b in a0)
-    assert torch.is_tensor(next(iter(wos.epoch_loader(blocks, 4, 0, 0))))
+    assert torch.is_tensor(next(iter(epoch_loader(blocks, 4, 0, 0))))
 
 
 @pytest.mark.parametrize("epoch", [0, 3])  # past the first epoch too
 def test_resume_sees_exactly_the_remaining_batches(blocks, epoch):
-    full = batches(wos.epoch_loader(blocks, 4, seed=5, epoch=epoch))
-    resumed = batches(skip_first_batches(wos.epoch_loader(blocks, 4, seed=5, epoch=epoch), 7))
+    full = batches(epoch_loader(blocks, 4, seed=5, epoch=epoch))
+    resumed = batches(skip_first_batches(epoch_loader(blocks, 4, seed=5, epoch=epoch), 7))
     assert resumed == full[7:]
 
 
 def test_rank_shards_do_not_overlap(blocks):
-    loader = wos.epoch_loader(blocks, 4, seed=0, epoch=0)
-    shards = [batches(prepare_data_loader(wos.epoch_loader(blocks, 4, seed=0, epoch=0), num_processes=2,
+    loader = epoch_loader(blocks, 4, seed=0, epoch=0)
+    shards = [batches(prepare_data_loader(epoch_loader(blocks, 4, seed=0, epoch=0), num_processes=2,
                                           process_index=rank, put_on_device=False)) for rank in (0, 1)]
     rows = [tuple(row) for shard in shards for batch in shard for row in batch]
     whole = [tuple(row) for batch in batches(loader) for row in batch]
@@ -127,9 +128,9 @@ def test_rank_shards_do_not_overlap(blocks):
 
 
 def test_an_epoch_cut_to_whole_global_batches_splits_alike_on_any_process_count(blocks):
-    one = batches(wos.epoch_loader(blocks, 4, seed=0, epoch=2, whole=8))
+    one = batches(epoch_loader(blocks, 4, seed=0, epoch=2, whole=8))
     assert len(one) * 4 == len(blocks) - len(blocks) % 8  # whole global batches of 8, the rest left out
-    shards = [batches(prepare_data_loader(wos.epoch_loader(blocks, 4, seed=0, epoch=2, whole=8), num_processes=2,
+    shards = [batches(prepare_data_loader(epoch_loader(blocks, 4, seed=0, epoch=2, whole=8), num_processes=2,
                                           process_index=rank, put_on_device=False)) for rank in (0, 1)]
     assert [b for pair in zip(*shards) for b in pair] == one  # round k on 2 processes = micro-batches 2k, 2k+1
 

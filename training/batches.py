@@ -4,7 +4,7 @@ pinned host memory with non-blocking copies; evaluate(): the validation loss."""
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
-from data import wos
+from data.blocks import epoch_loader
 from training import UserError
 from training.device import eager_mode
 
@@ -12,14 +12,14 @@ from training.device import eager_mode
 def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed):
     """This process's micro-batches, epoch after epoch, starting after the first `consumed`.
 
-    Each epoch's order is fixed by (seed, epoch) (wos.epoch_loader), so the position is two integers
+    Each epoch's order is fixed by (seed, epoch) (data/blocks.epoch_loader), so the position is two integers
     and a resumed run sees exactly the batches an uninterrupted one would have. Each epoch is cut to
     whole global batches: N processes then see what one process sees, across epoch ends too.
     """
     cuda = accelerator.device.type == "cuda"
 
     def loader(epoch):  # sharded across processes by accelerate; pinned memory, non-blocking copies
-        dl = wos.epoch_loader(blocks, micro_batch, seed, epoch, whole=global_batch, pin_memory=cuda, num_workers=0)
+        dl = epoch_loader(blocks, micro_batch, seed, epoch, whole=global_batch, pin_memory=cuda, num_workers=0)
         return prepare_data_loader(dl, accelerator.device, num_processes=accelerator.num_processes,
                                    process_index=accelerator.process_index, put_on_device=True,
                                    rng_types=[], non_blocking=cuda)
@@ -47,7 +47,7 @@ def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
     measures the same sequences), with the eager modules: evaluation must not trigger compilations."""
     left = max_batches * (unit or micro_batch)
     model.eval()
-    loader = prepare_data_loader(wos.epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
+    loader = prepare_data_loader(epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
                                  accelerator.device, num_processes=accelerator.num_processes,
                                  process_index=accelerator.process_index, put_on_device=True, rng_types=[])
     total = torch.zeros(2, device=accelerator.device)

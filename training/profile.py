@@ -18,10 +18,14 @@ SCOPES = {"lab5.data": "data", "lab5.optimizer": "optimizer"}
 NAME_RULES = (  # the first rule whose words appear in the lower-cased operator name decides
     ("communication", ("nccl", "all_reduce", "allreduce", "gloo", "c10d::", "broadcast")),
     ("loss", ("cross_entropy", "nll_loss", "nllloss", "log_softmax", "logsoftmax", "logsumexp", "chunkedcrossentropy")),
-    ("attention", ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha", "softmax")),
-    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "_addmm_activation",
-                "gemm", "cutlass", "sm90_xmma", "ampere_", "volta_", "turing_")),
+    # a batched matmul is attention's QK^T and AV in these models (their linear layers are mm/addmm): the
+    # eager attention's bmm counts where SDPA's kernel would, so the two compare
+    ("attention", ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha", "softmax",
+                   "aten::bmm", "aten::baddbmm", "bmmbackward")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::matmul", "_addmm_activation", "gemm", "cutlass", "sm90_xmma",
+                "ampere_", "volta_", "turing_")),
 )
+TOP_OPS = 12  # the operators with the most own time, kept beside the groups (what each group is made of)
 _active = [False]  # whether a profile is being taken (scope() marks only then)
 
 
@@ -61,19 +65,24 @@ def profiled(step, device, trace_dir=None):
             wall = time.perf_counter() - t0
     finally:
         _active[0] = False
-    return result, {"step_seconds": wall, "groups": grouped(prof.events(), wall, cuda)}
+    return result, {"step_seconds": wall, **grouped(prof.events(), wall, cuda)}
 
 
 def grouped(events, wall, cuda):
-    """{group: seconds} of one step's profiler events (FunctionEvents) summing to `wall`."""
+    """{"groups": {group: seconds} summing to `wall`, "top_ops": [[operator, group, seconds]...]} of one step's
+    profiler events (FunctionEvents)."""
     from torch.autograd import DeviceType
-    seconds = dict.fromkeys(GROUPS, 0.0)
+    seconds, ops = dict.fromkeys(GROUPS, 0.0), {}
     for event in events:
         own = own_time_us(event, cuda) if event.device_type == DeviceType.CPU else 0  # kernels: via their op
         if own > 0:
-            seconds[enclosing_scope(event) or group_of(event.name)] += own / 1e6
+            group = enclosing_scope(event) or group_of(event.name)
+            seconds[group] += own / 1e6
+            ops[(event.name, group)] = ops.get((event.name, group), 0.0) + own / 1e6
     seconds["idle"] = max(0.0, wall - sum(seconds.values()))
-    return {k: round(v, 6) for k, v in seconds.items()}
+    top = sorted(ops.items(), key=lambda item: -item[1])[:TOP_OPS]
+    return {"groups": {k: round(v, 6) for k, v in seconds.items()},
+            "top_ops": [[name, group, round(s, 6)] for (name, group), s in top]}
 
 
 def own_time_us(event, cuda):

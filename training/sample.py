@@ -98,7 +98,7 @@ def fixed_prompts(blocks, eot, n=N_PROMPTS, length=PROMPT_TOKENS):
     block's first end-of-text where a whole prompt fits after it): the same prompts every run."""
     prompts = []
     for i in range(min(n, len(blocks))):
-        ids = blocks[i]["input_ids"]
+        ids = blocks[i].tolist()
         size = min(length, len(ids) // 2)
         start = ids.index(eot) + 1 if eot in ids and ids.index(eot) + 1 + size <= len(ids) else 0
         prompts.append(ids[start:start + size])

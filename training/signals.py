@@ -4,7 +4,6 @@ instead of killing the job unsaved; the StopFlag then takes over for the whole r
 USR1/TERM are ignored, so that a TERM during the exit itself does not turn its code into 143."""
 import atexit
 import contextlib
-import os
 import signal
 import sys
 
@@ -33,10 +32,10 @@ def no_teardown_after_collectives(agreed=(0,)):
     collective; when it drops it while Python finalizes, the thread dies taking the GIL and the
     process aborts ("terminate called without an active exception", exit -6), so torchrun and Slurm
     call a finished run failed; destroy_process_group does not prevent it (benchmarks/exit_bench.py
-    counts the three ways of ending).
+    counts the three ways of ending). One process leaves the same way: the teardown is time on the job's
+    clock for nothing (training/clock.exit_quickly).
     `agreed`: the exit codes every rank reaches together (0, done; gpt_train adds STOP_EXIT_CODE); they
-    end with a last barrier, so that no rank is gone while another is still in a collective.
-    One process: a normal exit."""
+    end with a last barrier, so that no rank is gone while another is still in a collective."""
     code = 0
     try:
         yield
@@ -45,17 +44,10 @@ def no_teardown_after_collectives(agreed=(0,)):
     import torch.distributed as dist  # loaded by now: main() has run
 
     from training.clock import exit_quickly
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        exit_quickly()
-        sys.exit(code)
-    if (code or 0) in agreed:
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if several and (code or 0) in agreed:
         dist.barrier()  # not after an error: the other ranks may never come (torchrun ends them)
-    if isinstance(code, str):  # sys.exit("error: ...") prints the message and exits 1
-        print(code, file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    exit_quickly(code)  # sys.exit("error: ...")'s message printed, status 1
 
 
 class StopFlag:

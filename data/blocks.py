@@ -1,0 +1,130 @@
+"""The token blocks gpt_train.py trains on, packed: one int32 tensor (blocks, seq_len + 1) per split, cached
+as .npy files beside the corpus's datasets cache and read back without `datasets` (its import and
+load_dataset's bookkeeping are ~0.6 s of every warm start on the 2-core VM), verified by content against
+their manifest as the arrow cache is. A batch is then one gather from a tensor, not a row-by-row read of an
+arrow table.
+
+    token_blocks(text, sha256, tokenizer, block_size, val_fraction, seed, cache_dir)
+        -> ({"train", "validation": tensors}, stats)   the packed cache, else wos.load_splits + tokenize_blocks
+    pack(dataset)     a datasets table of "input_ids" blocks -> one tensor
+    epoch_loader(blocks, batch_size, seed, epoch)   the batches of one epoch, in a seeded order
+    Blocks(tensor)    the Dataset epoch_loader batches: a batch is tensor[indices]
+"""
+import hashlib
+import io
+import json
+import sys
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from data import wos
+from data.tokenizer import tokenizer_sha256
+from training import runfiles
+
+VERSION = 1  # part of the folder's name: bump it when the packing changes
+SPLITS = ("train", "validation")
+
+
+def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None):
+    """The blocks of `text` (content `sha256`) for `tokenizer`, packed; stats as wos.tokenize_blocks gives
+    them. Read from the packed cache where it verifies; else made from the text (`splits`: already loaded
+    by the caller) and packed, the cache written for the next run (a cache that cannot be written is a
+    warning: the blocks are still here)."""
+    folder = packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed)
+    try:
+        return read_packed(folder, block_size, tokenizer.get_vocab_size())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if folder.exists():  # a damaged cache (a missing one is the usual first run)
+            print(f"warning: the packed token cache {folder} is unusable ({e}); packing again", file=sys.stderr)
+    if splits is None:
+        splits = wos.load_splits(text, val_fraction, seed, cache_dir, sha256=sha256)
+    datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
+    blocks = {name: pack(datasets_blocks[name], block_size) for name in SPLITS}
+    try:
+        write_packed(folder, blocks, stats)
+    except runfiles.OutputError as e:
+        print(f"warning: the packed token cache was not written ({e}); the next run packs again", file=sys.stderr)
+    return blocks, stats
+
+
+def packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed):
+    """corpus-<sha256>/packed-v<VERSION>-<key>: one folder per corpus, split, tokenizer and block size."""
+    key = json.dumps([wos.TOKEN_CACHE_VERSION, val_fraction, seed, tokenizer_sha256(tokenizer), block_size])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / f"packed-v{VERSION}-{digest}"
+
+
+def read_packed(folder, block_size, vocab_size):
+    """The packed blocks and their stats; ValueError where a file is not what was written (its manifest),
+    or not blocks of `block_size` ids inside the vocabulary."""
+    manifest = json.loads(runfiles.read_small(folder / "manifest.json", 1 << 16))
+    blocks = {}
+    for name in SPLITS:
+        path = folder / f"{name}.npy"
+        if manifest.get(path.name) != {"bytes": path.stat().st_size, "sha256": runfiles.sha256_file(path)}:
+            raise ValueError(f"{path.name} does not match its manifest")
+        array = np.load(path, allow_pickle=False)
+        if array.dtype != np.int32 or array.ndim != 2 or array.shape[1] != block_size or not len(array) or \
+                array.min() < 0 or array.max() >= vocab_size:
+            raise ValueError(f"{path.name} holds no blocks of {block_size} ids inside the vocabulary")
+        blocks[name] = torch.from_numpy(array)
+    stats = manifest["stats"]
+    return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
+
+
+def write_packed(folder, blocks, stats):
+    """Each split's .npy, then the manifest (size and sha256 of each, the stats) last: a folder whose
+    manifest does not match is never read."""
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = {"stats": {name: {k: v for k, v in stats[name].items() if k != "from_cache"} for name in SPLITS}}
+    for name in SPLITS:
+        buffer = io.BytesIO()
+        np.save(buffer, blocks[name].numpy(), allow_pickle=False)
+        data = buffer.getvalue()
+        runfiles.write_atomic(folder / f"{name}.npy", data)
+        manifest[f"{name}.npy"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    runfiles.write_json(folder / "manifest.json", manifest)
+
+
+def pack(dataset, block_size=None):
+    """A datasets table of "input_ids" blocks as one (blocks, block_size) int32 tensor."""
+    if dataset._indices is not None:  # a selection of rows: its own table first
+        dataset = dataset.flatten_indices()
+    column = dataset.data.table.column("input_ids").combine_chunks()
+    ids = column.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return torch.from_numpy(ids.reshape(len(dataset), block_size or len(ids) // max(1, len(dataset))).copy())
+
+
+class Blocks(Dataset):
+    """The packed blocks as a Dataset: DataLoader fetches a batch through __getitems__ (one gather)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __len__(self):
+        return len(self.tensor)
+
+    def __getitem__(self, index):
+        return self.tensor[index]
+
+    def __getitems__(self, indices):
+        return self.tensor[torch.as_tensor(indices)]
+
+
+def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
+    """A DataLoader over one epoch of the (blocks, block_size) tensor: the permutation of epoch `epoch` is
+    fixed by (seed, epoch).
+
+    A new loader per epoch, instead of a sampler with hidden epoch state, makes the position in the data two
+    integers (epoch, batch): resuming is `skip_first_batches(loader, batch)` on the loader of that epoch,
+    exact past the first epoch too. accelerate's `prepare` shards it. `whole`: the epoch is cut to a multiple
+    of this many sequences (the global batch, so that every process count splits it alike; a different few
+    sequences are left out each epoch).
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(len(blocks), generator=g).tolist()
+    order = order[:len(order) - len(order) % whole]
+    return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, drop_last=drop_last,
+                      collate_fn=torch.Tensor.long, **loader_kwargs)

@@ -1,0 +1,83 @@
+"""data/blocks.py: the token blocks packed into tensors, cached as .npy and read back without `datasets`,
+verified by content; the seeded epoch loader over them."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, tiny_args
+from data import blocks, wos
+from data.tokenizer import open_tokenizer
+
+
+def make(corpus, cache, block_size=33, **kw):
+    tok = open_tokenizer(corpus / "tok.json").tokenizer
+    sha = wos.corpus_identity(corpus / "X.txt")["sha256"]
+    return blocks.token_blocks(corpus / "X.txt", sha, tok, block_size, 0.05, 0, cache, **kw)
+
+
+def test_the_packed_blocks_are_the_datasets_blocks_and_a_second_run_reads_them(corpus, tmp_path):
+    packed, stats = make(corpus, tmp_path / "cache")
+    tok = open_tokenizer(corpus / "tok.json").tokenizer
+    splits = wos.load_splits(corpus / "X.txt", 0.05, 0, tmp_path / "cache")
+    table, _ = wos.tokenize_blocks(splits, tok, 33)
+    for name in ("train", "validation"):
+        assert packed[name].dtype == torch.int32 and packed[name].shape[1] == 33
+        assert packed[name].tolist() == table[name]["input_ids"]
+    again, stats2 = make(corpus, tmp_path / "cache")
+    assert all(torch.equal(again[n], packed[n]) for n in packed) and stats2["train"]["from_cache"]
+    assert {k: v for k, v in stats2["train"].items() if k != "from_cache"} == \
+        {k: v for k, v in stats["train"].items() if k != "from_cache"}
+
+
+def test_a_warm_start_never_imports_datasets(corpus, tmp_path):
+    make(corpus, tmp_path / "cache")
+    code = ("import sys; from pathlib import Path; from data import blocks, wos; "
+            "from data.tokenizer import open_tokenizer; c = Path(sys.argv[1]); "
+            "tok = open_tokenizer(c / 'tok.json').tokenizer; sha = wos.corpus_identity(c / 'X.txt')['sha256']; "
+            "b, s = blocks.token_blocks(c / 'X.txt', sha, tok, 33, 0.05, 0, sys.argv[2]); "
+            "print(s['train']['from_cache'], 'datasets' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(corpus), str(tmp_path / "cache")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "False"], done.stderr[-1000:]
+
+
+def test_a_packed_file_rewritten_in_place_is_packed_again(corpus, tmp_path, capsys):
+    """Valid ids, the same shape: only the manifest tells (the damage of issue 36.5, here too)."""
+    good, _ = make(corpus, tmp_path / "cache")
+    folder = next((tmp_path / "cache").glob("corpus-*/packed-v*"))
+    array = np.load(folder / "train.npy")
+    array[0, :5] = array[1, :5]
+    np.save(folder / "train.npy", array)
+    again, stats = make(corpus, tmp_path / "cache")
+    assert torch.equal(again["train"], good["train"]) and "does not match its manifest" in capsys.readouterr().err
+    assert json.loads((folder / "manifest.json").read_text())["train.npy"]["sha256"]
+
+
+def test_the_cache_key_holds_the_split_the_tokenizer_and_the_block_size(corpus, tmp_path):
+    make(corpus, tmp_path / "cache")
+    make(corpus, tmp_path / "cache", block_size=17)
+    assert len(list((tmp_path / "cache").glob("corpus-*/packed-v*"))) == 2
+
+
+def test_a_batch_is_one_gather_and_the_epoch_order_is_seeded():
+    tensor = torch.arange(40, dtype=torch.int32).reshape(10, 4)
+    loader = blocks.epoch_loader(tensor, 3, seed=1, epoch=0)
+    got = list(loader)
+    assert all(b.dtype == torch.long and b.shape == (3, 4) for b in got) and len(got) == 3  # the last 1 dropped
+    order = torch.randperm(10, generator=torch.Generator().manual_seed(1 * 1_000_003)).tolist()
+    assert torch.equal(torch.cat(got), tensor[order[:9]].long())
+    assert [b.tolist() for b in blocks.epoch_loader(tensor, 3, 1, 0)] == [b.tolist() for b in got]
+
+
+@pytest.mark.slow
+def test_gpt_trains_the_same_from_the_packed_cache(corpus, tmp_path):
+    """The first run packs, the second reads the pack: the same losses, element for element."""
+    import gpt_train
+    args = ["--tokens", "4096", "--cache-dir", str(tmp_path / "cache")]
+    first = gpt_train.main(tiny_args(corpus, tmp_path / "a", *args))
+    second = gpt_train.main(tiny_args(corpus, tmp_path / "b", *args))
+    assert first["loss_curve"] == second["loss_curve"] and first["val_curve"] == second["val_curve"]
