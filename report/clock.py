@@ -150,21 +150,21 @@ def phases_figure(runs, path):
 
 
 def profile_figure(rows, path):
-    """rows: [(label, {group: seconds}, step_seconds)]: each row's one step split into PROFILE_GROUPS,
-    as shares of its step (a naive and a default step differ ~10× in length), seconds written beside."""
+    """rows: [(label, {group: seconds}, step_seconds)]: each row's one step split into PROFILE_GROUPS, in
+    seconds on one axis (the rows are one model and batch: what an acceleration removed is the shorter bar)."""
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.6))
     colours = plt.get_cmap("tab10")
+    longest = max(sum(groups.values()) for _, groups, _ in rows) or 1.0
     for i, (label, groups, step) in enumerate(rows):
-        total, left = sum(groups.values()) or 1.0, 0.0
+        left = 0.0
         for j, group in enumerate(PROFILE_GROUPS):
-            share = groups.get(group, 0.0) / total
-            ax.barh(i, share, left=left, color=colours(j), label=group if i == 0 else None)
-            left += share
-        ax.text(1.01, i, f"{step * 1000:,.0f} ms/step", va="center", fontsize=8)
+            ax.barh(i, groups.get(group, 0.0), left=left, color=colours(j), label=group if i == 0 else None)
+            left += groups.get(group, 0.0)
+        ax.text(left + 0.01 * longest, i, f"{step:,.2f} s", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.18)
-    ax.set_xlabel("share of one training step (profiler, grouped)")
+    ax.set_xlim(0, longest * 1.15)
+    ax.set_xlabel("seconds of one training step (torch.profiler, grouped)")
     ax.set_title("One training step, grouped", fontsize=10)
     ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     fig.tight_layout()

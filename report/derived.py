@@ -73,7 +73,8 @@ def job_rows(inputs):
 
 
 def profile_rows(inputs):
-    """[(label, groups, step seconds)] for step_profile.png: the ladder rows and GPT runs with a `profile`."""
+    """[(label, groups, step seconds)] for step_profile.png: the ladder rows with a `profile` (the same model and
+    batch, so their seconds compare), else the GPT run shown, where it was run with --profile."""
     rows = []
     entries = [] if inputs["named"] else [(result_name(k), d) for k, (d, _) in sorted(inputs["results"].items())
                                           if result_name(k).startswith("gpt_bench") and isinstance(d, dict)]
@@ -85,7 +86,7 @@ def profile_rows(inputs):
                              profile["groups"], profile.get("step_seconds") or 0.0))
     gpt = inputs["shown"].get("gpt")
     profile = gpt and gpt["metrics"].get("profile")
-    if isinstance(profile, dict) and isinstance(profile.get("groups"), dict):
+    if not rows and isinstance(profile, dict) and isinstance(profile.get("groups"), dict):
         rows.append((f"GPT run {label(gpt['stem'], gpt['metrics'])}", profile["groups"],
                      profile.get("step_seconds") or 0.0))
     return [r for r in rows if all(isinstance(v, (int, float)) for v in r[1].values())]
