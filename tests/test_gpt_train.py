@@ -117,14 +117,14 @@ def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, 
 
 @pytest.mark.parametrize("args, message", [
     (["--seq-len", "2048"], "exceeds GPT-2's 1024"),
-    (["--tokens", "0"], "--tokens must be > 0"),
+    (["--tokens", "0"], "--tokens: must be in [1, 10000000000000], got 0"),
     (["--n-embd", "100", "--n-head", "3"], "not divisible"),
     (["--precision", "fp8"], "invalid choice"),
 ])
 @pytest.mark.slow
 def test_bad_flags(args, message):
     result = run_script("gpt_train.py", *args)
-    assert result.returncode == 2 and message in result.stderr
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 @pytest.mark.slow
