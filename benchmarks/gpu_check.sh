@@ -201,14 +201,14 @@ publish() {
 record() { pre "$PRE" "$PY" "$TOOLS" record "$WORK" "$1" "$2" "${3:-}"; say "$1: $2"; publish; }
 
 # nvidia-smi beside a training: every 250 ms into a CSV, and the full snapshot at the highest
-# utilisation seen once the step's log shows its training loop (checked every second): the handout's
+# utilisation seen once the step's log shows its training loop (checked every 0.25 s): the handout's
 # screenshot, taken during training, never during the start-up.
 smi_start() {  # smi_start NAME PATTERN
     [ "$REHEARSE" = 0 ] || return 0
     nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,memory.used,power.draw,clocks.sm \
         --format=csv -lms 250 > "$LOGS/nvidia-smi-$1.csv" 2>&1 &
     SMI_PIDS="$!"
-    ( best=-1; while sleep 1; do
+    ( best=-1; while sleep 0.25; do
           grep -aqE "$2" "$LOGS/$1.log" 2>/dev/null || continue
           snap=$(timeout 5 nvidia-smi) || break
           util=$(timeout 5 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -n 1)
@@ -377,7 +377,7 @@ clocked() {  # clocked METRICS CMD...: CMD, and its wall time from this shell be
     shift
     t0=$(date +%s.%N)
     "$@"; rc=$?
-    "$PY" "$TOOLS" clock "$WORK" "$metrics" "$t0" "$(date +%s.%N)"
+    [ $rc -ne 0 ] || "$PY" "$TOOLS" clock "$WORK" "$metrics" "$t0" "$(date +%s.%N)"  # a failure's last line stays its own
     return $rc
 }
 lenet() {  # lenet NAME FLAGS...
@@ -426,7 +426,7 @@ else
     FP16=(--precision fp16) TOKENS=12M BUILD_AT=first
 fi
 export -f build cuda_tests clocked lenet gpt gpt_sh fp16 report
-export REPO WORK RESULTS GPU MNIST TEXT TOOLS PY REHEARSE TOKENS
+export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS PY REHEARSE TOKENS
 # arrays do not cross `bash -c`: pass them as strings the functions split again
 export SMALL_LENET_S="${SMALL_LENET[*]}" SMALL_GPT_S="${SMALL_GPT[*]}" FP16_S="${FP16[*]}" TESTS_S="${TESTS[*]}"
 ARRAYS='SMALL_LENET=($SMALL_LENET_S) SMALL_GPT=($SMALL_GPT_S) FP16=($FP16_S) TESTS=($TESTS_S);'
@@ -462,14 +462,14 @@ step gpt-gpt2-vocab 150 --smi 'train:' bash -c "$ARRAYS gpt $TOKENS-gpt2-vocab-c
 finish build
 step cuda-tests 150 bash -c "$ARRAYS cuda_tests"
 step gpt-own-vocab-fp16 120 --smi 'train:' bash -c "$ARRAYS fp16"
-step lenet-torch 60 --smi 'epoch 1' bash -c "$ARRAYS lenet torch --act torch"
+step lenet-torch 60 --smi 'LeNet-5 [(]' bash -c "$ARRAYS lenet torch --act torch"
 step gelu-bench 90 "$PY" benchmarks/gelu_bench.py "${GELU[@]}" --metrics-out "$RESULTS/gelu_bench_$GPU.json"
 # the unmeasured rows first, repeats interleaved within each group; gpt_bench.py rewrites its JSON
 # after every row, so a cut keeps the rows done
 step ladder 600 "$PY" benchmarks/gpt_bench.py --order unmeasured --metrics-out "$RESULTS/gpt_bench_$GPU.json" \
     "${SMALL_LADDER[@]}"
-step lenet-cpp 60 --smi 'epoch 1' bash -c "$ARRAYS lenet cpp --act cpp"
-step lenet-lightning 75 --smi 'epoch 1' bash -c "$ARRAYS lenet lightning --engine lightning"
+step lenet-cpp 60 --smi 'LeNet-5 [(]' bash -c "$ARRAYS lenet cpp --act cpp"
+step lenet-lightning 75 --smi 'LeNet-5 [(]' bash -c "$ARRAYS lenet lightning --engine lightning"
 [ "$BUILD_AT" = first ] || step build 600 bash -c build
 for n in gpt-own-vocab gpt-own-vocab-regional-compile lenet-torch; do  # the report's figure: one taken during training
     [ ! -f "$LOGS/nvidia-smi-during-$n.txt" ] || { cp "$LOGS/nvidia-smi-during-$n.txt" "$LOGS/nvidia-smi.txt"; break; }

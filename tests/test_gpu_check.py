@@ -214,8 +214,8 @@ esac
 @pytest.mark.slow
 def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(tmp_path, tiny_mnist, text_file):
     """The GPU path's own plumbing with a stand-in nvidia-smi (the training itself runs on the CPU):
-    the GPU's name in the results, the 250 ms CSV and the snapshot taken during the step, both logged
-    only while it runs."""
+    the GPU's name in the results, the 250 ms CSV (a few samples of the seconds-long step) and the snapshot
+    taken during the step, both logged only while it runs."""
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
     (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
@@ -228,7 +228,7 @@ def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(tmp_path, t
         csv = tar.extractfile("logs/nvidia-smi-lenet-torch.csv").read().decode().splitlines()
         snapshot = tar.extractfile("logs/nvidia-smi-during-lenet-torch.txt").read().decode()
         assert tar.extractfile("logs/nvidia-smi.txt").read().decode() == snapshot  # the report's figure
-    assert csv[0] == "timestamp, utilization.gpu [%]" and len(csv) > 10 and snapshot.startswith("| Fake GPU 80GB")
+    assert csv[0] == "timestamp, utilization.gpu [%]" and len(csv) >= 4 and snapshot.startswith("| Fake GPU 80GB")
     still = subprocess.run(["pgrep", "-f", str(tmp_path / "bin")], capture_output=True, text=True).stdout
     assert still == "", "nvidia-smi loggers left running"
 

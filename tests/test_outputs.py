@@ -160,6 +160,29 @@ def test_a_file_is_replaceable_only_by_the_program_that_wrote_it(tmp_path):
         runfiles.check_output(tmp_path / "link.json", "--metrics-out", "lenet5.py")
 
 
+def test_without_extended_attributes_the_folders_marks_file_says_who_wrote_a_file(tmp_path, monkeypatch):
+    """NFSv3 homes keep no user attributes: the mark goes into the folder's MARKS_FILE, with the file's size and
+    modification time, so the same program may still rewrite its output (tokenizer.sh --force over the CPU
+    try-out's tokenizer) and anything else is still refused."""
+    import errno
+    import os
+
+    def unsupported(*args, **kwargs):
+        raise OSError(errno.ENOTSUP, "Operation not supported")
+    monkeypatch.setattr(os, "setxattr", unsupported)
+    monkeypatch.setattr(os, "getxattr", unsupported)
+    path = tmp_path / "tok.json"
+    runfiles.check_output(path, "--out", "tokenizer_train.py")
+    runfiles.write_atomic(path, b"{}")
+    assert runfiles.marks_of(tmp_path)["tok.json"][0] == "tokenizer_train.py"
+    runfiles.check_output(path, "--out", "tokenizer_train.py")  # its own: replaceable
+    with pytest.raises(runfiles.OutputError, match="lenet5.py did not write it .it was written by tokenizer_train.py"):
+        runfiles.check_output(path, "--out", "lenet5.py")
+    path.write_bytes(b'{"edited": 1}')  # replaced by hand: the record no longer matches
+    with pytest.raises(runfiles.OutputError, match="no mark of this project's"):
+        runfiles.check_output(path, "--out", "tokenizer_train.py")
+
+
 @pytest.mark.parametrize("name", sorted(runfiles.BOOKKEEPING))
 def test_an_output_named_like_a_runs_bookkeeping_is_refused(tiny_mnist, tmp_path, name):
     """A new surface of the rule above: `--out-dir R --metrics-out R/run.owner` (R new, so no run above it yet)

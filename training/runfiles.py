@@ -77,8 +77,7 @@ def write_atomic(path, data):
         with os.fdopen(fd, "wb") as f:
             data(f) if callable(data) else f.write(data)
         if os.path.abspath(path) in CLAIMED:
-            with contextlib.suppress(OSError):  # no user attributes here: written, but not replaceable later
-                os.setxattr(tmp, MARK, CLAIMED[os.path.abspath(path)].encode(), follow_symlinks=False)
+            mark(tmp, path, CLAIMED[os.path.abspath(path)])
         os.replace(tmp, path)
     except OSError as e:
         if tmp is not None:
@@ -131,6 +130,42 @@ def path_problem(path):
 
 MARK = "user.lab5.written-by"  # extended attribute: the program that wrote an output file (write_atomic)
 CLAIMED = {}  # absolute output path -> the program whose check_output claimed it: what write_atomic marks
+MARKS_FILE = ".lab5-written-by"  # where a file system keeps no user attributes (NFSv3): the marks of its folder
+NO_XATTRS = (errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def mark(tmp, path, program):
+    """`program` wrote `tmp` (renamed to `path` next): its extended attribute, or, on a file system without them,
+    a line in the folder's MARKS_FILE naming the file with its size and modification time (a later replacement
+    by anything else no longer matches)."""
+    try:
+        os.setxattr(tmp, MARK, program.encode(), follow_symlinks=False)
+    except OSError as e:
+        if e.errno in NO_XATTRS:
+            with contextlib.suppress(OSError, ValueError):
+                marks = marks_of(path.parent)
+                info = os.stat(tmp)
+                marks[path.name] = [program, info.st_size, info.st_mtime_ns]
+                write_atomic(path.parent / MARKS_FILE, json.dumps(marks).encode())
+
+
+def marks_of(folder):
+    try:
+        marks = json.loads(read_small(Path(folder) / MARKS_FILE, 1 << 20))
+    except (OSError, ValueError):
+        return {}
+    return marks if isinstance(marks, dict) else {}
+
+
+def writer_of(path):
+    """The program whose mark `path` carries, or None; OSError(ENOTSUP) read from the folder's MARKS_FILE."""
+    try:
+        return os.getxattr(path, MARK, follow_symlinks=False).decode(errors="replace")
+    except OSError as e:
+        if e.errno not in NO_XATTRS:
+            return None
+    info, entry = os.stat(path, follow_symlinks=False), marks_of(path.parent).get(path.name)
+    return entry[0] if isinstance(entry, list) and entry[1:] == [info.st_size, info.st_mtime_ns] else None
 
 
 def inside_another_run(path, what, own_run=None):
@@ -156,12 +191,8 @@ def output_problem(path, what, program, own_run=None):
     if path.is_symlink() or not path.is_file():
         kind = "a symbolic link" if path.is_symlink() else "not a plain file"
         return f"{what} {path} exists and is {kind}; give a new file name (it was left as it is)"
-    try:
-        writer = os.getxattr(path, MARK, follow_symlinks=False).decode(errors="replace")
-        by = f"it was written by {writer}"
-    except OSError as e:
-        writer, by = None, ("this file system keeps no mark of who wrote a file" if e.errno == errno.ENOTSUP
-                            else "no mark of this project's")
+    writer = writer_of(path)
+    by = f"it was written by {writer}" if writer else "no mark of this project's"
     if writer != program:
         return (f"{what} {path} exists and {program} did not write it ({by}); give a new file name, or move "
                 f"it away first (it was left as it is)")
