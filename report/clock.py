@@ -14,6 +14,7 @@ seconds); else nothing, said. The older metrics' `total_seconds` is never called
 started after the imports and stopped before the final model was written.
 """
 import re
+import textwrap
 
 import matplotlib
 
@@ -126,22 +127,24 @@ def bar_segments(metrics, seconds):
 
 
 def phases_figure(runs, path):
-    """runs: [(label, [(phase, seconds)])]; one horizontal stacked bar each, the loop hatched red."""
+    """runs: [(label, [(phase, seconds)])]; one horizontal stacked bar each (sums, not a timeline), the training
+    loop hatched: its steps and its first step's compile."""
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(runs) + 1.8))
     seen = set()
     for i, (label, segments) in enumerate(runs):
         left = 0.0
         for phase, seconds in segments:
             colour = PHASE_COLOURS.get(phase, "#dddddd")
-            ax.barh(i, seconds, left=left, color=colour, edgecolor="black" if phase == "loop" else "white",
-                    hatch="//" if phase == "loop" else None, linewidth=0.6,
+            looping = phase in ("loop", "compile")
+            ax.barh(i, seconds, left=left, color=colour, edgecolor="black" if looping else "white",
+                    hatch="//" if looping else None, linewidth=0.6,
                     label=None if phase in seen else phase)
             seen.add(phase)
             left += seconds
         ax.text(left, i, f" {left:.0f} s", va="center", fontsize=8)
     ax.set_yticks(range(len(runs)), [label for label, _ in runs], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds of the job's process (the training loop hatched)")
+    ax.set_xlabel("seconds of the process, summed by phase (hatched: training loop, with its compile)")
     ax.set_title("Where the job's seconds go", fontsize=10)
     ax.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     fig.tight_layout()
@@ -161,12 +164,12 @@ def profile_figure(rows, path):
             ax.barh(i, groups.get(group, 0.0), left=left, color=colours(j), label=group if i == 0 else None)
             left += groups.get(group, 0.0)
         ax.text(left + 0.01 * longest, i, f"{step:,.2f} s", va="center", fontsize=8)
-    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8)
+    ax.set_yticks(range(len(rows)), [textwrap.fill(label, 44) for label, _, _ in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, longest * 1.15)
-    ax.set_xlabel("seconds of one training step (torch.profiler, grouped)")
+    ax.set_xlabel("seconds of one training step (torch.profiler: operators' own time, by group)")
     ax.set_title("One training step, grouped", fontsize=10)
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.legend(fontsize=7, ncol=2, loc="lower right")  # beside the shorter, later bars
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

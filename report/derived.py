@@ -72,6 +72,15 @@ def job_rows(inputs):
     return rows
 
 
+def rung_label(name):
+    """A ladder row's short name for a figure: the naive baseline, gpt_train's default, or the row's own."""
+    if name.startswith("naive"):
+        return "naive (HF model, fp32, eager attention, dropout 0.1)"
+    if "gpt_train.py default" in name:
+        return "gpt_train.py's default step"
+    return name.strip().split(" (")[0][:40]
+
+
 def profile_rows(inputs):
     """[(label, groups, step seconds)] for step_profile.png: the ladder rows with a `profile` (the same model and
     batch, so their seconds compare), else the GPT run shown, where it was run with --profile."""
@@ -82,8 +91,8 @@ def profile_rows(inputs):
         for rung in bench.get("rungs") or []:
             profile = rung.get("profile") if isinstance(rung, dict) else None
             if isinstance(profile, dict) and isinstance(profile.get("groups"), dict):
-                rows.append((f"{rung['name'].split(' (')[0].strip()[:40]} ({bench.get('device_name')})",
-                             profile["groups"], profile.get("step_seconds") or 0.0))
+                rows.append((f"{rung_label(rung['name'])}, {bench.get('device_name')}, {bench.get('micro_batch')} x "
+                             f"{bench.get('seq_len')}", profile["groups"], profile.get("step_seconds") or 0.0))
     gpt = inputs["shown"].get("gpt")
     profile = gpt and gpt["metrics"].get("profile")
     if not rows and isinstance(profile, dict) and isinstance(profile.get("groups"), dict):

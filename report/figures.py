@@ -215,7 +215,9 @@ def ladder_figure(name, bench, out):
         ax.axhline(alternative.index(True) - 0.5, color="black", linewidth=0.6, linestyle="--")
     for i, (r, (_, hi)) in enumerate(zip(rungs, spans)):
         ax.text(hi, i, f" x{r['speedup']:.2f}" if r.get("speedup") else "", va="center", fontsize=7)
-    ax.set_xlabel("tokens / s (bar: median; whisker: range over the repeats)")
+    repeats = bench.get("repeats") or 1
+    ax.set_xlabel("tokens / s (" + (f"bar: median of {repeats} repeats; whisker: their range)" if repeats > 1
+                                     else "one measurement a row: no range)"))
     ax.set_title(f"Acceleration ladder, {bench['device_name']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)
