@@ -53,7 +53,8 @@ def device_name(device):
     """What every measurement names: the GPU's name, or the processor and torch's thread count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{runfiles.cpu_name()}, CPU ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"{runfiles.cpu_name()}, CPU ({threads} thread{'' if threads == 1 else 's'})"
 
 
 def resolve_precision(requested, device_type, capability, cpu_bf16=False):
