@@ -16,6 +16,7 @@ default recipe, per seed, alternating which goes first; median and range of each
 ratios cpp / torch (below 1: the own op is faster).
 """
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -184,9 +185,11 @@ def main(argv=None):
         device = check(args)
     except UserError as e:  # MNISTError, OutputError too
         sys.exit(f"error: {e}")
+    load_start = os.getloadavg()[0]  # other work on the machine: read the seconds with it
     result = act_pair(args, device) if args.act_pair else recipe(args, device)
     device_name = lenet5.device_name(device)
     result |= {"device_name": device_name, "cpu_model": runfiles.cpu_name(), "torch": torch.__version__,
+               "load_average_1min_start_end": [load_start, os.getloadavg()[0]],
                "command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/lenet_bench.py", *argv])}
     report(result, device_name)
     if args.metrics_out:

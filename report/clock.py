@@ -21,10 +21,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-PHASE_COLOURS = {"startup": "#bbbbbb", "inputs": "#d9d9d9", "data": "#9ecae1", "model": "#c6dbef",
-                 "compile": "#fdae6b", "loop": "#d62728", "evaluation": "#74c476", "sampling": "#a1d99b",
-                 "checkpoints": "#bcbddc", "final_save": "#9e9ac8", "logging": "#c7e9c0", "teardown": "#969696",
-                 "outside the loop": "#dddddd"}
+PHASE_COLOURS = {"startup": "#636363", "imports": "#8c6d31", "inputs": "#bdbdbd", "data": "#9ecae1",
+                 "model": "#3182bd", "compile": "#fdae6b", "loop": "#d62728", "evaluation": "#74c476",
+                 "sampling": "#c7e9c0", "checkpoints": "#bcbddc", "final_save": "#756bb1", "logging": "#e7ba52",
+                 "teardown": "#252525", "outside the loop": "#e0e0e0"}
 PROFILE_GROUPS = ("matmul", "attention", "elementwise", "loss", "optimizer", "communication", "data", "idle")
 STEP_LINE = re.compile(r"^\[(\d+)\s*s\]\s+(.*)$")
 STEP_END = re.compile(r"^([\w.-]+):? rc=(-?\d+)")
@@ -130,10 +130,12 @@ def phases_figure(runs, path):
     """runs: [(label, [(phase, seconds)])]; one horizontal stacked bar each (sums, not a timeline), the training
     loop hatched: its steps and its first step's compile."""
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(runs) + 1.8))
-    seen = set()
+    seen, longest = set(), max(sum(s for _, s in segments) for _, segments in runs)
     for i, (label, segments) in enumerate(runs):
         left = 0.0
         for phase, seconds in segments:
+            if seconds < 0.005 * longest:
+                continue  # not drawn, not in the legend
             colour = PHASE_COLOURS.get(phase, "#dddddd")
             looping = phase in ("loop", "compile")
             ax.barh(i, seconds, left=left, color=colour, edgecolor="black" if looping else "white",
@@ -144,6 +146,7 @@ def phases_figure(runs, path):
         ax.text(left, i, f" {left:.0f} s", va="center", fontsize=8)
     ax.set_yticks(range(len(runs)), [label for label, _ in runs], fontsize=8)
     ax.invert_yaxis()
+    ax.set_xlim(0, longest * 1.1)  # room for each bar's total
     ax.set_xlabel("seconds of the process, summed by phase (hatched: training loop, with its compile)")
     ax.set_title("Where the job's seconds go", fontsize=10)
     ax.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.22))

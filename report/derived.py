@@ -6,6 +6,8 @@ job-clock and profile figures have anything to draw. Everything from the inputs;
     derived_sources(inputs)                 {source name: (facts, where from)} beside the JSON files'
     job_rows(inputs) / profile_rows(inputs) what figures job_seconds.png and step_profile.png draw
 """
+import re
+
 from report import clock, facts
 from report.figures import busy_window, gpu_name
 from report.gpu import pick
@@ -44,7 +46,11 @@ def steps_for(path, inputs):
 
 
 def label(stem, metrics):
-    return f"{stem or 'named run'} ({metrics.get('device_name') or metrics.get('device', '?')})"
+    """A run's row name: what ran (LeNet-5 or GPT and the file's own tag: 12M-cold, tiny, ...) and where."""
+    device = metrics.get("device_name") or metrics.get("device", "?")
+    kind = "LeNet-5" if "test_accuracy" in metrics else "GPT"
+    tag = re.sub(r"^(gpt|lenet)_run_|(_standin)?_(h200|cpu)$", "", stem) if stem else "your run"
+    return f"{kind} {tag} · {device}"
 
 
 def run_results(results):
@@ -69,7 +75,7 @@ def job_rows(inputs):
         segments = clock.bar_segments(metrics, seconds)
         if segments:
             rows.append((label(stem, metrics), segments))
-    return rows
+    return sorted(rows, key=lambda row: "CPU (" not in row[0])  # the CPU's runs, then the GPU's
 
 
 def rung_label(name):
