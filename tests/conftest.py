@@ -4,6 +4,7 @@ import contextlib
 import gzip
 import os
 import random
+import signal
 import socket
 import struct
 import subprocess
@@ -16,6 +17,11 @@ from pathlib import Path
 # on each other behind other load and crawl.
 # Before torch is imported; an explicit setting wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ctrl-C reaches the processes the tests start even when pytest itself runs in the background of a
+# script (`.ci/run &`), where the shell starts it with SIGINT ignored and every child would inherit that
+# (a Python child then never sees KeyboardInterrupt, a bash child cannot trap INT). A Python handler is
+# reset to the default on exec, an ignored signal is not.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
