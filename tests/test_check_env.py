@@ -82,6 +82,7 @@ def test_nvcc_of_another_cuda_major_is_flagged_with_the_ways_out(tmp_path, monke
     check = check_env.check_nvcc(torch, check_env.find_nvcc())
     assert check.status == "todo" and f"is CUDA {other}, torch's is {torch.version.cuda}" in check.detail
     assert f"module load cuda/{torch.version.cuda}" in check.detail and "GELU_EXT_CPU_ONLY=1" in check.detail
+    assert check_env.check_nvcc(torch, check_env.find_nvcc(), act="torch").status == "note"  # op unused: fine
     same = f"{torch.version.cuda.split('.')[0]}.9"
     fake_tool(tmp_path / "cuda" / "bin", "nvcc", f"Cuda compilation tools, release {same}, V{same}.1")
     assert check_env.check_nvcc(torch, check_env.find_nvcc()).status == "ok"
@@ -125,12 +126,18 @@ def test_runs_as_a_module(tiny_mnist):
     assert done.stdout.splitlines()[-1].startswith(("ready for lenet5", "not ready for lenet5"))
 
 
+@torch_cuda
 def test_lenet5_asks_for_the_compiled_gelu_only_for_act_cpp(no_gpu, tmp_path, monkeypatch, capsys):
-    """The CPU try-out never builds gelu_ext: `--for lenet5` (default --act torch) is ready without it."""
+    """The CPU try-out never builds gelu_ext: `--for lenet5` (default --act torch) is ready without it, even
+    where the node's nvcc is of another CUDA major than torch (a cu121 torch beside CUDA 13: only a build
+    of the op would mind)."""
     import gelu_ext
     from conftest import write_tiny_mnist
     mnist = write_tiny_mnist(tmp_path / "mnist", n_train=20, n_test=10)
     monkeypatch.setattr(gelu_ext, "is_built", lambda: False)
+    other = f"{int(torch.version.cuda.split('.')[0]) + 1}.0"
+    fake_tool(tmp_path / "cuda" / "bin", "nvcc", f"Cuda compilation tools, release {other}, V{other}.1")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
     assert check_env.main(["--for", "lenet5", "--data-dir", str(mnist)]) == 0
     lines = capsys.readouterr().out.splitlines()
     gelu = next(line for line in lines if line.startswith("gelu_ext"))
@@ -139,4 +146,4 @@ def test_lenet5_asks_for_the_compiled_gelu_only_for_act_cpp(no_gpu, tmp_path, mo
     assert check_env.main(["--for", "lenet5", "--act", "cpp", "--data-dir", str(mnist)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert next(line for line in lines if line.startswith("gelu_ext")).split()[1] == "todo"
-    assert lines[-1] == "not ready for lenet5: gelu_ext"
+    assert lines[-1] == "not ready for lenet5: nvcc, gelu_ext"

@@ -149,16 +149,18 @@ def find_nvcc():
     return Path(found) if found else None
 
 
-def check_nvcc(torch, nvcc):
+def check_nvcc(torch, nvcc, act="cpp"):
+    """The compiler for gelu_ext's CUDA kernel: a todo only where the op will be used (`--act cpp`)."""
     wanted = torch.version.cuda
+    problem = todo if act == "cpp" else note
     if nvcc is None:
         return note("nvcc", "none: gelu_ext builds CPU-only" + (f" (for its CUDA kernel: module load cuda/{wanted})"
                                                                  if wanted else ""))
     found = re.search(r"release (\d+\.\d+)", run_quietly([str(nvcc), "--version"]) or "")
     if found is None:
-        return todo("nvcc", f"{nvcc} --version names no CUDA release: set CUDA_HOME to a CUDA toolkit")
+        return problem("nvcc", f"{nvcc} --version names no CUDA release: set CUDA_HOME to a CUDA toolkit")
     if wanted and found[1].split(".")[0] != wanted.split(".")[0]:
-        return todo("nvcc", f"{nvcc} is CUDA {found[1]}, torch's is {wanted}: module load cuda/{wanted} (or set "
+        return problem("nvcc", f"{nvcc} is CUDA {found[1]}, torch's is {wanted}: module load cuda/{wanted} (or set "
                             f"CUDA_HOME to a CUDA {wanted.split('.')[0]}.x), or build CPU-only: "
                             f"GELU_EXT_CPU_ONLY=1 pip install --no-build-isolation -e ./gelu_ext")
     return ok("nvcc", f"CUDA {found[1]} ({nvcc})")
@@ -238,7 +240,7 @@ def run_checks(args):
         return checks + [todo("torch", f"not importable ({e}): pip install -r requirements.txt")]
     checks += [check_torch(torch), check_driver(torch, driver_cuda()), check_gpu(torch)]
     if "nvcc" in needed:
-        checks += [check_nvcc(torch, find_nvcc()), check_gelu_ext(torch, args.act)]
+        checks += [check_nvcc(torch, find_nvcc(), args.act), check_gelu_ext(torch, args.act)]
     if "mnist" in needed:
         checks.append(check_mnist(args.data_dir))
     if "corpus" in needed:
