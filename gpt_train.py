@@ -49,9 +49,11 @@ from training.checkpoints import (  # noqa: E402
     TrainState,
     check_same_run,
     continue_position,
+    earlier_seconds,
     latest_checkpoint,
     load_state,
     open_run_dir,
+    record_stop_clock,
     remove_checkpoints,
     restore,
     resume_advice,
@@ -167,7 +169,7 @@ class Setup:
     tokenizer: object  # the run's tokenizers.Tokenizer: saved into final/ beside the weights
     writer: SummaryWriter | None  # TensorBoard, on the main process
     phases: Phases  # where the process's seconds go
-    earlier_seconds: float  # process seconds of the run's earlier processes (a resume), up to their checkpoint
+    earlier_seconds: float  # process seconds of the run's earlier processes (a resume), up to their exit
 
 
 def train_loop(setup, state, stop):
@@ -319,7 +321,7 @@ def set_up(args, argv, stack, phases):
         writer = SummaryWriter(out_dir, purge_step=state.step if ckpt else None)  # a resume: later points redone
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
     setup = Setup(args, run, budget, blocks, out_dir, identity, info, tok.tokenizer, writer, phases,
-                  state.process_seconds)
+                  earlier_seconds(out_dir, state) if ckpt else 0.0)
     return setup, state, stats
 
 
@@ -339,6 +341,8 @@ def train(args, argv, stop, phases):
             profile = {**profile, "device_name": setup.info["device_name"], "step": state.step}
             runfiles.write_json(setup.out_dir / "profile.json", profile)
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
+            if setup.step.accelerator.is_main_process:
+                record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
             raise SystemExit(STOP_EXIT_CODE)
         phases.switch("evaluation")
         val_loss = validate(setup, state.step)

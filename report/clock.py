@@ -2,7 +2,8 @@
 one-step profile; read from the inputs, never estimated.
 
     step_seconds(gpu)               {step name: (seconds, log)} of a GPU folder's step log or results.json
-    process_time(stem, m, steps)    (seconds, how it was measured) of one run, or (None, why there is none)
+    process_time(stem, m, steps)    (seconds, how it was measured) of one run (all its processes where it was
+                                    resumed), or (None, why there is none)
     clock_source(stem, m, steps)    the facts report.md's `{{<alias>_clock.…}}` placeholders read
     phases_figure(runs, path)       one stacked bar per run: its phases, the training loop marked
     profile_figure(rows, path)      the one-step profile's groups, side by side for each row
@@ -24,7 +25,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 PHASE_COLOURS = {"startup": "#636363", "imports": "#8c6d31", "inputs": "#bdbdbd", "data": "#9ecae1",
                  "model": "#3182bd", "compile": "#fdae6b", "loop": "#d62728", "evaluation": "#74c476",
                  "sampling": "#c7e9c0", "checkpoints": "#bcbddc", "final_save": "#756bb1", "logging": "#e7ba52",
-                 "teardown": "#252525", "outside the loop": "#e0e0e0"}
+                 "teardown": "#252525", "outside the loop": "#e0e0e0",
+                 "earlier processes": "#fcbba1"}
 PROFILE_GROUPS = ("matmul", "attention", "elementwise", "loss", "optimizer", "communication", "data", "idle")
 STEP_LINE = re.compile(r"^\[(\d+)\s*s\]\s+(.*)$")
 STEP_END = re.compile(r"^([\w.-]+):? rc=(-?\d+)")
@@ -84,9 +86,20 @@ def run_step(stem, steps):
     return best
 
 
+def resumed_seconds(metrics):
+    """The seconds of a resumed run's earlier processes (process_seconds_total less this process's), else 0."""
+    total, here = metrics.get("process_seconds_total"), metrics.get("process_seconds")
+    if isinstance(total, (int, float)) and isinstance(here, (int, float)) and total > here + 0.05:
+        return total - here
+    return 0.0
+
+
 def process_time(stem, metrics, steps):
-    """(seconds, how) of one run's whole process, or (None, why none was recorded)."""
+    """(seconds, how) of one run's whole process (a resumed run's: all its processes), or (None, why none
+    was recorded)."""
     if isinstance(metrics.get("process_seconds"), (int, float)):
+        if resumed_seconds(metrics):  # its loop time counts every process: so must its process time
+            return metrics["process_seconds_total"], "metrics.json 的 process_seconds_total（续跑：所有进程之和）"
         return metrics["process_seconds"], "metrics.json 的 process_seconds"
     found = run_step(stem, steps) if stem else None
     if found:
@@ -116,7 +129,8 @@ def bar_segments(metrics, seconds):
     process (the process time from a step log), else None."""
     phases = metrics.get("phases")
     if isinstance(phases, dict) and phases and all(isinstance(v, (int, float)) for v in phases.values()):
-        return list(phases.items())
+        earlier = resumed_seconds(metrics)  # a resumed run: its earlier processes, then this one's phases
+        return ([("earlier processes", earlier)] if earlier else []) + list(phases.items())
     loop, compiling = metrics.get("train_seconds"), metrics.get("compile_seconds")
     if seconds is None or not isinstance(loop, (int, float)):
         return None

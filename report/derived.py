@@ -2,7 +2,7 @@
 section shows and where its events are, each run's process time, the nvidia-smi windows, whether the
 job-clock and profile figures have anything to draw. Everything from the inputs; absent means absent.
 
-    shown_runs(by_kind, results)            {kind: the run a section shows: named, else the committed one}
+    shown_runs(by_kind, results, committed) {kind: the run a section shows: named, else the committed one}
     derived_sources(inputs)                 {source name: (facts, where from)} beside the JSON files'
     job_rows(inputs) / profile_rows(inputs) what figures job_seconds.png and step_profile.png draw
 """
@@ -17,9 +17,9 @@ RUN_PREFIXES = ("gpt_run", "lenet_run")
 SMI = {"smi_gpt": r"(nvidia-)?smi-gpt.*\.csv", "smi_lenet": r"(nvidia-)?smi-lenet.*\.csv"}  # as gpu.GPU_SLOTS
 
 
-def shown_runs(by_kind, results):
-    """{kind: {"metrics", "stem", "source", "events"}}: the run named on the command line, else the
-    committed run facts.ALIASES names (its events only where kept beside its JSON)."""
+def shown_runs(by_kind, results, committed=True):
+    """{kind: {"metrics", "stem", "source", "events"}}: the run named on the command line, else (where
+    `committed`) the committed run facts.ALIASES names (its events only where kept beside its JSON)."""
     shown = {}
     for alias, (kind, default) in facts.ALIASES.items():
         run = by_kind.get(kind)
@@ -27,7 +27,7 @@ def shown_runs(by_kind, results):
             shown[kind] = {"alias": alias, "metrics": run["metrics"], "stem": None, "events": run["dir"],
                            "source": f"{rel(run['dir'])}/metrics.json", "path": None}
             continue
-        key = next((k for k in results if result_name(k) == default), None)
+        key = next((k for k in results if result_name(k) == default), None) if committed else None
         if key:
             data, path = results[key]
             shown[kind] = {"alias": alias, "metrics": data, "stem": default, "events": events_beside(path),

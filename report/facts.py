@@ -31,14 +31,15 @@ PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 
 
-def fact_sources(results, by_kind):
-    """{source name: (its JSON, where it came from)}: every results file, then the aliases."""
+def fact_sources(results, by_kind, committed=True):
+    """{source name: (its JSON, where it came from)}: every results file, then the aliases (a kind not
+    named falls back to its committed run only where `committed`: never in a student's report)."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for alias, (kind, default) in ALIASES.items():
         run = by_kind.get(kind)
         if run:
             sources[alias] = run["metrics"], f"{rel(run['dir'])}/metrics.json"
-        elif default in sources:
+        elif committed and default in sources:
             sources[alias] = sources[default]
     return sources
 

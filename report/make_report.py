@@ -80,12 +80,13 @@ def run_section(run, table, curves, path):
 
 def alias_section(kind, by_kind, results, table, curves, ctx):
     """The run the report's `lenet`/`gpt` placeholders and its lenet_curves/gpt_curves figure follow:
-    the named run, else the committed one in facts.ALIASES."""
+    the named run, else (in the team's report) the committed one in facts.ALIASES."""
     file = {"lenet5": "lenet_curves.png", "gpt": "gpt_curves.png"}[kind]
     alias = next(a for a, (k, _) in facts.ALIASES.items() if k == kind)
     run = by_kind.get(kind)
     if run is None:
-        default = next((k for k in results if result_name(k) == facts.ALIASES[alias][1]), None)
+        default = next((k for k in results if result_name(k) == facts.ALIASES[alias][1]), None) \
+            if ctx["committed"] else None
         if default is None:
             return [f"- {ctx['no_run'][kind]}"]
         run = {"dir": results[default][1], "metrics": results[default][0]}
@@ -284,7 +285,7 @@ def find_runs(args, problems):
 
 def missing_run_lines(args):
     where = {k: f"under {rel(args.runs_root / k)}" for k in ("lenet5", "gpt")} if args.runs_root else \
-        {k: "named, and no committed one in the results" for k in ("lenet5", "gpt")}
+        {k: "among the runs named" if args.runs else "in the results" for k in ("lenet5", "gpt")}
     return {"lenet5": f"no LeNet-5 run found {where['lenet5']}", "gpt": f"no GPT run found {where['gpt']}"}
 
 
@@ -340,7 +341,7 @@ def build(args, inputs, filled):
     problems, todo = inputs["problems"], []
     with building(args.out, [f for shots in SHOTS.values() for f, _, _ in shots] if args.no_screenshots else []) as out:
         ctx = {"out": out, "problems": problems, "todo": todo, "results": args.results,
-               "no_run": missing_run_lines(args),
+               "no_run": missing_run_lines(args), "committed": inputs["committed"],
                "linked": None if args.all_figures else linked,
                "wanted": lambda name: args.all_figures or name in linked}
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
@@ -371,13 +372,14 @@ def gather(args, problems):
     by_kind = find_runs(args, problems)
     results = load_results(args.results, problems)
     named = bool(args.runs or args.runs_root)
-    team_results = args.results.resolve() == (REPO / "report" / "results").resolve()
+    # a student's runs named: none of the team's runs or GPU folder stands in for one missing (a named
+    # run that could not be read is a "no run found" line, never the team's) unless asked for (--gpu)
+    committed = not (named and args.results.resolve() == (REPO / "report" / "results").resolve())
     inputs = {"problems": problems, "by_kind": by_kind, "results": results, "named": named,
-              # a student's runs named: the team's GPU folder only when asked for (--gpu)
-              "gpu": gpu_inputs(args, problems) if args.gpu or not (named and team_results) else None,
-              "named_dirs": [r["dir"] for r in by_kind.values()], "shown": shown_runs(by_kind, results)}
+              "committed": committed, "gpu": gpu_inputs(args, problems) if args.gpu or committed else None,
+              "named_dirs": [r["dir"] for r in by_kind.values()], "shown": shown_runs(by_kind, results, committed)}
     inputs["job_rows"], inputs["profile_rows"] = job_rows(inputs), profile_rows(inputs)
-    inputs["sources"] = facts.fact_sources(results, by_kind) | derived_sources(inputs)
+    inputs["sources"] = facts.fact_sources(results, by_kind, committed) | derived_sources(inputs)
     # the blocks of report.md its inputs can fill: a student's report drops the team's
     args.report_text = facts.select_blocks(args.report_text, {*inputs["sources"], "own" if named else "team"})
     return inputs

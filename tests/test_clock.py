@@ -1,13 +1,14 @@
 """training/clock.py and every script's clock: `process_seconds` is the process as `time` sees it (from its
 start as the OS records it, imports included), its `phases` sum to it, and a slow phase shows in its own slot."""
 import json
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import REPO, run_script, tiny_args
+from conftest import REPO, run_script, tiny_args, wait_for
 from training import clock
 
 SUM_TOLERANCE = 0.02  # the phases sum to the process time within 2% (rounding to the millisecond aside)
@@ -60,6 +61,31 @@ def test_gpt_train_process_seconds_and_phases(corpus, tmp_path):
     assert_clock(m, wall, ["inputs", "data", "model", "loop", "evaluation", "final_save", "sampling", "teardown"])
     assert m["phases"]["loop"] >= m["train_seconds"] and m["process_seconds_total"] == m["process_seconds"]
     assert f"{m['process_seconds']:.1f} s end to end" in done.stdout  # the summary line's end to end: this clock
+
+
+@pytest.mark.slow
+def test_a_resumed_run_counts_every_process_to_its_exit(corpus, tmp_path):
+    """Stopped by SIGTERM (its checkpoints made 2 s slower to write: a lab-shape checkpoint is GBs), then run
+    again: process_seconds_total holds both processes, the stop's checkpoint write included (a checkpoint
+    cannot hold its own write's time: the stopped process's last word, stop_clock.json, does), and the
+    summary line's "end to end" is that total, as its loop time is both processes' loops."""
+    out, common = tmp_path / "run", ["--tokens", str(60 * 8 * 32), "--ckpt-every", "20", "--log-every", "1"]
+    slow = ("import runpy, sys, time; from training import checkpoints; save = checkpoints.save_checkpoint\n"
+            "checkpoints.save_checkpoint = lambda *a, **k: (time.sleep(2.0), save(*a, **k))[1]\n"
+            "sys.argv = ['gpt_train.py'] + sys.argv[1:]; runpy.run_path('gpt_train.py', run_name='__main__')")
+    t0 = time.perf_counter()
+    first = subprocess.Popen([sys.executable, "-c", slow, *tiny_args(corpus, out, *common)], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list(out.glob("ckpt-0000020")), proc=first)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+    first_wall = time.perf_counter() - t0
+    assert json.loads((out / "stop_clock.json").read_text())["process_seconds_total"] > 4.0  # two slow saves
+    done, second_wall = timed([sys.executable, str(REPO / "gpt_train.py"), *tiny_args(corpus, out, *common)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert first_wall + m["process_seconds"] - 1.0 <= m["process_seconds_total"] <= first_wall + second_wall
+    assert f"{m['process_seconds_total']:.1f} s end to end over all its processes, this one " in done.stdout
 
 
 @pytest.mark.slow

@@ -542,3 +542,37 @@ def test_a_students_report_from_own_cpu_runs_names_only_those_runs(runs, tmp_pat
     assert all(str(lenet) in c or str(gpt) in c for c in shots)
     team = (make_report.REPO / "report" / "report.md").read_text()
     assert any(word in team for word in TEAM_WORDS)  # the words checked are the team report's, so this can fail
+
+
+@pytest.mark.slow  # the module's two real tiny runs and a build
+def test_a_named_run_that_cannot_be_read_is_missing_never_the_teams(runs, tmp_path, capsys):
+    """A student's GPT run stopped before its metrics (or with them damaged): the report says no GPT run was
+    found among the runs named; the team's committed H200 run never stands in for it."""
+    lenet, gpt = runs / "runs" / "lenet5" / "a", tmp_path / "gpt-stopped"
+    shutil.copytree(runs / "runs" / "gpt" / "b", gpt)
+    (gpt / "metrics.json").write_text('{"tokens_seen": 12')  # cut short
+    out = tmp_path / "mine"
+    make_report.main([str(lenet), str(gpt), "--out", str(out), "--no-screenshots"])
+    assert f"left out {gpt}" in capsys.readouterr().err
+    body = (out / "report_filled.md").read_text().split("# 附录")[0]
+    for word in TEAM_WORDS + ("gpt_run_12M",):
+        assert word not in body, word
+    assert "no GPT run found among the runs named" in (out / "results.md").read_text()
+
+
+def test_a_resumed_runs_job_time_is_all_its_processes():
+    """A run stopped and resumed: its loop time sums both processes' loops, so its job time must be
+    process_seconds_total (never this process's alone, which made 'outside the loop' negative), and its
+    bar shows the earlier processes, then this one's phases."""
+    from report import clock
+    m = {"process_seconds": 13.1, "process_seconds_total": 23.1, "train_seconds": 16.1,
+         "phases": {"startup": 0.1, "imports": 1.0, "loop": 9.0, "final_save": 3.0}}
+    seconds, how = clock.process_time(None, m, {})
+    assert seconds == 23.1 and "process_seconds_total" in how
+    facts = clock.clock_source(None, m, {})
+    assert facts["outside_loop_seconds"] == pytest.approx(7.0)
+    segments = clock.bar_segments(m, seconds)
+    assert segments[0] == ("earlier processes", pytest.approx(10.0)) and sum(s for _, s in segments) == pytest.approx(
+        23.1)
+    one = {**m, "process_seconds_total": 13.1}
+    assert clock.process_time(None, one, {})[0] == 13.1 and clock.bar_segments(one, 13.1)[0][0] == "startup"

@@ -9,6 +9,7 @@ and the run directory (checked, locked, never overwritten once finished).
     open_run_dir            outputs checked, folder claimed (new, empty or ours) and locked, the checkpoint found
                             (none: an earlier attempt's files set aside, never mixed with this run's)
     restore                 accelerate's load_state; a damaged file is named in one line
+    record_stop_clock       a stopped process's last word: the run's seconds up to its exit (earlier_seconds reads it)
     remove_checkpoints      after a successful run (final/ kept: training/final.py): the optimizer checkpoints go
 """
 import contextlib
@@ -27,6 +28,7 @@ from training import UserError, runfiles
 PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FILE)
 MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
+STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
 # What a finished run keeps: final/, a transformers model folder (training/final.py writes and reads
 # it): GPT2LMHeadModel's weights, one copy of the tied wte/lm_head, its config and the run's tokenizer.
 FINAL_WEIGHTS = "final/model.safetensors"
@@ -50,6 +52,25 @@ class TrainState:
     loss_window: list = field(default_factory=lambda: [0.0, 0])  # loss summed since the last log point, steps
     process_seconds: float = 0.0  # the run's processes before this one (a requeued job), up to their checkpoint
     resumed: bool = False
+
+
+def record_stop_clock(out_dir, step, total_seconds):
+    """The run's process seconds up to the end of a stopped process, its checkpoint written: the checkpoint
+    itself can hold only the time before its own write (seconds per GB at the lab shape)."""
+    runfiles.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
+
+
+def earlier_seconds(out_dir, state):
+    """The process seconds of a resumed run's earlier processes: the stopped process's last word where it
+    names the checkpoint resumed from (its step), else the checkpoint's own (before its write)."""
+    try:
+        last = json.loads(runfiles.read_small(out_dir / STOP_CLOCK, 4096))
+        seconds = last["process_seconds_total"]
+        if last["step"] == state.step and isinstance(seconds, (int, float)) and seconds >= state.process_seconds:
+            return float(seconds)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none (killed, not stopped), damaged or another checkpoint's: the checkpoint's own count
+    return state.process_seconds
 
 
 def load_state(ckpt):

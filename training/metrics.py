@@ -97,8 +97,10 @@ def summary_line(m):
     # the handout's goal is a loss, which depends on the vocabulary (ln 512 = 6.2 at the start, ln 50304 = 10.8):
     # bits/byte beside the verdict is the number that compares runs with different tokenizers
     verdict = "success: train loss < " if m["success"] else "NOT a success: train loss >= "
+    total = m.get("process_seconds_total", m["process_seconds"])  # a resumed run: all its processes, as its loop
+    here = f" over all its processes, this one {m['process_seconds']:.1f} s" if total > m["process_seconds"] else ""
     return (f"{m['tokens_seen']:,} tokens in {m['train_seconds']:.1f} s of training loop, "
-            f"{m['process_seconds']:.1f} s end to end ({m['tokens_per_second']:,.0f} tokens/s steady"
+            f"{total:.1f} s end to end{here} ({m['tokens_per_second']:,.0f} tokens/s steady"
             f"{mfu_part}{compile_part}): train loss {m['final_train_loss']:.3f}, val loss {m['final_val_loss']:.3f} "
             f"-> {verdict}{SUCCESS_LOSS:g} (val {m['val_bits_per_byte']:.3f} bits/byte, comparable across "
             f"vocabularies; the loss is not)")
