@@ -35,11 +35,13 @@ echo "out $OUT_DIR"  # the micro-batch: gpt_train.py's --micro-batch auto probes
 # Slurm sends USR1 to this shell 90 s before the limit (B: above); TERM comes with scancel, INT
 # with Ctrl-C. Each is passed to Python, which checkpoints at the next step and exits with 3.
 # Only after USR1 does the job requeue itself: the next start resumes from the checkpoint.
+# Python starts with USR1 ignored: until gpt_train.py's first lines catch it (a few ms in), USR1 would
+# kill it unsaved; one that arrives then is lost, so it is sent again 2 s later (a second is harmless).
 PID="" STOP=""
 forward() { [ -n "$PID" ] && kill "-$1" "$PID" 2>/dev/null; }
-trap 'STOP=USR1; echo "USR1: checkpointing"; forward USR1' USR1
+trap 'STOP=USR1; echo "USR1: checkpointing"; forward USR1; { sleep 2; forward USR1; } &' USR1
 trap 'forward TERM' TERM INT
-python "$REPO/gpt_train.py" "$@" &
+(trap '' USR1; exec python "$REPO/gpt_train.py" "$@") &
 PID=$!
 [ "$STOP" = USR1 ] && forward USR1  # arrived between starting Python and knowing its pid
 wait_for $PID; rc=$?

@@ -1,5 +1,6 @@
 """gpt_train.py: runs end to end, resume, signals, 2-process DDP (the model on its own: test_model.py;
 training/'s other parts: test_training.py)."""
+import contextlib
 import json
 import math
 import os
@@ -223,6 +224,27 @@ def test_usr1_during_start_up_is_not_lost(corpus, tmp_path):
     assert proc.returncode == STOP_EXIT_CODE, (proc.returncode, err[-2000:])  # not killed (-10)
     state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert state["step"] == 1
+
+
+@pytest.mark.slow
+def test_usr1_to_the_launcher_as_python_starts_is_not_lost(corpus, tmp_path):
+    """Slurm's warning reaching gpt.sh the moment it has started Python (before gpt_train.py's first lines can
+    catch it): Python is not killed unsaved (138, no requeue); the run checkpoints and exits 3."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.Popen(["bash", str(REPO / "slurm" / "gpt.sh"),
+                             *tiny_args(corpus, tmp_path / "run", "--tokens", str(400 * 8 * 32))],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    def python_started():
+        for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"gpt_train.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return True
+        return False
+    assert wait_for(python_started, timeout=30, poll=0.001, proc=proc)  # exec'd, its imports not yet begun
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == STOP_EXIT_CODE and "USR1: checkpointing" in out, (proc.returncode, err[-2000:])
+    assert latest_checkpoint(tmp_path / "run")[0] is not None
 
 
 def unfinished_run(corpus, run_dir, *extra):
