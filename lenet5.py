@@ -123,11 +123,16 @@ def pick_device(name):
 
 
 def new_run_dir(out_dir, act, engine, stack):
-    """--out-dir, or a new runs/lenet5/<time>-<id>-<act>[-lightning]/: new or empty (a LeNet run is never
-    resumed, so never overwritten), locked while the run lives; a start that fails leaves no folder."""
+    """--out-dir, or a new runs/lenet5/<time>-<id>-<act>[-lightning]/: new, empty, or an unfinished run's (no
+    metrics.json: its files set aside; a LeNet run is never resumed, a finished one never overwritten),
+    locked while the run lives; a start that fails leaves no folder."""
     suffix = f"-{engine}" if engine != "plain" else ""
     out_dir = out_dir or REPO / "runs" / "lenet5" / f"{runfiles.new_run_name()}-{act}{suffix}"
-    return runfiles.claim_run_dir(out_dir, "lenet5.py", stack, reuse=False)
+    unfinished = out_dir.is_dir() and not (out_dir / "metrics.json").exists()
+    runfiles.claim_run_dir(out_dir, "lenet5.py", stack, reuse=unfinished)
+    if unfinished:
+        runfiles.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
+    return out_dir
 
 
 def check_outputs(args):
@@ -178,6 +183,10 @@ def main(argv=None):
             return run(args, stack, phases)
     except UserError as e:  # MNISTError, OutputError too
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # a LeNet-5 run takes seconds: it is run again, not resumed
+        where = f"; the same --out-dir sets {args.run_dir}'s files aside" if getattr(args, "run_dir", None) else ""
+        print(f"\ninterrupted (Ctrl-C): run the command again to start over{where}", file=sys.stderr)
+        sys.exit(130)
 
 
 def run(args, stack, phases):
@@ -192,7 +201,7 @@ def run(args, stack, phases):
         from training.lenet_lightning import fit_lightning, need_lightning
         fit = fit_lightning
         need_lightning()  # missing: one line now, before the run folder is made
-    out_dir = new_run_dir(args.out_dir, args.act, args.engine, stack)
+    out_dir = args.run_dir = new_run_dir(args.out_dir, args.act, args.engine, stack)
     phases.switch("data")
     train_set, test_set = (ds.to(device) for ds in load_train_test(find_mnist(args.data_dir, not args.no_download)))
     phases.switch("model")

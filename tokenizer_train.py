@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from data import wos  # noqa: E402
 from data.blocks import token_blocks  # noqa: E402
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256  # noqa: E402
-from training import UserError, runfiles  # noqa: E402
+from training import UserError, device, runfiles  # noqa: E402
 from training.flags import Parser, number, path_flag, path_or_name_flag, seed_flag  # noqa: E402
 
 IMPORTS = (IMPORTS_STARTED, process_seconds())
@@ -162,6 +162,10 @@ def main(argv=None):
         return run(args, phases)
     except UserError as e:  # TextError, TokenizerError, OutputError too
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # --out is written whole at the end (write_atomic): nothing half-made is left
+        print(f"\ninterrupted (Ctrl-C): {args.out} is written only when training ends; run the command again",
+              file=sys.stderr)
+        sys.exit(130)
 
 
 def check_outputs(args):
@@ -203,7 +207,7 @@ def run(args, phases):
                "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
                "text": str(text), "corpus": corpus, "out": str(args.out),
-               "cpu": runfiles.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+               "cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
     metrics.update(comparison(args.compare, other, tokenizer, val_docs))
     phases.switch("final_save")

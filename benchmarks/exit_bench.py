@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from training import runfiles  # noqa: E402
+from training import device, runfiles  # noqa: E402
 from training.flags import Parser, path_flag  # noqa: E402
 
 MODES = ("plain", "destroy", "no_teardown")
@@ -113,7 +113,7 @@ def main(argv=None):
             hog.kill()
     import torch
     metrics = {"command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/exit_bench.py", *argv]),
-               "device_name": f"{runfiles.cpu_name()}, {os.cpu_count()} cores", "torch": torch.__version__,
+               "device_name": f"{device.cpu_name()}, {os.cpu_count()} cores", "torch": torch.__version__,
                "hogs": args.hogs, "load_average_1min_start_end": [load_start[0], os.getloadavg()[0]],
                "seconds": round(time.time() - t0, 1), "modes": counts}
     for mode, c in counts.items():

@@ -34,6 +34,7 @@ import lenet5  # noqa: E402
 from data import data_root  # noqa: E402
 from data.mnist import find_mnist  # noqa: E402
 from training import UserError, runfiles  # noqa: E402
+from training.device import cpu_name  # noqa: E402
 from training.flags import Parser, path_flag  # noqa: E402
 
 
@@ -188,7 +189,7 @@ def main(argv=None):
     load_start = os.getloadavg()[0]  # other work on the machine: read the seconds with it
     result = act_pair(args, device) if args.act_pair else recipe(args, device)
     device_name = lenet5.device_name(device)
-    result |= {"device_name": device_name, "cpu_model": runfiles.cpu_name(), "torch": torch.__version__,
+    result |= {"device_name": device_name, "cpu_model": cpu_name(), "torch": torch.__version__,
                "load_average_1min_start_end": [load_start, os.getloadavg()[0]],
                "command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/lenet_bench.py", *argv])}
     report(result, device_name)

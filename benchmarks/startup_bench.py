@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from training import runfiles  # noqa: E402
+from training import device, runfiles  # noqa: E402
 from training.flags import Parser, path_flag  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
@@ -68,9 +68,12 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the baseline's checkout
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         tmp = Path(tmp)
-        versions = {"baseline": checkout(args.baseline, tmp / "baseline"), "current": REPO}
         try:
+            versions = {"baseline": checkout(args.baseline, tmp / "baseline"), "current": REPO}
             return measure_all(args, cases, versions, tmp)
+        except KeyboardInterrupt:  # the runs so far are not a measurement: nothing is written
+            print("\ninterrupted (Ctrl-C): nothing written; the baseline's checkout is removed", file=sys.stderr)
+            sys.exit(130)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp / "baseline")],
                            capture_output=True)
@@ -162,7 +165,7 @@ def git(*cmd):
 
 def machine():
     import platform
-    return {"cpu": runfiles.cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    return {"cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import lenet5
-from conftest import REPO, free_port, run_script, write_tiny_mnist
+from conftest import REPO, free_port, run_script, wait_for, write_tiny_mnist
 from training import runfiles
 
 # --------------------------------------------------------------------- model
@@ -56,6 +57,36 @@ def test_out_dir_is_never_overwritten(tiny_mnist, tmp_path):
     with pytest.raises(SystemExit, match="not empty"):
         lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(run)])
     assert (run / "keep.txt").read_text() == "old"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["plain", "lightning"])  # Lightning catches Ctrl-C itself and exits 1, silent
+def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_path, engine):
+    """Ctrl-C during training: one line, exit 130, no traceback; the same command again starts over in the
+    same --out-dir (the unfinished attempt's files set aside, never mixed in); a finished run stays refused."""
+    cmd = [sys.executable, str(REPO / "lenet5.py"), "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu",
+           "--epochs", "2", "--batch-size", "10", "--log-every", "1", "--out-dir", str(tmp_path / "run"),
+           "--engine", engine]
+    slow = ("import runpy, sys, time; from training import lenet; log = lenet.log_loss\n"
+            "lenet.log_loss = lambda *a, **k: (time.sleep(0.2), log(*a, **k))[1]\n"
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", slow, *cmd[1:]], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: list((tmp_path / "run").glob("events.out.tfevents.*")), proc=proc)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1] == (f"interrupted (Ctrl-C): run the command again to start over; the same "
+                                            f"--out-dir sets {tmp_path / 'run'}'s files aside")  # under the bar
+    first_events = {p.name for p in (tmp_path / "run").glob("events.out.tfevents.*")}
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "held an earlier attempt (stopped before its metrics.json)" in again.stderr
+    aside = list((tmp_path / "run").glob("earlier-attempt-*"))
+    assert len(aside) == 1 and {p.name for p in aside[0].glob("events.out.tfevents.*")} == first_events
+    assert not first_events & {p.name for p in (tmp_path / "run").glob("events.out.tfevents.*")}  # this run's only
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 1 and "holds a run of lenet5.py already" in third.stderr
 
 
 # --------------------------------------------------------------------- TensorBoard, really served

@@ -1,12 +1,13 @@
 """benchmarks/startup_bench.py: each script timed as a process beside a baseline commit's, interleaved, the
 seconds outside the training loop summarised as median and range."""
 import json
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import startup_bench  # noqa: E402
@@ -41,3 +42,20 @@ def test_a_case_runs_beside_the_baseline_commit_and_writes_its_json(tmp_path, ti
     assert case["baseline"]["runs"][0]["phases"] is None  # the baseline's metrics had no phases
     worktrees = subprocess.run(["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True).stdout
     assert "goal <= 3" in done.stdout and "startup-bench" not in worktrees  # the baseline's checkout removed
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_writes_nothing_and_removes_the_baselines_checkout(tmp_path, tiny_mnist):
+    out = tmp_path / "b.json"
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "startup_bench.py"), "--cases",
+                             "lenet-1-epoch", "--repeats", "3", "--mnist", str(tiny_mnist), "--metrics-out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def worktrees():
+        return subprocess.run(["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True).stdout
+    assert wait_for(lambda: "startup-bench" in worktrees(), timeout=120, poll=0.2, proc=proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err and not out.exists(), err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C): nothing written; the baseline's checkout is removed"
+    assert "startup-bench" not in worktrees()

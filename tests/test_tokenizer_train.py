@@ -1,6 +1,9 @@
 """tokenizer_train.py: the BPE, its measures, the script (the pipeline it uses: test_wos.py)."""
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import huggingface_hub.constants as hf_constants
@@ -8,7 +11,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 import tokenizer_train
-from conftest import generated_docs, run_script, tmpfs
+from conftest import REPO, generated_docs, run_script, tmpfs, wait_for
 from data import tokenizer, wos
 from data.tokenizer import EOT, open_tokenizer
 
@@ -94,6 +97,24 @@ def test_the_cache_written_is_the_one_gpt_train_reads(text_file, tmp_path):
     blocks, stats = wos.tokenize_blocks(splits, open_tokenizer(out).tokenizer, wos.tokens_per_block(31))
     assert stats["train"]["from_cache"] and stats["validation"]["from_cache"]
     assert len(blocks["train"][0]["input_ids"]) == 32 and stats["train"]["tokens"] == metrics["num_train_tokens"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_writes_nothing(text_file, tmp_path):
+    """Ctrl-C while training (made slow here): one line, exit 130, no traceback, no --out."""
+    out, ready = tmp_path / "t.json", tmp_path / "training"
+    slow = ("import pathlib, runpy, sys, time; import tokenizer_train as t; train = t.train_bpe\n"
+            f"def slow(*a, **k): pathlib.Path({str(ready)!r}).touch(); time.sleep(30); return train(*a, **k)\n"
+            "t.train_bpe = slow; sys.argv = ['tokenizer_train.py'] + sys.argv[1:]; t.main(); sys.exit(0)")
+    proc = subprocess.Popen([sys.executable, "-c", slow, "--text", str(text_file), "--vocab-size", "512", "--out",
+                             str(out), "--compare", "none", "--seq-len", "0"], cwd=REPO, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for(ready.exists, proc=proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err and not out.exists(), err[-2000:]
+    assert err.strip().splitlines()[-1] == (f"interrupted (Ctrl-C): {out} is written only when training ends; "
+                                            "run the command again")
 
 
 @pytest.mark.parametrize("args, message", [(["--vocab-size", "1000"], "multiple of 64"),

@@ -269,23 +269,6 @@ def run_outputs(out_dir, metrics_out):
     return outputs
 
 
-def set_aside_earlier_attempt(out_dir):
-    """A run folder of ours with nothing to resume from: what an earlier attempt left (its args.json and
-    TensorBoard events, a checkpoint that does not verify) goes into earlier-attempt-<time>/, so that this
-    run's curves and arguments are its own; TensorBoard shows the old ones as a run of their own."""
-    left = [p for p in out_dir.iterdir() if p.name not in runfiles.BOOKKEEPING
-            and not p.name.startswith("earlier-attempt-")]
-    if not left:
-        return None
-    aside = out_dir / f"earlier-attempt-{runfiles.new_run_name()}"
-    aside.mkdir()
-    for path in left:
-        os.replace(path, aside / path.name)
-    print(f"note: {out_dir} held an earlier attempt with no checkpoint to resume from; its files are kept in "
-          f"{aside.name}/", file=sys.stderr)
-    return aside
-
-
 def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None):
     """(out_dir, the checkpoint to resume from or None). Checks the outputs (none may be one of the
     `inputs`, {flag: path}); claims the folder (runfiles.claim_run_dir: new, empty or one of this program's)
@@ -304,7 +287,7 @@ def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None):
         for name, why in skipped:
             print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)
         if ckpt is None:
-            set_aside_earlier_attempt(out_dir)
+            runfiles.set_aside_earlier_attempt(out_dir, "no checkpoint to resume from")
     if accelerator.num_processes > 1:  # the main process's choice (its clock named the default folder)
         ckpt, out_dir = broadcast_object_list([ckpt, out_dir])
     return out_dir, ckpt

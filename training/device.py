@@ -49,12 +49,24 @@ def decisions_for(device_type, capability, precision_flag, compile_flag, name=""
     return Device(cuda, name, precision, compile_mode, peak_flops(name, precision) if cuda else None, note)
 
 
+def cpu_name():
+    """The processor's model name (from /proc/cpuinfo), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
 def device_name(device):
     """What every measurement names: the GPU's name, or the processor and torch's thread count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     threads = torch.get_num_threads()
-    return f"{runfiles.cpu_name()}, CPU ({threads} thread{'' if threads == 1 else 's'})"
+    return f"{cpu_name()}, CPU ({threads} thread{'' if threads == 1 else 's'})"
 
 
 def resolve_precision(requested, device_type, capability, cpu_bf16=False):

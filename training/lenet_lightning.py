@@ -38,7 +38,12 @@ def fit_lightning(run):
     trainer = L.Trainer(accelerator=run.device.type, devices=1, max_epochs=args.epochs, logger=logger,
                         callbacks=[epoch_callback(L)(run)], enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0, log_every_n_steps=args.log_every)
-    trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=Batches(run.test_set, 1000, shuffle=False))
+    try:
+        trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=Batches(run.test_set, 1000, shuffle=False))
+    except SystemExit:  # Lightning's answer to Ctrl-C: its teardown, then exit(1) with nothing said
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None  # lenet5.main's one line and 130, as the plain loop's
+        raise
     run.phases.log(logger.experiment, trainer.global_step)
     logger.experiment.flush()  # raises what the writer thread could not write
     logger.experiment.close()

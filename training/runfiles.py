@@ -15,10 +15,10 @@ The rules live here, one each, for every script:
     check_outputs_not_inputs   before training: no output path is one of the run's inputs
     RunLock, claim_run_dir     one run per directory: new, empty or this program's, locked, a failed start undone;
                                run.lock and run.owner never followed (a link among them: the folder is not empty)
+    set_aside_earlier_attempt  an unfinished attempt's files moved into earlier-attempt-<time>/, never mixed in
     new_run_name()             a default run folder's name: the time and a random suffix (runs started together)
     quiet_writer_thread()      TensorBoard's writer thread: a failed write stops the run in one line, not two tracebacks
     sha256_file(path)          what a checkpoint or a run depends on, by content
-    cpu_name()                 the processor, for the hardware every measurement names
 """
 import contextlib
 import errno
@@ -30,6 +30,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -405,24 +406,27 @@ def remove_if_unused(path, made_here):
         pass
 
 
+def set_aside_earlier_attempt(out_dir, why):
+    """What an earlier attempt left in a run folder of ours that this run will not continue (its args.json,
+    TensorBoard events, a checkpoint that does not verify) goes into earlier-attempt-<time>/: this run's
+    curves and arguments are its own, and TensorBoard shows the old ones as a run of their own."""
+    left = [p for p in out_dir.iterdir() if p.name not in BOOKKEEPING and not p.name.startswith("earlier-attempt-")]
+    if not left:
+        return None
+    aside = out_dir / f"earlier-attempt-{new_run_name()}"
+    aside.mkdir()
+    for path in left:
+        os.replace(path, aside / path.name)
+    print(f"note: {out_dir} held an earlier attempt ({why}); its files are kept in {aside.name}/", file=sys.stderr)
+    return aside
+
+
 def sha256_file(path, chunk=1 << 22):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def cpu_name():
-    """The processor's model name (from /proc/cpuinfo), else what the platform module says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
 
 
 @contextlib.contextmanager
