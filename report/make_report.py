@@ -59,7 +59,7 @@ from report.tables import (
     lenet_table,
     tokenizer_table,  # noqa: E402
 )
-from training import UserError  # noqa: E402
+from training import UserError, runfiles  # noqa: E402
 from training.flags import Parser, path_flag  # noqa: E402
 
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
@@ -220,8 +220,13 @@ def parse_args(argv):
 def check_args(args):
     """The user's mistakes, before any work: one line each. No output overlaps an input (the report never
     writes what it reads: --pdf-out onto report.md, --out over a run it reports), and --pdf-out replaces a
-    PDF only."""
+    PDF only; neither lands inside a run's folder."""
+    if args.out.is_symlink():  # a link to the student's folder: built there, the link left as it is
+        args.out = args.out.resolve()
     out = args.out.resolve()
+    for flag, path in {"--out": args.out, **({"--pdf-out": args.pdf_out} if args.pdf else {})}.items():
+        if problem := runfiles.inside_another_run(path, flag):  # a run's files are that run's only record
+            raise UserError(problem)
     inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs}}

@@ -241,6 +241,33 @@ def test_a_rebuild_keeps_the_files_a_student_put_in_out(inputs, tmp_path):
     assert (out / "notes" / "todo.txt").read_text() == "caption fig. 3" and (out / "results.md").is_file()
 
 
+def test_an_out_that_is_a_link_is_built_where_it_points_the_link_kept(inputs, tmp_path):
+    """runs/myreport a link to the student's own folder: the report goes there, with their notes; the link
+    stays a link (it was replaced by a real folder, the notes left behind in the target)."""
+    results, report = inputs
+    target, link = tmp_path / "mine", tmp_path / "myreport"
+    build(results, report, target)
+    (target / "notes.md").write_text("mine")
+    link.symlink_to(target)
+    build(results, report, link)
+    assert link.is_symlink() and (target / "notes.md").read_text() == "mine" and (target / "results.md").is_file()
+    assert not list(tmp_path.glob(".*old-*"))
+
+
+@pytest.mark.parametrize("flag", ["--out", "--pdf-out"])
+def test_an_output_inside_a_run_folder_not_named_is_refused(inputs, tmp_path, flag):
+    """The ownership rule every --metrics-out keeps: a run's folder (run.owner) holds that run's files only."""
+    results, report = inputs
+    run = tmp_path / "runs" / "gpt" / "gpt-1"
+    run.mkdir(parents=True)
+    (run / "run.owner").write_text("gpt_train.py\n")
+    target = {"--out": run / "report", "--pdf-out": run / "report.pdf"}[flag]
+    out = target if flag == "--out" else tmp_path / "out"
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots",
+                         "--pdf", "--pdf-out", str(target)])
+    assert message.startswith(f"error: {flag} {target} is inside {run}") and sorted(os.listdir(run)) == ["run.owner"]
+
+
 def test_out_over_a_run_it_reports_is_refused(inputs, tmp_path):
     results, report = inputs
     out = tmp_path / "out"
