@@ -192,6 +192,7 @@ def train_loop(setup, state, stop):
             one_step = functools.partial(run.run, batches, n_micro, lr, losses.add)
             if state.step == profile_at:  # the profiler's overhead: this step is kept out of tokens/s
                 grad_norm, profile = profiled(one_step, accelerator.device, setup.out_dir / "profile")
+                profile["step"] = state.step + 1  # the step profiled, not the last one run
             else:
                 grad_norm = one_step()
             state.lr_step += not skips.last_skipped()  # an fp16 step skipped by the scaler does not advance the LR
@@ -280,6 +281,8 @@ def set_up(args, argv, stack, phases):
     out_dir, ckpt = open_run_dir(args.out_dir or REPO / "runs" / "gpt" / runfiles.new_run_name(),
                                  args.metrics_out, accelerator, stack,
                                  inputs={"--text": args.text, "--tokenizer": args.tokenizer})  # never overwritten
+    if args.profile and accelerator.is_main_process:  # the trace's folder, written by C++ that only logs a failure
+        runfiles.probe_folder(out_dir / "profile", f"--profile's trace folder {out_dir / 'profile'}")
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data
@@ -338,7 +341,7 @@ def train(args, argv, stop, phases):
             raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({runfiles.reason(e)}) after "
                             f"step {state.step}; {resume_advice(setup.out_dir)}") from None
         if profile and setup.writer:  # the main process's step (each process profiles its own)
-            profile = {**profile, "device_name": setup.info["device_name"], "step": state.step}
+            profile = {**profile, "device_name": setup.info["device_name"]}
             runfiles.write_json(setup.out_dir / "profile.json", profile)
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
             if setup.step.accelerator.is_main_process:
