@@ -153,6 +153,7 @@ if [ -n "$PREP" ]; then  # every file of DIR whole, and made for this Python: on
         || die "${why:-checking $PREP took over $(( PRE * 2 )) s}"
 else
     [ -f "$TEXT" ] || die "corpus $TEXT not found (--text)"
+    [ -z "$GPT2TOK" ] || [ ! -d "$GPT2TOK" ] || GPT2TOK="$GPT2TOK/tokenizer.json"  # a folder as data/gpt2-tokenizer/
     [ -z "$GPT2TOK" ] || [ -f "$GPT2TOK" ] || die "GPT-2 tokenizer $GPT2TOK not found (--gpt2-tokenizer)"
 fi
 

@@ -100,7 +100,9 @@ def resolve_text(path=None, download=True):
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise TextError(f"--text {path}: no such file")
+            what = (" is a folder: give the X.txt inside it" if path.is_dir() else
+                    " is not a plain file (a device, a pipe): give a text file" if path.exists() else ": no such file")
+            raise TextError(f"--text {path}{what}")
         return path
     path = default_text()
     if not path.is_file() and download:

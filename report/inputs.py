@@ -18,6 +18,8 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
+from training import runfiles
+
 REPO = Path(__file__).resolve().parents[1]
 NUMBER = (int, float)
 MAX_DEPTH = 64  # the deepest of our JSON files nests 4 levels
@@ -109,8 +111,10 @@ def metrics_problem(metrics):
 
 def read_metrics(run_dir):
     """(metrics, None) when run_dir/metrics.json can be tabled, else (None, why not)."""
-    try:
-        metrics = load_json((run_dir / "metrics.json").read_text())
+    if not Path(run_dir).is_dir():
+        return None, "no such folder"
+    try:  # bounded and never waited on (a FIFO planted as metrics.json)
+        metrics = load_json(runfiles.read_small(run_dir / "metrics.json", 64 << 20, follow=True).decode())
     except FileNotFoundError:
         return None, "no metrics.json (crashed, stopped or still running)"
     except (OSError, UnicodeDecodeError, ValueError) as e:

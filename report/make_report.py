@@ -214,7 +214,7 @@ def parse_args(argv):
                         "(default: the newest such folder under --results)")
     p.add_argument("--pdf", action="store_true", help="also render the filled report to --pdf-out")
     p.add_argument("--pdf-out", type=path_flag, default=REPO / "report" / "report.pdf", help="(default: %(default)s)")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # runs before and after the flags: make_report.py A --pdf B
 
 
 def check_args(args):

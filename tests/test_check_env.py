@@ -45,6 +45,8 @@ def test_ready_for_gpt_on_a_node_without_gpu_and_the_json_says_so(no_gpu, gpt_in
     saved = json.loads(out.read_text())
     assert saved["ready"] is True and {c["name"]: c["status"] for c in saved["checks"]}["gpu"] == "note"
     assert {c["name"] for c in saved["checks"]} >= {"python", "packages", "torch", "driver", "corpus", "tokenizer"}
+    assert list(saved["phases"]) == ["startup", "inputs", "checks"]  # the clock every script's metrics carry
+    assert sum(saved["phases"].values()) == pytest.approx(saved["process_seconds"], abs=0.01)
 
 
 def test_missing_corpus_says_where_to_put_it_and_exits_1(no_gpu, gpt_inputs, tmp_path, monkeypatch, capsys):

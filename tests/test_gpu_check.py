@@ -337,6 +337,15 @@ def test_a_second_call_into_a_locked_out_refuses_and_leaves_it_alone(tmp_path):
     assert list(out.iterdir()) == []
 
 
+def test_a_gpt2_tokenizer_folder_is_read_as_its_tokenizer_json(tmp_path):
+    """--gpt2-tokenizer data/gpt2-tokenizer/ (the folder, as every other script takes it): its tokenizer.json."""
+    folder = tmp_path / "gpt2-tokenizer"
+    folder.mkdir()
+    result = gpu_check("--rehearse", "--mnist", tmp_path, "--text", __file__, "--gpt2-tokenizer", folder,
+                       "--out", tmp_path / "out")
+    assert one_line_error(result) and f"GPT-2 tokenizer {folder}/tokenizer.json not found" in result.stderr
+
+
 SLOW_LENET = """import os, sys, time
 if sys.argv[0].endswith("lenet5.py"):
     open(os.environ["LENET_PID_FILE"], "w").write(str(os.getpid()))

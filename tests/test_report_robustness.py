@@ -279,3 +279,17 @@ def test_out_over_a_run_it_reports_is_refused(inputs, tmp_path):
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots",
                          str(run)])
     assert "--out" in message and "overlap" in message and snapshot(out) == before
+
+
+def test_runs_named_around_the_flags_a_missing_one_and_a_fifo_for_metrics(inputs, tmp_path, capsys):
+    """`make_report.py A --no-screenshots B` (flags between the runs); a run folder that does not exist is
+    'no such folder'; a FIFO planted as metrics.json is left out at once, never waited on."""
+    results, report = inputs
+    fifo_run, missing = tmp_path / "fifo-run", tmp_path / "no-such-run"
+    fifo_run.mkdir()
+    os.mkfifo(fifo_run / "metrics.json")
+    make_report.main([str(fifo_run), "--results", str(results), "--report", str(report), "--no-screenshots",
+                      str(missing), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert f"left out {fifo_run}: unreadable metrics.json" in err and "not a plain file" in err
+    assert f"left out {missing}: no such folder" in err and (tmp_path / "out" / "results.md").is_file()

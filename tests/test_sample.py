@@ -1,6 +1,7 @@
 """What the model writes (training/sample.py: TensorBoard text, the metrics' samples, the command line)
 and the chunked loss (training/lm_loss.py: `gpt_train.py --loss chunked`)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -274,6 +275,7 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
     "config of an impossible shape": lambda f: edit_config(f, n_head=5),
     "config not JSON": lambda f: (f / "config.json").write_text("{"),
     "config a list": lambda f: (f / "config.json").write_text("[1, 2]"),
+    "config a FIFO": lambda f: ((f / "config.json").unlink(), os.mkfifo(f / "config.json")),  # was read for ever
     "older weights garbage": lambda f: ((f / "model.safetensors").unlink(),
                                         (f / "model.pt").write_bytes(b"\x80\x02garbage" * 100)),
 }
@@ -289,6 +291,7 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
     ("config of an impossible shape", "not a GPT-2 shape"),
     ("config not JSON", "not a readable GPT-2 config"),
     ("config a list", "not a readable GPT-2 config"),
+    ("config a FIFO", "is not a plain file"),
     ("older weights garbage", "is damaged or not a weights file"),
 ])
 def test_a_damaged_final_folder_is_one_line(run_copy, capsys, case, message):

@@ -51,6 +51,10 @@ def test_unusable_files_are_rejected(tmp_path, content, message):
 def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
     with pytest.raises(wos.TextError, match="no such file"):
         wos.resolve_text(tmp_path / "nope.txt")
+    with pytest.raises(wos.TextError, match="is a folder: give the X.txt inside it"):
+        wos.resolve_text(tmp_path)
+    with pytest.raises(wos.TextError, match="not a plain file"):
+        wos.resolve_text("/dev/null")
     monkeypatch.setenv("LAB5_DATA", str(tmp_path))
     with pytest.raises(wos.TextError, match=r"WebOfScience/WOS46985/X.txt not found: download WebOfScience.zip"):
         wos.resolve_text(None, download=False)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from data import data_root
 from training import UserError, runfiles
+from training.clock import Phases
 from training.flags import Parser, path_flag  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -266,18 +267,21 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    phases = Phases().switch("inputs")  # "startup": the interpreter's start-up and this module's imports
     args = parse_args(argv)
     try:
         if args.metrics_out:
             runfiles.check_output(args.metrics_out, "--metrics-out", "check_env.py")
+        phases.switch("checks")
         checks = run_checks(args)
         for check in checks:
             print(f"{check.name:<10} {check.status:<4}  {check.detail}")
         missing = [c.name for c in checks if c.status == "todo"]
         print(f"not ready for {args.use}: {', '.join(missing)}" if missing else f"ready for {args.use}")
         if args.metrics_out:
-            runfiles.write_json(args.metrics_out, {"use": args.use, "ready": not missing,
-                                                "checks": [asdict(c) for c in checks]})
+            spent, now = phases.record()
+            runfiles.write_json(args.metrics_out, {"use": args.use, "ready": not missing, "checks": [
+                asdict(c) for c in checks], "process_seconds": now, "phases": spent})
     except UserError as e:
         sys.exit(f"error: {e}")
     return 1 if missing else 0

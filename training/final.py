@@ -134,7 +134,7 @@ def load_run(run_dir, tokenizer_spec, device):
 def read_config(path):
     """The GPT2Config of a run's config.json, checked enough to build a model from."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(runfiles.read_small(path, 1 << 20, follow=True))  # a FIFO planted there: no wait
         shape, eot = {k: raw[k] for k in SHAPE}, raw["eos_token_id"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a readable GPT-2 config ({type(e).__name__}: {e})") from None
@@ -234,7 +234,7 @@ def named_tokenizer(run_dir, spec, cfg, expect=None):
     model: its size and end-of-text id, and its hash where the checkpoint recorded one (`expect`)."""
     if not spec:
         try:  # the path as typed when the run started (relative to where it started)
-            spec = json.loads((run_dir / "args.json").read_text())["tokenizer"]
+            spec = json.loads(runfiles.read_small(run_dir / "args.json", 1 << 20, follow=True))["tokenizer"]
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(f"{run_dir}: no readable args.json naming the tokenizer; "
                             f"pass it with --tokenizer") from None

@@ -360,11 +360,11 @@ def read_owner(path):
         return None
 
 
-def read_small(path, limit):
+def read_small(path, limit, follow=False):
     """The bytes of a small file of the project's own (an owner file, a manifest): a plain file, opened
-    no-follow and non-blocking, of at most `limit` bytes. A link, a FIFO, a device (/dev/zero) or a huge
-    file planted there is never read whole: OSError (ELOOP...) or ValueError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    no-follow (unless `follow`) and non-blocking, of at most `limit` bytes. A link, a FIFO, a device
+    (/dev/zero) or a huge file planted there is never read whole, nor waited on: OSError (ELOOP...) or ValueError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path} is not a plain file")
