@@ -183,6 +183,7 @@ body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10.5
 h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
 h1, h2, h3, h4 { break-after: avoid; }
 img { max-width: 100%; max-height: 92mm; display: block; margin: 4px auto; }
+img[src$="lenet_tensorboard_layers.png"] { max-height: 122mm; }  /* tall (4 cards): its digits readable */
 figure { margin: 0; break-inside: avoid; } figure p { margin: 4px 0; }
 table { border-collapse: collapse; font-size: 9pt; margin: 6px 0; } td, th { border: 1px solid #bbb; padding: 2px 5px; }
 tr { break-inside: avoid; } thead { display: table-header-group; }
