@@ -340,6 +340,7 @@ def test_an_out_dir_that_is_not_new_or_empty_is_refused_with_nothing_written(tin
         folder.mkdir()
         (folder / "run.owner").write_text("gpt_train.py\n" if where == "gpt run" else "lenet5.py\n")
         (folder / "args.json").write_text("{}")
+        (folder / "metrics.json").write_text("{}")  # finished (an unfinished lenet5 run is set aside: ctrl_c test)
     before = sorted(p.name for p in folder.iterdir())
     with pytest.raises(SystemExit, match=f"^error: --out-dir {folder} is not empty: it holds "):
         lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(folder), "--device", "cpu"])
