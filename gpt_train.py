@@ -345,7 +345,11 @@ def train(args, argv, stop, phases):
             runfiles.write_json(setup.out_dir / "profile.json", profile)
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
             if setup.step.accelerator.is_main_process:
-                record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
+                try:  # the checkpoint is saved: a failure here must not turn exit 3 (requeue) into 1
+                    record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
+                except (OSError, UserError) as e:
+                    print(f"warning: {e}; the next process counts this one's seconds up to its checkpoint",
+                          file=sys.stderr)
             raise SystemExit(STOP_EXIT_CODE)
         phases.switch("evaluation")
         val_loss = validate(setup, state.step)

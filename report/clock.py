@@ -100,6 +100,8 @@ def process_time(stem, metrics, steps):
     if isinstance(metrics.get("process_seconds"), (int, float)):
         if resumed_seconds(metrics):  # its loop time counts every process: so must its process time
             return metrics["process_seconds_total"], "metrics.json 的 process_seconds_total（续跑：所有进程之和）"
+        if metrics.get("resumed") and not isinstance(metrics.get("process_seconds_total"), (int, float)):
+            return None, "未记录（续跑的运行没有可用的 process_seconds_total；process_seconds 只是最后一个进程的）"
         return metrics["process_seconds"], "metrics.json 的 process_seconds"
     found = run_step(stem, steps) if stem else None
     if found:
@@ -118,7 +120,7 @@ def clock_source(stem, metrics, steps):
         facts["process_seconds"] = seconds
         if isinstance(metrics.get("total_seconds"), (int, float)):  # the older in-process span, for contrast
             facts["over_total_seconds"] = seconds - metrics["total_seconds"]
-        if isinstance(loop, (int, float)):
+        if isinstance(loop, (int, float)) and seconds >= loop:  # less: inputs that disagree, never a negative
             facts["outside_loop_seconds"] = seconds - loop
             facts["loop_share"] = loop / seconds if seconds else None
     return facts
@@ -128,6 +130,8 @@ def bar_segments(metrics, seconds):
     """[(phase, seconds)] of one run: its `phases` where it has them, else the loop and the rest of the
     process (the process time from a step log), else None."""
     phases = metrics.get("phases")
+    if seconds is None and metrics.get("resumed"):  # its earlier processes unknown: no bar rather than a part
+        return None
     if isinstance(phases, dict) and phases and all(isinstance(v, (int, float)) for v in phases.values()):
         earlier = resumed_seconds(metrics)  # a resumed run: its earlier processes, then this one's phases
         return ([("earlier processes", earlier)] if earlier else []) + list(phases.items())

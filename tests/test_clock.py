@@ -89,6 +89,22 @@ def test_a_resumed_run_counts_every_process_to_its_exit(corpus, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stop_clock_that_cannot_be_written_still_exits_3(corpus, tmp_path):
+    """The checkpoint is saved: failing to write stop_clock.json (the last, optional file) warns, and the
+    exit stays 3, the code gpt.sh requeues on."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(REPO / "gpt_train.py"), *tiny_args(
+        corpus, out, "--tokens", str(3000 * 8 * 32), "--ckpt-every", "0")], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: list(out.glob("events.out.tfevents.*")), proc=proc)
+    (out / "stop_clock.json").mkdir()  # planted: the write fails
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "warning: " in err and "stop_clock.json" in err, err[-2000:]
+    assert list(out.glob("ckpt-*[0-9]"))
+
+
+@pytest.mark.slow
 def test_a_slow_phase_shows_in_its_own_slot(corpus, tmp_path):
     """The data phase made 4 s slower (a slow file system): the data slot takes it, no other slot does."""
     out = tmp_path / "run"

@@ -576,3 +576,7 @@ def test_a_resumed_runs_job_time_is_all_its_processes():
         23.1)
     one = {**m, "process_seconds_total": 13.1}
     assert clock.process_time(None, one, {})[0] == 13.1 and clock.bar_segments(one, 13.1)[0][0] == "startup"
+    lost = {**m, "resumed": True, "process_seconds_total": None}  # an edited stop_clock.json gave inf: null
+    assert clock.process_time(None, lost, {})[0] is None and clock.bar_segments(lost, None) is None
+    assert "outside_loop_seconds" not in clock.clock_source(None, lost, {})
+    assert "outside_loop_seconds" not in clock.clock_source(None, {**m, "process_seconds_total": 15.0}, {})  # < loop

@@ -66,7 +66,9 @@ def earlier_seconds(out_dir, state):
     try:
         last = json.loads(runfiles.read_small(out_dir / STOP_CLOCK, 4096))
         seconds = last["process_seconds_total"]
-        if last["step"] == state.step and isinstance(seconds, (int, float)) and seconds >= state.process_seconds:
+        # its checkpoint's write and the exit: seconds to minutes, never more than an hour (an edited file)
+        if last["step"] == state.step and isinstance(seconds, (int, float)) \
+                and state.process_seconds <= seconds <= state.process_seconds + 3600:
             return float(seconds)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none (killed, not stopped), damaged or another checkpoint's: the checkpoint's own count
