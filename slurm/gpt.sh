@@ -35,15 +35,21 @@ echo "out $OUT_DIR"  # the micro-batch: gpt_train.py's --micro-batch auto probes
 # Slurm sends USR1 to this shell 90 s before the limit (B: above); TERM comes with scancel, INT
 # with Ctrl-C. Each is passed to Python, which checkpoints at the next step and exits with 3.
 # Only after USR1 does the job requeue itself: the next start resumes from the checkpoint.
-# Python starts with USR1 ignored: until gpt_train.py's first lines catch it (a few ms in), USR1 would
-# kill it unsaved; one that arrives then is lost, so it is sent again 2 s later (a second is harmless).
-PID="" STOP=""
+# Python starts with USR1 ignored, until gpt_train.py's first lines catch it (ms in; the default would
+# kill it unsaved). In its first seconds a USR1 is therefore not passed at once (it could find Python
+# not yet ignoring it, or be lost) but 2 and 5 s after it came (a repeat is harmless).
+PID="" STOP="" STARTED=0
 forward() { [ -n "$PID" ] && kill "-$1" "$PID" 2>/dev/null; }
-trap 'STOP=USR1; echo "USR1: checkpointing"; forward USR1; { sleep 2; forward USR1; } &' USR1
+later() { { sleep 2; forward USR1; sleep 3; forward USR1; } & }
+usr1() {
+    STOP=USR1; echo "USR1: checkpointing"
+    [ -z "$PID" ] || if [ $((SECONDS - STARTED)) -ge 2 ]; then forward USR1; else later; fi
+}
+trap usr1 USR1
 trap 'forward TERM' TERM INT
 (trap '' USR1; exec python "$REPO/gpt_train.py" "$@") &
-PID=$!
-[ "$STOP" = USR1 ] && forward USR1  # arrived between starting Python and knowing its pid
+PID=$! STARTED=$SECONDS
+[ "$STOP" = USR1 ] && later  # arrived before Python's pid was known
 wait_for $PID; rc=$?
 if [ "$rc" -eq 3 ] && [ "$STOP" = USR1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     echo "[$(date '+%F %T')] checkpointed; requeueing job $SLURM_JOB_ID (the restart appends to this log)"
