@@ -50,7 +50,7 @@ from report.inputs import (  # noqa: E402
     rel,
     result_name,
 )
-from report.screenshots import SHOTS, tensorboard_screenshots  # noqa: E402
+from report.screenshots import kept_screenshots, tensorboard_screenshots  # noqa: E402
 from report.tables import (
     gelu_table,
     gpt_table,
@@ -344,7 +344,7 @@ def build(args, inputs, filled):
     """Every section and file into a fresh --out; returns (lines, todo)."""
     linked = {Path(link).name for link in IMAGE_LINK.findall(args.report_text)}
     problems, todo = inputs["problems"], []
-    with building(args.out, [f for shots in SHOTS.values() for f, _, _ in shots] if args.no_screenshots else []) as out:
+    with building(args.out, kept_screenshots(args.out, inputs["shown"]) if args.no_screenshots else []) as out:
         ctx = {"out": out, "problems": problems, "todo": todo, "results": args.results,
                "no_run": missing_run_lines(args), "committed": inputs["committed"],
                "linked": None if args.all_figures else linked,

@@ -2,12 +2,17 @@
 through a front that turns outlier-ignoring off, each cropped to its cards.
 
     SHOTS                                   the pages photographed for each kind of run
-    tensorboard_screenshots(runs, out, ...) the screenshots taken; the lines that show them
+    tensorboard_screenshots(runs, out, ...) the screenshots taken (SOURCES: of which run); the lines that show them
+    kept_screenshots(out, shown)            with --no-screenshots: those in --out that show the runs shown now
     crop_to_cards(path)                     a page cropped to its cards (no toolbar, sidebar, header)
 """
+import json
 import urllib.parse
+from pathlib import Path
 
 from report import browser
+from report.inputs import rel
+from training import runfiles
 
 SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
     # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only
@@ -18,6 +23,7 @@ SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, w
 }
 SHOT_WIDTH, SHOT_SCALE = 1400, 2  # CSS px, device pixels per CSS px: tick labels legible at print size
 TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every point inside the y range
+SOURCES = "screenshots.json"  # in --out: {screenshot file: the run folder whose events it shows}
 
 
 def card_box(pixels):
@@ -66,18 +72,33 @@ def tensorboard_screenshots(runs, out, problems):
     failure (an error exit, or a hang cut off at browser.BROWSER_TIMEOUT) no more are tried."""
     if not browser.find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
-    lines = []
+    lines, taken = [], {}
     for run in runs:
         with browser.serve_tensorboard(run["dir"]) as base:
             if base is None:
                 problems.append(f"TensorBoard on {run['dir']} did not answer; no screenshots of it")
                 continue
-            if not run_screenshots(run, base, out, lines, problems):
-                return lines
+            if not run_screenshots(run, base, out, lines, problems, taken):
+                break
+    if taken:
+        runfiles.write_json(out / SOURCES, taken)
     return lines
 
 
-def run_screenshots(run, base, out, lines, problems):
+def kept_screenshots(out, shown):
+    """The screenshots in `out` a build without Chromium keeps: those SOURCES says were taken of the runs
+    shown now ({kind: {"events": folder}}); another run's are left out, never captioned as these."""
+    try:
+        taken = json.loads(runfiles.read_small(out / SOURCES, 1 << 16, follow=True))
+    except (OSError, ValueError):
+        return []
+    now = {kind: rel(Path(run["events"]).resolve()) for kind, run in shown.items() if run["events"]}
+    keep = [file for kind, shots in SHOTS.items() for file, _, _ in shots
+            if isinstance(taken, dict) and kind in now and taken.get(file) == now[kind]]
+    return keep + [SOURCES] if keep else []
+
+
+def run_screenshots(run, base, out, lines, problems, taken):
     """The SHOTS of one run, through a front that turns outlier-ignoring off (the full range of every
     curve is shown); False after Chromium failed."""
     with browser.storage_front(base, TENSORBOARD_SETTINGS) as front:
@@ -89,5 +110,6 @@ def run_screenshots(run, base, out, lines, problems):
                 problems.append(f"{failure}; no further screenshots tried")
                 return False
             problems.extend(filter(None, [crop_to_cards(out / file)]))
+            taken[file] = rel(Path(run["dir"]).resolve())
             lines.append(f"![TensorBoard: {page.split('&')[0]} of {run['dir'].name}]({file})")
     return True

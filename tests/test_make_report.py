@@ -113,6 +113,16 @@ def test_tensorboard_screenshots_from_a_real_server_and_browser(runs, tmp_path):
         assert (orange > 0.5).sum() < 30, shot  # cropped: not the toolbar's ~110 orange rows (a step slider: ~8)
         assert not (pixels[:, :40] == 245).all(axis=(0, 2)).any(), shot  # nor the grey sidebar at the left
     assert "did not answer" not in text and "uncropped" not in text
+    # a rebuild without Chromium keeps the screenshots of the runs it shows, and only those
+    before = {p.name: p.read_bytes() for p in shots}
+    make_report.main([str(runs / "runs" / "lenet5" / "a"), str(runs / "runs" / "gpt" / "b"), "--results",
+                      str(runs / "results"), "--out", str(out), "--no-screenshots"])
+    assert {p.name: p.read_bytes() for p in out.glob("*tensorboard*.png")} == before
+    other = tmp_path / "another-lenet-run"  # (a copy: another folder, as a student's second run)
+    shutil.copytree(runs / "runs" / "lenet5" / "a", other)
+    make_report.main([str(other), str(runs / "runs" / "gpt" / "b"), "--results", str(runs / "results"), "--out",
+                      str(out), "--no-screenshots"])
+    assert sorted(p.name for p in out.glob("*tensorboard*.png")) == ["gpt_tensorboard_scalars.png"]
 
 
 def test_every_image_link_in_the_report_resolves(tmp_path):
