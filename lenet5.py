@@ -14,7 +14,10 @@ PyTorch Lightning (--engine lightning); what both share is in training/lenet.py.
 time is `process_seconds` (the process, from its start as the OS records it) split into `phases`;
 `train_seconds` is the training part of the epochs.
 """
-from training.clock import Phases, exit_quickly, process_seconds
+if __name__ == "__main__":  # first: a Ctrl-C during the seconds of imports is one line, not a traceback
+    from training.signals import quiet_ctrl_c_while_starting
+    quiet_ctrl_c_while_starting()
+from training.clock import Phases, exit_quickly, process_seconds  # noqa: E402  (standard library only)
 
 IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
 
@@ -34,6 +37,7 @@ from training import UserError, runfiles  # noqa: E402
 from training.device import device_name  # noqa: E402
 from training.flags import Parser, number, path_flag, seed_flag  # noqa: E402
 from training.lenet import LeNetRun, add_graph, epoch_done, log_loss, open_writer, warmup_cosine  # noqa: E402
+from training.signals import ctrl_c_raises  # noqa: E402
 
 IMPORTS = (IMPORTS_STARTED, process_seconds())
 REPO = Path(__file__).resolve().parent
@@ -176,6 +180,7 @@ def parse_args(argv):
 
 def main(argv=None):
     phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
+    ctrl_c_raises()  # from here on main's `except KeyboardInterrupt` says the line
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     try:

@@ -13,7 +13,10 @@ decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.
 end-to-end time is `process_seconds` (from the process's start as the OS records it), split into `phases`;
 `train_seconds` is the BPE training.
 """
-from training.clock import Phases, exit_quickly, process_seconds
+if __name__ == "__main__":  # first: a Ctrl-C during the seconds of imports is one line, not a traceback
+    from training.signals import quiet_ctrl_c_while_starting
+    quiet_ctrl_c_while_starting()
+from training.clock import Phases, exit_quickly, process_seconds  # noqa: E402  (standard library only)
 
 IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
 
@@ -31,6 +34,7 @@ from data.blocks import token_blocks  # noqa: E402
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256  # noqa: E402
 from training import UserError, device, runfiles  # noqa: E402
 from training.flags import Parser, number, path_flag, path_or_name_flag, seed_flag  # noqa: E402
+from training.signals import ctrl_c_raises  # noqa: E402
 
 IMPORTS = (IMPORTS_STARTED, process_seconds())
 
@@ -156,6 +160,7 @@ def parse_args(argv):
 
 def main(argv=None):
     phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
+    ctrl_c_raises()  # from here on main's `except KeyboardInterrupt` says the line
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -89,6 +89,18 @@ def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_pat
     assert third.returncode == 1 and "holds a run of lenet5.py already" in third.stderr
 
 
+@pytest.mark.parametrize("script", ["lenet5.py", "tokenizer_train.py"])
+def test_ctrl_c_during_the_imports_is_one_line(tmp_path, script):
+    """Ctrl-C in the first second (torch still importing): one line and 130, not an import traceback."""
+    proc = subprocess.Popen([sys.executable, str(REPO / script), "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines() == ["interrupted (Ctrl-C) while starting: nothing was written"] and out == ""
+
+
 # --------------------------------------------------------------------- TensorBoard, really served
 
 def get_json(url, timeout=60):

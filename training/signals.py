@@ -4,6 +4,7 @@ instead of killing the job unsaved; the StopFlag then takes over for the whole r
 USR1/TERM are ignored, so that a TERM during the exit itself does not turn its code into 143."""
 import atexit
 import contextlib
+import os
 import signal
 import sys
 
@@ -14,6 +15,24 @@ def catch_early():
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: PENDING.append(signum))
     atexit.register(ignore_stops)  # registered first, so it runs last of the exit functions
+
+
+def quiet_ctrl_c_while_starting():
+    """lenet5.py's and tokenizer_train.py's first lines: a Ctrl-C during their imports (seconds of torch) is
+    one line and exit 130, nothing written yet, not an import traceback; main() calls ctrl_c_raises() once
+    its own `except KeyboardInterrupt` is in place. A background job's ignored SIGINT stays ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _while_starting)
+
+
+def _while_starting(signum, frame):
+    print("\ninterrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+def ctrl_c_raises():
+    if signal.getsignal(signal.SIGINT) is _while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def ignore_stops():
