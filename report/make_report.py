@@ -234,7 +234,8 @@ def check_args(args):
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()
             if given and (there == mine or there.is_relative_to(mine) or mine.is_relative_to(there)):
-                raise UserError(f"{flag} {path} and {name} {given} overlap: the report never writes its inputs")
+                name = name if str(given) in name else f"{name} {given}"  # a run's name is its path
+                raise UserError(f"{flag} {path} and {name} overlap: the report never writes its inputs")
     if args.pdf and args.pdf_out.exists() and (not args.pdf_out.is_file() or not is_pdf(args.pdf_out)):
         raise UserError(f"--pdf-out {args.pdf_out} exists and is not a PDF: give a new file name (nothing written)")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "results.md").is_file())):

@@ -86,6 +86,7 @@ def test_a_resumed_run_counts_every_process_to_its_exit(corpus, tmp_path):
     m = json.loads((out / "metrics.json").read_text())
     assert first_wall + m["process_seconds"] - 1.0 <= m["process_seconds_total"] <= first_wall + second_wall
     assert f"{m['process_seconds_total']:.1f} s end to end over all its processes, this one " in done.stdout
+    assert not (out / "stop_clock.json").exists()  # finished: gone with the checkpoints
 
 
 @pytest.mark.slow

@@ -279,6 +279,7 @@ def test_out_over_a_run_it_reports_is_refused(inputs, tmp_path):
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots",
                          str(run)])
     assert "--out" in message and "overlap" in message and snapshot(out) == before
+    assert message.count(str(run)) == 1  # the run named once
 
 
 def test_runs_named_around_the_flags_a_missing_one_and_a_fifo_for_metrics(inputs, tmp_path, capsys):

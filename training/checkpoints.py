@@ -202,9 +202,12 @@ def load_reason(error):
 
 
 def remove_checkpoints(accelerator, out_dir):
+    """A finished run's resume state: the checkpoints and the last stop's clock (metrics.json has the total)."""
     if accelerator.is_main_process:
         for ckpt in out_dir.glob("ckpt-*"):
             shutil.rmtree(ckpt)
+        with contextlib.suppress(OSError):
+            (out_dir / STOP_CLOCK).unlink(missing_ok=True)
 
 
 def latest_checkpoint(out_dir):
