@@ -359,6 +359,22 @@ def test_an_out_dir_that_is_not_new_or_empty_is_refused_with_nothing_written(tin
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
+def test_a_run_that_finishes_while_the_lock_is_taken_is_never_set_aside(tiny_mnist, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.owner").write_text("lenet5.py\n")
+    (run / "args.json").write_text("{}")
+    real = runfiles.claim_run_dir
+
+    def finishing(path, *a, **kw):
+        (path / "metrics.json").write_text("{}")  # the other run's last write, its lock released just after
+        return real(path, *a, **kw)
+    monkeypatch.setattr(runfiles, "claim_run_dir", finishing)
+    with pytest.raises(SystemExit, match="holds a run of lenet5.py that has just finished"):
+        lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(run), "--device", "cpu"])
+    assert not list(run.glob("earlier-attempt-*")) and (run / "metrics.json").read_text() == "{}"
+
+
 def test_an_empty_out_dir_is_refused(tiny_mnist, capsys):
     with pytest.raises(SystemExit) as stop:
         lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", ""])
