@@ -31,16 +31,12 @@ PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 
 
-def fact_sources(results, by_kind, committed=True):
-    """{source name: (its JSON, where it came from)}: every results file, then the aliases (a kind not
-    named falls back to its committed run only where `committed`: never in a student's report)."""
+def fact_sources(results, shown):
+    """{source name: (its JSON, where it came from)}: every results file, then each alias (`lenet`, `gpt`): the
+    run its section shows (derived.shown_runs, the one place a kind not named falls back to a committed run)."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
-    for alias, (kind, default) in ALIASES.items():
-        run = by_kind.get(kind)
-        if run:
-            sources[alias] = run["metrics"], f"{rel(run['dir'])}/metrics.json"
-        elif committed and default in sources:
-            sources[alias] = sources[default]
+    for run in shown.values():
+        sources[run["alias"]] = run["metrics"], run["source"]
     return sources
 
 

@@ -78,18 +78,15 @@ def run_section(run, table, curves, path):
     return lines + (curves(scalars, m, path) if path and any(scalars.values()) else [])
 
 
-def alias_section(kind, by_kind, results, table, curves, ctx):
-    """The run the report's `lenet`/`gpt` placeholders and its lenet_curves/gpt_curves figure follow:
-    the named run, else (in the team's report) the committed one in facts.ALIASES."""
+def alias_section(kind, inputs, table, curves, ctx):
+    """The run the report's `lenet`/`gpt` placeholders and its lenet_curves/gpt_curves figure follow: the
+    one its section shows (derived.shown_runs: the named run, else, in the team's report, the committed one)."""
     file = {"lenet5": "lenet_curves.png", "gpt": "gpt_curves.png"}[kind]
-    alias = next(a for a, (k, _) in facts.ALIASES.items() if k == kind)
-    run = by_kind.get(kind)
-    if run is None:
-        default = next((k for k in results if result_name(k) == facts.ALIASES[alias][1]), None) \
-            if ctx["committed"] else None
-        if default is None:
-            return [f"- {ctx['no_run'][kind]}"]
-        run = {"dir": results[default][1], "metrics": results[default][0]}
+    shown = inputs["shown"].get(kind)
+    if shown is None:
+        return [f"- {ctx['no_run'][kind]}"]
+    alias = shown["alias"]
+    run = inputs["by_kind"].get(kind) or {"dir": shown["path"], "metrics": shown["metrics"]}
     try:
         section = run_section(run, table, curves, ctx["out"] / file if ctx["wanted"](file) else None)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
@@ -126,7 +123,7 @@ def result_sections(results, prefix, table, what, ctx, figure=None):
 
 def lenet_lines(inputs, ctx):
     results, by_kind = inputs["results"], inputs["by_kind"]
-    lines = ["## LeNet-5", ""] + alias_section("lenet5", by_kind, results, lenet_table, lenet_curves, ctx)
+    lines = ["## LeNet-5", ""] + alias_section("lenet5", inputs, lenet_table, lenet_curves, ctx)
     shown = inputs["shown"].get("lenet5")
     if shown and shown["events"]:  # the layers of the very run the section shows, never another's
         images = by_kind.get("lenet5") or {"dir": shown["events"], "images": load_events(shown["events"],
@@ -148,7 +145,7 @@ def gpt_lines(inputs, ctx):
     results = inputs["results"]
     lines = ["", "## GELU operator", ""] + result_sections(results, "gelu_bench", gelu_table, "GELU benchmark", ctx)
     lines += ["", "## Tokenizer", ""] + result_sections(results, "tokenizer", tokenizer_table, "tokenizer metrics", ctx)
-    lines += ["", "## GPT-2", ""] + alias_section("gpt", inputs["by_kind"], results, gpt_table, gpt_curves, ctx)
+    lines += ["", "## GPT-2", ""] + alias_section("gpt", inputs, gpt_table, gpt_curves, ctx)
     lines += ["", "Runs whose metrics were kept in the results:", ""]
     lines += result_sections(results, "gpt_run", gpt_table, "GPT run metrics", ctx, curves_from_json(gpt_curves))
     lines += ["", "## Acceleration ladder", ""]
@@ -347,7 +344,7 @@ def build(args, inputs, filled):
     problems, todo = inputs["problems"], []
     with building(args.out, kept_screenshots(args.out, inputs["shown"]) if args.no_screenshots else []) as out:
         ctx = {"out": out, "problems": problems, "todo": todo, "results": args.results,
-               "no_run": missing_run_lines(args), "committed": inputs["committed"],
+               "no_run": missing_run_lines(args),
                "linked": None if args.all_figures else linked,
                "wanted": lambda name: args.all_figures or name in linked}
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
@@ -382,10 +379,10 @@ def gather(args, problems):
     # run that could not be read is a "no run found" line, never the team's) unless asked for (--gpu)
     committed = not (named and args.results.resolve() == (REPO / "report" / "results").resolve())
     inputs = {"problems": problems, "by_kind": by_kind, "results": results, "named": named,
-              "committed": committed, "gpu": gpu_inputs(args, problems) if args.gpu or committed else None,
+              "gpu": gpu_inputs(args, problems) if args.gpu or committed else None,
               "named_dirs": [r["dir"] for r in by_kind.values()], "shown": shown_runs(by_kind, results, committed)}
     inputs["job_rows"], inputs["profile_rows"] = job_rows(inputs), profile_rows(inputs)
-    inputs["sources"] = facts.fact_sources(results, by_kind, committed) | derived_sources(inputs)
+    inputs["sources"] = facts.fact_sources(results, inputs["shown"]) | derived_sources(inputs)
     # the blocks of report.md its inputs can fill: a student's report drops the team's
     args.report_text = facts.select_blocks(args.report_text, {*inputs["sources"], "own" if named else "team"})
     return inputs
