@@ -134,9 +134,9 @@ def new_run_dir(out_dir, act, engine, stack):
     out_dir = out_dir or REPO / "runs" / "lenet5" / f"{runfiles.new_run_name()}-{act}{suffix}"
     unfinished = out_dir.is_dir() and not (out_dir / "metrics.json").exists()
     runfiles.claim_run_dir(out_dir, "lenet5.py", stack, reuse=unfinished)
-    if unfinished and (out_dir / "metrics.json").exists():  # the run that held the lock finished meanwhile
-        raise UserError(f"--out-dir {out_dir} holds a run of lenet5.py that has just finished; give a new folder")
     if unfinished:
+        if (out_dir / "metrics.json").exists():  # the run that held the lock finished meanwhile
+            raise UserError(f"--out-dir {out_dir} holds a run of lenet5.py that has just finished; give a new folder")
         runfiles.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
     return out_dir
 

@@ -221,13 +221,12 @@ def check_args(args):
     if args.out.is_symlink():  # a link to the student's folder: built there, the link left as it is
         args.out = args.out.resolve()
     out = args.out.resolve()
-    for flag, path in {"--out": args.out, **({"--pdf-out": args.pdf_out} if args.pdf else {})}.items():
-        if problem := runfiles.inside_another_run(path, flag):  # a run's files are that run's only record
-            raise UserError(problem)
     inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs}}
     for flag, path in {"--out": args.out, **({"--pdf-out": args.pdf_out} if args.pdf else {})}.items():
+        if problem := runfiles.inside_another_run(path, flag):  # a run's files are that run's only record
+            raise UserError(problem)
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()
             if given and (there == mine or there.is_relative_to(mine) or mine.is_relative_to(there)):

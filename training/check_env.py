@@ -22,7 +22,7 @@ from pathlib import Path
 from data import data_root
 from training import UserError, runfiles
 from training.clock import Phases
-from training.flags import Parser, path_flag  # noqa: E402
+from training.flags import Parser, path_flag
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
