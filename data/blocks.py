@@ -19,9 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from data import wos
+from data import files, wos
 from data.tokenizer import tokenizer_sha256
-from training import runfiles
 
 VERSION = 1  # part of the folder's name: bump it when the packing changes
 SPLITS = ("train", "validation")
@@ -44,7 +43,7 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
     blocks = {name: pack(datasets_blocks[name], block_size) for name in SPLITS}
     try:
         write_packed(folder, blocks, stats)
-    except runfiles.OutputError as e:
+    except files.OutputError as e:
         print(f"warning: the packed token cache was not written ({e}); the next run packs again", file=sys.stderr)
     return blocks, stats
 
@@ -59,11 +58,11 @@ def packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed):
 def read_packed(folder, block_size, vocab_size):
     """The packed blocks and their stats; ValueError where a file is not what was written (its manifest),
     or not blocks of `block_size` ids inside the vocabulary."""
-    manifest = json.loads(runfiles.read_small(folder / "manifest.json", 1 << 16))
+    manifest = json.loads(files.read_small(folder / "manifest.json", 1 << 16))
     blocks = {}
     for name in SPLITS:
         path = folder / f"{name}.npy"
-        if manifest.get(path.name) != {"bytes": path.stat().st_size, "sha256": runfiles.sha256_file(path)}:
+        if manifest.get(path.name) != {"bytes": path.stat().st_size, "sha256": files.sha256_file(path)}:
             raise ValueError(f"{path.name} does not match its manifest")
         array = np.load(path, allow_pickle=False)
         if array.dtype != np.int32 or array.ndim != 2 or array.shape[1] != block_size or not len(array) or \
@@ -83,9 +82,9 @@ def write_packed(folder, blocks, stats):
         buffer = io.BytesIO()
         np.save(buffer, blocks[name].numpy(), allow_pickle=False)
         data = buffer.getvalue()
-        runfiles.write_atomic(folder / f"{name}.npy", data)
+        files.write_atomic(folder / f"{name}.npy", data)
         manifest[f"{name}.npy"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    runfiles.write_json(folder / "manifest.json", manifest)
+    files.write_json(folder / "manifest.json", manifest)
 
 
 def pack(dataset, block_size=None):

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from training import UserError
+from data.files import UserError
 
 FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

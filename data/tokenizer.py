@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from training import UserError
+from data.files import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"

@@ -32,8 +32,8 @@ from itertools import chain
 from pathlib import Path
 
 from data import data_root
+from data.files import UserError, check_output_dir, read_small, sha256_file, write_atomic, write_json
 from data.tokenizer import EOT, tokenizer_sha256
-from training import UserError, runfiles
 
 REPO = Path(__file__).resolve().parents[1]
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
@@ -75,7 +75,7 @@ def download_wos(dest):
     print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="wos-") as scratch:
         data = fetch_x_txt(request, Path(scratch) / "WebOfScience.zip")
-    runfiles.write_atomic(dest, data)
+    write_atomic(dest, data)
 
 
 def fetch_x_txt(request, archive):
@@ -202,8 +202,8 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
     """
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
-    runfiles.check_output_dir(cache_dir, "--cache-dir")
-    corpus_dir = corpus_cache(cache_dir, sha256 or runfiles.sha256_file(path))
+    check_output_dir(cache_dir, "--cache-dir")
+    corpus_dir = corpus_cache(cache_dir, sha256 or sha256_file(path))
     try:
         return read_splits(path, val_fraction, seed, corpus_dir, fresh=False)
     except DamagedCache as e:
@@ -381,16 +381,16 @@ def cache_manifest(manifest, files, before):
     loaded = [f for f in files if f in before]
     if loaded:
         try:
-            expected = json.loads(runfiles.read_small(manifest, 1 << 20))
+            expected = json.loads(read_small(manifest, 1 << 20))
         except (OSError, ValueError):  # missing, a planted link or device, not JSON
             expected = None
         if not isinstance(expected, dict):
             raise DamagedCache(f"{manifest.name} is missing or unreadable")
         for f in loaded:
-            if expected.get(f.name) != {"bytes": f.stat().st_size, "sha256": runfiles.sha256_file(f)}:
+            if expected.get(f.name) != {"bytes": f.stat().st_size, "sha256": sha256_file(f)}:
                 raise DamagedCache(f"{f.name} does not match its manifest")
     if len(loaded) < len(files):
-        runfiles.write_json(manifest, {f.name: {"bytes": f.stat().st_size, "sha256": runfiles.sha256_file(f)}
+        write_json(manifest, {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                        for f in files})
 
 

@@ -13,6 +13,7 @@ import tokenizer_train
 from conftest import REPO, generated_docs, tmpfs
 from data import wos
 from data.blocks import epoch_loader, pack
+from data.files import OutputError
 from data.tokenizer import EOT, tokenizer_sha256
 
 
@@ -302,7 +303,7 @@ def test_a_read_only_cache_dir_is_one_line_before_reading(text_file, tmp_path):
     cache = tmp_path / "ro"
     cache.mkdir()
     with tmpfs(cache, "64k", read_only=True), \
-            pytest.raises(wos.runfiles.OutputError, match=f"^--cache-dir {cache} cannot be written"):
+            pytest.raises(OutputError, match=f"^--cache-dir {cache} cannot be written"):
         wos.load_splits(text_file, cache_dir=cache)
 
 
@@ -381,7 +382,7 @@ def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
 
 def test_a_manifest_planted_as_a_link_to_a_device_is_a_rebuild_not_a_hang(text_file, small_tokenizer, tmp_path,
                                                                           capsys):
-    """A new surface of the manifest: it is read bounded and no-follow (runfiles.read_small), so a link to
+    """A new surface of the manifest: it is read bounded and no-follow (data.files.read_small), so a link to
     /dev/zero (an endless read) is a damaged cache like any other."""
     first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
     for manifest in token_files(first)[0].parent.glob("*.manifest.json"):

@@ -23,41 +23,32 @@ The rules live here, one each, for every script:
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
-import math
 import os
 import secrets
 import socket
 import stat
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+from data.files import (
+    NAME_MAX,
+    OWNER_FILE,
+    OutputError,
+    UserError,
+    check_output_dir,
+    inside_another_run,
+    path_problem,
+    probe_folder,
+    read_small,
+    reason,
+    sha256_file,
+    strict,
+)
 
-def reason(error):
-    """An OSError's reason without its errno prefix ("No space left on device"); any other error as it reads."""
-    return getattr(error, "strerror", None) or error
-
-
-class UserError(Exception):
-    """What a user can get wrong (flags, data, paths): every script's main() prints it as one line
-    on stderr and exits non-zero, never a traceback. Each concern subclasses it for its own name."""
-
-
-class OutputError(UserError):
-    """An output path that cannot be written: reported as one line before any work starts."""
-
-
-def strict(obj):
-    """obj with every non-finite float replaced by None, so json.dumps(allow_nan=False) accepts it."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: strict(v) for k, v in obj.items()}
-    return [strict(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
+__all__ = ['NAME_MAX', 'UserError', 'check_output_dir', 'path_problem', 'probe_folder', 'sha256_file', 'strict']
 
 
 def write_json(path, obj):
@@ -86,6 +77,12 @@ def write_atomic(path, data):
         raise OutputError(f"cannot write {path}: {reason(e)}") from None
 
 
+def temporary_name(path):
+    """<name>.<host>.<pid>.<thread>.<random>.tmp, the name cut so that the whole fits NAME_MAX."""
+    suffix = f".{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp"
+    return path.with_name(os.fsdecode(os.fsencode(path.name)[:NAME_MAX - len(os.fsencode(suffix))]) + suffix)
+
+
 def create_exclusive(path, attempts=8):
     """(name, fd) of a new temporary file beside `path`, O_EXCL | O_NOFOLLOW: a file, folder or link already
     at the name (planted to redirect the write) is never opened; another name is drawn instead."""
@@ -97,34 +94,6 @@ def create_exclusive(path, attempts=8):
         except FileExistsError:
             continue
     raise OSError(errno.EEXIST, f"{attempts} temporary names beside it were taken")
-
-
-NAME_MAX = 255  # bytes in one file name, on every file system this runs on (Linux: ext4, xfs, NFS, Lustre)
-
-
-def temporary_name(path):
-    """<name>.<host>.<pid>.<thread>.<random>.tmp, the name cut so that the whole fits NAME_MAX."""
-    suffix = f".{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp"
-    return path.with_name(os.fsdecode(os.fsencode(path.name)[:NAME_MAX - len(os.fsencode(suffix))]) + suffix)
-
-
-# ----------------------------------------------------------------------------- path flags
-
-def path_problem(path):
-    """None if `path` can be used (it exists, or does not yet), else why not: a name over NAME_MAX (a missing
-    folder above it hides that until the write), a looping or dangling link, any OSError but "not found"."""
-    path = Path(path)
-    for part in path.parts:
-        if len(os.fsencode(part)) > NAME_MAX:
-            return f"a name of {len(os.fsencode(part))} bytes ({part[:16]}...); a file name has at most {NAME_MAX}"
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):  # not there (yet), or a file where a folder should be
-        if os.path.islink(path):
-            return f"a symbolic link to {os.readlink(path)}, which does not exist"
-    except (OSError, ValueError) as e:  # too long a path, a loop of links, no permission, a NUL byte
-        return reason(e)
-    return None
 
 
 # ----------------------------------------------------------------------------- output paths
@@ -169,16 +138,6 @@ def writer_of(path):
     return entry[0] if isinstance(entry, list) and entry[1:] == [info.st_size, info.st_mtime_ns] else None
 
 
-def inside_another_run(path, what, own_run=None):
-    """Why `path` may not be written: a folder above it holds a run (OWNER_FILE) and is not `own_run`, this
-    run's; else None."""
-    run = next((f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
-    if run and not (own_run and os.path.abspath(run) == os.path.abspath(own_run)):
-        return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
-                f"run's only record; give a path outside it (nothing was written)")
-    return None
-
-
 def output_problem(path, what, program, own_run=None):
     """The ownership rule, for every output path: None, or why `program` may not write `path`.
     Refused: a path inside another run's folder (OWNER_FILE names it; `own_run`, this run's folder, is
@@ -214,28 +173,6 @@ def check_output(path, what, program=None, own_run=None):
     probe_folder(path.parent, f"{what} {path}")
     if program:
         CLAIMED[os.path.abspath(path)] = program
-
-
-def check_output_dir(path, what):
-    """The same for a folder the run will fill (a read-only cache folder: one line, not a filelock traceback)."""
-    path = Path(path)
-    problem = path_problem(path)
-    problem = (f"{what} {path}: {problem}" if problem else inside_another_run(path, what) or
-               (f"{what} {path} is a file, not a folder" if path.exists() and not path.is_dir() else None))
-    if problem:
-        raise OutputError(problem)
-    probe_folder(path, f"{what} {path}")
-
-
-def probe_folder(folder, named):
-    if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
-        raise OutputError(f"{named} cannot be written ({folder} is a file, not a folder)")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
-            pass
-    except OSError as e:
-        raise OutputError(f"{named} cannot be written ({reason(e)})") from None
 
 
 def check_outputs_not_inputs(outputs, inputs):
@@ -314,7 +251,6 @@ def open_lock_file(path):
     raise OutputError(f"{path} is not a run lock (not a plain file of one name): remove it, or pick another --out-dir")
 
 
-OWNER_FILE = "run.owner"  # names the program that made a run directory: only it may use the folder again
 BOOKKEEPING = {"run.lock", OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
 
 
@@ -358,20 +294,6 @@ def read_owner(path):
         return read_small(path / OWNER_FILE, 256).decode(errors="replace").strip() or None
     except (OSError, ValueError):
         return None
-
-
-def read_small(path, limit, follow=False):
-    """The bytes of a small file of the project's own (an owner file, a manifest): a plain file, opened
-    no-follow (unless `follow`) and non-blocking, of at most `limit` bytes. A link, a FIFO, a device
-    (/dev/zero) or a huge file planted there is never read whole, nor waited on: OSError (ELOOP...) or ValueError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a plain file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{path} holds over {limit:,} bytes")
-    return data
 
 
 def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
@@ -419,14 +341,6 @@ def set_aside_earlier_attempt(out_dir, why):
         os.replace(path, aside / path.name)
     print(f"note: {out_dir} held an earlier attempt ({why}); its files are kept in {aside.name}/", file=sys.stderr)
     return aside
-
-
-def sha256_file(path, chunk=1 << 22):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,141 @@
+"""The lowest floor: what every module (data/ and training/ alike) shares about errors and files.
+
+    UserError, OutputError   one-line user errors: every script prints them on one line and exits non-zero
+    write_atomic(path, data) a temporary file beside `path` (tempfile.mkstemp: exclusive, never a planted link)
+                             renamed over it with os.replace: a reader never sees half a file
+    write_json(path, obj)    write_atomic of strict JSON (NaN and inf become null, which every reader takes)
+    read_small(path, limit)  a small file of the project's own (an owner file, a manifest): bounded, no-follow
+    path_problem(path)       why a path flag's value cannot be used, or None
+    sha256_file(path)        what a checkpoint or a cache depends on, by content
+"""
+import hashlib
+import json
+import math
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+NAME_MAX = 255  # bytes in one file name on every file system this runs on (ext4, xfs, NFS, Lustre)
+UMASK = os.umask(0o022)  # read once (setting it is the only way to read it), put back at once
+os.umask(UMASK)
+
+
+class UserError(Exception):
+    """What a user can get wrong (flags, data, paths): every script's main() prints it as one line
+    on stderr and exits non-zero, never a traceback. Each concern subclasses it for its own name."""
+
+
+class OutputError(UserError):
+    """An output path that cannot be written: reported as one line before any work starts."""
+
+
+def reason(error):
+    """An OSError's reason without its errno prefix ("No space left on device"); any other error as it reads."""
+    return getattr(error, "strerror", None) or error
+
+
+def strict(obj):
+    """obj with every non-finite float replaced by None, so json.dumps(allow_nan=False) accepts it."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    return [strict(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
+
+
+def write_json(path, obj):
+    write_atomic(path, (json.dumps(strict(obj), indent=2, allow_nan=False, default=str) + "\n").encode("utf-8"))
+
+
+def write_atomic(path, data):
+    """Write `data` (bytes, or a function writing into a binary file: torch.save) to `path` through a new
+    temporary file beside it and os.replace (a link at `path` is replaced, not written through). A failed
+    write (a full disk) is one OutputError; no temporary file stays and the old file is as it was."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")  # a short name: never too long
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o666 & ~UMASK)  # as open() would make it, not mkstemp's owner-only 0600
+            data(f) if callable(data) else f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {reason(e)}") from None
+
+
+def read_small(path, limit, follow=False):
+    """The bytes of a small file of the project's own: a plain file, opened no-follow (unless `follow`) and
+    non-blocking, of at most `limit` bytes. A link, a FIFO, a device (/dev/zero) or a huge file planted there
+    is never read whole, nor waited on: OSError (ELOOP...) or ValueError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a plain file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} holds over {limit:,} bytes")
+    return data
+
+
+def path_problem(path):
+    """None if `path` can be used (it exists, or does not yet), else why not: a name over NAME_MAX (a missing
+    folder above it hides that until the write), a looping or dangling link, any OSError but "not found"."""
+    for part in Path(path).parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            return f"a name of {len(os.fsencode(part))} bytes ({part[:16]}...); a file name has at most {NAME_MAX}"
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # not there (yet), or a file where a folder should be
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    except (OSError, ValueError) as e:  # too long a path, a loop of links, no permission, a NUL byte
+        return reason(e)
+    return None
+
+
+def sha256_file(path, chunk=1 << 22):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+OWNER_FILE = "run.owner"  # in a run folder: names the program whose run it is (training/runfiles.py)
+
+
+def inside_another_run(path, what, own_run=None):
+    """Why `path` may not be written: a folder above it holds a run (OWNER_FILE) and is not `own_run`; else None."""
+    run = next((f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
+    if run and not (own_run and os.path.abspath(run) == os.path.abspath(own_run)):
+        return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
+                f"run's only record; give a path outside it (nothing was written)")
+    return None
+
+
+def check_output_dir(path, what):
+    """Fail now, in one line, if folder `path` (a cache the run will fill) cannot be written."""
+    path = Path(path)
+    problem = path_problem(path)
+    problem = (f"{what} {path}: {problem}" if problem else inside_another_run(path, what) or
+               (f"{what} {path} is a file, not a folder" if path.exists() and not path.is_dir() else None))
+    if problem:
+        raise OutputError(problem)
+    probe_folder(path, f"{what} {path}")
+
+
+def probe_folder(folder, named):
+    """Make `folder` and write a file there: a read-only folder is one OutputError before any work."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
+        raise OutputError(f"{named} cannot be written ({folder} is a file, not a folder)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        raise OutputError(f"{named} cannot be written ({reason(e)})") from None
