@@ -62,6 +62,16 @@ def test_the_row_without_the_own_module_is_plain_transformers():
     assert rows == ["  default without own GPT module from the same GPT2Config"]
 
 
+@pytest.mark.parametrize("capability, tf32", [((7, 5), False), ((8, 0), True), ((9, 0), True)])
+def test_tf32_is_decided_on_only_where_the_gpu_has_tf32_tensor_cores(capability, tf32):
+    """A 2080 Ti (sm75) has none: its start-up line says tf32 off, its ladder has no TF32 rung or row."""
+    import training.device
+    decisions = training.device.decisions_for("cuda", capability, "auto", "auto", "NVIDIA GeForce RTX 2080 Ti")
+    assert decisions.tf32 is tf32 and gpt_bench.default_step(True, capability)[0].tf32 is tf32
+    assert any("TF32" in name for name, _ in gpt_bench.ladder(True, capability)) is tf32
+    assert not training.device.decisions_for("cpu", (0, 0), "auto", "auto").tf32
+
+
 def test_mfu_peaks_come_from_training_device_by_the_most_specific_name():
     import training.device
     assert training.device.peak_flops("NVIDIA H200 NVL", "fp32", tf32=False) == 60e12  # not the H200's 67

@@ -138,18 +138,29 @@ def find_micro_batch(try_step, share):
             try_step(m)
             return m
         except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError only exists from torch 2.5
-            gc.collect()
-            torch.cuda.empty_cache()
+            pass
+        except RuntimeError as e:  # cuBLAS's workspace is not the caching allocator's: a plain RuntimeError
+            if not out_of_memory(e):
+                raise
+        # freed here, not inside the except: there its traceback still holds the failed try's tensors
+        gc.collect()
+        torch.cuda.empty_cache()
     raise UserError("not even a micro-batch of 1 sequence fits on this GPU")
+
+
+def out_of_memory(error):
+    """A RuntimeError that is a failed allocation (cuBLAS's handle or workspace), not a bug to hide."""
+    return any(s in str(error) for s in ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED"))
 
 
 def probe_micro_batch(model, precision, device, share, world=1):
     """--micro-batch auto on a GPU: a real forward + backward per candidate, with a ballast for what
-    training allocates later (probe_ballast). Remembered per GPU name, shape and this process's share
-    of the global batch in ~/.cache/lab5/micro_batch.json; delete an entry (or the file) to probe again."""
+    training allocates later (probe_ballast). Remembered per GPU name, shape, loss (a chunked loss fits
+    more than the plain one), process count (DDP's buckets) and this process's share of the global batch
+    in ~/.cache/lab5/micro_batch.json; delete an entry (or the file) to probe again."""
     cfg = model.cfg
     key = (f"{torch.cuda.get_device_name(device)}|{cfg.n_layer}x{cfg.n_embd}|seq {cfg.n_positions}|vocab "
-           f"{cfg.vocab_size}|{precision}|{model.attention}|share {share}")
+           f"{cfg.vocab_size}|{precision}|{model.attention}|loss {model.loss}|world {world}|share {share}")
     cache = CACHE_HOME / "micro_batch.json"
     known = read_probe_cache(cache)
     if key in known:
@@ -160,10 +171,12 @@ def probe_micro_batch(model, precision, device, share, world=1):
     def try_step(m):
         ballast = torch.empty(ballast_size, dtype=torch.float32, device=device)
         batch = torch.zeros(m, cfg.n_positions + 1, dtype=torch.long, device=device)  # no RNG: training unchanged
-        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            model(batch[:, :-1], batch[:, 1:]).backward()
-        model.zero_grad(set_to_none=True)
-        del ballast
+        try:
+            with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+                model(batch[:, :-1], batch[:, 1:]).backward()
+        finally:  # a failed backward's partial gradients too: the next try starts from none
+            model.zero_grad(set_to_none=True)
+            del ballast, batch
 
     found = find_micro_batch(try_step, share)
     torch.cuda.reset_peak_memory_stats(device)  # TensorBoard's peak memory: training's, not the failed tries'

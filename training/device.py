@@ -27,6 +27,7 @@ class Device:
     compile_mode: str
     peak: float | None  # the GPU's tensor-core FLOP/s, for MFU
     note: str  # why an `auto` choice went the way it did
+    tf32: bool = False  # fp32 matmuls on TF32 tensor cores (tf32_applies)
 
 
 def decide(precision_flag, compile_flag):
@@ -46,7 +47,8 @@ def decisions_for(device_type, capability, precision_flag, compile_flag, name=""
     cuda = device_type == "cuda"
     precision = resolve_precision(precision_flag, device_type, capability, not cuda and cpu_has_bf16())
     compile_mode, note = resolve_compile(compile_flag, device_type, capability)
-    return Device(cuda, name, precision, compile_mode, peak_flops(name, precision) if cuda else None, note)
+    tf32 = tf32_applies(device_type, capability)
+    return Device(cuda, name, precision, compile_mode, peak_flops(name, precision, tf32) if cuda else None, note, tf32)
 
 
 def cpu_name():
@@ -105,6 +107,12 @@ def resolve_compile(requested, device_type, capability):
     if requested != "off" and not compile_supported(device_type, capability):
         raise UserError(f"--compile {requested}: inductor needs sm70+, this GPU is sm{capability[0]}{capability[1]}")
     return requested, ""
+
+
+def tf32_applies(device_type, capability):
+    """TF32 tensor cores exist from Ampere (sm80) on: on a 2080 Ti (sm75) the flag would change nothing,
+    and a "tf32 on" start-up line or a "+ TF32" ladder rung would measure nothing."""
+    return device_type == "cuda" and capability >= (8, 0)
 
 
 def compile_supported(device_type, capability):

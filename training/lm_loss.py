@@ -20,7 +20,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         # hidden (N, C), weight (V, C), targets (N,); under autocast the matmuls run in its dtype
         n = targets.numel()
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden)
+        grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, n, chunk):
             h, t = hidden[start:start + chunk], targets[start:start + chunk]
@@ -28,17 +28,20 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             lse = torch.logsumexp(logits, dim=-1)
             loss += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
             grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-            grad[torch.arange(len(t), device=t.device), t] -= 1.0
-            grad /= n  # d(mean loss)/d(logits)
+            grad[torch.arange(len(t), device=t.device), t] -= 1.0  # n x d(mean loss)/d(logits), in [-1, 1]
+            # the 1/n comes after the matmuls, in fp32: under fp16 autocast they run in fp16 before any
+            # loss scaling, and (softmax - one-hot) / n underflows there (most of the LM head's gradient 0)
             grad_hidden[start:start + chunk] = grad.to(h.dtype) @ weight.to(h.dtype)
-            grad_weight += (grad.t().to(h.dtype) @ h).float()
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+            grad_weight += grad.t().to(h.dtype) @ h
+        ctx.save_for_backward(grad_hidden.div_(n), grad_weight.div_(n))
+        ctx.dtypes = hidden.dtype, weight.dtype
         return loss / n
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
+        (grad_hidden, grad_weight), (hidden_dtype, weight_dtype) = ctx.saved_tensors, ctx.dtypes
+        # scaled in fp32 (GradScaler's scale is in grad_loss), then cast as autograd casts a plain loss's
+        return (grad_hidden * grad_loss).to(hidden_dtype), (grad_weight * grad_loss).to(weight_dtype), None, None
 
 
 def chunked_cross_entropy(hidden, weight, targets, chunk=CHUNK_TOKENS):

@@ -139,7 +139,7 @@ def describe_run(args, argv, decisions, model, text, corpus, budget, world):
     return {"precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
             "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
                              if model.attention == "sdpa" else None),
-            "tf32": "on" if decisions.cuda else "off", "fused_adamw": args.fused_adamw, "world_size": world,
+            "tf32": "on" if decisions.tf32 else "off", "fused_adamw": args.fused_adamw, "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
             "text": str(text), "corpus": corpus, "preset": args.preset,
             "global_batch": args.global_batch,

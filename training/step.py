@@ -58,7 +58,7 @@ class Recipe:
 
 def resolve(args, decisions):
     """gpt_train.py's flags and this device's decisions (training/device.py) -> (Accelerations, Recipe)."""
-    acc = Accelerations(precision=decisions.precision, tf32=decisions.cuda, compile=decisions.compile_mode,
+    acc = Accelerations(precision=decisions.precision, tf32=decisions.tf32, compile=decisions.compile_mode,
                         fused_adamw=args.fused_adamw == "on", loss=args.loss)
     return acc, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
 
