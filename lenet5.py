@@ -17,27 +17,27 @@ time is `process_seconds` (the process, from its start as the OS records it) spl
 if __name__ == "__main__":  # first: a Ctrl-C during the seconds of imports is one line, not a traceback
     from training.signals import quiet_ctrl_c_while_starting
     quiet_ctrl_c_while_starting()
-from training.clock import Phases, exit_quickly, process_seconds  # noqa: E402  (standard library only)
+from training.clock import Phases, exit_quickly, process_seconds  # (standard library only)
 
 IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
 
-import contextlib  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import contextlib
+import sys
+import time
+from pathlib import Path
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
 
-from data import data_root  # noqa: E402
-from data.mnist import Batches, find_mnist, load_train_test  # noqa: E402
-from training import UserError, runfiles  # noqa: E402
-from training.device import device_name  # noqa: E402
-from training.flags import Parser, number, path_flag, seed_flag  # noqa: E402
-from training.lenet import LeNetRun, add_graph, epoch_done, log_loss, open_writer, warmup_cosine  # noqa: E402
-from training.signals import ctrl_c_raises  # noqa: E402
+from data import data_root
+from data.mnist import Batches, find_mnist, load_train_test
+from training import UserError, runfiles
+from training.device import device_name
+from training.flags import Parser, number, path_flag, seed_flag
+from training.lenet import LeNetRun, count_correct, epoch_done, evaluate, log_point, open_writer, warmup_cosine
+from training.signals import ctrl_c_raises
 
 IMPORTS = (IMPORTS_STARTED, process_seconds())
 REPO = Path(__file__).resolve().parent
@@ -93,29 +93,17 @@ def train_epoch(run, loader, optimizer, scheduler, writer, step, epoch):
     model = run.model
     model.train()
     for x, y in tqdm(loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0):
-        loss = F.cross_entropy(model(x), y)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         scheduler.step()
         step += 1
-        if step % run.args.log_every == 0:  # .item() is a CPU-GPU sync point: only every log_every steps
-            log_loss(run, writer, step, loss, scheduler.get_last_lr()[0])
+        count_correct(run, logits, y)
+        if step % run.args.log_every == 0:  # reading the loss is a CPU-GPU sync point: only every log_every steps
+            log_point(run, writer, step, loss, scheduler.get_last_lr()[0])
     return step
-
-
-@torch.no_grad()
-def test(model, loader):
-    """Mean cross-entropy and accuracy (fraction) over the whole loader."""
-    model.eval()
-    loss_sum = torch.zeros((), device=loader.dataset.labels.device)
-    correct = torch.zeros((), dtype=torch.long, device=loss_sum.device)
-    for x, y in loader:
-        logits = model(x)
-        loss_sum += F.cross_entropy(logits, y, reduction="sum")
-        correct += (logits.argmax(1) == y).sum()
-    n = len(loader.dataset)
-    return loss_sum.item() / n, correct.item() / n
 
 
 def pick_device(name):
@@ -211,13 +199,15 @@ def run(args, stack, phases):
     out_dir = args.run_dir = new_run_dir(args.out_dir, args.act, args.engine, stack)
     phases.switch("data")
     train_set, test_set = (ds.to(device) for ds in load_train_test(find_mnist(args.data_dir, not args.no_download)))
+    train_loader = Batches(train_set, args.batch_size, shuffle=True, seed=args.seed)
     phases.switch("model")
     model = LeNet5(make_gelu(args.act, device)).to(device)
     params = sum(p.numel() for p in model.parameters())
     print(f"LeNet-5 ({params:,} parameters), act={args.act}, engine={args.engine}, device={device}, "
           f"{len(train_set):,} train / {len(test_set):,} test images, logs in {out_dir}")
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
-    run = LeNetRun(args, model, train_set, test_set, digits, out_dir, device, phases=phases)  # filled as it goes
+    run = LeNetRun(args, model, train_loader, Batches(test_set, 1000, shuffle=False), digits, out_dir, device,
+                   phases=phases)  # filled in as it goes
     try:
         with runfiles.quiet_writer_thread():
             runfiles.write_json(out_dir / "args.json", vars(args))
@@ -257,7 +247,8 @@ def metrics_of(run, params):
             "device_name": device_name(device), "act": args.act, "engine": args.engine, "params": params,
             "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "torch": torch.__version__,
             "command": "python lenet5.py " + " ".join(args.argv), "history": run.history,
-            "train_loss_curve": run.curve, "out_dir": str(run.out_dir)}
+            "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
+            "test_accuracy_curve": run.test_accuracy, "out_dir": str(run.out_dir)}
 
 
 def keep_what_we_can(run, metrics, failure=None, weights=True):
@@ -291,13 +282,11 @@ def fit_plain(run):
     """AdamW with warm-up + cosine, a test pass after every epoch; history, times, the train-loss curve and
     steps go into `run` (training.lenet.LeNetRun) as they happen."""
     args = run.args
-    train_loader = Batches(run.train_set, args.batch_size, shuffle=True, seed=args.seed)
-    test_loader = Batches(run.test_set, 1000, shuffle=False)
+    train_loader = run.train_loader
     optimizer = torch.optim.AdamW(run.model.parameters(), lr=args.lr, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.epochs * len(train_loader)))
     run.phases.switch("logging")
-    writer = open_writer(run.out_dir)
-    add_graph(writer, run.model, run.digits)
+    writer = open_writer(run)
     step = 0
     for epoch in range(1, args.epochs + 1):
         run.phases.switch("loop")
@@ -307,7 +296,7 @@ def fit_plain(run):
             torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
         run.train_seconds += time.perf_counter() - t0
         run.phases.switch("evaluation")
-        test_loss, test_acc = test(run.model, test_loader)
+        test_loss, test_acc = evaluate(run.model, run.test_loader)
         run.phases.switch("logging")
         epoch_done(run, writer, epoch, step, test_loss, test_acc)
     run.phases.log(writer, step)

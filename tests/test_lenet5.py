@@ -44,10 +44,20 @@ def test_training_on_tiny_set_learns_and_writes_metrics(tiny_mnist, tmp_path):
     assert json.loads((tmp_path / "run" / "args.json").read_text())["epochs"] == 3
 
 
-def test_real_mnist_one_epoch_reaches_98_percent(shared_data, tmp_path):
+def test_real_mnist_one_epoch_reaches_98_percent_with_an_accuracy_curve(shared_data, tmp_path):
+    """The default recipe, one epoch on the CPU: >= 98%, and TensorBoard draws the accuracy as a curve (the
+    training accuracy at every log point: >= 5 in the epoch), as metrics.json does."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     metrics = lenet5.main(["--data-dir", str(shared_data), "--no-download", "--epochs", "1",
                            "--out-dir", str(tmp_path / "run"), "--device", "cpu"])
     assert metrics["test_accuracy"] >= 0.98, metrics
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    train = [(e.step, e.value) for e in events.Scalars("train/accuracy")]
+    assert len(train) >= 5 and [s for s, _ in train] == [s for s, _ in metrics["train_accuracy_curve"]]
+    assert [v for _, v in train] == pytest.approx([v for _, v in metrics["train_accuracy_curve"]])
+    assert all(0 <= value <= 1 for _, value in train) and train[-1][1] > 0.95 > train[0][1]  # it learns
+    assert [(e.step, e.value) for e in events.Scalars("test/accuracy")] == [(469, pytest.approx(
+        metrics["test_accuracy"]))]  # on a CPU once per epoch (see training.lenet.log_point)
 
 
 def test_out_dir_is_never_overwritten(tiny_mnist, tmp_path):
@@ -67,8 +77,8 @@ def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_pat
     cmd = [sys.executable, str(REPO / "lenet5.py"), "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu",
            "--epochs", "2", "--batch-size", "10", "--log-every", "1", "--out-dir", str(tmp_path / "run"),
            "--engine", engine]
-    slow = ("import runpy, sys, time; from training import lenet; log = lenet.log_loss\n"
-            "lenet.log_loss = lambda *a, **k: (time.sleep(0.2), log(*a, **k))[1]\n"
+    slow = ("import runpy, sys, time; from training import lenet; log = lenet.log_point\n"
+            "lenet.log_point = lambda *a, **k: (time.sleep(0.2), log(*a, **k))[1]\n"
             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
     proc = subprocess.Popen([sys.executable, "-c", slow, *cmd[1:]], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -129,7 +139,7 @@ def test_tensorboard_serves_scalars_and_images(tiny_mnist, tmp_path):
         while (scalars := get_json(f"{base}/scalars/tags")).get("tiny") is None and time.time() < deadline:
             time.sleep(0.5)
         tags = scalars["tiny"]
-        assert {"train/loss", "train/lr", "test/loss", "test/accuracy"} <= set(tags)
+        assert {"train/loss", "train/accuracy", "train/lr", "test/loss", "test/accuracy"} <= set(tags)
         images = get_json(f"{base}/images/tags")["tiny"]
         assert {"layers/conv1_filters", "layers/conv1_feature_maps", "layers/conv2_feature_maps"} <= set(images)
         accuracy = get_json(f"{base}/scalars/scalars?run=tiny&tag=test/accuracy")
@@ -254,6 +264,22 @@ def test_lightning_engine_learns_and_writes_what_the_plain_loop_writes(tiny_mnis
         assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-4)
     assert tags_of(tmp_path / "lit") == tags_of(tmp_path / "plain")
     assert not list((tmp_path / "lit").rglob("*.ckpt"))  # no Lightning checkpoints
+
+
+def test_test_passes_between_epochs_agree_across_engines(tiny_mnist, tmp_path, monkeypatch):
+    """Where a test pass between epochs is cheap (a GPU; forced here on the CPU), both engines log the test figures
+    at every log point, after that step's update: the same steps and values; history stays one row per epoch."""
+    from training import lenet
+    monkeypatch.setattr(lenet, "tests_between_epochs", lambda device: True)
+    common = ["--data-dir", str(tiny_mnist), "--no-download", "--epochs", "2", "--batch-size", "50", "--device", "cpu",
+              "--log-every", "5"]  # 12 steps an epoch: points at 5, 10, 12 (the epoch's own), 15, 20, 24
+    plain = lenet5.main([*common, "--out-dir", str(tmp_path / "plain")])
+    lit = lenet5.main([*common, "--engine", "lightning", "--out-dir", str(tmp_path / "lit")])
+    for metrics in plain, lit:
+        assert [s for s, _ in metrics["test_accuracy_curve"]] == [5, 10, 12, 15, 20, 24]
+        assert len(metrics["history"]) == 2 and metrics["train_seconds"] > 0
+    assert ([a for _, a in lit["test_accuracy_curve"]] == pytest.approx([a for _, a in plain["test_accuracy_curve"]],
+                                                                         abs=0.011))  # 2 of 200 digits at most
 
 
 def test_lightning_real_mnist_one_epoch_reaches_98_percent(shared_data, tmp_path):

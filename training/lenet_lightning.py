@@ -9,9 +9,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from data.mnist import Batches
 from training import UserError
-from training.lenet import add_graph, epoch_done, log_loss, warmup_cosine
+from training.lenet import add_graph, count_correct, epoch_done, log_point, warmup_cosine
 
 
 def need_lightning():
@@ -30,16 +29,15 @@ def fit_lightning(run):
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "TPU available: ..."
     warnings.filterwarnings("ignore", message=".*(srun. command is available|LeafSpec)")  # hints not for us
     args = run.args
-    train_loader = Batches(run.train_set, args.batch_size, shuffle=True, seed=args.seed)
     run.phases.switch("logging")
     logger = L.pytorch.loggers.TensorBoardLogger(run.out_dir, name="", version="", default_hp_metric=False)
     add_graph(logger.experiment, run.model, run.digits)
-    lit = lightning_module(L)(run, args.epochs * len(train_loader))
+    lit = lightning_module(L)(run, args.epochs * len(run.train_loader))
     trainer = L.Trainer(accelerator=run.device.type, devices=1, max_epochs=args.epochs, logger=logger,
                         callbacks=[epoch_callback(L)(run)], enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0, log_every_n_steps=args.log_every)
     try:
-        trainer.fit(lit, train_dataloaders=train_loader, val_dataloaders=Batches(run.test_set, 1000, shuffle=False))
+        trainer.fit(lit, train_dataloaders=run.train_loader, val_dataloaders=run.test_loader)
     except SystemExit:  # Lightning's answer to Ctrl-C: its teardown, then exit(1) with nothing said
         if trainer.interrupted:
             raise KeyboardInterrupt from None  # lenet5.main's one line and 130, as the plain loop's
@@ -60,11 +58,14 @@ def lightning_module(L):
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            loss = F.cross_entropy(self.model(x), y)
-            step = self.global_step + 1  # optimizer steps after this one, as the plain loop counts
-            if step % self.run.args.log_every == 0:
-                log_loss(self.run, self.logger.experiment, step, loss, self.lr_schedulers().get_last_lr()[0])
-            return loss
+            logits = self.model(x)
+            count_correct(self.run, logits, y)
+            return F.cross_entropy(logits, y)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):  # after the optimizer's and the LR's step
+            if self.global_step % self.run.args.log_every == 0:  # as the plain loop: a sync point
+                log_point(self.run, self.logger.experiment, self.global_step, outputs["loss"],
+                          self.lr_schedulers().get_last_lr()[0])
 
         def on_validation_epoch_start(self):
             self.sums = torch.zeros(2, device=self.device)  # summed loss, correct predictions
