@@ -14,22 +14,11 @@
 #SBATCH --requeue
 #SBATCH --output=runs/slurm/%x-%j.out
 #SBATCH --open-mode=append
-[ -n "${BASH_VERSION:-}" ] || { echo "error: $0 needs bash: run it with bash or sbatch, not sh" >&2; exit 2; }
-set -uo pipefail
-SCRIPT=$0  # under sbatch a spool copy: Slurm records the submitted path, then the arguments
-if [ "${0##*/}" = slurm_script ]; then
-    SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
-    [ $# -eq 0 ] || SCRIPT=${SCRIPT%" $*"}  # the path may hold spaces: cut the arguments, not at a space
-fi
-REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
-source "$REPO/slurm/common.sh"
-# One run directory per job (unless --out-dir is given): a requeued job keeps its id, so it finds
-# its own checkpoints and resumes.
-OUT_DIR=$(out_dir_flag "$@") || exit 2
-if [ -z "$OUT_DIR" ]; then
-    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)-$$}"
-    set -- --out-dir "$OUT_DIR" "$@"
-fi
+SCRIPT=$0  # under sbatch a spool copy: Slurm's record of the job gives the submitted path, then the arguments
+[ "${0##*/}" != slurm_script ] || SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
+. "$(dirname "${SCRIPT%" $*"}")/common.sh" || exit 2  # cut the arguments, not at a space: the path may hold one
+run_dir gpt "$@" || exit 2  # the given --out-dir, else one folder per job (common.sh)
+[ -z "$NEW_DIR" ] || set -- --out-dir "$OUT_DIR" "$@"
 echo "out $OUT_DIR"  # the micro-batch: gpt_train.py's --micro-batch auto probes what fits this GPU
 
 # Slurm sends USR1 to this shell 90 s before the limit (B: above); TERM comes with scancel, INT
@@ -52,9 +41,6 @@ PID=$! STARTED=$SECONDS
 [ "$STOP" = USR1 ] && later  # arrived before Python's pid was known
 wait_for $PID; rc=$?
 if [ "$rc" -eq 3 ] && [ "$STOP" = USR1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    echo "[$(date '+%F %T')] checkpointed; requeueing job $SLURM_JOB_ID (the restart appends to this log)"
-    # Slurm now ends this run and queues the job again. Ending first, with exit 3, would race it
-    # and could record the job as FAILED: wait to be ended instead.
-    scontrol requeue "$SLURM_JOB_ID" && { sleep 300 & wait $!; }
+    requeue
 fi
 exit $rc

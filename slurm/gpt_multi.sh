@@ -20,22 +20,13 @@
 #SBATCH --requeue
 #SBATCH --output=runs/slurm/%x-%j.out
 #SBATCH --open-mode=append
-[ -n "${BASH_VERSION:-}" ] || { echo "error: $0 needs bash: run it with bash or sbatch, not sh" >&2; exit 2; }
-set -uo pipefail
-SCRIPT=$0  # under sbatch a spool copy: Slurm records the submitted path, then the arguments
-if [ "${0##*/}" = slurm_script ]; then
-    SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
-    [ $# -eq 0 ] || SCRIPT=${SCRIPT%" $*"}  # the path may hold spaces: cut the arguments, not at a space
-fi
-REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
-source "$REPO/slurm/common.sh"
-OUT_DIR=$(out_dir_flag "$@") || exit 2  # one run directory per job unless --out-dir is given (as in gpt.sh)
-if [ -z "$OUT_DIR" ]; then
-    OUT_DIR="$REPO/runs/gpt/${SLURM_JOB_NAME:-gpt-multi}-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)-$$}"
-    set -- --out-dir "$OUT_DIR" "$@"
-fi
+SCRIPT=$0  # under sbatch a spool copy: Slurm's record of the job gives the submitted path, then the arguments
+[ "${0##*/}" != slurm_script ] || SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
+. "$(dirname "${SCRIPT%" $*"}")/common.sh" || exit 2  # cut the arguments, not at a space: the path may hold one
 GPUS=${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 NPROC=$(( GPUS > 0 ? GPUS : 1 ))  # CPU-only nodes: one gloo process per node
+run_dir gpt-multi "$@" || exit 2  # the given --out-dir, else one folder per job (common.sh)
+[ -z "$NEW_DIR" ] || set -- --out-dir "$OUT_DIR" "$@"
 
 if [ -z "${SLURM_JOB_ID:-}" ]; then  # one machine, no Slurm
     exec torchrun --standalone --nproc_per_node "$NPROC" "$REPO/gpt_train.py" "$@"
@@ -58,8 +49,7 @@ srun --kill-on-bad-exit=1 bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --node
     "$NPROC" "$MASTER_ADDR" "$MASTER_PORT" "$REPO/gpt_train.py" "$@" &
 wait_for $!; rc=$?
 if [ "$STOP" = USR1 ] && [ ! -e "$OUT_DIR/metrics.json" ]; then
-    echo "[$(date '+%F %T')] checkpointed; requeueing job $SLURM_JOB_ID (the restart appends to this log)"
-    scontrol requeue "$SLURM_JOB_ID" && { sleep 300 & wait $!; }  # wait to be ended: see gpt.sh
+    requeue
     exit 3
 fi
 exit $rc

@@ -11,15 +11,10 @@
 #SBATCH --time=00:05:00
 #SBATCH --output=runs/slurm/%x-%j.out
 #SBATCH --open-mode=append
-[ -n "${BASH_VERSION:-}" ] || { echo "error: $0 needs bash: run it with bash or sbatch, not sh" >&2; exit 2; }
-set -euo pipefail
-SCRIPT=$0  # under sbatch a spool copy: Slurm records the submitted path, then the arguments
-if [ "${0##*/}" = slurm_script ]; then
-    SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
-    [ $# -eq 0 ] || SCRIPT=${SCRIPT%" $*"}  # the path may hold spaces: cut the arguments, not at a space
-fi
-REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
-source "$REPO/slurm/common.sh"
-FORCE=(--force)
-for a in "$@"; do case $a in --out|--out=*) FORCE=() ;; esac; done
-exec python "$REPO/tokenizer_train.py" "${FORCE[@]}" "$@"
+SCRIPT=$0  # under sbatch a spool copy: Slurm's record of the job gives the submitted path, then the arguments
+[ "${0##*/}" != slurm_script ] || SCRIPT=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p')
+. "$(dirname "${SCRIPT%" $*"}")/common.sh" || exit 2  # cut the arguments, not at a space: the path may hold one
+FORCE=--force  # the default file is replaced; one named with --out is the student's (see above)
+for a in "$@"; do case $a in --out|--out=*) FORCE="" ;; esac; done
+[ -z "$FORCE" ] || set -- "$FORCE" "$@"
+exec python "$REPO/tokenizer_train.py" "$@"
