@@ -5,18 +5,15 @@
     python -m training.check_env --for lenet5 --act cpp   # ... with the own GELU op, which must then be built
     python -m training.check_env --for gpt --text ../shared/data/wos-standin/X.txt --metrics-out env.json
 
-It reads only: nothing is downloaded, built or written (but --metrics-out). A node without a GPU is
-fine (a login node: the jobs get one); what would stop a job is a line with `todo`, and then the
-exit status is 1.
+Nothing is downloaded, built or written (but --metrics-out); each package is imported, not only looked up.
+A node without a GPU is fine (a login node: the jobs get one); a line with `todo` would stop a job: exit 1.
 """
 import importlib.metadata
-import os
-import platform
 import re
-import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from collections import namedtuple
+from functools import partial
 from pathlib import Path
 
 from data import data_root
@@ -26,230 +23,141 @@ from training.flags import Parser, path_flag
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
-LOGIN_NODE = "(fine on a login node; jobs get one)"
-USES = {"lenet5": {"python", "packages", "torch", "driver", "gpu", "nvcc", "gelu_ext", "mnist"},
-        "gpt": {"python", "packages", "torch", "driver", "gpu", "corpus", "tokenizer"}}
-USES["all"] = USES["lenet5"] | USES["gpt"]
+IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}  # the others import as their name with _ for -
+USES = {"lenet5": {"gelu_ext", "mnist"}, "gpt": {"corpus"}, "all": {"gelu_ext", "mnist", "corpus"}}
+Check = namedtuple("Check", "status name detail")  # status: ok | note (fine, worth knowing) | todo (what to do)
+ok, note, todo = (partial(Check, status) for status in ("ok", "note", "todo"))
 
 
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | note (fine, worth knowing) | todo (what to do before a job can work)
-    detail: str
+def release(version):
+    """(2, 4, 0) from "2.4", "2.4.0+cu121" or "2.5.0rc1": what a floor compares (2.4.0+cu121 meets 2.4)."""
+    numbers = [int(n) for n in re.findall(r"\d+", version.split("+")[0].split("rc")[0])[:3]]
+    return tuple(numbers + [0] * (3 - len(numbers)))
 
 
-def ok(name, detail):
-    return Check(name, "ok", detail)
-
-
-def note(name, detail):
-    return Check(name, "note", detail)
-
-
-def todo(name, detail):
-    return Check(name, "todo", detail)
-
-
-def run_quietly(command):
-    """A command's stdout, or None where it is missing, fails or hangs (a wedged driver)."""
+def package_problem(name, floor):
+    """What is wrong with requirements.txt's `name>=floor` here, or None: missing, older, or not importable."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+        installed = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return f"{name} missing"
+    if release(installed) < release(floor):
+        return f"{name} {installed} < {floor}"
+    try:  # a version that fits is not enough: a CUDA torchvision under a CPU torch fails here (RuntimeError)
+        importlib.import_module(IMPORT_NAMES.get(name, name.replace("-", "_")))
+    except Exception as e:  # whatever an import raises (a missing shared library: OSError)
+        return f"{name} {installed} does not import ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]})"
+    return None
 
 
-def major_minor(text):
-    """(12, 1) from "12.1" or "12.1.105"."""
-    return tuple(int(p) for p in text.split(".")[:2])
-
-
-# ----------------------------------------------------------------------------- Python and packages
-
-def check_python():
-    version = platform.python_version()
+def check_python_and_packages(requirements=REPO / "requirements.txt"):
+    version, lines = sys.version.split()[0], requirements.read_text().splitlines()
+    python = ok("python", f"{version} ({sys.executable})")
     if sys.version_info[:2] < PYTHON_FLOOR:
-        return todo("python", f"{version} is older than {'.'.join(map(str, PYTHON_FLOOR))}: use a newer "
-                              f"conda/Python module, then pip install -r requirements.txt")
-    return ok("python", f"{version} ({sys.executable})")
-
-
-def floors(requirements=REPO / "requirements.txt"):
-    """{package: lower bound} of requirements.txt (its `name>=X` lines)."""
-    lines = requirements.read_text().splitlines()
-    found = (re.match(r"^\s*([A-Za-z0-9._-]+)\s*>=\s*([^\s#,;]+)", line) for line in lines)
-    return {m[1]: m[2] for m in found if m}
-
-
-def older(installed, floor):
-    """Whether version `installed` is below `floor`, by their release numbers (2.4.0+cu121 >= 2.4)."""
-    def release(v):
-        return tuple(int(n) for n in re.findall(r"\d+", v.split("+")[0].split("rc")[0])[:3])
-    a, b = release(installed), release(floor)
-    return a + (0,) * (3 - len(a)) < b + (0,) * (3 - len(b))
-
-
-def check_packages(requirements=REPO / "requirements.txt"):
-    problems = []
-    for name, floor in floors(requirements).items():
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            problems.append(f"{name} missing")
-            continue
-        if older(version, floor):
-            problems.append(f"{name} {version} < {floor}")
+        python = todo("python", f"{version} is older than %d.%d: use a newer conda/Python" % PYTHON_FLOOR)
+    floors = (re.match(r"^\s*([A-Za-z0-9._-]+)\s*>=\s*([^\s#,;]+)", line) for line in lines)  # `name>=X` lines
+    problems = [p for p in (package_problem(m[1], m[2]) for m in floors if m) if p]
     if not problems:
-        return ok("packages", "requirements.txt's floors met")
-    if any(p.startswith("torch ") for p in problems):  # pip install -r would fetch the newest torch (CUDA 13)
-        return todo("packages", f"{', '.join(problems)}: torch older than requirements.txt's floor; make an "
-                                f"environment of its own with a torch built for this cluster's driver first, "
-                                f"then pip install -r requirements.txt")
-    return todo("packages", f"{', '.join(problems)}: pip install -r requirements.txt")
-
-
-# ----------------------------------------------------------------------------- torch, driver, GPU, nvcc
-
-def check_torch(torch):
-    if torch.version.cuda is None:
-        return note("torch", f"{torch.__version__}, a CPU build: it trains on CPU only; for the GPUs install a "
-                             f"CUDA build of torch that the cluster's driver runs")
-    return ok("torch", f"{torch.__version__}, built with CUDA {torch.version.cuda}")
+        return [python, ok("packages", "requirements.txt's floors met; each imports")]
+    fix = "pip install -r requirements.txt"
+    if any("does not import" in p for p in problems):
+        fix = ("reinstall what does not import, built for this torch (torchvision from torch's own index: pip "
+               "install torchvision --index-url https://download.pytorch.org/whl/<cpu, or torch's cuXXX>)")
+    if any(p.startswith("torch ") and "does not import" not in p for p in problems):
+        fix = ("pip install -r would fetch the newest torch (CUDA 13): make an environment of its own with a torch "
+               "built for this cluster's driver first, then pip install -r requirements.txt")
+    return [python, todo("packages", f"{', '.join(problems)}: {fix}")]
 
 
 def driver_cuda():
-    """The highest CUDA version the NVIDIA driver runs ("CUDA Version: 12.4" in nvidia-smi), or None."""
-    out = run_quietly(["nvidia-smi"]) if shutil.which("nvidia-smi") else None
-    found = re.search(r"CUDA Version:\s*(\d+\.\d+)", out or "")
+    """The newest CUDA the NVIDIA driver runs (nvidia-smi's "CUDA Version: 12.4"); None: no answer (or a hang)."""
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"CUDA Version:\s*(\d+\.\d+)", out)
     return found[1] if found else None
 
 
-def check_driver(torch, version):
-    if version is None:
-        return note("driver", f"no NVIDIA driver answers here (nvidia-smi) {LOGIN_NODE}")
-    if torch.version.cuda and major_minor(version) < major_minor(torch.version.cuda):
-        return todo("driver", f"the driver runs CUDA <= {version}, torch needs {torch.version.cuda}: install a "
-                              f"torch built for CUDA {version} or older (https://pytorch.org/get-started/previous-versions/)")
-    return ok("driver", f"runs CUDA <= {version}" + (f" (torch's {torch.version.cuda})" if torch.version.cuda else ""))
-
-
-def check_gpu(torch):
+def check_torch_driver_gpu(torch, driver):
+    """torch's build; the driver (`driver`: the newest CUDA it runs) against it; the GPUs."""
+    cuda = torch.version.cuda
+    build = f"built with CUDA {cuda}" if cuda else ("a CPU build: it trains on CPU only; for the GPUs install a "
+                                                    "CUDA build of torch that the cluster's driver runs")
+    checks = [(ok if cuda else note)("torch", f"{torch.__version__}, {build}")]
+    if driver is None:
+        checks.append(note("driver", "no NVIDIA driver answers here (nvidia-smi) (fine on a login node; jobs get one)"))
+    elif cuda and release(driver)[:2] < release(cuda)[:2]:
+        checks.append(todo("driver", f"the driver runs CUDA <= {driver}, torch needs {cuda}: install a torch built "
+                                     f"for CUDA {driver} or older (https://pytorch.org/get-started/previous-versions/)"))
+    else:
+        checks.append(ok("driver", f"runs CUDA <= {driver}" + (f" (torch's {cuda})" if cuda else "")))
     if not torch.cuda.is_available():
-        return note("gpu", f"no GPU on this node {LOGIN_NODE}")
+        return checks + [note("gpu", "no GPU on this node (fine on a login node; jobs get one)")]
     names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
-    return ok("gpu", f"{torch.cuda.device_count()} x {', '.join(names)}")
+    return checks + [ok("gpu", f"{torch.cuda.device_count()} x {', '.join(names)}")]
 
 
-def find_nvcc():
-    """The nvcc gelu_ext/setup.py would use: $CUDA_HOME/bin/nvcc, else the one on PATH."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return Path(home) / "bin" / "nvcc"
-    found = shutil.which("nvcc")
-    return Path(found) if found else None
-
-
-def check_nvcc(torch, nvcc, act="cpp"):
-    """The compiler for gelu_ext's CUDA kernel: a todo only where the op will be used (`--act cpp`)."""
-    wanted = torch.version.cuda
-    problem = todo if act == "cpp" else note
-    if nvcc is None:
-        return note("nvcc", "none: gelu_ext builds CPU-only" + (f" (for its CUDA kernel: module load cuda/{wanted})"
-                                                                 if wanted else ""))
-    found = re.search(r"release (\d+\.\d+)", run_quietly([str(nvcc), "--version"]) or "")
-    if found is None:
-        return problem("nvcc", f"{nvcc} --version names no CUDA release: set CUDA_HOME to a CUDA toolkit")
-    if wanted and found[1].split(".")[0] != wanted.split(".")[0]:
-        return problem("nvcc", f"{nvcc} is CUDA {found[1]}, torch's is {wanted}: module load cuda/{wanted} (or set "
-                            f"CUDA_HOME to a CUDA {wanted.split('.')[0]}.x), or build CPU-only: "
-                            f"GELU_EXT_CPU_ONLY=1 pip install --no-build-isolation -e ./gelu_ext")
-    return ok("nvcc", f"CUDA {found[1]} ({nvcc})")
-
-
-# ----------------------------------------------------------------------------- the extension and the data
-
-def check_gelu_ext(torch, act="cpp"):
-    """The compiled GELU op: a todo only where it will be used (`--act cpp`); for the default `--act torch`
-    an unbuilt op is a note (the CPU try-out never builds it)."""
+def check_gelu_ext(torch, act):
+    """The compiled GELU op: a todo only where it will be used (`--act cpp`; the CPU try-out never builds it).
+    nvcc is judged by gelu_ext/setup.py, which finds it and stops a build of another CUDA major than torch's."""
     import gelu_ext
+    cuda = torch.version.cuda
+    build = ((f"module load cuda/{cuda} (nvcc's CUDA major must be torch's), then " if cuda else "")
+             + "pip install --no-build-isolation -e ./gelu_ext")
     if not gelu_ext.is_built():  # (its import error reads "circular import": a missing _C, not a circle)
-        line = todo if act == "cpp" else note
-        return line("gelu_ext", "not built (no compiled gelu_ext/_C*.so): " + (
-            "--act cpp needs it: " if act == "cpp" else "only lenet5.py --act cpp needs it; to build: ")
-            + "pip install --no-build-isolation -e ./gelu_ext")
-    kernels = [key for key in ("CPU", "CUDA")
-               if torch._C._dispatch_has_kernel_for_dispatch_key("gelu_ext::gelu_forward", key)]
-    if "CUDA" not in kernels and torch.version.cuda:
-        return note("gelu_ext", f"kernels: {', '.join(kernels)}; no CUDA kernel (--act cpp on a GPU needs it): "
-                                "load the CUDA module that matches torch, then "
-                                "pip install --no-build-isolation -e ./gelu_ext")
-    return ok("gelu_ext", f"kernels: {', '.join(kernels)}")
+        return (todo if act == "cpp" else note)("gelu_ext", "not built (no compiled gelu_ext/_C*.so): " + (
+            "--act cpp needs it: " if act == "cpp" else "only lenet5.py --act cpp needs it; to build: ") + build)
+    if cuda and not gelu_ext.built_with_cuda():
+        return note("gelu_ext", f"kernels: CPU only (built without nvcc); --act cpp on a GPU needs CUDA's: {build}")
+    return ok("gelu_ext", "kernels: CPU" + (", CUDA" if gelu_ext.built_with_cuda() else ""))
 
 
-def check_mnist(data_dir):
+def check_data(args, needed):
+    """MNIST (lenet5.py), the corpus and the tokenizer (GPT) as the scripts find them, but offline."""
+    from data import tokenizer, wos
     from data.mnist import find_mnist
+    checks = []
+    if "mnist" in needed:
+        try:
+            checks.append(ok("mnist", str(find_mnist(Path(args.data_dir), download=False)["train"][0].parent)))
+        except UserError as e:
+            checks.append(todo("mnist", f"{e} (lenet5.py downloads them itself where the node has internet)"))
+    if "corpus" not in needed:
+        return checks
     try:
-        paths = find_mnist(Path(data_dir), download=False)
+        text = wos.resolve_text(args.text, download=False)
+        checks.append(ok("corpus", f"{text} ({text.stat().st_size / 1e6:.1f} MB)"))
     except UserError as e:
-        return todo("mnist", f"{e} (lenet5.py downloads them itself where the node has internet)")
-    return ok("mnist", str(paths["train"][0].parent))
-
-
-def check_corpus(text):
-    from data import wos
-    try:
-        path = wos.resolve_text(text, download=False)
+        checks.append(todo("corpus", str(e)))
+    spec, local = args.tokenizer, tokenizer.repository_copy(args.tokenizer)
+    try:  # local_copy looks a hub name up without the network (and refuses what is no hub name)
+        if Path(spec).expanduser().exists() or tokenizer.looks_like_a_path(spec) or tokenizer.local_copy(spec):
+            loaded = tokenizer.open_tokenizer(spec)
+            return checks + [ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")]
+        problem = (f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where the node has "
+                   f"internet; else put its folder at {local}")
     except UserError as e:
-        return todo("corpus", str(e))
-    return ok("corpus", f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
+        problem = str(e)
+    return checks + [todo("tokenizer", f"{problem} (or python tokenizer_train.py to make "
+                                       f"{tokenizer.OWN_TOKENIZER.relative_to(REPO)})")]
 
-
-def check_tokenizer(spec):
-    """The tokenizer as gpt_train.py opens it; a hub name ("gpt2") only from a copy on this machine."""
-    from data import tokenizer
-    make_own = f"or python tokenizer_train.py to make {tokenizer.OWN_TOKENIZER.relative_to(REPO)}"
-    if not (Path(spec).expanduser().exists() or tokenizer.looks_like_a_path(spec) or hub_copy_here(spec)):
-        local = tokenizer.repository_copy(spec)
-        return todo("tokenizer", f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where "
-                                 f"the node has internet; else put its folder at {local}, {make_own}")
-    try:
-        loaded = tokenizer.open_tokenizer(spec)
-    except UserError as e:
-        return todo("tokenizer", f"{e} ({make_own})")
-    return ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")
-
-
-def hub_copy_here(name):
-    """Whether a hub tokenizer's files are on this machine (data/tokenizer.py's offline lookup)."""
-    from data import tokenizer
-    try:
-        return tokenizer.local_copy(name) is not None
-    except tokenizer.TokenizerError:  # not a hub name either: open_tokenizer says so
-        return True
-
-
-# ----------------------------------------------------------------------------- the command
 
 def run_checks(args):
-    """The checks `args.use` needs, in order (torch imported here: a missing torch is one todo line)."""
-    needed = USES[args.use]
-    checks = [check_python(), check_packages()]  # the packages before torch: a torch too old says so first
+    """The checks `args.use` needs: the packages first (a torch too old says so there), then torch's own."""
+    needed, checks = USES[args.use], check_python_and_packages()
     try:
         import torch
-    except ImportError as e:
-        return checks + [todo("torch", f"not importable ({e}): pip install -r requirements.txt")]
-    checks += [check_torch(torch), check_driver(torch, driver_cuda()), check_gpu(torch)]
-    if "nvcc" in needed:
-        checks += [check_nvcc(torch, find_nvcc(), args.act), check_gelu_ext(torch, args.act)]
-    if "mnist" in needed:
-        checks.append(check_mnist(args.data_dir))
-    if "corpus" in needed:
-        checks += [check_corpus(args.text), check_tokenizer(args.tokenizer)]
-    return checks
+    except Exception:  # whatever the import raises: the packages line says what
+        return checks + [todo("torch", "not importable (see packages): pip install -r requirements.txt")]
+    checks += check_torch_driver_gpu(torch, driver_cuda())
+    if "gelu_ext" in needed:
+        checks.append(check_gelu_ext(torch, args.act))
+    return checks + check_data(args, needed)
 
 
-def parse_args(argv):
+def main(argv=None):
+    phases = Phases().switch("inputs")  # "startup": the interpreter's start-up and this module's imports
     from data import tokenizer
     p = Parser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
     p.add_argument("--for", dest="use", choices=sorted(USES), default="all",
@@ -263,12 +171,7 @@ def parse_args(argv):
     p.add_argument("--tokenizer", default=tokenizer.default_tokenizer(),
                    help="as gpt_train.py --tokenizer (default: %(default)s)")
     p.add_argument("--metrics-out", type=path_flag, default=None, help="write the checks here as JSON")
-    return p.parse_args(argv)
-
-
-def main(argv=None):
-    phases = Phases().switch("inputs")  # "startup": the interpreter's start-up and this module's imports
-    args = parse_args(argv)
+    args = p.parse_args(argv)
     try:
         if args.metrics_out:
             runfiles.check_output(args.metrics_out, "--metrics-out", "check_env.py")
@@ -281,7 +184,7 @@ def main(argv=None):
         if args.metrics_out:
             spent, now = phases.record()
             runfiles.write_json(args.metrics_out, {"use": args.use, "ready": not missing, "checks": [
-                asdict(c) for c in checks], "process_seconds": now, "phases": spent})
+                c._asdict() for c in checks], "process_seconds": now, "phases": spent})
     except UserError as e:
         sys.exit(f"error: {e}")
     return 1 if missing else 0
