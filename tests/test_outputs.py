@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import gpt_train
 import lenet5
@@ -120,8 +121,8 @@ def test_gpt_train_metrics_never_land_in_another_run(corpus, tmp_path, gpt_run):
 
 
 def test_lenet5_replaces_its_own_outputs_and_no_other_file(tiny_mnist, tmp_path):
-    """The marks in use: a second run with the same --metrics-out and --save replaces them; a file lenet5.py did
-    not write is refused before any work."""
+    """A second run with the same --metrics-out and --save replaces them; a file of another kind than lenet5.py
+    writes (a user's notes) is refused before any work."""
     outputs = ["--metrics-out", tmp_path / "m.json", "--save", tmp_path / "w.pt"]
     lenet5.main(lenet_args(tiny_mnist, tmp_path / "a", *outputs))
     second = lenet5.main(lenet_args(tiny_mnist, tmp_path / "b", *outputs))
@@ -130,9 +131,8 @@ def test_lenet5_replaces_its_own_outputs_and_no_other_file(tiny_mnist, tmp_path)
     notes.write_text("my thesis notes\n")
     with pytest.raises(SystemExit) as stop:
         lenet5.main(lenet_args(tiny_mnist, tmp_path / "c", "--metrics-out", notes))
-    assert str(stop.value.code) == (f"error: --metrics-out {notes} exists and lenet5.py did not write it (no mark "
-                                    f"of this project's); give a new file name, or move it away first (it was left "
-                                    f"as it is)")
+    assert str(stop.value.code).startswith(f"error: --metrics-out {notes} exists and is not a JSON object")
+    assert str(stop.value.code).endswith("give a new file name, or move it away first (it was left as it is)")
     assert notes.read_text() == "my thesis notes\n" and not (tmp_path / "c").exists()
 
 
@@ -142,45 +142,34 @@ def test_tokenizer_train_force_never_replaces_a_file_it_did_not_write(text_file,
     with pytest.raises(SystemExit) as stop:
         tokenizer_train.main(["--text", str(text_file), "--out", str(notes), "--force", "--compare", "none",
                               "--seq-len", "0", "--vocab-size", "512"])
-    assert str(stop.value.code) == (f"error: --out {notes} exists and tokenizer_train.py did not write it (no mark "
-                                    f"of this project's); give a new file name, or move it away first (it was left "
-                                    f"as it is)")
+    assert str(stop.value.code).startswith(f"error: --out {notes} exists and is not a JSON object")
     assert notes.read_text() == "my thesis notes\n"
 
 
-def test_a_file_is_replaceable_only_by_the_program_that_wrote_it(tmp_path):
+@pytest.mark.parametrize("kind, planted", [("JSON", b'["a list"]'), ("JSON", b"not json"), ("JSON", b"PK\x03\x04zip"),
+                                           ("torch.save", b'{"a": 1}'), ("torch.save", b"notes")])
+def test_force_replaces_only_a_file_of_the_kind_the_output_is(tmp_path, kind, planted):
+    path = tmp_path / "out"
+    path.write_bytes(planted)
+    with pytest.raises(runfiles.OutputError, match="exists and is not a"):
+        runfiles.check_output(path, "--metrics-out", force=True, kind=kind)
+    assert path.read_bytes() == planted
+
+
+def test_an_existing_output_is_replaced_only_with_force(tmp_path):
     path = tmp_path / "m.json"
-    runfiles.check_output(path, "--metrics-out", "lenet5.py")
+    runfiles.check_output(path, "--metrics-out")  # new: fine
     runfiles.write_json(path, {"accuracy": 0.99})
-    runfiles.check_output(path, "--metrics-out", "lenet5.py")  # its own: replaceable
-    with pytest.raises(runfiles.OutputError, match="tokenizer_train.py did not write it .it was written by lenet5.py"):
-        runfiles.check_output(path, "--metrics-out", "tokenizer_train.py")
-    (tmp_path / "link.json").symlink_to(path)
-    with pytest.raises(runfiles.OutputError, match="exists and is a symbolic link"):
-        runfiles.check_output(tmp_path / "link.json", "--metrics-out", "lenet5.py")
-
-
-def test_without_extended_attributes_the_folders_marks_file_says_who_wrote_a_file(tmp_path, monkeypatch):
-    """NFSv3 homes keep no user attributes: the mark goes into the folder's MARKS_FILE, with the file's size and
-    modification time, so the same program may still rewrite its output (tokenizer.sh --force over the CPU
-    try-out's tokenizer) and anything else is still refused."""
-    import errno
-    import os
-
-    def unsupported(*args, **kwargs):
-        raise OSError(errno.ENOTSUP, "Operation not supported")
-    monkeypatch.setattr(os, "setxattr", unsupported)
-    monkeypatch.setattr(os, "getxattr", unsupported)
-    path = tmp_path / "tok.json"
-    runfiles.check_output(path, "--out", "tokenizer_train.py")
-    runfiles.write_atomic(path, b"{}")
-    assert runfiles.marks_of(tmp_path)["tok.json"][0] == "tokenizer_train.py"
-    runfiles.check_output(path, "--out", "tokenizer_train.py")  # its own: replaceable
-    with pytest.raises(runfiles.OutputError, match="lenet5.py did not write it .it was written by tokenizer_train.py"):
-        runfiles.check_output(path, "--out", "lenet5.py")
-    path.write_bytes(b'{"edited": 1}')  # replaced by hand: the record no longer matches
-    with pytest.raises(runfiles.OutputError, match="no mark of this project's"):
-        runfiles.check_output(path, "--out", "tokenizer_train.py")
+    with pytest.raises(runfiles.OutputError, match=f"^--metrics-out {path} exists; pass --force to replace it"):
+        runfiles.check_output(path, "--metrics-out")
+    runfiles.check_output(path, "--metrics-out", force=True)
+    torch_file = tmp_path / "w.pt"
+    torch.save({"w": torch.zeros(2)}, torch_file)
+    runfiles.check_output(torch_file, "--save", force=True, kind="torch.save")
+    (tmp_path / "link.json").symlink_to(path)  # a link is never replaced: the file it names may be anyone's
+    with pytest.raises(runfiles.OutputError, match="exists and is not a JSON object"):
+        runfiles.check_output(tmp_path / "link.json", "--metrics-out", force=True)
+    assert json.loads(path.read_text()) == {"accuracy": 0.99}
 
 
 @pytest.mark.parametrize("name", sorted(runfiles.BOOKKEEPING))

@@ -4,8 +4,8 @@ import contextlib
 import errno
 import json
 import os
-import socket
 import subprocess
+import tempfile
 import threading
 
 import pytest
@@ -107,19 +107,16 @@ def test_write_json_on_a_full_disk_is_one_line_and_leaves_no_temporary_file(full
 
 
 def test_write_json_never_follows_a_symlink_planted_at_its_temporary_name(tmp_path, monkeypatch):
+    """The temporary file is tempfile.mkstemp's (O_EXCL | O_NOFOLLOW): a link planted at the name it draws is
+    never opened; it draws another name."""
     victim, target = tmp_path / "victim.txt", tmp_path / "m.json"
     victim.write_text("precious")
-    # the name the writer of this process and thread used to take, and a forced collision with the next one
-    old_name = tmp_path / f"m.json.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp"
-    planted = tmp_path / "m.json.planted.tmp"
-    for link in (old_name, planted):
-        link.symlink_to(victim)
-    names = iter([planted, planted, tmp_path / "m.json.fresh.tmp"])
-    monkeypatch.setattr(runfiles, "temporary_name", lambda path: next(names))
+    planted = tmp_path / ".tmp-planted.part"
+    planted.symlink_to(victim)
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: iter(["planted", "planted", "fresh"]))
     runfiles.write_json(target, {"ok": True})
     assert victim.read_text() == "precious" and json.loads(target.read_text()) == {"ok": True}
-    assert not target.is_symlink() and planted.is_symlink() and old_name.is_symlink()
-    assert not (tmp_path / "m.json.fresh.tmp").exists()
+    assert not target.is_symlink() and planted.is_symlink() and not (tmp_path / ".tmp-fresh.part").exists()
 
 
 # ------------------------------------------------------------------ run directories

@@ -1,32 +1,18 @@
-"""What every script shares about its outputs, run folders and flags: files written atomically, output
-paths checked before any work, a lock on a run directory, content hashes, one-line user errors.
-The rules live here, one each, for every script:
+"""Run folders and output paths, the same rules for every script (the file basics: data/files.py).
 
-    write_atomic(path, data)   the one way the project writes a file: its own new file beside it (exclusive,
-                               no-follow: a planted link is never opened), renamed over `path` (a link replaced)
-    check_output(path, what, program)  ownership: no output inside another run's folder (run.owner), no file
-                               replaced that `program` did not write (the mark write_atomic leaves on it)
-    path_problem(path)         why a path flag's value cannot be used (a name too long, a looping or dangling link,
-                               any OSError but not found): training/flags.py's path_flag, every path flag's type
-    read_small(path, limit)    a small file of the project's own (owner, manifest): plain, no-follow, bounded
-
-    UserError                  the base of every one-line user error (OutputError, TextError, ...)
-    write_json(path, obj)      write_atomic of strict JSON; NaN/inf become null (any reader)
-    check_outputs_not_inputs   before training: no output path is one of the run's inputs
-    RunLock, claim_run_dir     one run per directory: new, empty or this program's, locked, a failed start undone;
-                               run.lock and run.owner never followed (a link among them: the folder is not empty)
-    set_aside_earlier_attempt  an unfinished attempt's files moved into earlier-attempt-<time>/, never mixed in
-    new_run_name()             a default run folder's name: the time and a random suffix (runs started together)
-    quiet_writer_thread()      TensorBoard's writer thread: a failed write stops the run in one line, not two tracebacks
-    sha256_file(path)          what a checkpoint or a run depends on, by content
+    check_output(path, what, force)   an output file, before any work: in no other run's folder, and an existing
+                                      file only with --force and only one of the kind the scripts write
+    check_outputs_not_inputs          no output path is one of the run's inputs
+    open_run(path, program, stack)    one run per folder: new, empty or an unfinished run of `program`'s, locked
+                                      (RunLock) and marked (run.owner) until `stack` closes; a finished one refused
+    set_aside_earlier_attempt         an unfinished attempt's files moved into earlier-attempt-<time>/
+    new_run_name()                    a default run folder's name: the time and a random suffix
 """
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import secrets
-import socket
 import stat
 import sys
 import threading
@@ -34,7 +20,6 @@ import time
 from pathlib import Path
 
 from data.files import (
-    NAME_MAX,
     OWNER_FILE,
     OutputError,
     UserError,
@@ -46,133 +31,64 @@ from data.files import (
     reason,
     sha256_file,
     strict,
+    write_atomic,
+    write_json,
 )
 
-__all__ = ['NAME_MAX', 'UserError', 'check_output_dir', 'path_problem', 'probe_folder', 'sha256_file', 'strict']
+# what the scripts still import from here; data.files is their home
+__all__ = ["UserError", "check_output_dir", "probe_folder", "reason", "sha256_file", "strict", "write_json"]
+
+LOCK_FILE = "run.lock"
+BOOKKEEPING = {LOCK_FILE, OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
+FINISHED = "metrics.json"  # a run folder holding it is a finished run: never written again
+WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}  # what --force may replace
 
 
-def write_json(path, obj):
-    """Write obj as strict JSON with write_atomic: a reader never sees half a file."""
-    write_atomic(path, (json.dumps(strict(obj), indent=2, allow_nan=False, default=str) + "\n").encode("utf-8"))
-
-
-def write_atomic(path, data):
-    """Write `data` (bytes, or a function writing into a binary file: torch.save) to `path` via the writer's
-    own temporary file (create_exclusive: writers of one file at once never rename each other's halves) and
-    a rename (a link at `path` is replaced, not written through); a path check_output claimed gets its mark.
-    A failed write (a full disk) is one OutputError; no temporary file stays, the old file is as it was."""
-    path = Path(path)
-    tmp = None
+def written_kind(path):
+    """Which kind of file the scripts write `path` is ("JSON", "torch.save"), or None (notes, a PDF, a link)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp, fd = create_exclusive(path)
-        with os.fdopen(fd, "wb") as f:
-            data(f) if callable(data) else f.write(data)
-        if os.path.abspath(path) in CLAIMED:
-            mark(tmp, path, CLAIMED[os.path.abspath(path)])
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {reason(e)}") from None
-
-
-def temporary_name(path):
-    """<name>.<host>.<pid>.<thread>.<random>.tmp, the name cut so that the whole fits NAME_MAX."""
-    suffix = f".{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp"
-    return path.with_name(os.fsdecode(os.fsencode(path.name)[:NAME_MAX - len(os.fsencode(suffix))]) + suffix)
-
-
-def create_exclusive(path, attempts=8):
-    """(name, fd) of a new temporary file beside `path`, O_EXCL | O_NOFOLLOW: a file, folder or link already
-    at the name (planted to redirect the write) is never opened; another name is drawn instead."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    for _ in range(attempts):
-        tmp = temporary_name(path)
-        try:
-            return tmp, os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
-        except FileExistsError:
-            continue
-    raise OSError(errno.EEXIST, f"{attempts} temporary names beside it were taken")
-
-
-# ----------------------------------------------------------------------------- output paths
-
-MARK = "user.lab5.written-by"  # extended attribute: the program that wrote an output file (write_atomic)
-CLAIMED = {}  # absolute output path -> the program whose check_output claimed it: what write_atomic marks
-MARKS_FILE = ".lab5-written-by"  # where a file system keeps no user attributes (NFSv3): the marks of its folder
-NO_XATTRS = (errno.ENOTSUP, errno.EOPNOTSUPP)
-
-
-def mark(tmp, path, program):
-    """`program` wrote `tmp` (renamed to `path` next): its extended attribute, or, on a file system without them,
-    a line in the folder's MARKS_FILE naming the file with its size and modification time (a later replacement
-    by anything else no longer matches)."""
-    try:
-        os.setxattr(tmp, MARK, program.encode(), follow_symlinks=False)
-    except OSError as e:
-        if e.errno in NO_XATTRS:
-            with contextlib.suppress(OSError, ValueError):
-                marks = marks_of(path.parent)
-                info = os.stat(tmp)
-                marks[path.name] = [program, info.st_size, info.st_mtime_ns]
-                write_atomic(path.parent / MARKS_FILE, json.dumps(marks).encode())
-
-
-def marks_of(folder):
-    try:
-        marks = json.loads(read_small(Path(folder) / MARKS_FILE, 1 << 20))
+        data = read_small(path, 256 << 20)
     except (OSError, ValueError):
-        return {}
-    return marks if isinstance(marks, dict) else {}
-
-
-def writer_of(path):
-    """The program whose mark `path` carries, or None; OSError(ENOTSUP) read from the folder's MARKS_FILE."""
+        return None
+    if data.startswith(b"PK\x03\x04"):  # torch.save's zip archive
+        return "torch.save"
     try:
-        return os.getxattr(path, MARK, follow_symlinks=False).decode(errors="replace")
-    except OSError as e:
-        if e.errno not in NO_XATTRS:
-            return None
-    info, entry = os.stat(path, follow_symlinks=False), marks_of(path.parent).get(path.name)
-    return entry[0] if isinstance(entry, list) and entry[1:] == [info.st_size, info.st_mtime_ns] else None
+        return "JSON" if isinstance(json.loads(data), dict) else None
+    except ValueError:
+        return None
 
 
-def output_problem(path, what, program, own_run=None):
-    """The ownership rule, for every output path: None, or why `program` may not write `path`.
-    Refused: a path inside another run's folder (OWNER_FILE names it; `own_run`, this run's folder, is
-    allowed), and an existing file that `program` did not write (no mark, another's mark, a link)."""
-    path = Path(path)
-    if path.name in BOOKKEEPING:  # another run's, or this run's own lock or owner: never an output
-        return f"{what} {path}: {path.name} is a run folder's bookkeeping file; give another name"
-    problem = inside_another_run(path, what, own_run)
-    if problem or not os.path.lexists(path) or program is None:
-        return problem
-    if path.is_symlink() or not path.is_file():
-        kind = "a symbolic link" if path.is_symlink() else "not a plain file"
-        return f"{what} {path} exists and is {kind}; give a new file name (it was left as it is)"
-    writer = writer_of(path)
-    by = f"it was written by {writer}" if writer else "no mark of this project's"
-    if writer != program:
-        return (f"{what} {path} exists and {program} did not write it ({by}); give a new file name, or move "
-                f"it away first (it was left as it is)")
-    return None
-
-
-def check_output(path, what, program=None, own_run=None):
-    """Fail now, not after the work, if `path` (a file to be written) cannot or may not be: path_problem,
-    output_problem (with `program`: the ownership rule whole, else only the run folders), its folder
-    created and a probe file written and removed there. Then the path is `program`'s: write_atomic marks
-    what it writes there."""
+def check_output(path, what, force=False, own_run=None, kind="JSON"):
+    """Fail now, not after the work, if output file `path` cannot or may not be written: a bad path, a run's
+    bookkeeping name, inside another run's folder (`own_run`, this run's, is allowed), or an existing file,
+    unless `force` (--force) and it is of `kind`, what this output holds. Its folder is made and probed."""
+    if isinstance(force, str):  # transitional: a caller not yet moved passes its program's name (it replaced its own)
+        force, kind = True, None
     path = Path(path)
     problem = path_problem(path)
-    problem = (f"{what} {path}: {problem}" if problem else f"{what} {path} is a folder; give a file name"
-               if path.is_dir() else output_problem(path, what, program, own_run))
+    if problem:
+        raise OutputError(f"{what} {path}: {problem}")
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a folder; give a file name")
+    if path.name in BOOKKEEPING:
+        raise OutputError(f"{what} {path}: {path.name} is a run folder's bookkeeping file; give another name")
+    problem = inside_another_run(path, what, own_run) or existing_problem(path, what, force, kind)
     if problem:
         raise OutputError(problem)
     probe_folder(path.parent, f"{what} {path}")
-    if program:
-        CLAIMED[os.path.abspath(path)] = program
+
+
+def existing_problem(path, what, force, kind):
+    """The rule for an existing output file: replaced only with --force, and only a file of `kind` (None: any kind
+    in WRITTEN_KINDS), so that nothing the scripts do not write (a user's notes) is ever replaced."""
+    if not os.path.lexists(path):
+        return None
+    found = written_kind(path)
+    if found is None or kind not in (None, found):
+        wanted = WRITTEN_KINDS[kind] if kind else " or ".join(WRITTEN_KINDS.values())
+        return (f"{what} {path} exists and is not {wanted}, what this program writes; give a new file name, or "
+                f"move it away first (it was left as it is)")
+    return None if force else f"{what} {path} exists; pass --force to replace it, or give a new file name"
 
 
 def check_outputs_not_inputs(outputs, inputs):
@@ -184,37 +100,42 @@ def check_outputs_not_inputs(outputs, inputs):
         out = Path(path).resolve()
         for other, (given, there, role) in seen.items():
             inside = role == "an input" and there in out.parents and out.exists()
-            if out == there or inside or same_file(out, there):
+            if out == there or inside or (out.exists() and there.exists() and os.path.samefile(out, there)):
                 raise OutputError(f"{flag} {path} would overwrite {other} {given} ({role}): give another path")
         seen[flag] = (Path(path), out, "an output too")
 
 
-def same_file(a, b):
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist yet
-        return False
-
+# ----------------------------------------------------------------------------- run folders
 
 class RunLock:
-    """An exclusive flock on DIR/run.lock, held while the run lives: a second run on the same directory (a
-    double sbatch, a second terminal) stops at once. The kernel releases it when the process ends, however
-    it ends. The lock is the file's inode, so the file is reused (open_lock_file), and its pid written in."""
+    """An exclusive flock on DIR/run.lock while the run lives: a second run on the same folder (a double
+    sbatch, a second terminal) stops at once; the kernel releases it however the process ends. The file is
+    opened no-follow and must be a plain file of one name: a planted link, FIFO or hard link is refused."""
 
     def __init__(self, directory):
-        self.path = Path(directory) / "run.lock"
-        self.fd = None
+        self.path = Path(directory) / LOCK_FILE
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = open_lock_file(self.path)
         try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+        except OSError as e:
+            raise OutputError(f"{self.path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") \
+                from None
+        info = os.fstat(self.fd)
+        try:
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                raise OutputError(f"{self.path} is not a run lock (not a plain file of one name): remove it, or "
+                                  f"pick another --out-dir")
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(self.fd)
-            raise OutputError(f"{self.path.parent} is in use by another run (pid {holder}); "
-                              f"wait for it or pick another --out-dir") from None
+            raise OutputError(f"{self.path.parent} is in use by another run (pid {holder}); wait for it or pick "
+                              f"another --out-dir") from None
+        except OutputError:
+            os.close(self.fd)
+            raise
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
         return self
@@ -223,56 +144,24 @@ class RunLock:
         os.close(self.fd)  # closing releases the lock
 
 
-def open_lock_file(path):
-    """A file descriptor of the run lock `path`, made if missing (create_exclusive, then a hard link to the
-    name: never through a link), opened no-follow; OutputError if it is a link, a folder, a device or a file
-    with other names (hard links): not a lock this project made, so the pid can land nowhere else."""
-    for _ in range(8):
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
-            break
-        except FileNotFoundError:
-            tmp, fd = create_exclusive(path)
-            try:
-                os.link(tmp, path)  # fails, never follows, if the name was taken meanwhile
-                break
-            except FileExistsError:
-                os.close(fd)
-            finally:
-                tmp.unlink()
-        except OSError as e:
-            raise OutputError(f"{path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") from None
-    else:
-        raise OutputError(f"{path} keeps changing: another program is making and removing it")
-    info = os.fstat(fd)
-    if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
-        return fd
-    os.close(fd)
-    raise OutputError(f"{path} is not a run lock (not a plain file of one name): remove it, or pick another --out-dir")
-
-
-BOOKKEEPING = {"run.lock", OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
-
-
 def new_run_name():
     """The time and a random suffix: two runs started in the same second (a job array) get two folders."""
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def run_dir_problem(path, program, what="--out-dir", reuse=True):
-    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse` (a
-    resume), its OWNER_FILE names `program`), else why not: also a path path_problem() refuses, and a
-    folder inside another run's. Only listings and the owner file are read: nothing is written."""
+    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse`, marked
+    as `program`'s), else why not. Only listings and the owner file are read: nothing is written."""
     path = Path(path)
-    problem = path_problem(path) or inside_another_run(path, what)
+    problem = path_problem(path)
     if problem:
-        return problem if problem.startswith(what) else f"{what} {path}: {problem}"
-    if not path.exists():
+        return f"{what} {path}: {problem}"
+    if problem := inside_another_run(path, what):
+        return problem
+    if not path.exists() or path.is_dir() and bookkeeping_only(path):
         return None
     if not path.is_dir():
         return f"{what} {path} is a file, not a folder"
-    if bookkeeping_only(path):
-        return None
     owner = read_owner(path)
     if owner == program and reuse:
         return None
@@ -282,14 +171,13 @@ def run_dir_problem(path, program, what="--out-dir", reuse=True):
 
 
 def bookkeeping_only(path):
-    """Whether folder `path` holds nothing but BOOKKEEPING, each a plain file: a link named run.lock or
-    run.owner (planted to redirect a write) is not this project's, and makes the folder not empty."""
+    """Whether folder `path` holds nothing but BOOKKEEPING, each a plain file (a planted link is not ours)."""
     with os.scandir(path) as entries:
         return all(e.name in BOOKKEEPING and e.is_file(follow_symlinks=False) for e in entries)
 
 
 def read_owner(path):
-    """The program folder `path`'s OWNER_FILE names (read_small), else None."""
+    """The program folder `path`'s OWNER_FILE names, else None (a link, a device: read_small refuses it)."""
     try:
         return read_small(path / OWNER_FILE, 256).decode(errors="replace").strip() or None
     except (OSError, ValueError):
@@ -298,10 +186,8 @@ def read_owner(path):
 
 def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
     """Take `path` for a run of `program` until `stack` closes: refused in one OutputError, before anything
-    is written, unless run_dir_problem() allows it; then created, written probe-checked, locked (RunLock)
-    and marked (OWNER_FILE, by write_atomic). When `stack` closes, a folder that still holds nothing but
-    BOOKKEEPING (a start that failed before any work) is removed if this call made it, so the retry finds
-    it as it was."""
+    is written, unless run_dir_problem() allows it; then created, probed, locked and marked (OWNER_FILE).
+    A start that fails before any work (only BOOKKEEPING left) leaves the folder as it found it."""
     path = Path(path)
     problem = run_dir_problem(path, program, what, reuse)
     if problem:
@@ -317,15 +203,24 @@ def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
 
 def remove_if_unused(path, made_here):
     """A run folder that holds only BOOKKEEPING: its files go, and the folder too if this run made it."""
-    try:
-        if not bookkeeping_only(path):
-            return
-        for name in BOOKKEEPING:
-            (path / name).unlink(missing_ok=True)
-        if made_here:
-            path.rmdir()
-    except OSError:  # already gone, or not ours to clean: nothing to undo
-        pass
+    with contextlib.suppress(OSError):  # already gone, or not ours to clean: nothing to undo
+        if bookkeeping_only(path):
+            for name in BOOKKEEPING:
+                (path / name).unlink(missing_ok=True)
+            if made_here:
+                path.rmdir()
+
+
+def open_run(path, program, stack, what="--out-dir"):
+    """Claim run folder `path` for `program` (claim_run_dir) unless it holds a finished run (FINISHED);
+    returns whether it holds an unfinished attempt of `program`'s, for the caller to resume or set aside."""
+    path = Path(path)
+    finished = (path / FINISHED).exists()
+    claim_run_dir(path, program, stack, what, reuse=not finished)
+    if (path / FINISHED).exists():  # finished between the check and the lock: the other run's last write
+        raise OutputError(f"{what} {path} holds a run of {program} that has just finished (metrics.json); "
+                          f"give a new folder")
+    return any(p.name not in BOOKKEEPING for p in path.iterdir())
 
 
 def set_aside_earlier_attempt(out_dir, why):
