@@ -34,7 +34,7 @@ def test_the_ladders_last_rung_is_gpt_trains_default_on_every_device(cuda, capab
 @pytest.mark.slow
 def test_the_ladders_default_row_builds_exactly_the_step_gpt_train_builds(corpus, tmp_path, monkeypatch):
     """gpt_train.py with its defaults (the lab preset; only the budget and sequence shortened), its built
-    Step captured, against the ladder's default row built by gpt_bench for the same shape: equal as built."""
+    TrainStep captured, against the ladder's default row built by gpt_bench for the same shape: equal as built."""
     built = []
     real_build = step.build
 
@@ -60,25 +60,25 @@ def test_the_ladders_default_row_builds_exactly_the_step_gpt_train_builds(corpus
 def test_describe_reads_what_was_built_not_what_was_asked():
     """A step built around another optimizer's settings reads back as such (describe() is not the request)."""
     model = GPT(model_config(64, 0, n_layer=1, n_head=2, n_embd=16, n_positions=8))
-    acc = step.Accelerations(fused_adamw=False)
-    run = step.build(model, acc, step.Recipe(lr=1e-3, weight_decay=0.1, grad_clip=1.0), step.make_accelerator(acc,
-                                                                                                               True))
+    accelerations = step.Accelerations(fused_adamw=False)
+    run = step.build(model, accelerations, step.Recipe(lr=1e-3, weight_decay=0.1, grad_clip=1.0),
+                     step.make_accelerator(accelerations, True))
     run.optimizer.param_groups[0]["betas"] = (0.9, 0.999)
     assert run.describe()["param_groups"][0]["betas"] == (0.9, 0.999)
     assert run.describe()["param_groups"][0]["fused"] is None and run.describe()["scaler_init"] is None
 
 
 def test_a_step_accumulates_micro_batches_into_one_update():
-    """Step.run over two micro-batches of 2 equals one micro-batch of 4 (the same gradient, one update)."""
+    """A TrainStep over two micro-batches of 2 equals one micro-batch of 4 (the same gradient, one update)."""
     def one(n_micro, micro):
         torch.manual_seed(0)
         model = GPT(model_config(64, 0, n_layer=1, n_head=2, n_embd=16, n_positions=8))
-        acc = step.Accelerations(fused_adamw=False)
-        run = step.build(model, acc, step.Recipe(lr=1e-2, weight_decay=0.1, grad_clip=1.0),
-                         step.make_accelerator(acc, True))
+        accelerations = step.Accelerations(fused_adamw=False)
+        run = step.build(model, accelerations, step.Recipe(lr=1e-2, weight_decay=0.1, grad_clip=1.0),
+                         step.make_accelerator(accelerations, True))
         data = torch.randint(0, 64, (4, 9))
         losses = []
-        run.run(iter(data.split(micro)), n_micro, 1e-2, losses.append)
+        run(iter(data.split(micro)), n_micro, 1e-2, losses.append)
         return [p.detach().clone() for p in model.parameters()], sum(losses)
     (a, la), (b, lb) = one(2, 2), one(1, 4)
     assert torch.allclose(la, lb, atol=1e-6)
@@ -93,15 +93,15 @@ def test_a_forced_sdpa_backend_this_torch_lacks_is_the_rows_error():
 
 
 def test_the_ladder_runs_the_same_step_function_as_gpt_train():
-    """Both go through Step.run: the ladder's timed step is gpt_train's loop step, not a copy."""
+    """Both go through TrainStep.__call__: the ladder's timed step is gpt_train's loop step, not a copy."""
     calls = []
-    real = step.Step.run
+    real = step.TrainStep.__call__
 
     def spy(self, *a, **kw):
-        calls.append(self.acc)
+        calls.append(self.accelerations)
         return real(self, *a, **kw)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(step.Step, "run", spy)
+        m.setattr(step.TrainStep, "__call__", spy)
         settings = dict(ladder_rows.ladder(False, (0, 0)))
         row = next(s for name, s in settings.items() if name.startswith("naive"))
         args = type("A", (), {"micro_batch": 1, "seq_len": 8, "warmup": 0, "steps": 1})

@@ -6,6 +6,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -44,13 +45,21 @@ class Budget:
         return min(self.accum, self.total_micro - micro_done)
 
 
+class Due(NamedTuple):
+    """What is due after an optimizer step."""
+    log: bool  # a point of the loss curve (a sync point: the loss is read)
+    evaluate: bool  # a validation loss (the final one follows the loop)
+    checkpoint: bool
+    last: bool  # the budget is spent
+
+
 def due(step, args, total_steps):
-    """(log point, evaluation, checkpoint, last step) due after `step`, from the run's flags; the final
-    evaluation follows the loop, and a checkpoint after the last step is written only with
+    """What is due after `step`, from the run's flags; a checkpoint after the last step is written only with
     --keep-checkpoints (a finished run keeps its final weights instead)."""
     last = step == total_steps
     ckpt = args.keep_checkpoints if last else bool(args.ckpt_every and step % args.ckpt_every == 0)
-    return step % args.log_every == 0 or last, step % args.eval_every == 0 and not last, ckpt, last
+    return Due(log=step % args.log_every == 0 or last, evaluate=step % args.eval_every == 0 and not last,
+               checkpoint=ckpt, last=last)
 
 
 TRAINING_BYTES_PER_PARAM = 16  # fp32 weights, gradients and AdamW's two moments (activations come on top)

@@ -161,23 +161,6 @@ def ddp_handlers(precision):
             InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)]
 
 
-class SkippedSteps:
-    """fp16: whether GradScaler skipped the optimizer step just taken, read from its scale, which
-    update() lowers exactly when the gradients held inf/NaN. accelerate's optimizer_step_was_skipped
-    cannot tell with a fused AdamW: it supports amp scaling, so GradScaler always calls its step (the
-    kernel itself skips), and accelerate always sees a step taken. One host read per step, fp16 only."""
-
-    def __init__(self, scaler):
-        self.scaler = scaler
-        self.scale = scaler.get_scale() if scaler else None  # after a resume: the checkpoint's scale
-
-    def last_skipped(self):
-        if self.scaler is None:
-            return False
-        before, self.scale = self.scale, self.scaler.get_scale()
-        return self.scale < before
-
-
 def eager_mode():
     """Run compiled modules eagerly (evaluation: no_grad and a partial last batch would each
     recompile; torch >= 2.6). Older torch: a no-op, and those recompiles happen."""

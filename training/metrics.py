@@ -1,61 +1,13 @@
-"""What a run reports: throughput and MFU, the final metrics, the start-up and summary lines, the
+"""What a run reports: its TensorBoard scalars, the final metrics, the start-up and summary lines, the
 lab's success threshold and the exit code of a run stopped by a signal."""
 import math
 
 import torch
 
-from training.device import flops_per_token, mfu, sdpa_backend
+from training.device import flops_per_token, gpu_stats, mfu, sdpa_backend
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
-
-
-class Throughput:
-    """Wall-clock bookkeeping of the timed loop. A process's first step pays for compilation and warm-up:
-    its extra time over the mean steady step is `compile_seconds`; tokens/s and MFU count only the steps
-    after it (and not a step taken under the profiler). Evaluation and checkpoints count in neither (they
-    are phases of the process: training/clock.py)."""
-
-    def __init__(self, state):
-        self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
-        self.first_step_seconds = None
-        self.steady_steps = 0  # this process's, since it started
-        self.steady_seconds_here = 0.0
-        self.compile_seconds_here = 0.0  # this process's part of compile_seconds (its phases split it out)
-        self.window = [0.0, 0]  # steady seconds, tokens since the last log point
-
-    def step_done(self, seconds, tokens, steady=True):
-        self.state.train_seconds += seconds
-        if self.first_step_seconds is None:
-            self.first_step_seconds = seconds
-            return
-        if not steady:
-            return
-        self.steady_steps += 1
-        self.steady_seconds_here += seconds
-        self.state.steady_seconds += seconds
-        self.state.steady_tokens += tokens
-        self.window[0] += seconds
-        self.window[1] += tokens
-
-    def window_tokens_per_second(self):
-        seconds, tokens = self.window
-        self.window = [0.0, 0]
-        return tokens / seconds if seconds else None
-
-    def close(self):
-        """At the end of this process's part of the run: add its compile seconds."""
-        if self.first_step_seconds is not None and self.steady_steps:
-            mean_step = self.steady_seconds_here / self.steady_steps
-            self.compile_seconds_here = max(0.0, self.first_step_seconds - mean_step)
-            self.state.compile_seconds += self.compile_seconds_here
-
-    def tokens_per_second(self):
-        """Steady state; a run of one step has no steady steps, and then that step counts."""
-        state = self.state
-        if state.steady_seconds:
-            return state.steady_tokens / state.steady_seconds
-        return state.tokens_seen / state.train_seconds
 
 
 def final_metrics(state, val_loss, val_stats, tokens_per_second, info):
@@ -76,6 +28,20 @@ def final_metrics(state, val_loss, val_stats, tokens_per_second, info):
         "loss_curve": state.losses, "val_curve": state.val_losses + [[state.step, val_loss]],
         "throughput_curve": state.throughput,
     }
+
+
+def scalars(info, budget, loss, grad_norm, lr, tps, dev):
+    """A log point's TensorBoard scalars: the loss, gradient norm and LR; throughput and MFU once there is
+    a steady window; a GPU's utilisation and memory."""
+    out = {"train/loss": loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
+    if tps:
+        out["perf/tokens_per_second"] = tps
+        out["perf/step_ms"] = budget.accum * budget.tokens_per_micro / tps * 1e3
+        if info["peak"]:
+            out["perf/mfu"] = mfu(tps, info["flops_per_token"], info["peak"], info["world_size"])
+    if dev.type == "cuda":
+        out.update(gpu_stats(dev))
+    return out
 
 
 def startup_line(info, budget, micro_source, tokenizer_vocab):
@@ -104,31 +70,6 @@ def summary_line(m):
             f"{mfu_part}{compile_part}): train loss {m['final_train_loss']:.3f}, val loss {m['final_val_loss']:.3f} "
             f"-> {verdict}{SUCCESS_LOSS:g} (val {m['val_bits_per_byte']:.3f} bits/byte, comparable across "
             f"vocabularies; the loss is not)")
-
-
-class LossWindow:
-    """The training loss summed on the device since the last log point (no sync per step); saved in
-    checkpoints, so a resumed run's first point averages the same steps as an uninterrupted one's."""
-
-    def __init__(self, saved, device):
-        total, self.steps = saved
-        self.total = torch.tensor(total, device=device)
-
-    def add(self, loss):
-        self.total += loss
-
-    def mean(self, accelerator):
-        """A CPU-GPU sync point: the mean over the steps since the last call, over all processes."""
-        mean = accelerator.reduce(self.total / self.steps, reduction="mean").item()
-        self.total.zero_()
-        self.steps = 0
-        return mean
-
-    def saved(self, accelerator):
-        """[the sum, its steps] for a checkpoint. Every process restores the one saved value: the processes'
-        mean, so that the first log point after a resume averages as an uninterrupted run's (a collective:
-        every process calls it)."""
-        return [accelerator.reduce(self.total.clone(), reduction="mean").item(), self.steps]
 
 
 def describe_run(args, argv, decisions, model, text, corpus, budget, world):

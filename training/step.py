@@ -4,9 +4,9 @@ that trains, and adding an acceleration is one field of `Accelerations`, one pla
 
     Accelerations     how the step runs (each a switch of the ladder); from gpt_train's flags: resolve()
     Recipe            what it computes (learning rate, decay, betas, clipping): the same in every row
-    build()           accelerate's Accelerator, the AdamW, the model prepared and compiled -> a Step
-    Step.run()        one optimizer step: micro-batches accumulated (all-reduced once), backward, clip, update
-    Step.describe()   what was built, read back from the objects (the ladder's JSON, the agreement test)
+    build()           accelerate's Accelerator, the AdamW, the model prepared and compiled -> a TrainStep
+    train_step(...)   one optimizer step: micro-batches accumulated (all-reduced once), backward, clip, update
+    .describe()       what was built, read back from the objects (the ladder's JSON, the agreement test)
 
 The accelerations, one line of why each (where `auto` decides, training/device.py says how, per device):
   precision      16-bit matmuls run on tensor cores (~4x fp32 on a 2080Ti) and move half the bytes;
@@ -58,13 +58,13 @@ class Recipe:
 
 def resolve(args, decisions):
     """gpt_train.py's flags and this device's decisions (training/device.py) -> (Accelerations, Recipe)."""
-    acc = Accelerations(precision=decisions.precision, tf32=decisions.tf32, compile=decisions.compile_mode,
-                        fused_adamw=args.fused_adamw == "on", loss=args.loss)
-    return acc, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
+    accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32,
+                                  compile=decisions.compile_mode, fused_adamw=args.fused_adamw == "on", loss=args.loss)
+    return accelerations, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
 
 
-def make_accelerator(acc, fresh=False):
-    """accelerate's Accelerator for `acc`: autocast in its precision, fp16's GradScaler, DDP's hooks, TF32.
+def make_accelerator(accelerations, fresh=False):
+    """accelerate's Accelerator for `accelerations`: autocast in its precision, fp16's GradScaler, DDP's hooks, TF32.
     fresh: forget an earlier Accelerator of this process (the ladder builds one per row)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
@@ -72,12 +72,13 @@ def make_accelerator(acc, fresh=False):
     if fresh:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
-    handlers = [GradScalerKwargs(init_scale=SCALER_INIT)] if acc.precision == "fp16" else []
+    precision = accelerations.precision
+    handlers = [GradScalerKwargs(init_scale=SCALER_INIT)] if precision == "fp16" else []
     cuda = torch.cuda.is_available()
     # cpu=True where there is no GPU: only then does accelerate turn torchrun's processes into gloo ranks
-    accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(acc.precision, acc.precision), cpu=not cuda,
-                              kwargs_handlers=handlers + device.ddp_handlers(acc.precision))
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = acc.tf32 and cuda
+    accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(precision, precision), cpu=not cuda,
+                              kwargs_handlers=handlers + device.ddp_handlers(precision))
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = accelerations.tf32 and cuda
     return accelerator
 
 
@@ -90,24 +91,26 @@ def make_optimizer(model, recipe, fused):
                              eps=recipe.eps, fused=fused or None)  # None: torch's default (foreach) path
 
 
-def build(model, acc, recipe, accelerator):
-    """The Step for `model` (already on the accelerator's device): its optimizer, prepared by accelerate
-    (DDP with several processes), then compiled as `acc` says."""
-    optimizer = make_optimizer(model, recipe, acc.fused_adamw)
+def build(model, accelerations, recipe, accelerator):
+    """The TrainStep for `model` (already on the accelerator's device): its optimizer, prepared by accelerate
+    (DDP with several processes), then compiled as `accelerations` says."""
+    optimizer = make_optimizer(model, recipe, accelerations.fused_adamw)
     model, optimizer = accelerator.prepare(model, optimizer)
-    return Step(accelerator, model, device.compile_model(model, acc.compile), optimizer, acc, recipe)
+    compiled = device.compile_model(model, accelerations.compile)
+    return TrainStep(accelerator, model, compiled, optimizer, accelerations, recipe)
 
 
 @dataclass
-class Step:
+class TrainStep:
+    """One optimizer step, called as train_step(batches, n_micro, lr, add_loss); what it trains is its fields."""
     accelerator: object
     model: torch.nn.Module  # DDP-wrapped with several processes: checkpoints and evaluation use it
     train_model: torch.nn.Module  # the same module, compiled: the training steps call it
     optimizer: torch.optim.Optimizer
-    acc: Accelerations
+    accelerations: Accelerations
     recipe: Recipe
 
-    def run(self, batches, n_micro, lr, add_loss):
+    def __call__(self, batches, n_micro, lr, add_loss):
         """One optimizer step over the next `n_micro` micro-batches of `batches`, at learning rate `lr`.
         add_loss(loss / n_micro) for each, on the device (no sync). Returns the gradient norm before
         clipping (a device tensor: reading it is a sync point)."""
@@ -116,7 +119,7 @@ class Step:
             with scope("data"):
                 batch = next(batches)
             with contextlib.nullcontext() if i == n_micro - 1 else accelerator.no_sync(model), \
-                    sdpa_context(self.acc.sdpa_backend):
+                    sdpa_context(self.accelerations.sdpa_backend):
                 loss = self.train_model(batch[:, :-1], batch[:, 1:])
                 accelerator.backward(loss / n_micro)  # fp16: the loss is scaled here (GradScaler)
             add_loss(loss.detach() / n_micro)
@@ -135,24 +138,24 @@ class Step:
         keys = ("lr", "betas", "eps", "weight_decay", "fused", "foreach", "amsgrad", "maximize")
         scaler = self.accelerator.scaler
         net = self.accelerator.unwrap_model(self.model)
-        return {**asdict(self.acc), "recipe": asdict(self.recipe), "optimizer": type(opt).__name__,
+        return {**asdict(self.accelerations), "recipe": asdict(self.recipe), "optimizer": type(opt).__name__,
                 "param_groups": [{**{k: g.get(k) for k in keys}, "params": sum(p.numel() for p in g["params"])}
                                  for g in opt.param_groups],
                 "scaler_init": scaler.get_scale() if scaler else None,
                 "mixed_precision": self.accelerator.mixed_precision,
                 "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-                "compiled": self.train_model is not self.model or self.acc.compile == "regional",
-                "attention_kernel": attention_kernel(net, self.acc)}
+                "compiled": self.train_model is not self.model or self.accelerations.compile == "regional",
+                "attention_kernel": attention_kernel(net, self.accelerations)}
 
 
-def attention_kernel(net, acc):
+def attention_kernel(net, accelerations):
     """The attention kernel the step runs: the forced SDPA backend, torch's own choice, or eager attention."""
-    if getattr(net, "attention", acc.attention) != "sdpa":
+    if getattr(net, "attention", accelerations.attention) != "sdpa":
         return "eager (no SDPA)"
-    if acc.sdpa_backend:  # in training.device.sdpa_backend's names: SDPBackend's member, lower case
-        return SDPA_BACKENDS[acc.sdpa_backend].lower() + " (forced)"
+    if accelerations.sdpa_backend:  # in training.device.sdpa_backend's names: SDPBackend's member, lower case
+        return SDPA_BACKENDS[accelerations.sdpa_backend].lower() + " (forced)"
     cfg = getattr(net, "cfg", None) or net.config
-    return device.sdpa_backend(cfg, acc.precision, next(net.parameters()).device)
+    return device.sdpa_backend(cfg, accelerations.precision, next(net.parameters()).device)
 
 
 def sdpa_context(forced):

@@ -1,0 +1,156 @@
+"""The training loop's instruments, behind one object, so that gpt_train.py's loop shows only training:
+
+    StepWatch         what the loop calls around each optimizer step: starts and stops the step's clock,
+                      runs the step (one of them under the profiler), sums its loss, notices an fp16 step
+                      the scaler skipped, and says whether every process stops after it
+    Throughput        the timed loop's seconds and tokens: tokens/s of the steady steps, the first step's
+                      extra time (compilation, warm-up) as compile_seconds
+    LossWindow        the training loss summed on the device between log points (no sync per step)
+    SkippedSteps      fp16: whether GradScaler skipped the step just taken
+
+Sync points are named where they happen: a log point reads the loss; a step followed by an evaluation or a
+checkpoint, and a process's first step, wait for the GPU before the clock stops, so that the untimed work
+after them does not absorb the step's kernels.
+"""
+import functools
+import time
+
+import torch
+
+from training.profile import profiled
+from training.signals import StopAgreement
+
+
+class StepWatch:
+    def __init__(self, accelerator, state, stop, total_steps, profile_dir=None):
+        self.accelerator, self.cuda = accelerator, accelerator.device.type == "cuda"
+        self.perf = Throughput(state)
+        self.losses = LossWindow(state.loss_window, accelerator.device)
+        self.skips, self.agreement = SkippedSteps(accelerator.scaler), StopAgreement(accelerator, stop)
+        # --profile: a steady step (not a process's first), never the run's last
+        self.profile_at = min(state.step + 1, total_steps - 1) if profile_dir else -1
+        self.profile_dir, self.profile, self.state = profile_dir, None, state
+        self.t0 = self.profiling = None
+
+    def run(self, train_step, batches, n_micro, lr):
+        """The step's clock starts; train_step runs (under the profiler at --profile's step). Returns the
+        gradient norm (a device tensor)."""
+        self.t0, self.profiling = time.perf_counter(), self.state.step == self.profile_at
+        one_step = functools.partial(train_step, batches, n_micro, lr, self.losses.add)
+        if self.profiling:
+            grad_norm, self.profile = profiled(one_step, self.accelerator.device, self.profile_dir)
+            self.profile["step"] = self.state.step + 1  # the step profiled, not the last one run
+        else:
+            grad_norm = one_step()
+        self.losses.steps += 1
+        return grad_norm
+
+    def skipped(self):
+        """fp16: the scaler skipped this step (the gradients overflowed); one host read, fp16 only."""
+        return self.skips.last_skipped()
+
+    def mean_loss(self):
+        """The mean training loss since the last log point, over all processes: a sync point."""
+        return self.losses.mean(self.accelerator)
+
+    def step_done(self, tokens, synced, untimed_work_follows):
+        """The step's clock stops; returns whether every process stops after this step (a signal)."""
+        first = self.perf.first_step_seconds is None
+        if self.cuda and not synced and (first or untimed_work_follows):
+            torch.cuda.synchronize()  # sync point: the step's GPU work is done before the clock stops
+        stopping = self.agreement(at_sync_point=synced or first or untimed_work_follows)
+        self.perf.step_done(time.perf_counter() - self.t0, tokens, steady=not self.profiling)  # profiler: overhead
+        return stopping
+
+    def close(self):
+        self.perf.close()
+
+
+class Throughput:
+    """Wall-clock bookkeeping of the timed loop. A process's first step pays for compilation and warm-up:
+    its extra time over the mean steady step is `compile_seconds`; tokens/s and MFU count only the steps
+    after it (and not a step taken under the profiler). Evaluation and checkpoints count in neither (they
+    are phases of the process: training/clock.py)."""
+
+    def __init__(self, state):
+        self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
+        self.first_step_seconds = None
+        self.steady_steps = 0  # this process's, since it started
+        self.steady_seconds_here = 0.0
+        self.compile_seconds_here = 0.0  # this process's part of compile_seconds (its phases split it out)
+        self.window = [0.0, 0]  # steady seconds, tokens since the last log point
+
+    def step_done(self, seconds, tokens, steady=True):
+        self.state.train_seconds += seconds
+        if self.first_step_seconds is None:
+            self.first_step_seconds = seconds
+            return
+        if not steady:
+            return
+        self.steady_steps += 1
+        self.steady_seconds_here += seconds
+        self.state.steady_seconds += seconds
+        self.state.steady_tokens += tokens
+        self.window[0] += seconds
+        self.window[1] += tokens
+
+    def window_tokens_per_second(self):
+        seconds, tokens = self.window
+        self.window = [0.0, 0]
+        return tokens / seconds if seconds else None
+
+    def close(self):
+        """At the end of this process's part of the run: add its compile seconds."""
+        if self.first_step_seconds is not None and self.steady_steps:
+            mean_step = self.steady_seconds_here / self.steady_steps
+            self.compile_seconds_here = max(0.0, self.first_step_seconds - mean_step)
+            self.state.compile_seconds += self.compile_seconds_here
+
+    def tokens_per_second(self):
+        """Steady state; a run of one step has no steady steps, and then that step counts."""
+        state = self.state
+        if state.steady_seconds:
+            return state.steady_tokens / state.steady_seconds
+        return state.tokens_seen / state.train_seconds
+
+
+class LossWindow:
+    """The training loss summed on the device since the last log point (no sync per step); saved in
+    checkpoints, so a resumed run's first point averages the same steps as an uninterrupted one's."""
+
+    def __init__(self, saved, device):
+        total, self.steps = saved
+        self.total = torch.tensor(total, device=device)
+
+    def add(self, loss):
+        self.total += loss
+
+    def mean(self, accelerator):
+        """A CPU-GPU sync point: the mean over the steps since the last call, over all processes."""
+        mean = accelerator.reduce(self.total / self.steps, reduction="mean").item()
+        self.total.zero_()
+        self.steps = 0
+        return mean
+
+    def saved(self, accelerator):
+        """[the sum, its steps] for a checkpoint. Every process restores the one saved value: the processes'
+        mean, so that the first log point after a resume averages as an uninterrupted run's (a collective:
+        every process calls it)."""
+        return [accelerator.reduce(self.total.clone(), reduction="mean").item(), self.steps]
+
+
+class SkippedSteps:
+    """fp16: whether GradScaler skipped the optimizer step just taken, read from its scale, which
+    update() lowers exactly when the gradients held inf/NaN. accelerate's optimizer_step_was_skipped
+    cannot tell with a fused AdamW: it supports amp scaling, so GradScaler always calls its step (the
+    kernel itself skips), and accelerate always sees a step taken. One host read per step, fp16 only."""
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+        self.scale = scaler.get_scale() if scaler else None  # after a resume: the checkpoint's scale
+
+    def last_skipped(self):
+        if self.scaler is None:
+            return False
+        before, self.scale = self.scale, self.scaler.get_scale()
+        return self.scale < before
