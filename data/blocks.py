@@ -11,7 +11,6 @@ arrow table.
     Blocks(tensor)    the Dataset epoch_loader batches: a batch is tensor[indices]
 """
 import hashlib
-import io
 import json
 import sys
 
@@ -60,14 +59,13 @@ def read_packed(folder, block_size, vocab_size):
     or not blocks of `block_size` ids inside the vocabulary."""
     manifest = json.loads(files.read_small(folder / "manifest.json", 1 << 16))
     blocks = {}
+    if changed := files.first_changed(manifest, [folder / f"{name}.npy" for name in SPLITS]):
+        raise ValueError(f"{changed.name} does not match its manifest")
     for name in SPLITS:
-        path = folder / f"{name}.npy"
-        if manifest.get(path.name) != {"bytes": path.stat().st_size, "sha256": files.sha256_file(path)}:
-            raise ValueError(f"{path.name} does not match its manifest")
-        array = np.load(path, allow_pickle=False)
+        array = np.load(folder / f"{name}.npy", allow_pickle=False)
         if array.dtype != np.int32 or array.ndim != 2 or array.shape[1] != block_size or not len(array) or \
                 array.min() < 0 or array.max() >= vocab_size:
-            raise ValueError(f"{path.name} holds no blocks of {block_size} ids inside the vocabulary")
+            raise ValueError(f"{name}.npy holds no blocks of {block_size} ids inside the vocabulary")
         blocks[name] = torch.from_numpy(array)
     stats = manifest["stats"]
     return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
@@ -79,11 +77,8 @@ def write_packed(folder, blocks, stats):
     folder.mkdir(parents=True, exist_ok=True)
     manifest = {"stats": {name: {k: v for k, v in stats[name].items() if k != "from_cache"} for name in SPLITS}}
     for name in SPLITS:
-        buffer = io.BytesIO()
-        np.save(buffer, blocks[name].numpy(), allow_pickle=False)
-        data = buffer.getvalue()
-        files.write_atomic(folder / f"{name}.npy", data)
-        manifest[f"{name}.npy"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
+        manifest[f"{name}.npy"] = files.file_record(folder / f"{name}.npy")
     files.write_json(folder / "manifest.json", manifest)
 
 

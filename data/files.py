@@ -139,3 +139,13 @@ def probe_folder(folder, named):
             pass
     except OSError as e:
         raise OutputError(f"{named} cannot be written ({reason(e)})") from None
+
+
+def file_record(path):
+    """What a manifest keeps of a file: its size and content hash (a file rewritten in place no longer matches)."""
+    return {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+
+
+def first_changed(manifest, paths):
+    """The first of `paths` that is not as the dict `manifest` records it (missing, resized, rewritten), else None."""
+    return next((p for p in map(Path, paths) if not p.is_file() or manifest.get(p.name) != file_record(p)), None)

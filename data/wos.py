@@ -31,8 +31,7 @@ from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
-from data import data_root
-from data.files import UserError, check_output_dir, read_small, sha256_file, write_atomic, write_json
+from data import data_root, files
 from data.tokenizer import EOT, tokenizer_sha256
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +40,7 @@ WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
 
 
-class TextError(UserError):
+class TextError(files.UserError):
     """Missing or unusable text: reported as one line, never as a traceback."""
 
 
@@ -75,7 +74,7 @@ def download_wos(dest):
     print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="wos-") as scratch:
         data = fetch_x_txt(request, Path(scratch) / "WebOfScience.zip")
-    write_atomic(dest, data)
+    files.write_atomic(dest, data)
 
 
 def fetch_x_txt(request, archive):
@@ -202,8 +201,8 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
     """
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
-    check_output_dir(cache_dir, "--cache-dir")
-    corpus_dir = corpus_cache(cache_dir, sha256 or sha256_file(path))
+    files.check_output_dir(cache_dir, "--cache-dir")
+    corpus_dir = corpus_cache(cache_dir, sha256 or files.sha256_file(path))
     try:
         return read_splits(path, val_fraction, seed, corpus_dir, fresh=False)
     except DamagedCache as e:
@@ -374,24 +373,22 @@ def cached_map(dataset, function, folder, stem, **kwargs):
     return result
 
 
-def cache_manifest(manifest, files, before):
-    """Cached blocks are trusted by content, as checkpoints are: `files` that existed `before` the map must
-    match the manifest's size and sha256 (rewritten in place, valid ids or not, they are DamagedCache);
-    files made now are recorded in it. Hashing costs a read of the files (~30 ms for the stand-in's)."""
-    loaded = [f for f in files if f in before]
+def cache_manifest(manifest, paths, before):
+    """Cached blocks are trusted by content, as checkpoints are: `paths` that existed `before` the map must
+    match the manifest (rewritten in place, valid ids or not, they are DamagedCache); files made now are
+    recorded in it. Hashing costs a read of the files (~30 ms for the stand-in's)."""
+    loaded = [f for f in paths if f in before]
     if loaded:
         try:
-            expected = json.loads(read_small(manifest, 1 << 20))
+            expected = json.loads(files.read_small(manifest, 1 << 20))
         except (OSError, ValueError):  # missing, a planted link or device, not JSON
             expected = None
         if not isinstance(expected, dict):
             raise DamagedCache(f"{manifest.name} is missing or unreadable")
-        for f in loaded:
-            if expected.get(f.name) != {"bytes": f.stat().st_size, "sha256": sha256_file(f)}:
-                raise DamagedCache(f"{f.name} does not match its manifest")
-    if len(loaded) < len(files):
-        write_json(manifest, {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-                                       for f in files})
+        if changed := files.first_changed(expected, loaded):
+            raise DamagedCache(f"{changed.name} does not match its manifest")
+    if len(loaded) < len(paths):
+        files.write_json(manifest, {f.name: files.file_record(f) for f in paths})
 
 
 def verify_tokens(ids, blocks, n_docs, block_size, vocab_size):

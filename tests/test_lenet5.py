@@ -96,7 +96,7 @@ def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_pat
     assert len(aside) == 1 and {p.name for p in aside[0].glob("events.out.tfevents.*")} == first_events
     assert not first_events & {p.name for p in (tmp_path / "run").glob("events.out.tfevents.*")}  # this run's only
     third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert third.returncode == 1 and "holds a run of lenet5.py already" in third.stderr
+    assert third.returncode == 1 and "holds a finished run of lenet5.py" in third.stderr
 
 
 @pytest.mark.parametrize("script", ["lenet5.py", "tokenizer_train.py"])

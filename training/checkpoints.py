@@ -23,6 +23,7 @@ from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
 
+from data.files import file_record, first_changed
 from training import UserError, runfiles
 
 PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FILE)
@@ -98,9 +99,7 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
     if accelerator.is_main_process:
         with failed_write_explained(tmp, "a checkpoint"):
             runfiles.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
-            manifest = {p.name: {"bytes": p.stat().st_size, "sha256": runfiles.sha256_file(p)}
-                        for p in sorted(tmp.iterdir()) if p.is_file()}
-            runfiles.write_json(tmp / MANIFEST, manifest)
+            runfiles.write_json(tmp / MANIFEST, {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()})
         if final.exists():  # the same step saved before (a resumed run stopped again at once)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -141,15 +140,8 @@ def verify_checkpoint(path):
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
         return "no readable manifest (an interrupted or older checkpoint)"
-    for name, expected in manifest.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != expected["bytes"]:
-            return f"{name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}"
-        if runfiles.sha256_file(file) != expected["sha256"]:
-            return f"{name} does not match its checksum"
-    return None
+    changed = first_changed(manifest, [path / name for name in manifest])
+    return changed and f"{changed.name} is missing or does not match its manifest"
 
 
 def restore(accelerator, ckpt):
@@ -274,25 +266,23 @@ def run_outputs(out_dir, metrics_out):
     return outputs
 
 
-def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None):
+def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None, force=False):
     """(out_dir, the checkpoint to resume from or None). Checks the outputs (none may be one of the
-    `inputs`, {flag: path}); claims the folder (runfiles.claim_run_dir: new, empty or one of this program's)
-    and locks it until `stack` closes (a finished run is never overwritten); with several processes,
-    the main one's answer."""
+    `inputs`, {flag: path}; --metrics-out replaced only with `force`); opens the folder (runfiles.open_run: new,
+    empty or an unfinished run of this program's, locked until `stack` closes); an unfinished attempt without a
+    checkpoint is set aside. With several processes, the main one's answer."""
     ckpt = None
     if accelerator.is_main_process:
         runfiles.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),
                                           {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
-        if metrics_out:  # the ownership rule: in no other run's folder, over no file gpt_train.py did not write
-            runfiles.check_output(metrics_out, "--metrics-out", PROGRAM, own_run=out_dir)
-        runfiles.claim_run_dir(out_dir, PROGRAM, stack)  # new, empty or gpt_train.py's; a failed start leaves none
-        if (out_dir / "metrics.json").exists():
-            raise UserError(f"{out_dir} holds a finished run (metrics.json); pick a new --out-dir")
-        ckpt, skipped = latest_checkpoint(out_dir)
-        for name, why in skipped:
-            print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)
-        if ckpt is None:
-            runfiles.set_aside_earlier_attempt(out_dir, "no checkpoint to resume from")
+        if metrics_out:
+            runfiles.check_output(metrics_out, "--metrics-out", force, own_run=out_dir)
+        if runfiles.open_run(out_dir, PROGRAM, stack):
+            ckpt, skipped = latest_checkpoint(out_dir)
+            for name, why in skipped:
+                print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)
+            if ckpt is None:
+                runfiles.set_aside_earlier_attempt(out_dir, "no checkpoint to resume from")
     if accelerator.num_processes > 1:  # the main process's choice (its clock named the default folder)
         ckpt, out_dir = broadcast_object_list([ckpt, out_dir])
     return out_dir, ckpt

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from training import UserError, checkpoints, runfiles
+from data.files import UMASK, UserError, read_small, strict, write_json
+from training import checkpoints
 from training.checkpoints import FINAL_WEIGHTS, failed_write_explained
 from training.model import GPT, from_transformers, model_config, to_transformers
 
@@ -60,14 +61,8 @@ def final_remains(out_dir, metrics_kept):
 def config_sha256(config):
     """The hash of a config's content (not its layout): recorded in model.safetensors beside the weights,
     so that a later edit of config.json that the shapes cannot reveal (n_head) is found on loading."""
-    canonical = json.dumps(json.loads(json.dumps(runfiles.strict(config), default=str)), sort_keys=True)
+    canonical = json.dumps(json.loads(json.dumps(strict(config), default=str)), sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def current_umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_final(net, tokenizer, folder):
@@ -84,15 +79,15 @@ def write_final(net, tokenizer, folder):
               "tokenizer_sha256": tokenizer_sha256(tokenizer)}
     metadata = {"format": "pt", "config_sha256": config_sha256(config)}
     save_file(to_transformers(net.state_dict()), folder / HF_WEIGHTS, metadata=metadata)  # streamed: no copy in memory
-    os.chmod(folder / HF_WEIGHTS, 0o666 & ~current_umask())  # save_file makes it 0600: the group may read it
-    runfiles.write_json(folder / HF_CONFIG, config)
+    os.chmod(folder / HF_WEIGHTS, 0o666 & ~UMASK)  # save_file makes it 0600: the group may read it
+    write_json(folder / HF_CONFIG, config)
     # the padding rows (vocab up to cfg.vocab_size, whole tiles for the matmuls) are no token: generate()
     # must never pick one; at most 63 ids, masked once per step
-    runfiles.write_json(folder / "generation_config.json", {
+    write_json(folder / "generation_config.json", {
         "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
         **({"suppress_tokens": list(range(vocab, cfg.vocab_size))} if cfg.vocab_size > vocab else {})})
     tokenizer.save(str(folder / "tokenizer.json"))
-    runfiles.write_json(folder / "tokenizer_config.json", {
+    write_json(folder / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "unk_token": EOT,
         "model_max_length": cfg.n_positions, "clean_up_tokenization_spaces": False})
 
@@ -134,7 +129,7 @@ def load_run(run_dir, tokenizer_spec, device):
 def read_config(path):
     """The GPT2Config of a run's config.json, checked enough to build a model from."""
     try:
-        raw = json.loads(runfiles.read_small(path, 1 << 20, follow=True))  # a FIFO planted there: no wait
+        raw = json.loads(read_small(path, 1 << 20, follow=True))  # a FIFO planted there: no wait
         shape, eot = {k: raw[k] for k in SHAPE}, raw["eos_token_id"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a readable GPT-2 config ({type(e).__name__}: {e})") from None
@@ -234,7 +229,7 @@ def named_tokenizer(run_dir, spec, cfg, expect=None):
     model: its size and end-of-text id, and its hash where the checkpoint recorded one (`expect`)."""
     if not spec:
         try:  # the path as typed when the run started (relative to where it started)
-            spec = json.loads(runfiles.read_small(run_dir / "args.json", 1 << 20, follow=True))["tokenizer"]
+            spec = json.loads(read_small(run_dir / "args.json", 1 << 20, follow=True))["tokenizer"]
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(f"{run_dir}: no readable args.json naming the tokenizer; "
                             f"pass it with --tokenizer") from None

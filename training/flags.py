@@ -4,7 +4,7 @@ rule is read beside the flag's help. Rules that join two flags stay in the scrip
 
     Parser         every script's ArgumentParser: errors in one line, no abbreviated flags
     number(...)    an int or float in a range (and a multiple of a step);  int_or_auto()  a positive integer or "auto"
-    path_flag      a path: not empty, no name over the limit, no dangling or looping link (runfiles.path_problem)
+    path_flag      a path: not empty, no name over the limit, no dangling or looping link (data.files.path_problem)
     path_or_name_flag  the same, for a flag that also takes a name (--tokenizer gpt2)
 """
 import argparse
@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-from training.runfiles import path_problem
+from data.files import path_problem
 
 
 class Parser(argparse.ArgumentParser):

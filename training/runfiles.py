@@ -19,24 +19,12 @@ import threading
 import time
 from pathlib import Path
 
-from data.files import (
-    OWNER_FILE,
-    OutputError,
-    UserError,
-    check_output_dir,
-    inside_another_run,
-    path_problem,
-    probe_folder,
-    read_small,
-    reason,
-    sha256_file,
-    strict,
-    write_atomic,
-    write_json,
-)
+from data import files
+from data.files import OWNER_FILE, OutputError, inside_another_run, path_problem, read_small, reason
 
-# what the scripts still import from here; data.files is their home
-__all__ = ["UserError", "check_output_dir", "probe_folder", "reason", "sha256_file", "strict", "write_json"]
+# transitional: callers not yet moved import these from here; their home is data/files.py
+UserError, check_output_dir, probe_folder = files.UserError, files.check_output_dir, files.probe_folder
+sha256_file, strict, write_atomic, write_json = files.sha256_file, files.strict, files.write_atomic, files.write_json
 
 LOCK_FILE = "run.lock"
 BOOKKEEPING = {LOCK_FILE, OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
@@ -75,7 +63,7 @@ def check_output(path, what, force=False, own_run=None, kind="JSON"):
     problem = inside_another_run(path, what, own_run) or existing_problem(path, what, force, kind)
     if problem:
         raise OutputError(problem)
-    probe_folder(path.parent, f"{what} {path}")
+    files.probe_folder(path.parent, f"{what} {path}")
 
 
 def existing_problem(path, what, force, kind):
@@ -150,8 +138,8 @@ def new_run_name():
 
 
 def run_dir_problem(path, program, what="--out-dir", reuse=True):
-    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse`, marked
-    as `program`'s), else why not. Only listings and the owner file are read: nothing is written."""
+    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse` (an
+    unfinished run), marked as `program`'s), else why not. Nothing is written."""
     path = Path(path)
     problem = path_problem(path)
     if problem:
@@ -165,7 +153,7 @@ def run_dir_problem(path, program, what="--out-dir", reuse=True):
     owner = read_owner(path)
     if owner == program and reuse:
         return None
-    whose = (f"a run of {program} already (runs are never overwritten)" if owner == program else
+    whose = (f"a finished run of {program} (metrics.json: runs are never overwritten)" if owner == program else
              f"a run of {owner}" if owner else f"files that are not a run of {program} (no {OWNER_FILE})")
     return f"{what} {path} is not empty: it holds {whose}; give a new or empty folder (nothing was written)"
 
@@ -193,11 +181,11 @@ def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
     if problem:
         raise OutputError(problem)
     fresh = not path.exists()
-    check_output_dir(path, what)
+    files.check_output_dir(path, what)
     stack.enter_context(RunLock(path))
     stack.callback(remove_if_unused, path, fresh)  # only once locked: another run's lock file is never touched
     if read_owner(path) != program:
-        write_atomic(path / OWNER_FILE, f"{program}\n".encode())
+        files.write_atomic(path / OWNER_FILE, f"{program}\n".encode())
     return path
 
 
