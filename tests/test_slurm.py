@@ -184,3 +184,57 @@ def test_tokenizer_sh_replaces_the_default_tokenizer_but_not_one_named_with_out(
                    capture_output=True)
     args = (tmp_path / "args").read_text().splitlines()
     assert args[0] == str(REPO / "tokenizer_train.py") and args[1:] == (["--force"] if forced else []) + flags
+
+
+def test_handin_packs_the_code_the_report_and_its_runs_and_logs_only(tmp_path):
+    """README step 8 in a tmp copy of the repository with fabricated runs: the pack holds the code, the report,
+    the runs named (no checkpoints, no final/ weights) and the logs of the jobs that wrote them; not the team's
+    report/results/ or report.pdf, not a failed job's log, not a run left unnamed. An empty $USER (a pack named
+    lab5-handin-.tar.gz before) gives the login name."""
+    import pwd
+    repo = tmp_path / "repo"
+
+    def put(path, text="x\n"):
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+
+    for path in (".gitignore", "slurm/handin.sh", "slurm/gpt.sh", "README.md", "report/report.md"):
+        put(path, (REPO / path).read_text())
+    for path in ("report/report.pdf", "report/results/tests.json", "report/generated/gpt_curves.png", "mine.py"):
+        put(path)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "add", ".gitignore", "slurm", "README.md", "report"], cwd=repo, check=True)
+    head = "[2026-12-01 10:00:00] host n1, job {} (restart {}), partition normal, GPUs 0, cwd /x\n"
+    lenet, gpt = repo / "runs/lenet5/20261201-100000-ab12-torch", repo / "runs/gpt/gpt-7"
+    for run in (lenet, gpt, repo / "runs/gpt/gpt-70", repo / "runs/lenet5/20261201-090000-cd34-torch"):
+        put(run.relative_to(repo) / "metrics.json", "{}")
+        put(run.relative_to(repo) / "events.out.tfevents.1.n1")
+    put("runs/gpt/gpt-7/final/model.safetensors")
+    put("runs/gpt/gpt-7/ckpt-5/model.safetensors")
+    put("runs/slurm/lenet5-3.out", head.format(3, 0) + f"LeNet-5 ..., logs in {lenet}\ntest accuracy 99.1%\n")
+    put("runs/slurm/lenet5-4.out", head.format(4, 0) + f"error: --out-dir {lenet} holds a finished run\n")
+    put("runs/slurm/gpt-7.out", head.format(7, 0) + f"out {gpt}\nUSR1: checkpointing\nslurmstepd: error: *** JOB 7 "
+        "CANCELLED DUE TO JOB REQUEUE ***\n" + head.format(7, 1) + f"out {gpt}\n-> success: train loss < 7\n")
+    put("runs/slurm/gpt-70.out", head.format(70, 0) + f"out {repo}/runs/gpt/gpt-70\n-> success: train loss < 7\n")
+    put("runs/slurm/tokenizer-2.out", head.format(2, 0) + "Traceback (most recent call last):\nOSError: no\n")
+    put("runs/myreport/lab5-report-student.pdf")
+    put("runs/myreport/tb.png")
+    env = {**os.environ, "USER": ""}
+    done = subprocess.run(["bash", "../../slurm/handin.sh", "../myreport/lab5-report-student.pdf", "../../runs/lenet5/"
+                           + lenet.name, str(gpt), "../myreport/tb.png"], cwd=repo / "runs" / "gpt", env=env,
+                          capture_output=True, text=True, timeout=60)
+    pack = repo / f"lab5-handin-{pwd.getpwuid(os.getuid()).pw_name}.tar.gz"
+    assert done.returncode == 0 and pack.exists(), done.stderr
+    members = set(subprocess.run(["tar", "-tzf", str(pack)], capture_output=True, text=True, check=True)
+                  .stdout.split())
+    assert members == {".gitignore", "slurm/handin.sh", "slurm/gpt.sh", "README.md", "report/report.md", "mine.py",
+                       "runs/myreport/lab5-report-student.pdf", "runs/myreport/tb.png",
+                       f"runs/lenet5/{lenet.name}/metrics.json", f"runs/lenet5/{lenet.name}/events.out.tfevents.1.n1",
+                       "runs/gpt/gpt-7/metrics.json", "runs/gpt/gpt-7/events.out.tfevents.1.n1",
+                       "runs/slurm/lenet5-3.out", "runs/slurm/gpt-7.out"}
+    assert f"14 files in {pack}" in done.stdout
+
+    unfinished = subprocess.run(["bash", "slurm/handin.sh", "runs/myreport/lab5-report-student.pdf", "runs/gpt"],
+                                cwd=repo, capture_output=True, text=True, timeout=60)
+    assert unfinished.returncode == 2 and unfinished.stderr == (
+        "error: runs/gpt: not a finished run folder (no metrics.json) nor a file\n")
