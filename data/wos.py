@@ -119,20 +119,23 @@ MAX_DOC_BYTES = 1_000_000  # an abstract is ~1-2 KB; a megabyte on one line is n
 
 
 def check_text(path):
-    """Validate X.txt before datasets reads it: not empty, >= 2 usable lines, no line over
-    MAX_DOC_BYTES (one document per line: a file without line breaks would exhaust the memory of
-    BPE training and tokenisation); invalid UTF-8 is counted in one warning (datasets decodes it
-    with replacement characters). Returns the count of usable lines."""
+    """Validate X.txt before datasets reads it: not empty, >= 2 usable lines, no line over MAX_DOC_BYTES (one
+    document per line: a file without line breaks would exhaust the memory of BPE training and tokenisation),
+    not UTF-16/32 (a byte-order mark, or a line of NUL bytes: ASCII in UTF-16 is every other byte 0, which would
+    pass as UTF-8 with a few bad lines); invalid UTF-8 is counted in one warning (datasets decodes it with
+    replacement characters). Returns the count of usable lines."""
     raw = Path(path).read_bytes()
     if not raw.strip():
         raise TextError(f"{path} is empty")
-    check_encoding(path, raw)
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise TextError(f"{path} is UTF-16 or UTF-32 (byte-order mark {raw[:2].hex(' ')}), not UTF-8: convert it, "
+                        f"e.g. iconv -f UTF-16 -t UTF-8 {path} > X-utf8.txt")
     usable = invalid = 0
     for number, line in enumerate(raw.splitlines(), 1):  # \n, \r\n and \r, like datasets' universal newlines
         if len(line) > MAX_DOC_BYTES:
             raise TextError(f"{path}: line {number} has {len(line):,} bytes; expected one document (an abstract) per "
                             f"line, at most {MAX_DOC_BYTES:,} bytes")
-        if line.count(0) > len(line) // 8:  # past the first MiB too: text in UTF-16 is every other byte NUL
+        if line.count(0) > len(line) // 8:
             raise TextError(f"{path}: line {number} is {line.count(0) / len(line):.0%} NUL bytes: UTF-16 or binary, "
                             f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
         try:
@@ -147,18 +150,6 @@ def check_text(path):
     if usable < 2:
         raise TextError(f"{path} has {usable} usable line(s); need at least 2 (one document per line)")
     return usable
-
-
-def check_encoding(path, raw):
-    """Refuse UTF-16/32 (a byte-order mark, or NUL bytes: ASCII in UTF-16 is every other byte 0),
-    which would otherwise pass as UTF-8 with a few bad lines and tokenise into NUL-riddled text."""
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise TextError(f"{path} is UTF-16 or UTF-32 (byte-order mark {raw[:2].hex(' ')}), not UTF-8: convert it, "
-                        f"e.g. iconv -f UTF-16 -t UTF-8 {path} > X-utf8.txt")
-    head = raw[:1 << 20]
-    if head.count(0) > len(head) // 100:
-        raise TextError(f"{path}: {head.count(0) / len(head):.0%} of its first MiB are NUL bytes: UTF-16 or binary, "
-                        f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
 
 
 WOS46985_DOCUMENTS = 46_985
@@ -190,15 +181,10 @@ def corpus_identity(path):
 # ----------------------------------------------------------------------------- datasets
 
 def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
-    """DatasetDict(train, validation) of {"text"}: one row per document, split by document.
-
-    The split is datasets' seeded `train_test_split`, so the same file and seed always give the
-    same documents in each part; its indices are cached with the rest, in corpus_cache(): one folder
-    per corpus content (`sha256`, corpus_identity's: pass it, or the file is hashed here), since
-    datasets' own key (path, mtime) misses a file rewritten in place (`cp -p`, `rsync -t`). A cache
-    folder that cannot be written is one line before any work; a damaged cache is rebuilt once, then
-    refused in one line.
-    """
+    """DatasetDict(train, validation) of {"text"}: one row per document, split by document with datasets'
+    seeded `train_test_split` (the same file and seed, the same parts). Cached in corpus_cache(), one folder per
+    corpus content (`sha256`: pass it, or the file is hashed here): datasets' own key (path, mtime) misses a
+    file rewritten in place (`cp -p`). A damaged cache is rebuilt once, then refused in one line."""
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
     files.check_output_dir(cache_dir, "--cache-dir")
@@ -284,13 +270,9 @@ class DamagedCache(Exception):
 
 def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     """(DatasetDict of {"input_ids": block_size token ids}, {split: {docs, tokens, bytes, from_cache}}).
-
-    Documents are joined by <|endoftext|>. As in HF's run_clm, each map batch of 1000 documents drops
-    its last partial block (< 0.5% of the tokens). The result is cached per tokenizer, in
-    token_cache_folder(), and verified however it was obtained (a loaded file against its manifest;
-    readable, blocks of block_size, ids inside the vocabulary): a damaged cache is rebuilt once with a
-    warning, and refused in one line naming the folder to delete if the rebuild is damaged too.
-    """
+    Documents are joined by <|endoftext|>; as in HF's run_clm, each map batch of 1000 documents drops its last
+    partial block (< 0.5% of the tokens). Cached per tokenizer (token_cache_folder()) and verified however it was
+    obtained (cache_manifest, verify_tokens): a damaged cache is rebuilt once, then refused in one line."""
     if tokenizer.token_to_id(EOT) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
     if num_proc is None:  # worker processes pay off only on a large corpus
