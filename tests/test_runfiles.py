@@ -180,3 +180,16 @@ def test_an_empty_path_flag_and_a_seed_out_of_range_are_refused():
 def test_default_run_names_of_one_second_differ():
     names = {runfiles.new_run_name() for _ in range(20)}
     assert len(names) == 20
+
+
+def test_open_run_says_whether_an_attempt_is_there_and_never_reopens_a_finished_run(tmp_path):
+    run = tmp_path / "run"
+    with contextlib.ExitStack() as stack:
+        assert runfiles.open_run(run, "lenet5.py", stack) is False  # new
+        (run / "args.json").write_text("{}")
+    with contextlib.ExitStack() as stack:
+        assert runfiles.open_run(run, "lenet5.py", stack) is True  # an unfinished attempt: resume or set aside
+        (run / "metrics.json").write_text("{}")
+    with contextlib.ExitStack() as stack, pytest.raises(runfiles.OutputError, match="holds a finished run of lenet5"):
+        runfiles.open_run(run, "lenet5.py", stack)
+    assert sorted(p.name for p in run.iterdir()) == ["args.json", "metrics.json", "run.lock", "run.owner"]

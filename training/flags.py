@@ -6,6 +6,7 @@ rule is read beside the flag's help. Rules that join two flags stay in the scrip
     number(...)    an int or float in a range (and a multiple of a step);  int_or_auto()  a positive integer or "auto"
     path_flag      a path: not empty, no name over the limit, no dangling or looping link (data.files.path_problem)
     path_or_name_flag  the same, for a flag that also takes a name (--tokenizer gpt2)
+    add_output_flags   --metrics-out and --force, alike in every script (training/runfiles.check_output's rule)
 """
 import argparse
 import math
@@ -83,3 +84,9 @@ def int_or_auto(low=1):
     def parse(text):
         return text if text == "auto" else as_int(text)
     return parse
+
+
+def add_output_flags(parser, metrics_help="write the final metrics here as JSON"):
+    parser.add_argument("--metrics-out", type=path_flag, default=None, help=metrics_help)
+    parser.add_argument("--force", action="store_true", help="replace existing output files, if they are of the kind "
+                        "this script writes (a JSON object; --save: a torch.save archive): never any other file")

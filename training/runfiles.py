@@ -203,9 +203,8 @@ def open_run(path, program, stack, what="--out-dir"):
     """Claim run folder `path` for `program` (claim_run_dir) unless it holds a finished run (FINISHED);
     returns whether it holds an unfinished attempt of `program`'s, for the caller to resume or set aside."""
     path = Path(path)
-    finished = (path / FINISHED).exists()
-    claim_run_dir(path, program, stack, what, reuse=not finished)
-    if (path / FINISHED).exists():  # finished between the check and the lock: the other run's last write
+    claim_run_dir(path, program, stack, what, reuse=not os.path.lexists(path / FINISHED))
+    if os.path.lexists(path / FINISHED):  # finished between the check and the lock: the other run's last write
         raise OutputError(f"{what} {path} holds a run of {program} that has just finished (metrics.json); "
                           f"give a new folder")
     return any(p.name not in BOOKKEEPING for p in path.iterdir())
