@@ -179,17 +179,19 @@ def screenshot(url, path, width, height, scale=1):
 
 
 PDF_CSS = """
-body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10.5pt; line-height: 1.5; margin: 0; }
+body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10pt; line-height: 1.45; margin: 0; }
 h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
 h1, h2, h3, h4 { break-after: avoid; }
-img { max-width: 100%; max-height: 92mm; display: block; margin: 4px auto; }
-img[src$="lenet_tensorboard_layers.png"] { max-height: 122mm; }  /* tall (4 cards): its digits readable */
+img { max-width: 100%; max-height: 76mm; display: block; margin: 4px auto; }
+img[src$="lenet_tensorboard_layers.png"] { max-height: 105mm; }  /* tall (4 cards): its digits readable */
+img[src*="nvidia_smi_"] { max-height: 62mm; }  /* a terminal's text: legible smaller */
 figure { margin: 0; break-inside: avoid; } figure p { margin: 4px 0; }
-table { border-collapse: collapse; font-size: 9pt; margin: 6px 0; } td, th { border: 1px solid #bbb; padding: 2px 5px; }
+table { border-collapse: collapse; font-size: 8.5pt; margin: 6px 0; }
+td, th { border: 1px solid #bbb; padding: 2px 5px; }
 tr { break-inside: avoid; } thead { display: table-header-group; }
 code, pre { font-family: "Noto Sans Mono CJK SC", monospace; font-size: 8.5pt; } pre { white-space: pre-wrap; }
 blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-left: 10px; }
-@page { size: A4; margin: 16mm 14mm; }
+@page { size: A4; margin: 14mm 14mm; }
 """
 # Chinese text needs no space where a source line was broken; beside full-width punctuation never
 CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"

@@ -21,22 +21,143 @@ repository's own report) or `own` (a student's runs named). So a student's repor
 caption written for the team's runs, and a missing input is a sentence, not a blank (`select_blocks`).
 """
 import re
+from dataclasses import replace
 
-from report.inputs import figure_name, rel
+from report import tables
+from report.figures import busy_window
+from report.gpu import LENET_CSV, ROLES, SLOTS, answer, logged_process_seconds, runs_archive_events
+from report.inputs import NUMBER, Run, events_beside, figure_name, rel, result_name, run_kind
+from training.metrics import SUCCESS_LOSS
 
-# alias -> (run kind, the committed run it follows when none is named): the default recipe's LeNet-5 run
-# (its events beside it) and the headline GPT run, a cold compile cache
-ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpt_run_12M-cold_standin_h200")}
+# alias -> (run kind, what it follows when no run of that kind is named): the committed CPU run of the
+# default LeNet-5 recipe (its events beside it), the GPU folders' graded GPT run (gpu.ROLES)
+ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpu_gpt")}
+CPU_LADDER = "gpt_bench_cpu_2x1024"  # the ladder at the lab's shape on the CPU, beside the GPU's
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 
 
-def fact_sources(results, shown):
-    """{source name: (its JSON, where it came from)}: every results file, then each alias (`lenet`, `gpt`): the
-    run its section shows (derived.shown_runs, the one place a kind not named falls back to a committed run)."""
+def role_runs(folders, results, scratch):
+    """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer; a
+    run's events from beside its JSON (the first folder) or from runs.tar.gz (gpu_check.sh's, into scratch)."""
+    roles = {}
+    for role, (pattern, older, fallback) in ROLES.items():
+        found, stem = answer(folders, pattern, older, results=True)
+        key = next((k for k in results if result_name(k) == fallback), None) if not found and fallback else None
+        if found:
+            loose = found.folder / f"{stem}.json"
+            data, path = found.results[stem], loose if loose.is_file() else None
+            source = rel(loose) if path else f"{rel(found.folder / 'results.json')}: results.{stem}"
+        elif key:
+            (data, path), stem = results[key], fallback
+            source = rel(path)
+        else:
+            continue
+        events = events_beside(path) if path else runs_archive_events(found, stem, scratch) if scratch else None
+        where = f"{rel(path.parent) if path else rel(found.folder) + '/runs.tar.gz'}: {events.name}" if events else None
+        roles[role] = Run(role, run_kind(data), data, source, path, stem, events, where, found)
+    return roles
+
+
+def shown_runs(by_kind, results, roles, committed=True):
+    """{kind: Run}: the run named on the command line, else (where `committed`) what ALIASES follows."""
+    shown = {}
+    for alias, (kind, default) in ALIASES.items():
+        if run := by_kind.get(kind):
+            shown[kind] = Run(alias, kind, run.metrics, f"{rel(run.dir)}/metrics.json", events=run.dir,
+                              events_source=rel(run.dir))
+        elif committed and default in roles:
+            shown[kind] = replace(roles[default], alias=alias)
+        elif committed and (key := next((k for k in results if result_name(k) == default), None)):
+            data, path = results[key]
+            events = events_beside(path)
+            shown[kind] = Run(alias, kind, data, rel(path), path, default, events, rel(events) if events else None)
+    return shown
+
+
+def process_seconds(metrics, gpu=None, stem=None):
+    """(seconds, how) of a run's whole process, or (None, why not): its metrics' process_seconds (a resumed
+    run's process_seconds_total: its loop time sums every process), else its GPU folder's step log."""
+    here, total = metrics.get("process_seconds"), metrics.get("process_seconds_total")
+    if isinstance(here, NUMBER):
+        if isinstance(total, NUMBER) and total > here + 0.05:
+            return total, "process_seconds_total"
+        if metrics.get("resumed") and not isinstance(total, NUMBER):
+            return None, "未记录（续跑的运行没有可用的 process_seconds_total）"
+        return here, "process_seconds"
+    seconds = logged_process_seconds(gpu, stem) if gpu and stem else None
+    return (seconds, "步骤日志，整秒") if seconds is not None else (None, "未记录（早于 process_seconds 的代码）")
+
+
+def clock_facts(run):
+    """`{{<alias>_clock.…}}`: process_text always (one rounding of the process time, or why there is none),
+    process_seconds only where measured."""
+    seconds, how = process_seconds(run.metrics, run.gpu, run.stem)
+    facts = {"how": how, "process_text": f"{seconds:.0f} s" if seconds is not None else how}
+    return facts | ({"process_seconds": seconds} if seconds is not None else {})
+
+
+def goal_facts(metrics):
+    """When the GPT run's training loss first fell below the lab's goal, as a sentence."""
+    per_step = metrics.get("tokens_seen", 0) / max(1, metrics.get("steps") or 1)
+    first = next((step for step, loss in metrics.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
+    final = metrics.get("final_train_loss")
+    verdict = (f"< {SUCCESS_LOSS:g}，达到目标" if isinstance(final, NUMBER) and final < SUCCESS_LOSS
+               else f"未达到 < {SUCCESS_LOSS:g} 的目标")
+    if first is None:
+        return {"verdict": verdict, "text": f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}"}
+    return {"verdict": verdict, "text": f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时"
+                                        f"首次低于 {SUCCESS_LOSS:g}"}
+
+
+def gpu_sources(folders, roles):
+    """smi_gpt / smi_lenet (the busy window of the nvidia-smi CSVs the figure draws), gpu_runs (the GPT runs'
+    table of the folder the graded run came from), ladder (the GPU and CPU ladders side by side), and
+    gpu_old / gpu_new: which kinds of folder answered (the caveats say only what is still true)."""
+    sources, used = {}, [r.gpu for r in roles.values() if r.gpu]
+    for name, pattern in (("smi_gpt", SLOTS["gpu_utilization.png"][1]), ("smi_lenet", LENET_CSV)):
+        found, csv = answer(folders, pattern)
+        window = busy_window(found.files[csv]()) if found else {}
+        if window:
+            sources[name] = (window | {"csv": csv, "where": found.label}, f"{rel(found.folder)}/{csv}")
+    for slot, (_, pattern, _) in SLOTS.items():
+        found, name = answer(folders, pattern)
+        if found:
+            used.append(found)
+            sources[f"slot_{slot.removesuffix('.png')}"] = {"file": name, "where": found.label}, rel(found.folder)
+    for name, older in (("gpu_old", True), ("gpu_new", False)):
+        if f := next((f for f in used if f and f.older == older), None):
+            sources[name] = ({"where": f.label, "folder": rel(f.folder)}, rel(f.folder))
+    if gpt := roles.get("gpu_gpt"):
+        runs = [(s, m, *process_seconds(m, gpt.gpu, s)) for s, m in sorted(gpt.gpu.results.items())
+                if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
+        sources["gpu_runs"] = ({"table": tables.gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label},
+                               rel(gpt.gpu.folder))
+    return sources
+
+
+def derived_sources(results, shown, roles, folders, by_kind):
+    """Every source report.md may name: each results file by its figure name, the aliases (`lenet`, `gpt`) and
+    GPU roles with `where` (the folder's device and code), <name>_clock, <alias>_tb (the events shown),
+    gpt_goal, the GPU folders' facts (gpu_sources), ladder (its table) and gpu_nvml (named GPU runs)."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
-    for run in shown.values():
-        sources[run["alias"]] = run["metrics"], run["source"]
+    for run in [*roles.values(), *shown.values()]:
+        data = run.metrics | ({"where": run.gpu.label} if run.gpu and isinstance(run.metrics, dict) else {})
+        sources[run.alias] = data, run.source
+        if run.kind:
+            sources[f"{run.alias}_clock"] = clock_facts(run), run.source
+        if run.events_source and run.alias in ALIASES:
+            sources[f"{run.alias}_tb"] = {"source": run.events_source}, run.events_source
+    if "gpt" in shown:
+        sources["gpt_goal"] = goal_facts(shown["gpt"].metrics), shown["gpt"].source
+    sources |= gpu_sources(folders, roles)
+    cpu = sources.get(CPU_LADDER, (None, None))
+    gpu = roles.get("gpu_ladder")
+    if cpu[0] or gpu:
+        sources["ladder"] = {"table": tables.ladder_compare(gpu and gpu.metrics, cpu[0],
+                                                            gpu.gpu.label if gpu else None)}, "ladder"
+    if nvml := [r for r in by_kind.values() if r.scalars.get("gpu/utilization_percent")]:
+        sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(rel(r.dir) for r in nvml)
     return sources
 
 

@@ -11,10 +11,10 @@ show it, so a figure is linked only once it was written.
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from report.inputs import corpus_name  # noqa: E402
-from training.metrics import SUCCESS_LOSS  # noqa: E402
+from report.inputs import corpus_name
+from training.metrics import SUCCESS_LOSS
 
 BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
 
@@ -70,18 +70,18 @@ def lenet_curves(s, m, path):
     return [f"![LeNet-5 curves]({path.name})"]
 
 
-def lenet_images(run, out, problems):
+def lenet_images(where, images, out, problems):
     """The intermediate-layer images of one LeNet-5 run, enlarged and titled; the lines that show them.
     An image that is not a picture (damaged events) is a problem line, not a figure."""
     lines = []
     for tag, file, title in LAYER_IMAGES:
-        if tag not in run["images"]:
-            lines.append(f"- no `{tag}` image in {run['dir']}")
+        if tag not in images:
+            lines.append(f"- no `{tag}` image in {where}")
             continue
         try:
-            labelled_image(run["images"][tag], f"{title}, after the last epoch", out / file)
+            labelled_image(images[tag], f"{title}, after the last epoch", out / file)
         except (OSError, ValueError) as e:  # PIL's UnidentifiedImageError is an OSError
-            problems.append(f"the `{tag}` image of {run['dir']} is not a picture ({type(e).__name__}); no {file}")
+            problems.append(f"the `{tag}` image of {where} is not a picture ({type(e).__name__}); no {file}")
             continue
         lines.append(f"![{tag}]({file})")
     return lines
@@ -169,13 +169,26 @@ def busy_window(text):
             "max": values[-1], "power_median": watts[len(watts) // 2] if watts else None}
 
 
-def utilization_figure(files, csv_name, path, what="GPT"):
-    series = smi_series(files[csv_name]())
-    steps = [b[0] - a[0] for a, b in zip(series["utilization.gpu"], series["utilization.gpu"][1:])]
-    every = f"every {sorted(steps)[len(steps) // 2] * 1000:.0f} ms, " if steps else ""
-    plot_lines(path, [("GPU utilisation (%)", {"utilization.gpu": series["utilization.gpu"]}, "seconds"),
-                      ("power (W)", {"power.draw": series.get("power.draw", [])}, "seconds")],
-               f"nvidia-smi on {gpu_name(files)}, {every}during the {what} run ({csv_name})", ymin0=0)
+def utilization_figure(panels, path):
+    """panels: [(files, csv name, what ran)]: one panel each, utilisation (left axis) and power (right)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 2.8), squeeze=False)
+    for ax, (files, csv_name, what) in zip(axes[0], panels):
+        series = smi_series(files[csv_name]())
+        util, power = series["utilization.gpu"], series.get("power.draw", [])
+        ax.plot(*zip(*util), color="tab:blue", linewidth=1)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("utilisation (%)", color="tab:blue")
+        ax.set_xlabel("seconds")
+        if power:
+            twin = ax.twinx()
+            twin.plot(*zip(*power), color="tab:red", linewidth=0.8, alpha=0.7)
+            twin.set_ylim(0, max(p for _, p in power) * 1.1)
+            twin.set_ylabel("power (W)", color="tab:red")
+        ax.set_title(f"{what}: {csv_name}, {gpu_name(files)}", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def terminal_figure(text, title, path):
@@ -193,8 +206,8 @@ def gpu_figure(runs, out):
     series = {}
     for run in runs:
         for tag in ("gpu/utilization_percent", "gpu/memory_used_GiB"):
-            if run["scalars"].get(tag):
-                series.setdefault(tag, {})[f"{run['kind']} ({run['dir'].name})"] = run["scalars"][tag]
+            if run.scalars.get(tag):
+                series.setdefault(tag, {})[f"{run.kind} ({run.dir.name})"] = run.scalars[tag]
     if not series:
         return ["- no GPU utilisation recorded: the runs above ran on the CPU (NVML curves appear only for GPU runs)"]
     plot_lines(out / "gpu_nvml.png", [(tag, pts, "step") for tag, pts in series.items()],

@@ -1,54 +1,73 @@
-"""A GPU results folder (report/results/h200-2026-11-30's loose files, or gpu_check.sh's OUT with its
-results.json and logs.tar.gz): its files, its step times, the figures the report links from it
-(GPU_SLOTS). A damaged folder is named once and its slots reported missing; nothing here raises on what
-a folder holds. A run's TensorBoard events are found beside its JSON (inputs.events_beside).
-
-    read_gpu_folder(folder)          {"folder", "files", "started", "damage", "steps"}
-    gpu_inputs(args, problems)       --gpu, else the newest GPU folder under --results, read once
-    gpu_slot_lines(gpu, ...)         each slot drawn, or the command that fills it
+"""GPU results folders: report/results/h200-2026-11-30's loose files, or gpu_check.sh's OUT (results.json,
+logs.tar.gz, runs.tar.gz). Each question the report asks of a GPU (ROLES: the graded GPT run, LeNet-5, the
+ladder, GELU; SLOTS: the nvidia-smi figures) is answered by the first folder that can: the one --gpu names,
+then the newest under --results. So a new gpu_check folder replaces the 2026-11-30 figures wherever it
+answers the same question, and the older folder fills only what it leaves open. A damaged folder is named
+once and answers nothing; nothing here raises on what a folder holds.
 """
 import json
 import re
 import tarfile
 import zlib
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from report.figures import (
-    gpt_curves,
-    gpu_name,
-    ladder_figure,
-    scalars_from_metrics,
-    terminal_figure,
-    utilization_figure,
-)
-from report.inputs import load_json, rel
+from report.figures import gpu_name, ladder_figure, terminal_figure, utilization_figure
+from report.inputs import FIELD_ERRORS, load_json, rel
 
-GPU_SLOTS = {  # figure the report links -> (what it shows, the files it is drawn from, gpu_check.sh steps
-    # that write them); the names match both the first H200 folder's files and gpu_check.sh's logs
-    "gpu_utilization.png": ("GPU utilisation and power during the 12M-token GPT run",
-                            r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-own-vocab"),
-    # the warm run's snapshot first: the first H200 folder's cold snapshot is the ramp's first second (311 W)
-    "gpu_utilization_lenet.png": ("GPU utilisation and power during the LeNet-5 run", r"(nvidia-)?smi-lenet.*\.csv",
-                                  "lenet-torch"),
+# role -> (its results file's stem, whether a folder older than gpu_check.sh's layout may answer it, the
+# top-level results file answering when no folder does): the default GPT run cold (gpu_check.sh's graded
+# run, or the first H200 folder's 12M-cold), LeNet-5 with --act torch, the ladder, the GELU benchmark (the
+# first folder's is the first kernel, replaced: the second kernel's JSON lies in report/results)
+ROLES = {"gpu_gpt": (r"gpt_run_\d+[KM]-(own-vocab-)?cold_.+", True, None),
+         "gpu_lenet": (r"lenet_run_torch_.+", True, None),
+         "gpu_ladder": (r"gpt_bench_.+", True, None),
+         "gpu_gelu": (r"gelu_bench_.+", False, "gelu_bench_h200")}
+SLOTS = {  # figure -> (what it shows, the files it is drawn from, gpu_check.sh steps that write them)
+    "gpu_utilization.png": ("GPU utilisation and power during GPT and LeNet-5 training",
+                            r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-own-vocab,lenet-torch"),
+    # the first folder's warm-run snapshot first: its cold one caught the ramp's first second (311 W)
     "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*warm.*\.txt|"
                            r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-own-vocab"),
-    "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet.*\.txt",
+    # gpu_check.sh's snapshot, taken during training (the first folder's nvidia-smi-during-lenet.txt was before it)
+    "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet-torch.*\.txt",
                              "lenet-torch"),
-    "gpu_gpt_run.png": ("the 12M-token GPT run's curves", r"gpt_run_12M(-own-vocab)?-cold.*\.json",
-                        "tokenizer,gpt-own-vocab"),
     "gpu_ladder.png": ("the acceleration ladder on the GPU", r"gpt_bench.*\.json", "ladder"),
 }
-PREFERRED = ("cold", "torch")  # of several matching files: the cold-cache GPT run, LeNet with --act torch
+LENET_CSV = r"(nvidia-)?smi-lenet.*\.csv"
+PREFERRED = ("own-vocab", "cold", "torch")  # of several matching files: the graded run, LeNet with --act torch
 ARCHIVE_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)  # not a tarball, cut, unreadable
 # gpu_check.sh's logs: its biggest, the 250 ms nvidia-smi CSV of a 20-minute run, is ~2 MB
 MAX_LOG_BYTES, MAX_LOGS_BYTES = 64 << 20, 256 << 20
+STEP_LINE = re.compile(r"^\[(\d+)\s*s\]\s+([\w.-]+):? (start\b|rc=(-?\d+))")
+
+
+@dataclass
+class GpuFolder:
+    folder: Path
+    files: dict = field(default_factory=dict)  # name -> a function returning its text
+    results: dict = field(default_factory=dict)  # results file stem -> its JSON
+    facts: dict = field(default_factory=dict)  # results.json's own fields (gpu, started_utc, steps, ...)
+    damage: str | None = None
+
+    @property
+    def older(self):
+        """A folder from before gpu_check.sh's layout (the first H200 session): its README names its commit."""
+        return not (self.folder / "results.json").is_file()
+
+    @property
+    def label(self):
+        """How a caption names where a number was measured: the device and the code's commit or date."""
+        readme = self.files.get("README.md")
+        commit = re.search(r"at commit ([0-9a-f]{7})", readme()) if readme else None
+        when = commit.group(1) if commit else f"gpu_check {measured(self)[:10]}"
+        return f"{gpu_name(self.files)}，{when}"
 
 
 def packed_logs(path):
-    """{file name: its text} of gpu_check.sh's logs.tar.gz, read whole now: a cut archive fails here.
-    What is decompressed is bounded: a member (or all of them) larger than a log can be is refused from
-    its header, before its bytes are inflated (a 1 GiB member would otherwise be read into memory twice)."""
+    """{file name: text} of a tarball, read whole now (a cut archive fails here), bounded before inflating:
+    a member (or all of them) larger than a log can be is refused from its header."""
     files, total = {}, 0
     with tarfile.open(path) as tar:
         while (member := tar.next()) is not None:  # one header at a time: never a skip over a huge member
@@ -58,137 +77,192 @@ def packed_logs(path):
             if member.size > MAX_LOG_BYTES or total > MAX_LOGS_BYTES:
                 raise ValueError(f"member {member.name} is {member.size:,} bytes uncompressed ({total:,} so far), "
                                  f"over the {MAX_LOG_BYTES >> 20} MiB a log may be ({MAX_LOGS_BYTES >> 20} MiB in all)")
-            files.setdefault(Path(member.name).name, tar.extractfile(member).read().decode(errors="replace"))
+            files.setdefault(member.name, tar.extractfile(member).read())
     return files
-
-
-def packed_results(path):
-    """(results by file stem, started_utc, steps) of gpu_check.sh's results.json; ValueError names what is wrong."""
-    data = load_json(path.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"is a JSON {type(data).__name__}, not an object")
-    if not isinstance(data.get("results", {}), dict):
-        raise ValueError(f"has 'results': {json.dumps(data['results'])[:40]}, not an object")
-    steps = data.get("steps")
-    return data.get("results", {}), data.get("started_utc"), steps if isinstance(steps, list) else []
 
 
 def read_gpu_folder(folder):
-    """The folder's files as {name: a function returning its text} (loose .csv/.txt/.json, logs.tar.gz's
-    members, results.json's entries as their own files), when it was measured, and what is damaged."""
-    files = {p.name: (lambda p=p: p.read_text(errors="replace"))  # a log cut inside a character still reads
-             for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".csv", ".txt", ".log")}
-    files.update({p.name: p.read_text for p in sorted(folder.rglob("*.json")) if p.name != "results.json"})
-    found = {"folder": folder, "files": files, "started": None, "damage": None, "steps": []}
+    """The folder's files (loose .csv/.txt/.log/.md/.json, logs.tar.gz's members), its results and facts."""
+    found = GpuFolder(folder)
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.suffix in (".csv", ".txt", ".log", ".md"):
+            found.files[p.name] = lambda p=p: p.read_text(errors="replace")  # a log cut inside a character reads
+        elif p.suffix == ".json" and p.name != "results.json":
+            found.files[p.name] = p.read_text
+            try:
+                found.results[p.stem] = load_json(p.read_text())
+            except (OSError, ValueError):
+                pass  # inputs.load_results names it
     try:
         if (folder / "logs.tar.gz").is_file():
-            for name, text in packed_logs(folder / "logs.tar.gz").items():
-                files.setdefault(name, lambda text=text: text)
+            for name, data in packed_logs(folder / "logs.tar.gz").items():
+                found.files.setdefault(Path(name).name, lambda data=data: data.decode(errors="replace"))
     except ARCHIVE_ERRORS as e:
-        found["damage"] = f"logs.tar.gz is not a whole tarball ({type(e).__name__}: {e})"
+        found.damage = f"logs.tar.gz is not a whole tarball ({type(e).__name__}: {e})"
     except ValueError as e:  # packed_logs's bound
-        found["damage"] = f"logs.tar.gz {e}"
+        found.damage = f"logs.tar.gz {e}"
     try:
         if (folder / "results.json").is_file():
-            results, found["started"], found["steps"] = packed_results(folder / "results.json")
-            files.update({f"{stem}.json": (lambda d=d: json.dumps(d)) for stem, d in results.items()})
+            data = load_json((folder / "results.json").read_text())
+            if not isinstance(data, dict):
+                raise ValueError(f"is a JSON {type(data).__name__}, not an object")
+            if not isinstance(data.get("results", {}), dict):
+                raise ValueError(f"has 'results': {json.dumps(data['results'])[:40]}, not an object")
+            found.facts = data
+            found.results.update({s: d for s, d in data.get("results", {}).items() if isinstance(d, dict)})
+            found.files.update({f"{s}.json": (lambda d=d: json.dumps(d)) for s, d in found.results.items()})
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        found["damage"] = f"results.json is cut or not JSON ({e})"
-    except ValueError as e:  # packed_results's own reasons, NaN
-        found["damage"] = f"results.json {e}"
+        found.damage = f"results.json is cut or not JSON ({e})"
+    except ValueError as e:
+        found.damage = f"results.json {e}"
     return found
 
 
-def folder_time(found):
-    """When a GPU folder was measured, as a sortable string: gpu_check.sh's started_utc, else the first
-    nvidia-smi CSV row, else the folder's mtime (a git checkout gives every file the same one)."""
-    if isinstance(found["started"], str):
-        return found["started"].rstrip("Z")
-    for name in sorted(n for n in found["files"] if n.endswith(".csv")):
-        first = next((line for line in found["files"][name]().splitlines()[1:] if line[:1].isdigit()), None)
+def measured(found):
+    """When a folder was measured, sortable: gpu_check.sh's started_utc, else its first nvidia-smi CSV row,
+    else the folder's mtime (a git checkout gives every file the same one)."""
+    if isinstance(found.facts.get("started_utc"), str):
+        return found.facts["started_utc"].rstrip("Z")
+    for name in sorted(n for n in found.files if n.endswith(".csv")):
+        first = next((line for line in found.files[name]().splitlines()[1:] if line[:1].isdigit()), None)
         if first:
             return first.split(",")[0].strip().replace("/", "-").replace(" ", "T").split(".")[0]
-    return datetime.fromtimestamp(found["folder"].stat().st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return datetime.fromtimestamp(found.folder.stat().st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def newest_gpu_folder(results_dir):
-    """The GPU results folder under results_dir measured last (nvidia-smi files, or gpu_check.sh's
-    logs.tar.gz or results.json), read; or None."""
-    folders = [read_gpu_folder(d) for d in sorted(results_dir.rglob("*")) if d.is_dir() and (
-        any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "logs.tar.gz").is_file()
-        or (d / "results.json").is_file())]
-    return max(folders, key=folder_time, default=None)
+def is_gpu_folder(d):
+    return d.is_dir() and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv"))
+                           or (d / "logs.tar.gz").is_file() or (d / "results.json").is_file())
 
 
-def gpu_inputs(args, problems):
-    """--gpu, else the newest GPU results folder under --results, read once (None without one); a
-    damaged folder is one problem line (it stays the folder: an older one would mix two machines)."""
-    found = read_gpu_folder(args.gpu) if args.gpu and args.gpu.is_dir() else \
-        newest_gpu_folder(args.results) if not args.gpu and args.results.is_dir() else None
-    if found and found["damage"]:
-        problems.append(f"GPU results folder {rel(found['folder'])}: {found['damage']}; its figures are left out")
+def gpu_folders(gpu, results_dir, problems):
+    """The folders that may answer, in order: --gpu, then those under results_dir (None: none), newest first; a
+    damaged one is one problem line and answers nothing. A bare logs folder (gpu_check.sh's own report step:
+    --gpu-logs LOGS) answers with results_dir's JSON beside its logs."""
+    found = [read_gpu_folder(gpu)] if gpu else []
+    if found and found[0].older and results_dir and not gpu.resolve().is_relative_to(results_dir.resolve()):
+        for p in sorted(results_dir.glob("*.json")):
+            found[0].files.setdefault(p.name, p.read_text)
+    if results_dir and results_dir.is_dir():
+        found += sorted((read_gpu_folder(d) for d in sorted(results_dir.rglob("*")) if is_gpu_folder(d)
+                         and (not gpu or d.resolve() != gpu.resolve())), key=measured, reverse=True)
+    for f in found:
+        if f.damage:
+            problems.append(f"GPU results folder {rel(f.folder)}: {f.damage}; its figures are left out")
     return found
 
 
-def pick(files, pattern):
-    """The file name matching pattern (alternatives joined by | are tried in order), the PREFERRED kind
-    first, then the shortest name."""
+def pick(names, pattern):
+    """The name matching pattern (alternatives joined by | tried in order), PREFERRED first, then the shortest."""
     for alternative in pattern.split("|"):
-        names = [n for n in files if re.fullmatch(alternative, n)]
-        if names:
-            return min(names, key=lambda n: (not any(p in n for p in PREFERRED), len(n), n))
+        matching = [n for n in names if re.fullmatch(alternative, n)]
+        if matching:
+            return min(matching, key=lambda n: (-sum(p in n for p in PREFERRED), len(n), n))
     return None
 
 
-def draw_slot(slot, files, name, out):
-    """Draw one GPU slot from the file `name` of the folder."""
-    if slot.startswith("gpu_utilization"):
-        utilization_figure(files, name, out / slot, "LeNet-5" if "lenet" in slot else "GPT")
+def answer(folders, pattern, older=True, results=False):
+    """(folder, name) of the first usable folder with a file (`results`: a results stem) matching pattern."""
+    for f in folders:
+        if f.damage or (f.older and not older):
+            continue
+        name = pick(list(f.results if results else f.files), pattern)
+        if name:
+            return f, name
+    return None, None
+
+
+def step_seconds(found):
+    """{step: seconds} of a folder: results.json's steps that ended ok (gpu_check.sh), else the first folder's
+    steps_call*.log (`[25s] gpt-12M-cold: start` ... `[81s] gpt-12M-cold: rc=0`; a step without its own start
+    line began at the line before its end), later logs winning."""
+    found_steps, starts, previous = {}, {}, None
+    for name in sorted(n for n in found.files if re.fullmatch(r"steps_call\d+\.log", n)):
+        for line in found.files[name]().splitlines():
+            if not (m := STEP_LINE.match(line.strip())):
+                continue
+            at, step = int(m.group(1)), m.group(2)
+            if m.group(3) == "start":
+                starts[step] = at
+            elif m.group(4) == "0" and (begun := starts.pop(step, previous)) is not None:
+                found_steps[step] = at - begun
+            previous = at
+    for entry in found.facts.get("steps") or []:
+        if isinstance(entry, dict) and entry.get("status") == "ok" and isinstance(entry.get("seconds"), int):
+            found_steps[str(entry.get("step"))] = entry["seconds"]
+    return found_steps
+
+
+def logged_process_seconds(found, stem):
+    """A run's process time from its folder's step log: the step whose name, less its kind, is the longest
+    found in the run's own name part (gpt_run_12M-cold_standin_h200: the step gpt-12M-cold); None if none."""
+    parts = stem.split("_")
+    if found is None or len(parts) < 3 or re.search(r"_call\d+$", stem):
+        return None  # a _callN run's own call was not logged
+    kind, own, best = parts[0], parts[2], None
+    for step, seconds in step_seconds(found).items():
+        bare = step.removeprefix(f"{kind}-")
+        if step.startswith(f"{kind}-") and bare in own and (best is None or len(bare) > len(best[0])):
+            best = (bare, seconds)
+    return float(best[1]) if best else None
+
+
+def runs_archive_events(found, stem, into):
+    """The TensorBoard events of a run in gpu_check.sh's runs.tar.gz (runs/<kind>/<GPU>-<name>/ for the results
+    stem <kind>_run_<name>_<GPU>), extracted into `into`; None where the folder holds none."""
+    gpu = found.facts.get("gpu")
+    archive = found.folder / "runs.tar.gz"
+    prefix = re.match(r"(gpt|lenet)_run_(.+)_" + re.escape(str(gpu)) + "$", stem) if gpu else None
+    if not prefix or not archive.is_file():
+        return None
+    folder = f"{gpu}-{prefix.group(2)}"
+    try:
+        members = {n: b for n, b in packed_logs(archive).items() if Path(n).parent.name == folder
+                   and Path(n).name.startswith("events.out.tfevents.")}
+    except (*ARCHIVE_ERRORS, ValueError):
+        return None
+    target = into / folder
+    for name, data in members.items():
+        target.mkdir(parents=True, exist_ok=True)
+        (target / Path(name).name).write_bytes(data)
+    return target if members else None
+
+
+def draw_slot(slot, folders, name, found, out):
+    """Draw one slot from the file `name` of the folder `found` (the utilisation figure: with LeNet-5's CSV
+    from the first folder that has one, beside the GPT run's)."""
+    if slot == "gpu_utilization.png":
+        lenet, csv = answer(folders, LENET_CSV)
+        utilization_figure([(found.files, name, "GPT")] + ([(lenet.files, csv, "LeNet-5")] if lenet else []),
+                           out / slot)
     elif slot.startswith("nvidia_smi_"):
-        terminal_figure(files[name](), f"{name}, {gpu_name(files)}", out / slot)
-    elif slot == "gpu_gpt_run.png":
-        metrics = load_json(files[name]())
-        gpt_curves(scalars_from_metrics(metrics), metrics, out / slot)
+        terminal_figure(found.files[name](), f"{name}, {gpu_name(found.files)}", out / slot)
     else:
-        ladder_figure(slot.removesuffix(".png"), load_json(files[name]()), out)
+        ladder_figure(slot.removesuffix(".png"), load_json(found.files[name]()), out)
 
 
-def fill_command(steps):
-    return (f"`bash benchmarks/gpu_check.sh --only {steps} --out report/results/gpu-$(date +%F)` on a GPU node, "
-            "then `python report/make_report.py`")
-
-
-def slot_files(gpu, results_dir):
-    """The files the slots are drawn from: none from a damaged folder; with a folder outside
-    results_dir (gpu_check.sh's own report: logs and results apart), results_dir's JSON too."""
-    if not gpu or gpu["damage"]:
-        return {}
-    files = dict(gpu["files"])
-    if not gpu["folder"].resolve().is_relative_to(results_dir.resolve()):
-        for path in sorted(results_dir.glob("*.json")):
-            files.setdefault(path.name, path.read_text)
-    return files
-
-
-def gpu_slot_lines(gpu, results_dir, out, todo, problems, wanted=None):
-    """Each GPU slot the report links (`wanted`: None for all) drawn from the folder (one line with its
-    image and source), or one line saying what is missing and the command that fills it (also in
-    `todo`, which main prints)."""
-    folder, files = gpu and gpu["folder"], slot_files(gpu, results_dir)
-    lines = [f"From `{rel(folder)}`:" if folder else f"No GPU results folder under `{rel(results_dir)}`.", ""]
-    for slot, (what, pattern, steps) in GPU_SLOTS.items():
+def slot_lines(folders, results_dir, out, wanted, todo, problems):
+    """Each slot the report links (`wanted`: None for all) drawn from the first folder that answers it, one
+    line with its image and source; or one line saying what is missing and the command that fills it (also
+    in `todo`, which main prints)."""
+    lines = [f"GPU folders, first answering first: {', '.join(f'`{rel(f.folder)}`' for f in folders)}."
+             if folders else f"No GPU results folder under `{rel(results_dir)}`.", ""]
+    for slot, (what, pattern, steps) in SLOTS.items():
         if wanted is not None and slot not in wanted:
             continue
-        name = pick(files, pattern)
+        found, name = answer(folders, pattern)
         try:
-            if name:
-                draw_slot(slot, files, name, out)
-                lines.append(f"![{what}]({slot}) from `{name}`")
+            if found:
+                draw_slot(slot, folders, name, found, out)
+                lines.append(f"![{what}]({slot}) from `{name}` in `{rel(found.folder)}`")
                 continue
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError, OSError) as e:
+        except (*FIELD_ERRORS, OSError) as e:
             problems.append(f"GPU slot {slot}: {name} does not fit ({type(e).__name__}: {e})")
-        why = (f"{name} unusable" if name else f"the folder {rel(folder)} is damaged" if gpu and gpu["damage"]
-               else f"no file like {pattern} in {rel(folder)}" if folder else "no GPU results")
-        todo.append(f"`{slot}` ({what}): {why}; fill it with {fill_command(steps)}")
+        damaged = next((f for f in folders if f.damage), None)
+        why = (f"{name} unusable" if found else f"the folder {rel(damaged.folder)} is damaged" if damaged
+               else f"no file like {pattern} in {', '.join(rel(f.folder) for f in folders)}" if folders
+               else "no GPU results")
+        todo.append(f"`{slot}` ({what}): {why}; fill it with `bash benchmarks/gpu_check.sh --only {steps} --out OUT` "
+                    "on a GPU node, then `python report/make_report.py --gpu OUT --pdf`")
         lines.append(f"- {todo[-1]}")
     return lines

@@ -1,18 +1,11 @@
 """The inputs of a report, read without trusting them: a run folder's metrics.json and event files,
 every JSON under the results folder. What cannot be used becomes one line in `problems`, never an
-exception.
-
-    load_json(text)              strict JSON: NaN, Infinity, numbers beyond a float and deep nesting refused
-    read_metrics(run_dir)        (metrics, None) or (None, why not)
-    newest_run(root, problems)   the newest run under root whose metrics can be tabled
-    load_run(run_dir, problems)  {"dir", "metrics", "scalars", "images", "kind"} or None
-    load_results(dir, problems)  {relative path: (JSON, where it came from)}
-    check_event_file(path)       the TFRecord framing walked, CRCs checked
-    events_beside(json_path)     a committed run's TensorBoard events, kept beside its JSON
+exception: strict JSON (NaN, numbers beyond a float, deep nesting refused), event files' framing checked.
 """
 import json
 import math
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -21,6 +14,9 @@ from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from training import runfiles
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "report" / "results"
+# what a table or figure raises on a JSON field that is missing or of the wrong type: one problem line
+FIELD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError)
 NUMBER = (int, float)
 MAX_DEPTH = 64  # the deepest of our JSON files nests 4 levels
 FIELDS = {  # run kind -> what its table and figures read from metrics.json, with the type each must have
@@ -31,6 +27,31 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
             "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
             "vocab_size": int},
 }
+
+
+@dataclass
+class RunFolder:
+    """A run folder named on the command line: its metrics.json and TensorBoard events."""
+    dir: Path
+    metrics: dict
+    kind: str
+    scalars: dict = field(default_factory=dict)
+    images: dict = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """The run a section shows: a named run folder, or a committed JSON (`path`, `stem`) with the events kept
+    for it (`events`: a folder to read; `events_source`: its stable name) and the GPU folder it came from."""
+    alias: str
+    kind: str
+    metrics: dict
+    source: str
+    path: Path | None = None
+    stem: str | None = None
+    events: Path | None = None
+    events_source: str | None = None
+    gpu: object = None  # gpu.GpuFolder
 
 
 def rel(path):
@@ -174,22 +195,21 @@ def load_run(run_dir, problems):
     if metrics is None:
         problems.append(f"left out {run_dir}: {problem}")
         return None
-    scalars, images = load_events(run_dir, problems)
-    return {"dir": run_dir, "metrics": metrics, "scalars": scalars, "images": images, "kind": run_kind(metrics)}
+    return RunFolder(run_dir, metrics, run_kind(metrics), *load_events(run_dir, problems))
 
 
-def load_results(results_dir, problems):
-    """{path relative to results_dir: (its JSON, its path)} for every JSON under the results folder
-    that parses (subfolders too: a GPU machine's results arrive as a folder of their own, where a file
+def load_results(results_dir, problems, prefix=""):
+    """{path relative to results_dir (after `prefix`): (its JSON, its path)} for every JSON under the results
+    folder that parses (subfolders too: a GPU machine's results arrive as a folder of their own, where a file
     may have the same name as one outside it). gpu_check.sh's results.json holds its results by file
     stem: each becomes an entry of its own, as if the file lay beside it."""
     out = {}
     for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
-        key = path.relative_to(results_dir).as_posix()
+        key = prefix + path.relative_to(results_dir).as_posix()
         try:
             data = load_json(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
-            if path.name != "results.json":  # gpu_check.sh's: gpu.py names it once, as its folder's damage
+            if path.name != "results.json":  # gpu_check.sh's: gpu.py names it, as its folder's damage
                 problems.append(f"unreadable {path}: {e}")
             continue
         if path.name == "results.json":  # gpu_check.sh's: its entries only (gpu.py names a damaged one)

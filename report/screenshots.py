@@ -8,10 +8,8 @@ through a front that turns outlier-ignoring off, each cropped to its cards.
 """
 import json
 import urllib.parse
-from pathlib import Path
 
 from report import browser
-from report.inputs import rel
 from training import runfiles
 
 SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
@@ -74,9 +72,9 @@ def tensorboard_screenshots(runs, out, problems):
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines, taken = [], {}
     for run in runs:
-        with browser.serve_tensorboard(run["dir"]) as base:
+        with browser.serve_tensorboard(run.events) as base:
             if base is None:
-                problems.append(f"TensorBoard on {run['dir']} did not answer; no screenshots of it")
+                problems.append(f"TensorBoard on {run.events_source} did not answer; no screenshots of it")
                 continue
             if not run_screenshots(run, base, out, lines, problems, taken):
                 break
@@ -87,12 +85,12 @@ def tensorboard_screenshots(runs, out, problems):
 
 def kept_screenshots(out, shown):
     """The screenshots in `out` a build without Chromium keeps: those SOURCES says were taken of the runs
-    shown now ({kind: {"events": folder}}); another run's are left out, never captioned as these."""
+    shown now ({kind: inputs.Run}); another run's are left out, never captioned as these."""
     try:
         taken = json.loads(runfiles.read_small(out / SOURCES, 1 << 16, follow=True))
     except (OSError, ValueError):
         return []
-    now = {kind: rel(Path(run["events"]).resolve()) for kind, run in shown.items() if run["events"]}
+    now = {kind: run.events_source for kind, run in shown.items() if run.events}
     keep = [file for kind, shots in SHOTS.items() for file, _, _ in shots
             if isinstance(taken, dict) and kind in now and taken.get(file) == now[kind]]
     return keep + [SOURCES] if keep else []
@@ -102,7 +100,7 @@ def run_screenshots(run, base, out, lines, problems, taken):
     """The SHOTS of one run, through a front that turns outlier-ignoring off (the full range of every
     curve is shown); False after Chromium failed."""
     with browser.storage_front(base, TENSORBOARD_SETTINGS) as front:
-        for file, page, height in SHOTS.get(run["kind"], []):
+        for file, page, height in SHOTS.get(run.kind, []):
             target = urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
             failure = browser.screenshot(f"{front}/lab5-storage?next={target}", out / file, SHOT_WIDTH, height,
                                          scale=SHOT_SCALE)
@@ -110,6 +108,6 @@ def run_screenshots(run, base, out, lines, problems, taken):
                 problems.append(f"{failure}; no further screenshots tried")
                 return False
             problems.extend(filter(None, [crop_to_cards(out / file)]))
-            taken[file] = rel(Path(run["dir"]).resolve())
-            lines.append(f"![TensorBoard: {page.split('&')[0]} of {run['dir'].name}]({file})")
+            taken[file] = run.events_source
+            lines.append(f"![TensorBoard: {page.split('&')[0]} of {run.events_source}]({file})")
     return True

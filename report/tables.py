@@ -127,3 +127,75 @@ def tokenizer_table(t):
             f"| {t['vocab_size']:,} | {t['train_seconds']:.1f} | {t['val_bytes_per_token']:.3f} | "
             f"{fmt(t.get('gpt2_val_bytes_per_token'), '.3f')} | {t['val_round_trip_failures']} | "
             f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t)} |"]
+
+
+# ----------------------------------------------------------------------------- tables the report's text shows
+
+def gpu_runs_table(runs, headline):
+    """The GPT runs of one GPU folder, [(stem, metrics, process seconds or None, how)], the headline in bold;
+    each number in the rounding the report's text quotes it in."""
+    rows = ["| 运行 | 词表 | 编译 | 进程时间 | 训练循环（其中编译） | token/s | MFU | 训练 / 验证损失 | bits/byte |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for stem, m, seconds, how in runs:
+        tag = stem.split("_")[2] if stem.count("_") >= 2 else stem
+        cache = "，冷缓存" if "cold" in tag else "，热缓存" if "warm" in tag else ""
+        compiling = m.get("compile", "off")
+        loop = f"{m['train_seconds']:.1f} s" + (f"（{m['compile_seconds']:.1f} s）" if compiling != "off"
+                                                 and isinstance(m.get("compile_seconds"), NUMBER) else "")
+        process = "—" if seconds is None else f"{seconds:.0f} s" + ("†" if how.startswith("步骤日志") else "")
+        name = f"**`{tag}`**" if stem == headline else f"`{tag}`"
+        rows.append(f"| {name} | {m['vocab_size']:,} | {compiling}{cache} | {process} | {loop} | "
+                    f"{m['tokens_per_second']:,.0f} | {fmt(m.get('mfu'), '.1%')} | {m['final_train_loss']:.2f} / "
+                    f"{m['final_val_loss']:.2f} | {m['val_bits_per_byte']:.3f} |")
+    if any(how.startswith("步骤日志") for *_, how in runs):
+        rows += ["", "†：该代码还不记录 `process_seconds`，进程时间取自这次 GPU 会话的步骤日志（整秒）。"]
+    return "\n".join(rows)
+
+
+RUNG_NAMES = {"naive": "朴素基线", "+ dropout 0": "dropout 0",
+              "+ SDPA attention": "SDPA 注意力", "+ own GPT module from the same GPT2Config": "自己的 GPT 模块",
+              "+ TF32 matmuls": "TF32", "+ bf16 autocast": "**bf16 autocast**", "+ fp16 autocast + GradScaler":
+              "**fp16 autocast + GradScaler**", "+ torch.compile, each block on its own": "按块 `torch.compile`",
+              "+ fused AdamW": "fused AdamW（= 默认配置）"}
+
+
+def rung_key(name):
+    """A ladder row's name without its explanation: what the same row is called on every device."""
+    return name.strip().split(" (")[0].split(":")[0]
+
+
+def ladder_cells(bench):
+    """{row: cell} of one ladder: tokens/s, its range over repeats, and the ratio to the row above (a rung) or
+    to the default row (a leave-one-out row), with 噪声内 where the ranges overlap."""
+    rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
+    rungs = [r for r in rows if not r["name"].startswith(" ")]
+    default, cells, previous = rungs[-1], {}, None
+    for r in rows:
+        key = rung_key(r["name"])
+        if not (r in rungs or key.startswith("default without")):
+            continue
+        base = previous if r in rungs else default
+        span = r.get("tokens_per_second_range") if bench.get("repeats", 1) > 1 else None
+        cell = f"{r['tokens_per_second']:,.0f}" + (" [{:,.0f}–{:,.0f}]".format(*span) if span else "")
+        if base:
+            b = base.get("tokens_per_second_range") if span else None
+            noisy = b and span and span[0] <= b[1] and b[0] <= span[1]
+            ratio = f"{'' if r in rungs else '默认的 '}×{r['tokens_per_second'] / base['tokens_per_second']:.2f}"
+            cell += f"（{ratio}{'，噪声内' if noisy else ''}）"
+        cells[key], previous = cell, (r if r in rungs else previous)
+    return cells
+
+
+def ladder_compare(gpu, cpu, where):
+    """The ladder on the GPU beside the CPU's, row by row (a row one device lacks: 未测 / 不适用)."""
+    columns = [(f"{where}，{gpu.get('repeats', 1)} 次", ladder_cells(gpu))] if gpu else []
+    columns += [(f"CPU，{cpu.get('repeats', 1)} 次的中位数 [范围]", ladder_cells(cpu))] if cpu else []
+    keys = list(dict.fromkeys(k for _, cells in columns for k in cells))
+    keys.sort(key=lambda k: k.startswith("default without"))  # the rungs, then the leave-one-out rows
+    rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
+            "|---" * (len(columns) + 1) + "|"]
+    for k in keys:
+        name = RUNG_NAMES.get(k) or ("默认配置去掉 " + RUNG_NAMES.get("+ " + k.removeprefix("default without "), k)
+                                     .strip("*").split("（")[0] if k.startswith("default without") else k)
+        rows.append(f"| {name} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
+    return "\n".join(rows)

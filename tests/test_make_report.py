@@ -130,10 +130,9 @@ def test_every_image_link_in_the_report_resolves(tmp_path):
     import re
     report = REPO / "report" / "report.md"
     args = make_report.parse_args(["--out", str(tmp_path / "out")])
-    make_report.check_args(args)
-    make_report.gather(args, [])
-    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", args.report_text)
-    assert len(links) >= 8
+    inputs = make_report.gather(args, make_report.check_args(args), tmp_path)
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", inputs.report_text)
+    assert len(links) >= 5  # nvidia-smi, its snapshot, three TensorBoard screenshots
     for link in links:
         assert (report.parent / link).is_file(), link
 
@@ -147,9 +146,8 @@ def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
     from report import facts
     report = REPO / "report" / "report.md"
     args = make_report.parse_args(["--out", str(tmp_path / "out")])
-    make_report.check_args(args)
-    inputs = make_report.gather(args, [])
-    filled, unfilled, used = facts.fill(args.report_text, inputs["sources"])
+    inputs = make_report.gather(args, make_report.check_args(args), tmp_path)
+    filled, unfilled, used = facts.fill(inputs.report_text, inputs.sources)
     assert unfilled == []
     pdf = browser.write_pdf(report, tmp_path / "report.pdf", filled)
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
@@ -194,19 +192,16 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
                       "--no-screenshots", "--all-figures"])
     text = (out / "results.md").read_text()
-    assert f"From `{newer}`:" in text
-    assert "(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv`" in text
+    assert f"GPU folders, first answering first: `{newer}`, `{older}`." in text
+    assert f"(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv` in `{newer}`" in text  # the newer answers
     assert "(nvidia_smi_gpt.png) from `nvidia-smi-during-gpt-cold.txt`" in text
     assert "(nvidia_smi_lenet.png) from `nvidia-smi-during-lenet-torch.txt`" in text  # --act torch's, not cpp's
     assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_2080.json`" in text
     assert "![gpt_bench_NVIDIA_2080](gpt_bench_NVIDIA_2080.png)" in text  # results.json's entries are tabled too
     for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png", "gpu_ladder.png"):
         assert (out / slot).read_bytes().startswith(b"\x89PNG"), slot
-    # the one slot the folder cannot fill: one line, with the command that fills it, printed too
-    line = ("`gpu_gpt_run.png` (the 12M-token GPT run's curves): no file like "
-            "gpt_run_12M(-own-vocab)?-cold.*\\.json in "
-            f"{newer}; fill it with `bash benchmarks/gpu_check.sh --only tokenizer,gpt-own-vocab --out")
-    assert line in text and line in capsys.readouterr().out
+    assert f"in `{older}`" not in text  # every question the newer folder answers: never the older's figure
+    assert "GPU figure missing" not in capsys.readouterr().out
 
 
 def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path, capsys):
@@ -214,7 +209,7 @@ def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path,
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "none"), "--out", str(out),
                       "--no-screenshots", "--all-figures"])  # every slot, whichever the report links today
     text, printed = (out / "results.md").read_text(), capsys.readouterr().out
-    for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab"),
+    for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab,lenet-torch"),
                         ("nvidia_smi_gpt.png", "tokenizer,gpt-own-vocab"),
                         ("nvidia_smi_lenet.png", "lenet-torch"), ("gpu_ladder.png", "ladder")):
         line = next(line for line in text.splitlines() if line.startswith(f"- `{slot}`"))
@@ -233,7 +228,7 @@ def test_gpu_check_logs_folder_and_its_results_fill_the_slots(tmp_path):
     (results / "gpt_bench_NVIDIA_H200.json").write_text(json.dumps(ladder_json("H200")))
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
-                      "--gpu-logs", str(logs), "--no-screenshots"])
+                      "--gpu-logs", str(logs), "--no-screenshots", "--all-figures"])
     text = (out / "results.md").read_text()
     assert "(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv`" in text
     assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_H200.json`" in text
@@ -473,8 +468,8 @@ def test_screenshots_and_layer_images_are_of_the_very_run_the_text_reports(runs,
     assert f"Intermediate layers of `{results / 'lenet_run_2x128_cpu'}`:" in text
     for name in ("lenet_conv1_filters.png", "lenet_conv1_feature_maps.png", "lenet_conv2_feature_maps.png"):
         assert f"]({name})" in text and (out / name).read_bytes().startswith(b"\x89PNG")
-    shown = make_report.shown_runs({}, make_report.load_results(results, []))
-    assert shown["lenet5"]["events"] == results / "lenet_run_2x128_cpu"
+    shown = make_report.facts.shown_runs({}, make_report.load_results(results, []), {})
+    assert shown["lenet5"].events == results / "lenet_run_2x128_cpu"
 
 
 def test_the_gpt_screenshot_is_of_the_headline_runs_own_events(tmp_path):
@@ -506,15 +501,18 @@ def test_the_ladder_figure_draws_ranges_and_leaves_out_a_failed_row(tmp_path):
     assert lines == ["![ladder](ladder.png)"] and (tmp_path / "ladder.png").stat().st_size > 1000
 
 
-def test_the_gpu_slots_take_gpu_checks_run_names_the_default_run_first():
-    from report.gpu import GPU_SLOTS, pick
-    names = [f"gpt_run_12M-{kind}_NVIDIA_H200.json" for kind in
+def test_the_gpu_roles_take_gpu_checks_run_names_the_graded_run_first():
+    from report.gpu import ROLES, SLOTS, pick
+    names = [f"gpt_run_{size}-{kind}_NVIDIA_H200" for size in ("12M", "4K") for kind in
              ("own-vocab-fp16", "gpt2-vocab-cold", "own-vocab-regional-compile-cold", "own-vocab-cold")]
-    assert pick(names, GPU_SLOTS["gpu_gpt_run.png"][1]) == "gpt_run_12M-own-vocab-cold_NVIDIA_H200.json"
-    assert pick(["gpt_run_12M-cold_standin_h200.json"], GPU_SLOTS["gpu_gpt_run.png"][1])  # the first H200 folder's
+    assert pick(names[:4], ROLES["gpu_gpt"][0]) == "gpt_run_12M-own-vocab-cold_NVIDIA_H200"
+    assert pick(names[4:], ROLES["gpu_gpt"][0]) == "gpt_run_4K-own-vocab-cold_NVIDIA_H200"  # the rehearsal's
+    first = ["gpt_run_12M-cold_standin_h200_call1", "gpt_run_12M-cold_standin_h200", "gpt_run_12M-warm_standin_h200"]
+    assert pick(first, ROLES["gpu_gpt"][0]) == "gpt_run_12M-cold_standin_h200"  # the first H200 folder's
     csvs = ["nvidia-smi-gpt-gpt2-vocab.csv", "nvidia-smi-gpt-own-vocab-regional-compile.csv",
             "nvidia-smi-gpt-own-vocab.csv"]
-    assert pick(csvs, GPU_SLOTS["gpu_utilization.png"][1]) == "nvidia-smi-gpt-own-vocab.csv"
+    assert pick(csvs, SLOTS["gpu_utilization.png"][1]) == "nvidia-smi-gpt-own-vocab.csv"
+    assert pick(["nvidia-smi-during-lenet.txt"], SLOTS["nvidia_smi_lenet.png"][1]) is None  # taken before training
 
 
 def test_a_ladder_row_that_was_not_measured_is_a_table_row_that_says_why():
@@ -572,21 +570,12 @@ def test_a_named_run_that_cannot_be_read_is_missing_never_the_teams(runs, tmp_pa
 
 def test_a_resumed_runs_job_time_is_all_its_processes():
     """A run stopped and resumed: its loop time sums both processes' loops, so its job time must be
-    process_seconds_total (never this process's alone, which made 'outside the loop' negative), and its
-    bar shows the earlier processes, then this one's phases."""
-    from report import clock
-    m = {"process_seconds": 13.1, "process_seconds_total": 23.1, "train_seconds": 16.1,
-         "phases": {"startup": 0.1, "imports": 1.0, "loop": 9.0, "final_save": 3.0}}
-    seconds, how = clock.process_time(None, m, {})
-    assert seconds == 23.1 and "process_seconds_total" in how
-    facts = clock.clock_source(None, m, {})
-    assert facts["outside_loop_seconds"] == pytest.approx(7.0)
-    segments = clock.bar_segments(m, seconds)
-    assert segments[0] == ("earlier processes", pytest.approx(10.0)) and sum(s for _, s in segments) == pytest.approx(
-        23.1)
-    one = {**m, "process_seconds_total": 13.1}
-    assert clock.process_time(None, one, {})[0] == 13.1 and clock.bar_segments(one, 13.1)[0][0] == "startup"
+    process_seconds_total (never this process's alone), and none at all where that total was lost."""
+    from report import facts
+    m = {"process_seconds": 13.1, "process_seconds_total": 23.1, "train_seconds": 16.1}
+    assert facts.process_seconds(m) == (23.1, "process_seconds_total")
+    assert facts.process_seconds({**m, "process_seconds_total": 13.1})[0] == 13.1
     lost = {**m, "resumed": True, "process_seconds_total": None}  # an edited stop_clock.json gave inf: null
-    assert clock.process_time(None, lost, {})[0] is None and clock.bar_segments(lost, None) is None
-    assert "outside_loop_seconds" not in clock.clock_source(None, lost, {})
-    assert "outside_loop_seconds" not in clock.clock_source(None, {**m, "process_seconds_total": 15.0}, {})  # < loop
+    assert facts.process_seconds(lost)[0] is None
+    run = make_report.facts.Run("gpt", "gpt", lost, "x.json")
+    assert "process_seconds" not in facts.clock_facts(run) and "未记录" in facts.clock_facts(run)["process_text"]

@@ -183,7 +183,7 @@ def test_a_build_that_fails_leaves_the_old_out_whole(tmp_path, committed, monkey
     results, report = committed
     out, _ = build(tmp_path, results, report)
     before = snapshot(out)
-    monkeypatch.setattr(make_report, "gpt_lines", lambda *a: 1 / 0)  # a failure half-way through the figures
+    monkeypatch.setattr(make_report, "run_lines", lambda *a: 1 / 0)  # a failure half-way through the figures
     with pytest.raises(ZeroDivisionError):
         build(tmp_path, results, report)
     assert snapshot(out) == before and [p.name for p in tmp_path.glob(".out*")] == []
@@ -208,10 +208,9 @@ def test_an_empty_or_foreign_image_never_goes_into_the_pdf(tmp_path, committed):
     (built / "fake.png").write_text("<html>not a picture</html>")
     from PIL import Image
     Image.new("RGB", (40, 40)).save(built / "good.png")
-    args = make_report.parse_args(["--report", str(report), "--out", str(tmp_path / "final")])
     problems = []
     text = make_report.checked_images("![e](generated/empty.png) ![f](generated/fake.png) ![g](generated/good.png)",
-                                      args, built, problems)
+                                      report, tmp_path / "final", built, problems)
     assert "figure missing: `generated/empty.png`" in text and "figure missing: `generated/fake.png`" in text
     assert f"![g]({(tmp_path / 'final' / 'good.png').as_uri()})" in text
     assert problems == [f"report image generated/{n}.png is missing, empty or not a PNG; left out of the PDF"
