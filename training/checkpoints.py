@@ -23,8 +23,9 @@ from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
 
-from data.files import file_record, first_changed
-from training import UserError, runfiles
+from data import files
+from data.files import UserError, file_record, first_changed
+from training import runfiles
 
 PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FILE)
 MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
@@ -58,14 +59,14 @@ class TrainState:
 def record_stop_clock(out_dir, step, total_seconds):
     """The run's process seconds up to the end of a stopped process, its checkpoint written: the checkpoint
     itself can hold only the time before its own write (seconds per GB at the lab shape)."""
-    runfiles.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
+    files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
 
 
 def earlier_seconds(out_dir, state):
     """The process seconds of a resumed run's earlier processes: the stopped process's last word where it
     names the checkpoint resumed from (its step), else the checkpoint's own (before its write)."""
     try:
-        last = json.loads(runfiles.read_small(out_dir / STOP_CLOCK, 4096))
+        last = json.loads(files.read_small(out_dir / STOP_CLOCK, 4096))
         seconds = last["process_seconds_total"]
         # its checkpoint's write and the exit: seconds to minutes, never more than an hour (an edited file)
         if last["step"] == state.step and isinstance(seconds, (int, float)) \
@@ -98,8 +99,8 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
     accelerator.wait_for_everyone()  # every process's files are on disk before the manifest and the rename
     if accelerator.is_main_process:
         with failed_write_explained(tmp, "a checkpoint"):
-            runfiles.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
-            runfiles.write_json(tmp / MANIFEST, {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()})
+            files.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
+            files.write_json(tmp / MANIFEST, {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()})
         if final.exists():  # the same step saved before (a resumed run stopped again at once)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -117,7 +118,7 @@ def failed_write_explained(tmp, what, remains=None):
     resume_advice() (the older checkpoints are untouched)."""
     try:
         yield
-    except (OSError, RuntimeError, runfiles.OutputError) as e:
+    except (OSError, RuntimeError, files.OutputError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         lines = str(e).strip().splitlines() or [type(e).__name__]
         reason = getattr(e, "strerror", None) or lines[-1][:200]
