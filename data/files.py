@@ -6,7 +6,8 @@
     write_json(path, obj)    write_atomic of strict JSON (NaN and inf become null, which every reader takes)
     read_small(path, limit)  a small file of the project's own (an owner file, a manifest): bounded, no-follow
     path_problem(path)       why a path flag's value cannot be used, or None
-    sha256_file(path)        what a checkpoint or a cache depends on, by content
+    check_output_dir(path)   a folder the run will fill: writable, and not inside another run's folder (run.owner)
+    file_record, first_changed   a manifest's entry (size, sha256) and the check against it
 """
 import hashlib
 import json
@@ -17,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 NAME_MAX = 255  # bytes in one file name on every file system this runs on (ext4, xfs, NFS, Lustre)
-UMASK = os.umask(0o022)  # read once (setting it is the only way to read it), put back at once
+UMASK = os.umask(0o022)  # read at import (setting it is the only way to read it) and put back at once
 os.umask(UMASK)
 
 

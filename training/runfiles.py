@@ -107,23 +107,21 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-        except OSError as e:
+        except OSError as e:  # ELOOP: a link
             raise OutputError(f"{self.path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") \
                 from None
         info = os.fstat(self.fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a FIFO, a device, a hard link to another file
+            os.close(self.fd)
+            raise OutputError(f"{self.path} is not a run lock (not a plain file of one name): remove it, or pick "
+                              f"another --out-dir")
         try:
-            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-                raise OutputError(f"{self.path} is not a run lock (not a plain file of one name): remove it, or "
-                                  f"pick another --out-dir")
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(self.fd)
             raise OutputError(f"{self.path.parent} is in use by another run (pid {holder}); wait for it or pick "
                               f"another --out-dir") from None
-        except OutputError:
-            os.close(self.fd)
-            raise
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
         return self
