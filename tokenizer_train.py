@@ -13,30 +13,24 @@ decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.
 end-to-end time is `process_seconds` (from the process's start as the OS records it), split into `phases`;
 `train_seconds` is the BPE training.
 """
-if __name__ == "__main__":  # first: a Ctrl-C during the seconds of imports is one line, not a traceback
-    from training.signals import quiet_ctrl_c_while_starting
-    quiet_ctrl_c_while_starting()
-from training.clock import Phases, exit_quickly, process_seconds  # noqa: E402  (standard library only)
+from training import lifecycle  # first, before the slow imports: the standard library only
 
-IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
+lifecycle.start(__name__)  # the imports' start; a Ctrl-C while starting is one line, not a traceback
 
-import os  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
 
-import tokenizers  # noqa: E402
-import torch  # noqa: E402
+import tokenizers
+import torch
 
-from data import wos  # noqa: E402
-from data.blocks import token_blocks  # noqa: E402
-from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256  # noqa: E402
-from training import UserError, device, runfiles  # noqa: E402
-from training.flags import Parser, number, path_flag, path_or_name_flag, seed_flag  # noqa: E402
-from training.signals import ctrl_c_raises  # noqa: E402
-
-IMPORTS = (IMPORTS_STARTED, process_seconds())
+from data import wos
+from data.blocks import token_blocks
+from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
+from training import UserError, device, runfiles
+from training.flags import Parser, number, path_flag, path_or_name_flag, seed_flag
 
 
 def train_bpe(docs, vocab_size, min_frequency=2):
@@ -159,18 +153,12 @@ def parse_args(argv):
 
 
 def main(argv=None):
-    phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
-    ctrl_c_raises()  # from here on main's `except KeyboardInterrupt` says the line
+    phases = lifecycle.phases()
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+    # --out is written whole at the end (write_atomic): a Ctrl-C leaves nothing half-made
+    with lifecycle.one_line_errors(lambda: f"{args.out} is written only when training ends; run the command again"):
         return run(args, phases)
-    except UserError as e:  # TextError, TokenizerError, OutputError too
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:  # --out is written whole at the end (write_atomic): nothing half-made is left
-        print(f"\ninterrupted (Ctrl-C): {args.out} is written only when training ends; run the command again",
-              file=sys.stderr)
-        sys.exit(130)
 
 
 def check_outputs(args):
@@ -226,7 +214,7 @@ def run(args, phases):
         phases.switch("cache")
         metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"]))
     phases.switch("teardown")
-    metrics["phases"], metrics["process_seconds"] = phases.record()  # just before the last output is written
+    metrics = phases.stamp(metrics)  # just before the last output is written
     if args.metrics_out:
         runfiles.write_json(args.metrics_out, metrics)
     return metrics
@@ -245,5 +233,4 @@ def token_cache(splits, tokenizer, args, text, sha256):
 
 
 if __name__ == "__main__":
-    main()
-    exit_quickly()
+    lifecycle.run(main)

@@ -15,22 +15,20 @@ positions (then each token is a pass over the last n_positions). Printed as it i
 Run as a command, its --metrics-out records the text, the settings and the job's clock (`process_seconds`
 from the process's start, split into `phases`).
 """
-from training.clock import Phases, exit_quickly, process_seconds
+from training import lifecycle  # first, before the slow imports: the standard library only
 
-IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
+lifecycle.start(__name__)  # the imports' start; a Ctrl-C while starting is one line, not a traceback
 
-import argparse  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
+import argparse
+import os
+import sys
 
-import torch  # noqa: E402
+import torch
 
-from training import UserError, runfiles  # noqa: E402
-from training.device import eager_mode  # noqa: E402
-from training.final import load_run  # noqa: E402
-from training.flags import Parser, number, path_flag, path_or_name_flag  # noqa: E402
-
-IMPORTS = (IMPORTS_STARTED, process_seconds())
+from training import runfiles
+from training.device import eager_mode
+from training.final import load_run
+from training.flags import Parser, number, path_flag, path_or_name_flag
 
 PROMPT_TOKENS = 16  # of each fixed validation prompt
 N_PROMPTS = 2
@@ -194,52 +192,52 @@ def stream_text(decode, tokens, context=4, hold=8):
 
 
 def main(argv=None):
-    phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
+    phases = lifecycle.phases()
     p = build_parser()
     args = p.parse_args(argv)
     problem = flag_problem(args)
     if problem:
         p.error(problem)
     try:
-        if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out", "training.sample")
-        phases.switch("model")
-        model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
-        phases.switch("sampling")
-        ids = tok.tokenizer.encode(args.prompt, add_special_tokens=False).ids or [tok.eot]
-        rng = torch.Generator(args.device).manual_seed(args.seed)
-        stream = token_stream(model, torch.tensor([ids], device=args.device), args.tokens, args.temperature,
-                              args.top_k, rng, tok.vocab_size)
-        print(args.prompt, end="", flush=True)
-        text = []
-        for piece in stream_text(tok.tokenizer.decode, (t.item() for t in stream)):
-            print(piece, end="", flush=True)
-            text.append(piece)
-        print()
-        phases.switch("teardown")
-        if args.metrics_out:
-            write_metrics(args, argv, "".join(text), phases)
-        return "".join(text)
-    except UserError as e:  # TextError, TokenizerError too
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:  # what was generated is printed already
-        print(flush=True)
-        print("interrupted: the text above is what was generated so far", file=sys.stderr)
-        sys.exit(130)
+        with lifecycle.one_line_errors(lambda: "the text above is what was generated so far"):
+            return sample(args, argv, phases)
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         sys.exit(1)
 
 
+def sample(args, argv, phases):
+    """The command's work: the run's model, the prompt's continuation printed as it comes, the metrics."""
+    if args.metrics_out:
+        runfiles.check_output(args.metrics_out, "--metrics-out", "training.sample")
+    phases.switch("model")
+    model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
+    phases.switch("sampling")
+    ids = tok.tokenizer.encode(args.prompt, add_special_tokens=False).ids or [tok.eot]
+    rng = torch.Generator(args.device).manual_seed(args.seed)
+    stream = token_stream(model, torch.tensor([ids], device=args.device), args.tokens, args.temperature,
+                          args.top_k, rng, tok.vocab_size)
+    print(args.prompt, end="", flush=True)
+    text = []
+    try:
+        for piece in stream_text(tok.tokenizer.decode, (t.item() for t in stream)):
+            print(piece, end="", flush=True)
+            text.append(piece)
+    finally:
+        print(flush=True)  # the text's line ends, a Ctrl-C's too
+    phases.switch("teardown")
+    if args.metrics_out:
+        write_metrics(args, argv, "".join(text), phases)
+    return "".join(text)
+
+
 def write_metrics(args, argv, text, phases):
-    spent, now = phases.record()  # just before the last output is written
-    runfiles.write_json(args.metrics_out, {
+    runfiles.write_json(args.metrics_out, phases.stamp({
         "run_dir": str(args.run_dir), "prompt": args.prompt, "text": text, "new_tokens": args.tokens,
         "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed, "device": args.device,
         "command": "python -m training.sample " + " ".join(sys.argv[1:] if argv is None else argv),
-        "process_seconds": now, "phases": spent})
+    }))  # the clock taken just before the last output is written
 
 
 if __name__ == "__main__":
-    main()
-    exit_quickly()
+    lifecycle.run(main)

@@ -1,10 +1,9 @@
-"""Stop signals. gpt_train.py calls catch_early() before its slow imports (torch takes seconds to
-load), so that Slurm's warning (USR1) or a scancel (TERM) arriving during start-up is remembered
-instead of killing the job unsaved; the StopFlag then takes over for the whole run, and at exit
-USR1/TERM are ignored, so that a TERM during the exit itself does not turn its code into 143."""
+"""Stop signals. gpt_train.py catches USR1/TERM from its first line (lifecycle.start(stops=True), before
+torch's seconds of import), so that Slurm's warning or a scancel during start-up is remembered instead of
+killing the job unsaved; the StopFlag then takes over for the whole run, and at exit USR1/TERM are ignored,
+so that a TERM during the exit itself does not turn its code into 143."""
 import atexit
 import contextlib
-import os
 import signal
 import sys
 
@@ -15,24 +14,6 @@ def catch_early():
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: PENDING.append(signum))
     atexit.register(ignore_stops)  # registered first, so it runs last of the exit functions
-
-
-def quiet_ctrl_c_while_starting():
-    """lenet5.py's and tokenizer_train.py's first lines: a Ctrl-C during their imports (seconds of torch) is
-    one line and exit 130, nothing written yet, not an import traceback; main() calls ctrl_c_raises() once
-    its own `except KeyboardInterrupt` is in place. A background job's ignored SIGINT stays ignored."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _while_starting)
-
-
-def _while_starting(signum, frame):
-    print("\ninterrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr, flush=True)
-    os._exit(130)
-
-
-def ctrl_c_raises():
-    if signal.getsignal(signal.SIGINT) is _while_starting:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def ignore_stops():
@@ -52,7 +33,7 @@ def no_teardown_after_collectives(agreed=(0,)):
     process aborts ("terminate called without an active exception", exit -6), so torchrun and Slurm
     call a finished run failed; destroy_process_group does not prevent it (benchmarks/exit_bench.py
     counts the three ways of ending). One process leaves the same way: the teardown is time on the job's
-    clock for nothing (training/clock.exit_quickly).
+    clock for nothing (training/lifecycle.exit_quickly).
     `agreed`: the exit codes every rank reaches together (0, done; gpt_train adds STOP_EXIT_CODE); they
     end with a last barrier, so that no rank is gone while another is still in a collective."""
     code = 0
@@ -60,10 +41,9 @@ def no_teardown_after_collectives(agreed=(0,)):
         yield
     except SystemExit as e:
         code = e.code
-    import torch.distributed as dist  # loaded by now: main() has run
-
-    from training.clock import exit_quickly
-    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    from training.lifecycle import exit_quickly
+    dist = sys.modules.get("torch.distributed")  # not loaded: no process group to wait for
+    several = dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if several and (code or 0) in agreed:
         dist.barrier()  # not after an error: the other ranks may never come (torchrun ends them)
     exit_quickly(code)  # sys.exit("error: ...")'s message printed, status 1
