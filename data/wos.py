@@ -189,16 +189,22 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
     cache_dir = Path(cache_dir or default_cache())
     files.check_output_dir(cache_dir, "--cache-dir")
     corpus_dir = corpus_cache(cache_dir, sha256 or files.sha256_file(path))
+    return rebuilt_once(lambda fresh: read_splits(path, val_fraction, seed, corpus_dir, fresh),
+                        f"the datasets cache of {path} under {cache_dir}", corpus_dir)
+
+
+def rebuilt_once(build, named, folder):
+    """build(fresh=False); after a DamagedCache a warning calling the cache `named`, and build(fresh=True);
+    damaged again: one TextError naming `folder` to delete."""
     try:
-        return read_splits(path, val_fraction, seed, corpus_dir, fresh=False)
+        return build(False)
     except DamagedCache as e:
-        print(f"warning: the datasets cache of {path} under {cache_dir} is damaged ({e}); rebuilding it",
-              file=sys.stderr)
+        print(f"warning: {named} is damaged ({e}); rebuilding it", file=sys.stderr)
     try:
-        return read_splits(path, val_fraction, seed, corpus_dir, fresh=True)
+        return build(True)
     except DamagedCache as e:
-        raise TextError(f"the datasets cache {corpus_dir} is damaged ({e}) and its rebuild too: "
-                        f"delete {corpus_dir} and run again") from None
+        raise TextError(f"the cache {folder} is damaged ({e}) and its rebuild too: delete {folder} and run again") \
+            from None
 
 
 def corpus_cache(cache_dir, sha256):
@@ -278,16 +284,12 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     if num_proc is None:  # worker processes pay off only on a large corpus
         num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None
     folder = token_cache_folder(splits["train"], tokenizer)
-    try:
+
+    def build(fresh):
+        if fresh:  # datasets' map has no "regenerate": the damaged files go first
+            shutil.rmtree(folder, ignore_errors=True)
         return tokenize_splits(splits, tokenizer, block_size, num_proc, folder)
-    except DamagedCache as e:
-        print(f"warning: the token cache {folder} is damaged ({e}); rebuilding it", file=sys.stderr)
-        shutil.rmtree(folder, ignore_errors=True)
-    try:
-        return tokenize_splits(splits, tokenizer, block_size, num_proc, folder)
-    except DamagedCache as e:
-        raise TextError(f"the token cache {folder} is damaged ({e}) and its rebuild too: delete {folder} "
-                        f"and run again") from None
+    return rebuilt_once(build, f"the token cache {folder}", folder)
 
 
 def token_cache_folder(split, tokenizer):
