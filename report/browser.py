@@ -193,11 +193,11 @@ code, pre { font-family: "Noto Sans Mono CJK SC", monospace; font-size: 8.5pt; }
 blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-left: 10px; }
 @page { size: A4; margin: 14mm 14mm; }
 """
-# Chinese text needs no space where a source line was broken; beside full-width punctuation never
-CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"
-CJK_PUNCT = "\u3000-\u303f\uff00-\uffef\u2018-\u201d\u2026\u00b7"
-SOFT_BREAK = re.compile(f"(?<=[{CJK}])\\s*\\n\\s*(?=[{CJK}])"
-                        f"|(?<=[{CJK_PUNCT}])\\s*\\n\\s*|\\s*\\n\\s*(?=[{CJK_PUNCT}])")
+# Chinese text needs no space where a source line was broken; beside full-width punctuation never. Inline tags
+# (<strong>, <code>) beside the break are looked through: "。\n<strong>语" is "。<strong>语", not "。 语"
+CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
+CJK_PUNCT = re.compile("[\u3000-\u303f\uff00-\uffef\u2018-\u201d\u2026\u00b7]")
+SOFT_BREAK = re.compile(r"([^\s>]?)((?:<[^>]+>)*)[ \t]*\n[ \t]*((?:<[^>]+>)*)([^\s<]?)")
 # an image paragraph and the italic caption paragraph after it: kept on one page as one <figure>
 FIGURE = re.compile(r"(<p><img [^>]*></p>)\s*(<p><em>(?:(?!</p>).)*</p>)", re.S)  # (never past its </p>)
 
@@ -206,7 +206,11 @@ def join_cjk_lines(html):
     """Soft line breaks between Chinese characters, or beside Chinese punctuation, removed (a browser
     would render them as spaces: "硬件、 PyTorch"); <pre> blocks left as they are."""
     parts = re.split(r"(<pre[\s>].*?</pre>)", html, flags=re.S)
-    return "".join(part if part.startswith("<pre") else SOFT_BREAK.sub("", part) for part in parts)
+    def join(m):
+        left, right = m.group(1), m.group(4)
+        cjk = CJK.match(left) and CJK.match(right) or CJK_PUNCT.match(left) or CJK_PUNCT.match(right)
+        return "".join(m.group(1, 2)) + ("" if cjk else "\n") + "".join(m.group(3, 4))
+    return "".join(part if part.startswith("<pre") else SOFT_BREAK.sub(join, part) for part in parts)
 
 
 def report_html(markdown_text):

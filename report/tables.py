@@ -195,7 +195,7 @@ def ladder_compare(gpu, cpu, where):
     rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
             "|---" * (len(columns) + 1) + "|"]
     for k in keys:
-        name = RUNG_NAMES.get(k) or ("默认配置去掉 " + RUNG_NAMES.get("+ " + k.removeprefix("default without "), k)
-                                     .strip("*").split("（")[0] if k.startswith("default without") else k)
+        what = RUNG_NAMES.get("+ " + k.removeprefix("default without "), k).strip("*").split("（")[0]
+        name = RUNG_NAMES.get(k) or (f"默认配置去掉{' ' * what.isascii()}{what}" if k.startswith("default") else k)
         rows.append(f"| {name} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
     return "\n".join(rows)
