@@ -167,7 +167,7 @@ def test_an_existing_output_is_replaced_only_with_force(tmp_path):
     torch.save({"w": torch.zeros(2)}, torch_file)
     runfiles.check_output(torch_file, "--save", force=True, kind="torch.save")
     (tmp_path / "link.json").symlink_to(path)  # a link is never replaced: the file it names may be anyone's
-    with pytest.raises(runfiles.OutputError, match="exists and is not a JSON object"):
+    with pytest.raises(runfiles.OutputError, match="exists and is a symbolic link, not a file this program writes"):
         runfiles.check_output(tmp_path / "link.json", "--metrics-out", force=True)
     assert json.loads(path.read_text()) == {"accuracy": 0.99}
 

@@ -74,8 +74,8 @@ def existing_problem(path, what, force, kind):
     found = written_kind(path)
     if found is None or kind not in (None, found):
         wanted = WRITTEN_KINDS[kind] if kind else " or ".join(WRITTEN_KINDS.values())
-        return (f"{what} {path} exists and is not {wanted}, what this program writes; give a new file name, or "
-                f"move it away first (it was left as it is)")
+        return (f"{what} {path} exists and is {'a symbolic link' if path.is_symlink() else 'not ' + wanted}, not a "
+                f"file this program writes; give a new file name, or move it away first (it was left as it is)")
     return None if force else f"{what} {path} exists; pass --force to replace it, or give a new file name"
 
 
