@@ -18,12 +18,9 @@ the phases around it. The presets and flags: training/gpt_flags.py (--help). The
 `process_seconds` (from the process's start as the OS records it), split into `phases`; `train_seconds`
 is the timed loop.
 """
-if __name__ == "__main__":  # first, before the slow imports: Slurm's warning or a scancel must not kill us unsaved
-    from training.signals import catch_early
-    catch_early()
-from training.clock import Phases, process_seconds  # the standard library only
+from training import lifecycle  # first, before the slow imports: the standard library only
 
-IMPORTS_STARTED = process_seconds()  # the imports below are seconds of the job too: they get a phase
+lifecycle.start(__name__, stops=True)  # Slurm's warning (USR1) or a scancel (TERM) while starting: remembered
 
 import argparse
 import contextlib
@@ -42,13 +39,13 @@ from data.tokenizer import open_tokenizer
 from training import UserError, checkpoints, device, metrics, runfiles, sample, step
 from training.batches import batch_stream, check_enough, evaluate
 from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
+from training.clock import Phases, process_seconds
 from training.final import save_final
 from training.gpt_flags import PRESETS, parse_args
 from training.model import GPT, model_config
-from training.signals import StopFlag, no_teardown_after_collectives
+from training.signals import StopFlag
 from training.watch import StepWatch
 
-IMPORTS = (IMPORTS_STARTED, process_seconds())
 REPO = Path(__file__).resolve().parent
 MIN_LR_RATIO = 0.1  # the cosine ends at 10% of the peak learning rate
 
@@ -314,16 +311,12 @@ def close_writer(setup, at_step, profile):
 
 
 def main(argv=None):
-    phases = Phases(IMPORTS)  # the interpreter's start-up and the imports, then "inputs"
+    phases = lifecycle.phases()
     argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     args = parse_args(argv)
-    try:
-        with StopFlag() as stop:  # from the start: a signal during set-up must not kill the job
-            return train(args, argv, stop, phases)
-    except UserError as e:  # TextError, OutputError too
-        sys.exit(f"error: {e}")
+    with lifecycle.one_line_errors(), StopFlag() as stop:  # from the start: a signal in set-up must not kill the job
+        return train(args, argv, stop, phases)
 
 
 if __name__ == "__main__":
-    with no_teardown_after_collectives(agreed=(0, metrics.STOP_EXIT_CODE)):  # a finished rank must not abort at exit
-        main()
+    lifecycle.run(main, agreed=(0, metrics.STOP_EXIT_CODE))  # a finished rank must not abort at exit
