@@ -10,7 +10,6 @@ import re
 import tarfile
 import zlib
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from report.figures import gpu_name, ladder_figure, terminal_figure, utilization_figure
@@ -61,7 +60,7 @@ class GpuFolder:
         """How a caption names where a number was measured: the device and the code's commit or date."""
         readme = self.files.get("README.md")
         commit = re.search(r"at commit ([0-9a-f]{7})", readme()) if readme else None
-        when = commit.group(1) if commit else f"gpu_check {measured(self)[:10]}"
+        when = commit.group(1) if commit else f"gpu_check {str(self.facts.get('started_utc'))[:10]}"
         return f"{gpu_name(self.files)}，{when}"
 
 
@@ -119,15 +118,9 @@ def read_gpu_folder(folder):
 
 
 def measured(found):
-    """When a folder was measured, sortable: gpu_check.sh's started_utc, else its first nvidia-smi CSV row,
-    else the folder's mtime (a git checkout gives every file the same one)."""
-    if isinstance(found.facts.get("started_utc"), str):
-        return found.facts["started_utc"].rstrip("Z")
-    for name in sorted(n for n in found.files if n.endswith(".csv")):
-        first = next((line for line in found.files[name]().splitlines()[1:] if line[:1].isdigit()), None)
-        if first:
-            return first.split(",")[0].strip().replace("/", "-").replace(" ", "T").split(".")[0]
-    return datetime.fromtimestamp(found.folder.stat().st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    """When a folder was measured, sortable: gpu_check.sh's started_utc; an older layout, its name, before any."""
+    started = found.facts.get("started_utc")
+    return (1, started) if isinstance(started, str) else (0, found.folder.name)
 
 
 def is_gpu_folder(d):

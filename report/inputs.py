@@ -1,7 +1,5 @@
-"""The inputs of a report, read without trusting them: a run folder's metrics.json and event files,
-every JSON under the results folder. What cannot be used becomes one line in `problems`, never an
-exception: strict JSON (NaN, numbers beyond a float, deep nesting refused), event files' framing checked.
-"""
+"""The inputs of a report, read without trusting them: run folders (metrics.json, event files) and every JSON
+under the results folder. What cannot be used becomes one line in `problems`, never an exception."""
 import json
 import math
 import struct
@@ -41,8 +39,8 @@ class RunFolder:
 
 @dataclass
 class Run:
-    """The run a section shows: a named run folder, or a committed JSON (`path`, `stem`) with the events kept
-    for it (`events`: a folder to read; `events_source`: its stable name) and the GPU folder it came from."""
+    """The run a section shows: a named run folder, or a committed JSON (`path`, `stem`), the events kept for it
+    (`events`: a folder to read; `events_source`: its stable name) and the GPU folder it came from."""
     alias: str
     kind: str
     metrics: dict
@@ -63,8 +61,7 @@ def rel(path):
 
 
 def finite(text):
-    value = float(text)
-    if not math.isfinite(value):
+    if not math.isfinite(value := float(text)):
         raise ValueError(f"the number {text} does not fit a float")
     return value
 
@@ -74,15 +71,14 @@ def refuse_constant(name):
 
 
 def finite_int(text):
-    """An integer a table can print: beyond a float's range, formatting it as `.1f` raises OverflowError."""
+    """An integer a table can print (beyond a float's range, `.1f` raises OverflowError)."""
     if len(text.lstrip("-")) > 300:
         raise ValueError(f"the number {text[:12]}… ({len(text)} digits) does not fit a float")
     return int(text)
 
 
 def depth(value):
-    """How deeply a JSON value nests, counted without recursion (a walk of a 10,000-deep list must not
-    hit Python's recursion limit either)."""
+    """How deeply a JSON value nests, without recursion (a 10,000-deep list must not hit the recursion limit)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         value, level = stack.pop()
@@ -93,10 +89,8 @@ def depth(value):
 
 
 def load_json(text):
-    """json.loads, refusing NaN/Infinity (Python's writer emits them, ours write null): a NaN accuracy
-    would otherwise be printed as "nan%"; refusing too what no writer of ours produces and what would
-    raise later instead of reading as one line: integers beyond a float (OverflowError in a format) and
-    nesting deeper than MAX_DEPTH (RecursionError in the parser or in a walk of the value)."""
+    """json.loads refusing what no writer of ours produces and what would raise later instead of being one line:
+    NaN/Infinity ("nan%"), integers beyond a float, nesting deeper than MAX_DEPTH (RecursionError)."""
     try:
         value = json.loads(text, parse_constant=refuse_constant, parse_float=finite, parse_int=finite_int)
     except RecursionError:
@@ -107,31 +101,11 @@ def load_json(text):
 
 
 def run_kind(metrics):
-    if "act" in metrics:
-        return "lenet5"
-    if "tokens_seen" in metrics:
-        return "gpt"
-    return None
-
-
-def metrics_problem(metrics):
-    """Why a run's metrics cannot be tabled (None when they can): `[1,2]`, `{}` or a string where a
-    number belongs is named in one line and the run passed over, never a traceback."""
-    if not isinstance(metrics, dict):
-        return f"is a JSON {type(metrics).__name__}, not an object"
-    kind = run_kind(metrics)
-    if kind is None:
-        return "is neither a LeNet-5 run (no 'act') nor a GPT run (no 'tokens_seen')"
-    for key, types in FIELDS[kind].items():
-        if key not in metrics:
-            return f"has no '{key}'"
-        if not isinstance(metrics[key], types):
-            return f"has '{key}': {json.dumps(metrics[key])}, not {'a number' if types is NUMBER else types.__name__}"
-    return None
+    return "lenet5" if "act" in metrics else "gpt" if "tokens_seen" in metrics else None
 
 
 def read_metrics(run_dir):
-    """(metrics, None) when run_dir/metrics.json can be tabled, else (None, why not)."""
+    """(metrics, None) when run_dir/metrics.json can be tabled, else (None, why not, in one line)."""
     if not Path(run_dir).is_dir():
         return None, "no such folder"
     try:  # bounded and never waited on (a FIFO planted as metrics.json)
@@ -140,13 +114,21 @@ def read_metrics(run_dir):
         return None, "no metrics.json (crashed, stopped or still running)"
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return None, f"unreadable metrics.json ({e})"
-    problem = metrics_problem(metrics)
-    return (None, f"metrics.json {problem}") if problem else (metrics, None)
+    if not isinstance(metrics, dict):
+        return None, f"metrics.json is a JSON {type(metrics).__name__}, not an object"
+    if (kind := run_kind(metrics)) is None:
+        return None, "metrics.json is neither a LeNet-5 run (no 'act') nor a GPT run (no 'tokens_seen')"
+    for key, types in FIELDS[kind].items():
+        if key not in metrics:
+            return None, f"metrics.json has no '{key}'"
+        if not isinstance(metrics[key], types):
+            return None, (f"metrics.json has '{key}': {json.dumps(metrics[key])}, not "
+                          f"{'a number' if types is NUMBER else types.__name__}")
+    return metrics, None
 
 
 def newest_run(root, problems):
-    """The most recent run under root whose metrics.json can be tabled; each newer run that was passed
-    over (crashed, still running, metrics broken) is named in `problems`, never skipped silently."""
+    """The newest run under root whose metrics can be tabled; each newer one passed over is a problem line."""
     runs = sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
                   key=lambda d: (d / "args.json").stat().st_mtime, reverse=True)
     for run_dir in runs:
@@ -178,13 +160,12 @@ def load_events(run_dir, problems):
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
         try:
             check_event_file(path)
-            acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "images": 0})
-            acc.Reload()
-            tags = acc.Tags()
-            for tag in tags["scalars"]:
-                scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-            for tag in tags["images"]:
-                images[tag] = acc.Images(tag)[-1].encoded_image_string
+            events = EventAccumulator(str(path), size_guidance={"scalars": 0, "images": 0})
+            events.Reload()
+            for tag in events.Tags()["scalars"]:
+                scalars.setdefault(tag, []).extend((e.step, e.value) for e in events.Scalars(tag))
+            for tag in events.Tags()["images"]:
+                images[tag] = events.Images(tag)[-1].encoded_image_string
         except Exception as e:  # truncated or foreign file: say so, keep going
             problems.append(f"corrupt event file {path}: {type(e).__name__}: {e}")
     return {tag: sorted(points) for tag, points in scalars.items()}, images
@@ -199,57 +180,44 @@ def load_run(run_dir, problems):
 
 
 def load_results(results_dir, problems, prefix=""):
-    """{path relative to results_dir (after `prefix`): (its JSON, its path)} for every JSON under the results
-    folder that parses (subfolders too: a GPU machine's results arrive as a folder of their own, where a file
-    may have the same name as one outside it). gpu_check.sh's results.json holds its results by file
-    stem: each becomes an entry of its own, as if the file lay beside it."""
+    """{prefix + path relative to results_dir: (its JSON, where from)} for every JSON under it that parses;
+    gpu_check.sh's results.json holds its results by file stem: each an entry of its own, as if a file beside
+    it (a damaged results.json is its folder's damage, named by gpu.py)."""
     out = {}
     for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
         key = prefix + path.relative_to(results_dir).as_posix()
         try:
             data = load_json(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
-            if path.name != "results.json":  # gpu_check.sh's: gpu.py names it, as its folder's damage
+            if path.name != "results.json":
                 problems.append(f"unreadable {path}: {e}")
             continue
-        if path.name == "results.json":  # gpu_check.sh's: its entries only (gpu.py names a damaged one)
-            if isinstance(data, dict) and isinstance(data.get("results"), dict):
-                out.update(embedded_results(path, key, data["results"], problems))
-        else:
+        if path.name != "results.json":
             out[key] = data, path
-    return out
-
-
-def embedded_results(path, key, results, problems):
-    """The results gpu_check.sh packed into one results.json, keyed as the files they were."""
-    folder = key.rpartition("/")[0]
-    out = {}
-    for stem, data in results.items():
-        if isinstance(data, dict) and "unreadable" in data:
-            problems.append(f"unreadable {stem}.json in {path}: {data['unreadable']}")
             continue
-        out[f"{folder}/{stem}.json".lstrip("/")] = data, f"{path}: results.{stem}"
+        entries = data.get("results") if isinstance(data, dict) else None
+        for stem, entry in (entries if isinstance(entries, dict) else {}).items():
+            if isinstance(entry, dict) and "unreadable" in entry:
+                problems.append(f"unreadable {stem}.json in {path}: {entry['unreadable']}")
+            else:
+                out[f"{key.rpartition('/')[0]}/{stem}.json".lstrip("/")] = entry, f"{path}: results.{stem}"
     return out
 
 
 def result_name(key):
-    """The file name of a results key without .json: what its prefix (lenet_run, gpt_bench...) is read from."""
+    """A results key's file name without .json: its prefix (lenet_run, gpt_bench...) says what it is."""
     return key.rpartition("/")[2].removesuffix(".json")
 
 
 def figure_name(key, results):
-    """A results file's figure (and placeholder source): its file name, or, where two files share the
-    name, its relative path with '/' as '_' (results/x.json and results/h200/x.json: two figures)."""
+    """A results file's figure and placeholder source: its file name, or where two share it, its path with '_'."""
     name = result_name(key)
-    if sum(result_name(k) == name for k in results) > 1:
-        return key.removesuffix(".json").replace("/", "_")
-    return name
+    return key.removesuffix(".json").replace("/", "_") if sum(result_name(k) == name for k in results) > 1 else name
 
 
 def corpus_name(m):
-    """What corpus a run or tokenizer read: the `corpus.name` its JSON records from the text's content
-    ("stand-in", "WOS46985" or "other"); JSON older than that field is judged by the old rule, the
-    stand-in's folder name in its `text` path."""
+    """The corpus a run or tokenizer read, as its JSON records it from the text's content ("stand-in", "WOS46985",
+    "other"); JSON older than that field: the stand-in's folder name in its `text` path."""
     corpus = m.get("corpus")
     if isinstance(corpus, dict) and corpus.get("name"):
         return corpus["name"]
@@ -257,11 +225,9 @@ def corpus_name(m):
 
 
 def events_beside(json_path):
-    """The TensorBoard events of a committed run: the folder named as its JSON (lenet_run_2x128_cpu/ beside
-    lenet_run_2x128_cpu.json), else a tb-* folder beside it whose name holds the run's kind and own name
-    part (tb-gpt-12M-cold for gpt_run_12M-cold_standin_h200.json); None when neither holds events: a
-    screenshot of another run's events under this run's numbers is what this prevents."""
-    if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are packed
+    """A committed run's TensorBoard events: the folder named as its JSON, else a tb-* folder beside it naming its
+    kind and own name part (tb-gpt-12M-cold for gpt_run_12M-cold_standin_h200.json); never another run's."""
+    if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are in runs.tar.gz
         return None
     parts = json_path.stem.split("_")
     candidates = [json_path.parent / json_path.stem]
