@@ -116,7 +116,6 @@ def save_atomic(tokenizer, path):
     runfiles.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
 
 
-PROGRAM = "tokenizer_train.py"  # the writer its outputs are marked with (runfiles.check_output)
 # The trainer reserves memory in proportion to vocab_size (2^28: +1 GB on a small corpus; near 2^31 it aborts
 # in Rust); the largest vocabularies in use are ~256K.
 MAX_VOCAB = 2**20
@@ -133,8 +132,8 @@ def parse_args(argv):
                    help="merges seen fewer times are not learned (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER,
                    help="where tokenizer.json goes (default: %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out file (one tokenizer_train.py "
-                                                         "wrote)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out or --metrics-out file "
+                                                         "(only a JSON object, never any other file)")
     p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
                    help="held-out documents (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0,
@@ -162,17 +161,15 @@ def main(argv=None):
 
 
 def check_outputs(args):
-    """Before any work: --out may be written (and is not replaced without --force, nor ever a file this
-    program did not write), --metrics-out and the cache folder too (runfiles.check_output's rule), and no
-    output is one of the inputs (--text, a --compare file or folder)."""
+    """Before any work: --out and --metrics-out may be written (an existing one replaced only with --force, and
+    only a JSON object: runfiles.check_output's rule), the cache folder too, and no output is one of the inputs
+    (--text, a --compare file or folder)."""
     compare = Path(args.compare) if Path(args.compare).exists() else None
     runfiles.check_outputs_not_inputs({"--out": args.out, "--metrics-out": args.metrics_out},
                                       {"--text": args.text or wos.default_text(), "--compare": compare})
-    if args.out.exists() and not args.out.is_dir() and not args.force:
-        raise UserError(f"{args.out} exists; pass --force to replace it (or another --out)")
-    runfiles.check_output(args.out, "--out", PROGRAM)
+    runfiles.check_output(args.out, "--out", args.force)
     if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out", PROGRAM)
+        runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
     runfiles.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 

@@ -50,8 +50,8 @@ def check_output(path, what, force=False, own_run=None, kind="JSON"):
     """Fail now, not after the work, if output file `path` cannot or may not be written: a bad path, a run's
     bookkeeping name, inside another run's folder (`own_run`, this run's, is allowed), or an existing file,
     unless `force` (--force) and it is of `kind`, what this output holds. Its folder is made and probed."""
-    if isinstance(force, str):  # transitional: a caller not yet moved passes its program's name (it replaced its own)
-        force, kind = True, None
+    if isinstance(force, str):  # transitional: a caller not yet moved passes its program's name; without --force
+        force = False  # an existing file is refused
     path = Path(path)
     problem = path_problem(path)
     if problem:
