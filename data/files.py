@@ -9,6 +9,7 @@
     check_output_dir(path)   a folder the run will fill: writable, and not inside another run's folder (run.owner)
     file_record, first_changed   a manifest's entry (size, sha256) and the check against it
 """
+import contextlib
 import hashlib
 import json
 import math
@@ -59,7 +60,8 @@ def write_atomic(path, data):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")  # a short name: never too long
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(fd, 0o666 & ~UMASK)  # as open() would make it, not mkstemp's owner-only 0600
+            with contextlib.suppress(OSError):  # a file system without modes (CIFS) keeps its own
+                os.fchmod(fd, 0o666 & ~UMASK)  # as open() would make it, not mkstemp's owner-only 0600
             data(f) if callable(data) else f.write(data)
         os.replace(tmp, path)
     except OSError as e:
