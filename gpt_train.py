@@ -8,15 +8,11 @@
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
     python gpt_train.py --profile ...                         # + one steady step under torch.profiler
 
-The model is training/model.py: GPT2Config's architecture (hidden 768, 12 heads, 12 layers, 1024
-positions) with HF's names, attention one SDPA call. One optimizer step and its accelerations (a why each)
-are training/step.py, which the acceleration ladder builds its rows with too.
-
-Reading order: training/model.py -> training/step.py -> train_loop() below, then set_up() and finish(),
-the phases around it. The presets and flags: training/gpt_flags.py (--help). The loop's instruments
-(its clock, fp16 skips, the profiled step, the stop all ranks agree on): training/watch.py. End to end is
-`process_seconds` (from the process's start as the OS records it), split into `phases`; `train_seconds`
-is the timed loop.
+Reading order: training/model.py (GPT-2 with HF's names) -> training/step.py (one optimizer step and its
+accelerations, a why each; the acceleration ladder builds its rows there too) -> train_loop() below, then
+set_up() and finish(). Flags: training/gpt_flags.py. The loop's instruments (its clock, fp16 skips, the
+profiled step, the stop all ranks agree on): training/watch.py. End to end is `process_seconds` (from the
+process's start as the OS records it), split into `phases`; `train_seconds` is the timed loop.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -226,7 +222,6 @@ def train(args, argv, stop, phases):
     """The phases: set-up, the loop; a run a signal stopped exits 3 (checkpointed), a finished one is
     finished (finish())."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(runfiles.quiet_writer_thread())  # its failure is the main thread's one line
         setup, state, stats = set_up(args, argv, stack, phases)
         phases.switch("loop")
         try:
