@@ -86,7 +86,7 @@ def timed_steps(args, run, vocab_size):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        run.run(batches, 1, run.recipe.lr, losses.append)
+        run(batches, 1, run.recipe.lr, losses.append)
         if cuda:
             torch.cuda.synchronize()  # sync point: the step's GPU work is what is timed
         times.append(time.perf_counter() - t0)
@@ -109,7 +109,7 @@ def measure(settings, args, device, profile=False):
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
     fpt = training.device.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
-    acc = run.acc
+    acc = run.accelerations
     peak = training.device.peak_flops(torch.cuda.get_device_name(device), acc.precision, acc.tf32) if cuda else None
     out = {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "flops_per_token": fpt,
            "mfu": fpt * tps / peak if peak else None, "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
@@ -119,7 +119,7 @@ def measure(settings, args, device, profile=False):
            "built": run.describe()}
     if profile:
         batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
-        out["profile"] = profiled(lambda: run.run(batch, 1, run.recipe.lr, lambda loss: None), device)[1]
+        out["profile"] = profiled(lambda: run(batch, 1, run.recipe.lr, lambda loss: None), device)[1]
     if cuda:
         out["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
     run.accelerator.free_memory()  # the accelerator's references: the row's memory goes when measure() returns

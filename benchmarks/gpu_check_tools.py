@@ -1,21 +1,17 @@
-"""What benchmarks/gpu_check.sh needs Python for: checking a prepared folder whole, choosing the carried
-wheels a machine lacks, checking requirements and each step's imports before the first step, cutting
-MNIST for a rehearsal, recording each step and writing the one results file back after every step,
-and, at the end, the plan's second call.
+"""What benchmarks/gpu_check.sh needs Python for, one command a function (standard library only, plus
+`packaging`, which pip brings: it runs before the carried packages are installed).
 
     python benchmarks/gpu_check_tools.py check-prep DIR                    one line on what is wrong with DIR
     python benchmarks/gpu_check_tools.py missing-wheels WHEELDIR          wheels whose package is not installed
     python benchmarks/gpu_check_tools.py requirements DIST...             one line per unmet requirement
     python benchmarks/gpu_check_tools.py imports STEP=mod,mod ...         STEP<TAB>ok | STEP<TAB>why, one a line
+    python benchmarks/gpu_check_tools.py rehearsal-venv CACHE             the image's python3 shape (--rehearse)
     python benchmarks/gpu_check_tools.py record WORK STEP STATUS SECONDS  one step's entry (any bytes)
     python benchmarks/gpu_check_tools.py results WORK OUT.json            every step's status and results
+    python benchmarks/gpu_check_tools.py clock WORK METRICS.json T0 T1    a run's shell wall time beside its clock
+    python benchmarks/gpu_check_tools.py compile-ab WORK TOKENS GPU       compile off vs regional, cold and warm
     python benchmarks/gpu_check_tools.py mnist-subset SRC DST N_TRAIN N_TEST   the first N images (rehearsal)
-    python benchmarks/gpu_check_tools.py cuda-ready [REHEARSE] | gpt-verdict M.json REHEARSE | plan | summary
-    python benchmarks/gpu_check_tools.py clock WORK METRICS.json T0 T1   a run's shell wall time beside its clock
-    python benchmarks/gpu_check_tools.py second-call | all-ok
-
-Standard library only (plus `packaging`, which pip and transformers bring): it runs before the
-carried packages are installed.
+    python benchmarks/gpu_check_tools.py cuda-ready | gpt-verdict | plan | summary | second-call | all-ok
 """
 import gzip
 import importlib
@@ -25,12 +21,16 @@ import math
 import os
 import platform
 import re
+import statistics
 import struct
 import sys
 import traceback
 import zipfile
 import zlib
 from pathlib import Path
+
+COMMANDS = """check_prep missing_wheels requirements imports rehearsal_venv record results clock compile_ab mnist_subset
+              cuda_ready gpt_verdict plan summary second_call all_ok"""
 
 
 def normalise(name):
@@ -51,7 +51,7 @@ def missing_wheels(wheel_dir):
             print(wheel)
 
 
-def requirements(dists):
+def requirements(*dists):
     """Each dist's unconditional requirements against what is importable now (image + carried folder)."""
     from packaging.requirements import Requirement
     problems = []
@@ -71,7 +71,7 @@ def requirements(dists):
     return 1 if problems else 0
 
 
-def imports(specs):
+def imports(*specs):
     """STEP=mod,mod: import each module once (repository and benchmarks/ on the path, as the scripts
     have them); a step is ok when all its modules import, else the first failure's last line."""
     repo = Path(__file__).resolve().parents[1]
@@ -159,67 +159,42 @@ def mnist_subset(src, dst, n_train, n_test):
 # ----------------------------------------------------------------------------- before the first step
 
 PREP_FILES = ["wheels", "MNIST/raw", "X.txt.gz", "corpus_source.tsv", "gpt2-tokenizer/tokenizer.json", "prep.txt"]
+MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
 
 
 def check_prep(prep):
     """A --prepare folder, whole and made for this interpreter: the first problem as one line, exit 1."""
-    prep = Path(prep)
-    for name in PREP_FILES:
-        if not (prep / name).exists():
-            return fail(f"{prep / name} not found: make DIR with --prepare")
-    for check in (prep_python, gz_files, corpus_source, wheels_whole, tokenizer_json):
-        problem = check(prep)
-        if problem:
-            return fail(problem)
-    return 0
+    problem = next(prep_problems(Path(prep)), None)
+    return fail(problem) if problem else 0
 
 
-def fail(message):
-    print(one_line(message, 400))
-    return 1
-
-
-def prep_python(prep):
-    """The wheels are for one Python and platform: on another one pip refuses them (late, at install)."""
+def prep_problems(prep):
+    """What is wrong with DIR, in the order it is checked: its files there; the wheels made for this Python
+    and platform (pip would refuse them late, at install); every .gz read to its end and every wheel's zip
+    tested (not gzip or cut short is named here, not in a step's traceback); the corpus source line."""
+    again = "make DIR again with --prepare"
+    yield from (f"{prep / name} not found: make DIR with --prepare"
+                for name in PREP_FILES if not (prep / name).exists())
     made = dict(line.split(" ", 1) for line in (prep / "prep.txt").read_text().splitlines() if " " in line)
-    here_py = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    here_platform = f"{sys.platform}-{platform.machine()}"
+    here_py, here = f"{sys.version_info[0]}.{sys.version_info[1]}", f"{sys.platform}-{platform.machine()}"
     if made.get("python") != here_py:
-        return (f"{prep} was prepared for Python {made.get('python', '?')}, {sys.executable} is {here_py}: "
-                f"prepare again with --python {here_py}")
-    if made.get("platform") != here_platform:
-        return f"{prep} was prepared for {made.get('platform', '?')}, this machine is {here_platform}"
-    return None
-
-
-def gz_files(prep):
-    """Every .gz read to its end: not gzip, or cut short, is named here, not in a step's traceback."""
+        yield (f"{prep} was prepared for Python {made.get('python', '?')}, {sys.executable} is {here_py}: "
+               f"prepare again with --python {here_py}")
+    if made.get("platform") != here:
+        yield f"{prep} was prepared for {made.get('platform', '?')}, this machine is {here}"
     for path in [prep / "X.txt.gz", *sorted((prep / "MNIST" / "raw").glob("*.gz"))]:
         try:
             with gzip.open(path) as f:
                 while f.read(1 << 22):
                     pass
         except (OSError, EOFError, zlib.error) as e:
-            return f"{path} is damaged ({type(e).__name__}: {e}): make DIR again with --prepare"
+            yield f"{path} is damaged ({type(e).__name__}: {e}): {again}"
     names = {p.name for p in (prep / "MNIST" / "raw").glob("*.gz")}
-    missing = [n for n in MNIST_FILES if f"{n}.gz" not in names]
-    return f"{prep / 'MNIST/raw'} lacks {missing[0]}.gz: make DIR again with --prepare" if missing else None
-
-
-MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-
-
-def corpus_source(prep):
-    """One line: the corpus's absolute source path, a tab, its document count."""
+    yield from (f"{prep / 'MNIST/raw'} lacks {n}.gz: {again}" for n in MNIST_FILES if f"{n}.gz" not in names)
     lines = (prep / "corpus_source.tsv").read_bytes().decode("utf-8", "replace").splitlines()
     fields = lines[0].split("\t") if len(lines) == 1 else []
     if len(fields) != 2 or not fields[0].startswith("/") or not fields[1].isdigit() or int(fields[1]) == 0:
-        return (f"{prep / 'corpus_source.tsv'} is malformed (want one line: /source/path<TAB>documents): "
-                f"make DIR again with --prepare")
-    return None
-
-
-def wheels_whole(prep):
+        yield f"{prep / 'corpus_source.tsv'} is malformed (want one line: /source/path<TAB>documents): {again}"
     for wheel in sorted((prep / "wheels").glob("*.whl")):
         try:
             with zipfile.ZipFile(wheel) as z:
@@ -227,16 +202,60 @@ def wheels_whole(prep):
         except (zipfile.BadZipFile, OSError, EOFError) as e:
             bad = str(e)
         if bad:
-            return f"wheel {wheel} is damaged ({bad}): make DIR again with --prepare"
-    return None
-
-
-def tokenizer_json(prep):
+            yield f"wheel {wheel} is damaged ({bad}): {again}"
     try:
         json.loads((prep / "gpt2-tokenizer" / "tokenizer.json").read_text())
     except (ValueError, UnicodeDecodeError) as e:
-        return f"{prep / 'gpt2-tokenizer/tokenizer.json'} is not JSON ({e})"
-    return None
+        yield f"{prep / 'gpt2-tokenizer/tokenizer.json'} is not JSON ({e})"
+
+
+def fail(message):
+    print(one_line(message, 400))
+    return 1
+
+
+def rehearsal_venv(cache):
+    """The lent image's interpreter shape for a rehearsal: a venv (no system site packages) whose python3
+    imports torch only through its own pyvenv.cfg: a .pth in its site-packages names this interpreter's.
+    Its base is a python of this version that lacks torch (/usr/bin's, say), so that a link to its python3
+    from another folder, which Python starts as that base, fails as on the image; made once under CACHE.
+    Prints its bin folder, then what it is (nothing to make where this interpreter is a venv's, as the image's)."""
+    import hashlib
+    import shutil
+    import subprocess
+    if sys.prefix != sys.base_prefix:
+        print(f"{Path(sys.executable).parent}\nrehearsal: python3 is a venv's already ({sys.prefix}), as on the image")
+        return 0
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    sites = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+    bases = [b for b in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}",
+                         shutil.which(f"python{version}")) if b and Path(b).is_file()]
+    base = next((b for b in bases if subprocess.run([b, "-I", "-c", "import torch"], capture_output=True).returncode),
+                sys.executable)
+    key = hashlib.sha256("\n".join([sys.executable, base, *sites]).encode()).hexdigest()[:12]
+    venv = Path(cache) / f"rehearsal-venv-{version}-{key}"
+    if not (venv / "verdict.txt").exists():
+        tmp = Path(f"{venv}.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([base, "-m", "venv", "--without-pip", str(tmp)], check=True, capture_output=True)
+        (tmp / "lib" / f"python{version}" / "site-packages" / "lab5-image.pth").write_text("\n".join(sites) + "\n")
+        link = Path(f"{tmp}-link") / "python"  # as the old gpu_check.sh linked it: no pyvenv.cfg one folder up
+        link.parent.mkdir(exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(tmp / "bin" / "python3")
+        venv_ok, link_ok = (not subprocess.run([str(p), "-c", "import torch"], capture_output=True).returncode
+                            for p in (tmp / "bin" / "python3", link))
+        shutil.rmtree(link.parent)
+        if not venv_ok:
+            return fail(f"the rehearsal's venv {tmp} does not import torch")
+        (tmp / "verdict.txt").write_text(
+            f"python3 of a venv shaped like the lent image's ({venv}, base {base}); a link to it from another "
+            f"folder {'imports torch too (its base has it): the image fails there' if link_ok else 'fails'} "
+            f"'import torch', as on the image\n")
+        shutil.rmtree(venv, ignore_errors=True)
+        os.replace(tmp, venv)
+    print(f"{venv / 'bin'}\nrehearsal: " + (venv / "verdict.txt").read_text().strip())
+    return 0
 
 
 def cuda_ready(rehearsal="0"):
@@ -268,11 +287,47 @@ def clock(work, metrics, started, ended):
     process = m.get("process_seconds")
     entry = {"run": Path(metrics).stem, "shell_wall_seconds": round(wall, 3), "process_seconds": process,
              "process_seconds_total": m.get("process_seconds_total"), "train_seconds": m.get("train_seconds"),
-             "phases": m.get("phases"), "agree_within_1s": process is not None and abs(wall - process) <= 1.0}
+             "phases": m.get("phases"), "agree_within_1s": process is not None and abs(wall - process) <= 1.0,
+             # the report quotes process_seconds (report/facts.py); the shell's is the job's, CUDA's teardown
+             # after os._exit included: a gap over 1 s here says the report's figure is short by it
+             "report_quotes": "process_seconds"}
     with open(Path(work) / "clocks.jsonl", "a") as f:
         f.write(json.dumps(entry) + "\n")
-    print(f"clock: {entry['run']}: {wall:.2f} s from the shell, process_seconds {process} "
-          f"({'agree within 1 s' if entry['agree_within_1s'] else 'DISAGREE'})")
+    print(f"clock: {entry['run']}: {wall:.2f} s from the shell, process_seconds {process} (quoted by the report; "
+          f"{'they agree within 1 s' if entry['agree_within_1s'] else 'they DISAGREE by over 1 s'})")
+    return 0
+
+
+AB_KEYS = ("process_seconds", "compile_seconds", "train_seconds", "tokens_per_second")
+
+
+def compile_ab(work, tokens, gpu):
+    """results/compile_ab_GPU.json: every compile off / regional run so far, cold (fresh compile and
+    micro-batch caches) and warm (a cold run's caches again), its seconds, and per cell the medians:
+    does compile pay for the graded run, first and later?"""
+    work = Path(work)
+    clocks = {c["run"]: c["shell_wall_seconds"] for c in map(json.loads, (work / "clocks.jsonl").read_text()
+                                                             .splitlines() if (work / "clocks.jsonl").exists() else [])}
+    names = {f"{tokens}-own-vocab-cold": "off-cold-1", f"{tokens}-own-vocab-regional-compile-cold": "regional-cold-1"}
+    cells = {}
+    for path in sorted((work / "results").glob(f"gpt_run_{tokens}-own-vocab-*_{gpu}.json")):
+        name = path.stem.removeprefix("gpt_run_").removesuffix(f"_{gpu}")
+        run = names.get(name) or name.removeprefix(f"{tokens}-own-vocab-ab-")
+        if run.count("-") != 2 or not run.startswith(("off-", "regional-")):
+            continue
+        m = json.loads(path.read_text())
+        mode, state, _ = run.split("-")
+        cells.setdefault(f"{mode}_{state}", []).append({"run": path.stem, **{k: m.get(k) for k in AB_KEYS},
+                                                         "shell_wall_seconds": clocks.get(path.stem)})
+    def med(runs, key):
+        values = [r[key] for r in runs if r[key] is not None]
+        return statistics.median(values) if values else None
+    median = {cell: {k: med(runs, k) for k in ("process_seconds", "shell_wall_seconds", "compile_seconds")}
+              for cell, runs in cells.items()}
+    out = {"gpu": gpu, "tokens": tokens, "runs": cells, "median": median, "report_quotes": "process_seconds"}
+    write(work / "results" / f"compile_ab_{gpu}.json", out)
+    print("compile A/B, median process seconds: " + ", ".join(f"{c} {v['process_seconds']} ({len(cells[c])} runs)"
+                                                             for c, v in sorted(median.items())))
     return 0
 
 
@@ -289,6 +344,9 @@ def gpt_verdict(metrics, rehearsal="0"):
 
 # ----------------------------------------------------------------------------- the plan
 
+NEEDS = {"cuda-tests": "build", "gelu-bench": "build", "lenet-cpp": "build", "gpt-own-vocab": "tokenizer",
+         "gpt-own-vocab-regional-compile": "tokenizer", "gpt-own-vocab-fp16": "tokenizer",
+         "compile-ab": "tokenizer gpt-own-vocab gpt-own-vocab-regional-compile"}  # warm: their caches again
 LEASE_SECONDS = 15 * 60  # a lent machine's time, all calls together
 START_SECONDS = 120  # what starting it took of that (one to two minutes)
 MARGIN_SECONDS = 30  # the transfers and the warm wait between calls
@@ -303,14 +361,26 @@ def parse_plan(text):
     return out
 
 
-def plan(text, only, budget):
-    """The plan line: each asked step's expected seconds, their sum against the budget."""
-    asked = [p for p in parse_plan(text) if p[0] in only.split()]
-    parts = [f"{s} {'beside' if e == 0 else ('~' if est else '') + str(e)}" for s, e, est in asked]
-    total = sum(e for _, e, _ in asked)
-    verdict = "all fit" if total <= int(budget) else "the steps at the end are cut (the ladder takes what is left)"
-    print(f"plan (seconds each on the 2026-11-30 H200, ~ estimated): {', '.join(parts)}; ~{total} s "
-          f"for a budget of {budget} s: {verdict}")
+def plan(text, only, budget, reserve=30):
+    """The plan line: in order, what fits the budget (less the report's reserve) at the H200's expected
+    seconds, the step the budget runs out in (cut there, or the ladder as far as it goes), and what is left
+    for the second call that the last line gives."""
+    fits, cut, used, room = [], [], 0, int(budget) - int(reserve)
+    for step, expected, estimated in parse_plan(text):
+        if step not in only.split() or step == "report":
+            continue
+        said = f"{step} {'beside' if expected == 0 else ('~' if estimated else '') + str(expected)}"
+        if used + expected <= room and not cut:
+            fits.append(said)
+        elif not cut and room - used >= 30:
+            fits.append(f"{step} (cut after ~{room - used} of ~{expected} s)")
+            cut.append(f"{step}'s rest")
+        else:
+            cut.append(step)
+        used += expected
+    print(f"plan for a budget of {budget} s (one call on the lent H200: its 15 device-minutes less 1-2 to start; "
+          f"seconds each as measured there on 2026-11-30, ~ estimated): {', '.join(fits)}, report; "
+          + (f"cut, for a second call: {', '.join(cut)}" if cut else "nothing cut"))
 
 
 def summary(work, out):
@@ -332,12 +402,9 @@ def second_call(work, text, elapsed, from_arg, rehearsal, out=None):
     steps = steps_of(work)
     status = {s["step"]: s["status"] for s in steps}
     again = [s["step"] for s in steps if not settled(s) or (s["step"] == "ladder" and s["status"].startswith("cut"))]
-    if status.get("build") == "ok":
-        again = [s for s in again if s != "build"]
-    elif any(s in again for s in ("cuda-tests", "gelu-bench")) and "build" not in again:
-        again.append("build")
-    if any(s.startswith("gpt-own-vocab") for s in again) and "tokenizer" not in again:
-        again.append("tokenizer")
+    for step in list(again):  # what a step needs comes along (the build: unless this call made it)
+        again += [s for s in NEEDS.get(step, "").split() if s not in again and (s, status.get(s)) != ("build", "ok")]
+    again = [s for s in again if (s, status.get(s)) != ("build", "ok")]
     if not [s for s in again if s != "report"]:
         print("second call: none needed (every step asked for is done)")
         return 0
@@ -373,13 +440,6 @@ def write(path, obj):
     os.replace(tmp, path)
 
 
-if __name__ == "__main__":
-    command, args = sys.argv[1], sys.argv[2:]
-    sys.exit({"missing-wheels": lambda: missing_wheels(*args), "requirements": lambda: requirements(args),
-              "imports": lambda: imports(args), "record": lambda: record(*args),
-              "results": lambda: results(*args), "check-prep": lambda: check_prep(*args),
-              "cuda-ready": lambda: cuda_ready(*args), "gpt-verdict": lambda: gpt_verdict(*args),
-              "clock": lambda: clock(*args),
-              "plan": lambda: plan(*args), "summary": lambda: summary(*args),
-              "second-call": lambda: second_call(*args), "all-ok": lambda: all_ok(*args),
-              "mnist-subset": lambda: mnist_subset(*args)}[command]())
+if __name__ == "__main__":  # gpu_check_tools.py COMMAND ARGS: the function of that name, dashes for underscores
+    command = sys.argv[1].replace("-", "_")
+    sys.exit(globals()[command](*sys.argv[2:]) if command in COMMANDS.split() else f"unknown command {sys.argv[1]}")

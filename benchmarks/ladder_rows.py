@@ -68,19 +68,21 @@ def accelerations(settings):
 
 
 def unmeasured_first(rows):
-    """Groups of row numbers (1-based): the rows the report's conclusions rest on first — the default, the
-    naive baseline and every rung between, with the default's leave-one-out rows (bf16 against fp32 among
-    them) and the SDPA backends — so that these get all their repeats before any candidate gets one; then
-    the chunked loss, GPT-2's vocabulary, the compiled rows last (each pays a compile)."""
-    def kind(name, settings):
+    """Groups of row numbers (1-based), for a run that may be cut: first the rows the report's conclusions
+    rest on, so that these get all their repeats before any other gets one — the naive baseline, the default
+    and the default without each acceleration (bf16 against fp32 among them); then the rungs between and the
+    SDPA backends; then the chunked loss, GPT-2's vocabulary, the compiled rows last (each pays a compile)."""
+    rungs = [i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" ")]
+
+    def kind(i, name, settings):
         if settings["compile"] != "off":
-            return 3
+            return 4
         if settings.get("loss") == "chunked":
-            return 1
-        if "vocab_size" in settings:
             return 2
-        return 0  # the rungs, the leave-one-out rows, the SDPA backends
+        if "vocab_size" in settings:
+            return 3
+        return 0 if i in (rungs[0], rungs[-1]) or name.startswith("  default without") else 1
     groups = {}
     for i, (name, settings) in enumerate(rows, 1):
-        groups.setdefault(kind(name, settings), []).append(i)
+        groups.setdefault(kind(i, name, settings), []).append(i)
     return [groups[k] for k in sorted(groups)]

@@ -33,14 +33,17 @@ def test_every_sdpa_backend_has_a_forced_row_and_compiles_come_last(cuda, capabi
     assert forced == ["flash", "efficient", "cudnn", "math"]
     groups = gpt_bench.unmeasured_first(rows)
     assert sorted(i for g in groups for i in g) == list(range(1, len(rows) + 1))
-    # what the report's conclusions rest on gets every repeat first: the naive row, each rung, the default,
-    # the default without each acceleration, the SDPA backends (cuDNN's among them)
-    first = [rows[i - 1][0] for i in groups[0]]
+    # what the report's conclusions rest on gets every repeat first: the naive row, the default, the default
+    # without each acceleration; then the rungs between and the SDPA backends (cuDNN's among them)
+    first, second = ([rows[i - 1][0] for i in g] for g in groups[:2])
     rungs = [name for name, _ in rows if not name.startswith(" ")]
-    assert first[:len(rungs)] == rungs and rungs[-1].endswith("(= gpt_train.py default)")
-    assert "  default without fused AdamW" in first and "  default, SDPA forced to its cudnn backend" in first
+    leave_one_out = [name for name, _ in rows if name.startswith("  default without")]
+    assert first == [rungs[0], rungs[-1], *leave_one_out] and rungs[-1].endswith("(= gpt_train.py default)")
+    assert len(leave_one_out) == len(rungs) - 2  # every acceleration but dropout (the own module has none)
+    assert "  default without fused AdamW" in first and "  default, SDPA forced to its cudnn backend" in second
     assert "  default without bf16 autocast" in first or not cuda
-    assert not any("candidate" in name or "vocabulary" in name or "compile" in name for name in first)
+    assert second[:len(rungs) - 2] == rungs[1:-1]
+    assert not any("candidate" in name or "vocabulary" in name or "compile" in name for name in first + second)
     compiled = [i for i, (_, s) in enumerate(rows, 1) if s["compile"] != "off"]
     assert (groups[-1] == compiled and len(compiled) == 2) if cuda else not compiled
 

@@ -14,8 +14,9 @@ import pytest
 
 from conftest import REPO, generated_docs, write_tiny_mnist
 
-STEPS = ["tokenizer", "gpt-own-vocab", "gpt-own-vocab-regional-compile", "gpt-gpt2-vocab", "build", "cuda-tests",
-         "gpt-own-vocab-fp16", "lenet-torch", "gelu-bench", "ladder", "lenet-cpp", "lenet-lightning", "report"]
+STEPS = ["tokenizer", "gpt-own-vocab", "build", "lenet-torch", "lenet-cpp", "gpt-own-vocab-regional-compile",
+         "compile-ab", "ladder", "gpt-own-vocab-fp16", "cuda-tests", "gpt-gpt2-vocab", "gelu-bench", "lenet-lightning",
+         "report"]
 
 
 def gpu_check(*args, timeout=60, **kw):
@@ -394,13 +395,38 @@ def test_a_failure_message_with_a_tab_and_a_carriage_return_keeps_results_json(t
     assert status["report"] == "ok"  # results.json kept updating after it
 
 
+def image_venv(cache):
+    """A venv shaped like the lent image's python3 (torch only through its pyvenv.cfg), as --rehearse makes
+    it: its bin folder and what a link to its python3 from another folder does here."""
+    result = tools("rehearsal-venv", cache)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_a_link_to_the_images_python3_loses_torch_and_an_exec_wrapper_keeps_it(tmp_path):
+    """Why gpu_check.sh gives slurm/gpt.sh an exec wrapper for `python`: Python started through a link in
+    another folder finds no pyvenv.cfg and runs as the venv's base interpreter (where that lacks torch)."""
+    venv, verdict = image_venv(tmp_path / "cache")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "link").symlink_to(f"{venv}/python3")
+    (tmp_path / "bin" / "wrapper").write_text(f'#!/bin/sh\nexec {venv}/python3 "$@"\n')
+    (tmp_path / "bin" / "wrapper").chmod(0o755)
+    imports = {p.name: subprocess.run([p, "-c", "import torch"], capture_output=True).returncode == 0
+               for p in (tmp_path / "bin").iterdir()}
+    assert imports["wrapper"] and imports["link"] == ("imports torch too" in verdict), verdict
+
+
 @pytest.mark.slow
 def test_the_graded_gpt_step_is_slurm_gpt_sh_and_its_clock_is_the_shells(tmp_path, tiny_mnist, text_file):
     """gpt-own-vocab runs slurm/gpt.sh with its defaults after the tokenizer step (its tokenizer and token
-    cache), no compile or micro-batch cache; results.json's clocks put the shell's wall time beside the
-    run's own process_seconds and phases, within a second of each other."""
+    cache), no compile or micro-batch cache, with python3 a venv's first on PATH as on the lent image (a
+    link to it failed there: No module named 'torch'); results.json's clocks put the shell's wall time beside
+    the run's own process_seconds and phases, within a second of each other."""
+    venv, _ = image_venv(tmp_path / "cache")
+    env = {**os.environ, "PATH": f"{venv}:{os.environ['PATH']}"}
     result = gpu_check("--rehearse", "--mnist", tiny_mnist, "--text", text_file, "--out", tmp_path / "out",
-                       "--only", "tokenizer,gpt-own-vocab,lenet-torch", "--budget", "400", timeout=450)
+                       "--only", "tokenizer,gpt-own-vocab,lenet-torch", "--budget", "400", env=env, timeout=450)
     assert result.returncode == 0, result.stdout[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     clocks = {c["run"]: c for c in results["clocks"]}
@@ -438,3 +464,50 @@ def test_the_clock_entry_compares_the_shells_wall_time_with_the_runs(tmp_path):
     entries = [json.loads(line) for line in (tmp_path / "clocks.jsonl").read_text().splitlines()]
     assert [(e["run"], e["shell_wall_seconds"], e["agree_within_1s"]) for e in entries] == [("m", 10.5, True),
                                                                                                ("n", 10.5, False)]
+
+
+def the_plan():
+    text = (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    return text.split('PLAN="', 1)[1].split('"', 1)[0].replace("\\\n", "")
+
+
+def test_the_plan_says_what_fits_the_lent_h200s_call_and_what_is_cut():
+    steps = " ".join(item.split()[0] for item in the_plan().split("|"))
+    line = tools("plan", the_plan(), steps, 540, 30).stdout
+    fits, cut = line.split("cut, for a second call: ")
+    assert "tokenizer 21, gpt-own-vocab 43, build beside, lenet-torch 18, lenet-cpp ~20" in fits
+    assert fits.index("gpt-own-vocab 43") < fits.index("compile-ab") < fits.index("ladder (cut after")
+    assert cut.split(", ")[:3] == ["ladder's rest", "gpt-own-vocab-fp16", "cuda-tests"]
+    assert tools("plan", the_plan(), steps, 2000, 30).stdout.rstrip().endswith("nothing cut")
+
+
+def write_runs(work, gpu, runs):
+    (work / "results").mkdir(parents=True)
+    for name, seconds in runs.items():
+        (work / "results" / f"gpt_run_4K-own-vocab-{name}_{gpu}.json").write_text(
+            json.dumps({"process_seconds": seconds, "compile_seconds": 0.0, "train_seconds": seconds / 2}))
+
+
+def test_the_compile_ab_summary_puts_each_run_in_its_cell(tmp_path):
+    """The graded run is compile off's first cold run, the regional-compile step regional's; fp16 is neither."""
+    write_runs(tmp_path, "X", {"cold": 10.0, "regional-compile-cold": 30.0, "ab-off-warm-1": 9.0, "fp16": 1.0,
+                               "ab-regional-warm-1": 12.0, "ab-off-cold-2": 11.0})
+    clock = {"run": "gpt_run_4K-own-vocab-cold_X", "shell_wall_seconds": 10.4}
+    (tmp_path / "clocks.jsonl").write_text(json.dumps(clock) + "\n")
+    assert tools("compile-ab", tmp_path, "4K", "X").returncode == 0
+    ab = json.loads((tmp_path / "results" / "compile_ab_X.json").read_text())
+    assert {cell: m["process_seconds"] for cell, m in ab["median"].items()} == {
+        "off_cold": 10.5, "off_warm": 9.0, "regional_cold": 30.0, "regional_warm": 12.0}
+    assert ab["median"]["off_cold"]["shell_wall_seconds"] == 10.4 and ab["report_quotes"] == "process_seconds"
+
+
+def test_a_second_call_for_the_compile_ab_brings_the_cold_runs_whose_caches_it_warms(tmp_path):
+    for step, status in [("tokenizer", "ok"), ("gpt-own-vocab", "ok"), ("build", "ok"), ("lenet-cpp", "ok"),
+                         ("gpt-own-vocab-regional-compile", "ok"), ("compile-ab", "cut at 500 s (cap 300 s)"),
+                         ("cuda-tests", "skipped: budget spent (4 s left of 540 s)"), ("report", "ok")]:
+        tools("record", tmp_path, step, status, 1)
+    line = tools("second-call", tmp_path, the_plan(), 300, "", "0").stdout
+    assert "--budget 450 " in line  # 15 minutes less the start, this call and a margin
+    # in the plan's order; not the build (this call made it); not the CUDA tests (the 450 s are spent)
+    assert line.split("--only ")[1].split() == [
+        "tokenizer,gpt-own-vocab,gpt-own-vocab-regional-compile,compile-ab,report"]
