@@ -188,10 +188,8 @@ def run(args, stack, phases):
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest conv
     check_outputs(args)
     fit = fit_plain
-    if args.engine == "lightning":
-        from training.lenet_lightning import fit_lightning, need_lightning
-        fit = fit_lightning
-        need_lightning()  # missing: one line now, before the run folder is made
+    if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
+        from training.lenet_lightning import fit_lightning as fit
     out_dir = args.run_dir = open_run_dir(args, stack)
     phases.switch("data")
     train_set, test_set = (ds.to(device) for ds in load_train_test(find_mnist(args.data_dir, not args.no_download)))

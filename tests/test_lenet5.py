@@ -411,6 +411,7 @@ def test_a_failed_lightning_start_leaves_nothing_that_blocks_the_retry(tiny_mnis
     run = ["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(tmp_path / "run"), "--device", "cpu",
            "--engine", "lightning", "--epochs", "1"]
     monkeypatch.setitem(sys.modules, "lightning", None)  # not installed: import lightning raises ImportError
+    monkeypatch.delitem(sys.modules, "training.lenet_lightning", raising=False)  # so never imported either
     with pytest.raises(SystemExit, match="needs the lightning package"):
         lenet5.main(run)
     assert not (tmp_path / "run").exists()
