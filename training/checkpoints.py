@@ -141,8 +141,14 @@ def verify_checkpoint(path):
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
         return "no readable manifest (an interrupted or older checkpoint)"
+    for name, expected in manifest.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != expected["bytes"]:  # said apart: a truncated file is the usual damage
+            return f"{name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}"
     changed = first_changed(manifest, [path / name for name in manifest])
-    return changed and f"{changed.name} is missing or does not match its manifest"
+    return changed and f"{changed.name} does not match its checksum"
 
 
 def restore(accelerator, ckpt):
