@@ -150,6 +150,11 @@ def derived_sources(results, shown, roles, folders, by_kind):
             sources[f"{run.alias}_tb"] = {"source": run.events_source}, run.events_source
     if "gpt" in shown:
         sources["gpt_goal"] = goal_facts(shown["gpt"].metrics), shown["gpt"].source
+    if lenet := shown.get("lenet5"):  # the accuracy curve's points a TensorBoard screenshot shows
+        m, epochs = lenet.metrics, max(1, lenet.metrics.get("epochs") or 1)
+        train, test = (len(m.get(f"{k}_accuracy_curve") or []) / epochs for k in ("train", "test"))
+        sources["lenet_curve"] = {"text": f"每个 epoch `train/accuracy` {train:.0f} 个点、`test/accuracy` "
+                                          f"{max(1, test):.0f} 个点"}, lenet.source
     sources |= gpu_sources(folders, roles)
     cpu = sources.get(CPU_LADDER, (None, None))
     gpu = roles.get("gpu_ladder")

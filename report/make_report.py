@@ -5,18 +5,14 @@
     python report/make_report.py --runs-root runs --out /tmp/report           # the newest of yours
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
-The inputs: every JSON under --results (default report/results, subfolders too), its GPU results folders
-(gpu_check.sh's OUT, or a folder like report/results/h200-2026-11-30; --gpu first), and only the runs named
-(run folders, or --runs-root for the newest of each kind there): a run under runs/ is never picked up unasked.
-Each GPU question (the graded GPT run, LeNet-5, the ladder, nvidia-smi) is answered by the first GPU folder
-that can (report/gpu.py). `--gpu OUT` for the committed report (report/results, no runs named) first copies
-OUT's results.json, logs.tar.gz, runs.tar.gz and gpu_check.log into report/results/<GPU>-<date>/, so every
-number of the committed report has its file in the repository; otherwise nothing is written under --results.
-Writes into --out (default report/generated/, built beside it and renamed into place, never half-written):
-results.md (the tables, each figure's source, the problems with the inputs), placeholders.md (every `{{key}}`
-report.md may use: report/facts.py) and the figures report.md links (all with --all-figures). With --pdf,
-report.md filled from the same inputs (report_filled.md) is printed to --pdf-out; an unfillable placeholder
-or a broken image is an error or a problem line, never a blank.
+The inputs: every JSON under --results (subfolders too), its GPU folders (report/gpu.py: each GPU question
+answered by the first that can, --gpu first, then the newest) and only the runs named: a run under runs/ is
+never picked up unasked. `--gpu OUT` for the committed report first copies OUT's small files into
+report/results/<GPU>-<date>/ (every number of the committed report has its file in the repository); else
+nothing is written under --results. --out (built beside it, renamed into place) gets results.md (tables,
+sources, problems), placeholders.md (every `{{key}}` report.md may use) and the figures report.md links;
+--pdf prints report.md filled from the same inputs. A placeholder that cannot be filled or a broken image is an
+error or a problem line, never a blank.
 """
 import contextlib
 import errno
@@ -112,7 +108,7 @@ def alias_section(kind, inputs, table, curves, build):
 
 
 def result_sections(inputs, prefix, table, what, build, figure=None):
-    """One table per results/<prefix>*.json (and its figure where wanted), or the line saying there is none."""
+    """One table per <prefix>*.json of the results (and its figure where wanted), or the line saying there is none."""
     lines = []
     for key in sorted(k for k in inputs.results if result_name(k).startswith(prefix)):
         data, path = inputs.results[key]
@@ -127,14 +123,6 @@ def result_sections(inputs, prefix, table, what, build, figure=None):
     return lines or [f"- no {what} found in {build.results_dir}"]
 
 
-def curves_from_json(curves):
-    """A result_sections figure: a run's curves redrawn from its metrics JSON, where it keeps them."""
-    def figure(name, metrics, out):
-        scalars = scalars_from_metrics(metrics)
-        return curves(scalars, metrics, out / f"{name}.png") if any(scalars.values()) else []
-    return figure
-
-
 def run_lines(inputs, build):
     """LeNet-5 (its run, layers, kept runs, benchmarks), GELU, the tokenizer, GPT-2 and the ladder."""
     lines = ["## LeNet-5", ""] + alias_section("lenet5", inputs, lenet_table, lenet_curves, build)
@@ -147,17 +135,16 @@ def run_lines(inputs, build):
     elif shown:
         lines += ["", f"- no TensorBoard events kept for `{shown.source}`: no layer images (name a run folder "
                       "of `python lenet5.py`, or keep its events beside its JSON, in a folder of the same name)"]
-    sections = [("Runs whose metrics were kept in the results:", "lenet_run", lenet_table, "LeNet-5 run metrics",
-                 curves_from_json(lenet_curves)),
-                ("Speed against the lab's original recipe:", "lenet_bench", lenet_bench_table, "LeNet-5 benchmark",
-                 None),
-                ("## GELU operator", "gelu_bench", gelu_table, "GELU benchmark", None),
-                ("## Tokenizer", "tokenizer", tokenizer_table, "tokenizer metrics", None)]
-    for head, prefix, table, what, figure in sections:
-        lines += ["", head, ""] + result_sections(inputs, prefix, table, what, build, figure)
+    for head, prefix, table, what in (("Runs whose metrics were kept in the results:", "lenet_run", lenet_table,
+                                       "LeNet-5 run metrics"),
+                                      ("Speed against the lab's original recipe:", "lenet_bench", lenet_bench_table,
+                                       "LeNet-5 benchmark"),
+                                      ("## GELU operator", "gelu_bench", gelu_table, "GELU benchmark"),
+                                      ("## Tokenizer", "tokenizer", tokenizer_table, "tokenizer metrics")):
+        lines += ["", head, ""] + result_sections(inputs, prefix, table, what, build)
     lines += ["", "## GPT-2", ""] + alias_section("gpt", inputs, gpt_table, gpt_curves, build)
     lines += ["", "Runs whose metrics were kept in the results:", ""]
-    lines += result_sections(inputs, "gpt_run", gpt_table, "GPT run metrics", build, curves_from_json(gpt_curves))
+    lines += result_sections(inputs, "gpt_run", gpt_table, "GPT run metrics", build)
     lines += ["", "## Acceleration ladder", ""]
     return lines + result_sections(inputs, "gpt_bench", ladder_table, "acceleration ladder", build, ladder_figure)
 
