@@ -91,15 +91,22 @@ def comparison(spec, other, tokenizer, val_docs):
     return result
 
 
-def tokenize_corpus(splits, tokenizer, args, text, sha256):
-    """The blocks gpt_train.py --seq-len args.seq_len reads, packed into the cache (data/blocks.py), for
-    the split of --val-fraction and --seed; their counts and speed."""
+def token_cache(splits, tokenizer, args, text, sha256):
+    """The blocks gpt_train.py --seq-len args.seq_len reads, packed into the cache (data/blocks.py), for the split
+    of --val-fraction and --seed; their counts and speed. It only saves gpt_train.py the work: where it fails (too
+    few tokens for a block, a disk), the saved tokenizer stays and the failure is a warning naming what to change."""
     # From here on datasets' worker processes are the parallelism; tokenizers would warn about
     # (and disable) its own threads in each forked worker.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     t0 = time.perf_counter()
-    _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction, args.seed,
-                            args.cache_dir, splits=splits)
+    try:
+        _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction,
+                                args.seed, args.cache_dir, splits=splits)
+    except UserError as e:
+        print(f"warning: no token cache: {e}; the tokenizer is saved in {args.out} (gpt_train.py tokenises the "
+              f"corpus itself)", file=sys.stderr)
+        return dict.fromkeys(["tokenize_seconds", "num_train_tokens", "num_val_tokens", "tokenize_from_cache",
+                              "tokenize_tokens_per_second"]) | {"token_cache_problem": str(e)}
     seconds = time.perf_counter() - t0
     tokens = stats["train"]["tokens"] + stats["validation"]["tokens"]
     from_cache = stats["train"]["from_cache"]
@@ -216,17 +223,6 @@ def run(args, phases):
         runfiles.write_json(args.metrics_out, metrics)
     return metrics
 
-
-def token_cache(splits, tokenizer, args, text, sha256):
-    """tokenize_corpus, which only saves gpt_train.py the work: where it fails (too few tokens for a block,
-    a disk), the saved tokenizer stays and the failure is a warning naming what to change."""
-    try:
-        return tokenize_corpus(splits, tokenizer, args, text, sha256)
-    except UserError as e:
-        print(f"warning: no token cache: {e}; the tokenizer is saved in {args.out} (gpt_train.py tokenises the "
-              f"corpus itself)", file=sys.stderr)
-        return {"tokenize_seconds": None, "num_train_tokens": None, "num_val_tokens": None,
-                "tokenize_from_cache": None, "tokenize_tokens_per_second": None, "token_cache_problem": str(e)}
 
 
 if __name__ == "__main__":
