@@ -1,24 +1,13 @@
-"""The numbers of report.md's text, filled from the same inputs as the tables and figures, so a
-rebuilt report never shows one run's figure beside another's number.
+"""What report.md's text says, filled from the same inputs as the tables and figures (a rebuilt report never
+shows one run's figure beside another's number), and the facts derived for it: which run each section shows,
+the GPU roles, process times, the generated tables.
 
-A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}`, e.g. `{{gpt_run_tiny_standin_cpu.total_seconds:.1f}}`,
-`{{lenet.test_accuracy:.2%}}`, `{{gpt_bench_cpu_2x1024.rungs.0.tokens_per_second:,.0f}}`:
-
-    SOURCE   a results file by its figure name (its file name without .json; where two share a name,
-             its path with '/' as '_'), or an alias: `lenet` / `gpt`, the LeNet-5 / GPT run named on
-             the command line, else the committed run in ALIASES
-    FIELD    a key of its JSON, or a list index (0, 1, -1)
-    FORMAT   Python's format spec; without one: ints with thousands separators, floats to 4 digits
-
-    `{{SOURCE._source}}` is the file a source was read from (a caption names the run it shows).
-
-An unknown source or field, a null value or one that is not a single value is a problem (never a
-blank); placeholders.md lists every key with its value and source (`available_lines`).
-
-A block between `<!-- if NAME -->` and `<!-- /if -->` (or `<!-- unless NAME -->` ... `<!-- /unless -->`)
-is kept only when NAME is (is not) among the inputs: a source name, `team` (no runs named: the
-repository's own report) or `own` (a student's runs named). So a student's report never carries a
-caption written for the team's runs, and a missing input is a sentence, not a blank (`select_blocks`).
+A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}` (`{{lenet.test_accuracy:.2%}}`): SOURCE a results file by
+its figure name, an alias (`lenet`, `gpt`: the run named, else ALIASES), a GPU role or a derived source; FIELD a
+key or list index; FORMAT Python's format spec. `{{SOURCE._source}}` is the file read. An unknown source or field,
+a null or a list is a problem, never a blank. `<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only
+where NAME is (is not) a source, `team` (the repository's report) or `own` (a student's runs named): a student's
+report never carries a caption written for the team's runs.
 """
 import re
 from dataclasses import replace
@@ -142,7 +131,8 @@ def derived_sources(results, shown, roles, folders, by_kind):
     gpt_goal, the GPU folders' facts (gpu_sources), ladder (its table) and gpu_nvml (named GPU runs)."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
-        data = run.metrics | ({"where": run.gpu.label} if run.gpu and isinstance(run.metrics, dict) else {})
+        where = run.gpu.label if run.gpu else run.metrics.get("device_name") or run.metrics.get("device")
+        data = run.metrics | {"where": where} if isinstance(run.metrics, dict) else run.metrics
         sources[run.alias] = data, run.source
         if run.kind:
             sources[f"{run.alias}_clock"] = clock_facts(run), run.source

@@ -179,6 +179,17 @@ def load_run(run_dir, problems):
     return RunFolder(run_dir, metrics, run_kind(metrics), *load_events(run_dir, problems))
 
 
+def find_runs(runs, runs_root, problems):
+    """{kind: RunFolder}: the first run of each kind named, or the newest of each under runs_root; none unasked."""
+    dirs = list(runs) + ([d for d in (newest_run(runs_root / k, problems) for k in ("lenet5", "gpt")) if d]
+                         if runs_root else [])
+    by_kind = {}
+    for run in (load_run(d, problems) for d in dirs):
+        if run:
+            by_kind.setdefault(run.kind, run)
+    return by_kind
+
+
 def load_results(results_dir, problems, prefix=""):
     """{prefix + path relative to results_dir: (its JSON, where from)} for every JSON under it that parses;
     gpu_check.sh's results.json holds its results by file stem: each an entry of its own, as if a file beside

@@ -30,24 +30,13 @@ if not __package__:  # run as python report/make_report.py: the repository, not 
 
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, scalars_from_metrics
-from report.inputs import (
-    FIELD_ERRORS,
-    REPO,
-    RESULTS,
-    figure_name,
-    load_events,
-    load_results,
-    load_run,
-    newest_run,
-    rel,
-    result_name,
-)
+from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_events, load_results, rel, result_name
 from report.screenshots import kept_screenshots, tensorboard_screenshots
 from report.tables import gelu_table, gpt_table, ladder_table, lenet_bench_table, lenet_table, tokenizer_table
 from training import UserError, runfiles
 from training.flags import Parser, path_flag
 
-REPORT = REPO / "report" / "report.md"
+REPORT = RESULTS.parent / "report.md"
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
@@ -82,12 +71,11 @@ class Build:
     def wanted(self, name):
         return self.linked is None or name in self.linked
 
+    def left_out(self, where, e):
+        self.problems.append(f"left out {where}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
+
 
 # ----------------------------------------------------------------------------- the sections of results.md
-
-def left_out(build, where, e):
-    build.problems.append(f"left out {where}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
-
 
 def alias_section(kind, inputs, table, curves, build):
     """The run a section shows (the named run, else the committed one): its table and curves."""
@@ -102,7 +90,7 @@ def alias_section(kind, inputs, table, curves, build):
         if build.wanted(file) and any(scalars.values()):
             section += curves(scalars, shown.metrics, build.out / file)
     except FIELD_ERRORS as e:
-        left_out(build, where, e)
+        build.left_out(where, e)
         return [f"- {build.no_run[kind]}"]
     return [f"The run `{shown.alias}` (placeholders `{{{{{shown.alias}.…}}}}`, `{file}`): `{rel(where)}`", ""] + section
 
@@ -117,7 +105,7 @@ def result_sections(inputs, prefix, table, what, build, figure=None):
             drawn = figure(name, data, build.out) if figure and build.wanted(f"{name}.png") else []
             section = table(data) + [""] + drawn
         except FIELD_ERRORS as e:
-            left_out(build, path, e)
+            build.left_out(path, e)
             continue
         lines += [f"`{rel(path)}` (placeholders `{{{{{name}.…}}}}`):", ""] + section + [""]
     return lines or [f"- no {what} found in {build.results_dir}"]
@@ -176,7 +164,7 @@ def parse_args(argv):
                    help="report the newest LeNet-5 and GPT runs under this folder (default: none)")
     p.add_argument("--results", type=path_flag, default=RESULTS,
                    help="benchmark/tokenizer/run JSON files (default: %(default)s)")
-    p.add_argument("--out", type=path_flag, default=REPO / "report" / "generated", help="(default: %(default)s)")
+    p.add_argument("--out", type=path_flag, default=RESULTS.parent / "generated", help="(default: %(default)s)")
     p.add_argument("--report", type=path_flag, default=REPORT,
                    help="the report whose links and placeholders are filled (default: %(default)s)")
     p.add_argument("--all-figures", action="store_true", help="draw every figure, not only those the report links")
@@ -186,7 +174,7 @@ def parse_args(argv):
                    help="a GPU results folder answering before those under --results: gpu_check.sh's OUT or its "
                         "logs/ (default: the folders under --results, newest first)")
     p.add_argument("--pdf", action="store_true", help="also render the filled report to --pdf-out")
-    p.add_argument("--pdf-out", type=path_flag, default=REPO / "report" / "report.pdf", help="(default: %(default)s)")
+    p.add_argument("--pdf-out", type=path_flag, default=RESULTS.parent / "report.pdf", help="(default: %(default)s)")
     return p.parse_intermixed_args(argv)  # runs before and after the flags: make_report.py A --pdf B
 
 
@@ -276,25 +264,13 @@ def imported_gpu(args):
 
 # ----------------------------------------------------------------------------- inputs and output
 
-def find_runs(args, problems):
-    """{kind: run}: the first run of each kind named, or the newest of each under --runs-root; none unasked."""
-    dirs = list(args.runs)
-    if args.runs_root:
-        dirs += [d for d in (newest_run(args.runs_root / k, problems) for k in ("lenet5", "gpt")) if d]
-    by_kind = {}
-    for run in (load_run(d, problems) for d in dirs):
-        if run:
-            by_kind.setdefault(run.kind, run)
-    return by_kind
-
-
 def gather(args, report_text, scratch, gpu_folder=None):
     """Every input, read once: the runs named, the results, the GPU folders, what each section shows and the
     facts derived from them; report.md's blocks these inputs can fill. A student's runs named: none of the
     team's runs or GPU folders stands in for one missing (a named run that cannot be read is "no run found",
     never the team's), unless --gpu names one."""
     inputs = Inputs(problems=[], results={}, named=bool(args.runs or args.runs_root))
-    inputs.by_kind = find_runs(args, inputs.problems)
+    inputs.by_kind = find_runs(args.runs, args.runs_root, inputs.problems)
     inputs.results = load_results(args.results, inputs.problems)
     gpu_folder = gpu_folder or args.gpu
     if gpu_folder and not gpu_folder.resolve().is_relative_to(args.results.resolve()):
@@ -311,9 +287,8 @@ def gather(args, report_text, scratch, gpu_folder=None):
 
 @contextlib.contextmanager
 def building(out, keep):
-    """A fresh folder beside `out` to build in, renamed into place when the build succeeded (never a half-written
-    --out); `keep`: file names carried over from the old --out (screenshots not retaken). Every file of the old
-    --out that no build wrote (BUILT lists what one did: a student's screenshots, notes) is moved, never deleted."""
+    """A fresh folder beside `out`, renamed into place once built (never a half-written --out), with `keep` copied
+    from the old --out; a file of the old --out no build wrote (a student's screenshots, notes) is moved in."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     umask = os.umask(0)
@@ -339,8 +314,8 @@ def building(out, keep):
 
 
 def checked_images(text, report, out, built, problems):
-    """The filled report with its images as absolute links (generated/X from `out`, wherever that is), each
-    checked in `built` (the folder being built): a missing, empty or foreign file is a note and a problem line."""
+    """The filled report's images as absolute links (generated/X from `out`), each checked in `built`: a missing,
+    empty or foreign file is a note and a problem line, never a broken image in the PDF."""
     base, out = report.parent.resolve(), out.resolve()
 
     def one(match):

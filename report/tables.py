@@ -1,31 +1,19 @@
-"""The Markdown tables of results.md, one function per kind of JSON; each reads the fields its
-producer writes, and a field that is missing or of the wrong type raises (KeyError, TypeError...),
-which the caller turns into one problem line naming the file.
-
-    lenet_table, gpt_table         a run's metrics.json (or its --metrics-out copy)
-    ladder_table                   benchmarks/gpt_bench.py
-    gelu_table                     benchmarks/gelu_bench.py
-    lenet_bench_table              benchmarks/lenet_bench.py (recipes, or --act torch against cpp)
-    tokenizer_table                tokenizer_train.py
-"""
+"""The Markdown tables: results.md's, one function per kind of JSON (a field missing or of the wrong type raises,
+and the caller names the file in one problem line), and the two the report's text shows (the GPU folder's GPT
+runs, the ladder on the GPU beside the CPU's)."""
 from report.inputs import NUMBER, corpus_name, rel
 
 
 def corpus_label(m):
     """The warning a table carries when its numbers are not WOS's."""
     name = corpus_name(m)
-    if name == "WOS46985":
-        return ""
-    return " — **stand-in corpus, not WOS**" if name == "stand-in" else f" — **corpus '{name}', not WOS**"
+    return "" if name == "WOS46985" else " — **stand-in corpus, not WOS**" if name == "stand-in" else \
+        f" — **corpus '{name}', not WOS**"
 
 
 def fmt(value, spec=".4g"):
     """A number as `spec`, a missing one as a dash, anything else as it is."""
-    if value is None:
-        return "—"
-    if isinstance(value, NUMBER):
-        return format(value, spec)
-    return str(value)
+    return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else str(value)
 
 
 def lenet_table(m):

@@ -548,7 +548,7 @@ def test_a_students_report_from_own_cpu_runs_names_only_those_runs(runs, tmp_pat
     assert [f"图 {i}：" for i in range(1, len(captions) + 1)] == [c[1:5] for c in captions]  # numbered in order
     shots = [c for c in captions if "事件文件" in c]  # the screenshot captions name the named runs' folders
     assert all(str(lenet) in c or str(gpt) in c for c in shots)
-    team = (make_report.REPO / "report" / "report.md").read_text()
+    team = (REPO / "report" / "report.md").read_text()
     assert any(word in team for word in TEAM_WORDS)  # the words checked are the team report's, so this can fail
 
 

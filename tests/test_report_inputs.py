@@ -241,6 +241,6 @@ def test_the_lab_report_built_from_other_results_lists_what_they_cannot_fill_wit
     out = tmp_path / "out"
     make_report.main(["--results", str(results), "--out", str(out), "--no-screenshots"])
     text = (out / "results.md").read_text()
-    if "{{" in (make_report.REPO / "report" / "report.md").read_text():
+    if "{{" in (REPO / "report" / "report.md").read_text():
         assert "Not filled from these inputs" in text
     assert "report placeholder" not in capsys.readouterr().err
