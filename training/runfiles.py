@@ -15,7 +15,6 @@ import os
 import secrets
 import stat
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -221,19 +220,3 @@ def set_aside_earlier_attempt(out_dir, why):
         os.replace(path, aside / path.name)
     print(f"note: {out_dir} held an earlier attempt ({why}); its files are kept in {aside.name}/", file=sys.stderr)
     return aside
-
-
-@contextlib.contextmanager
-def quiet_writer_thread():
-    """TensorBoard's writer thread keeps a failed write (a full disk) for the main thread, which stops
-    the run in one line, and then re-raises it, so threading would print a second, long traceback."""
-    previous = threading.excepthook
-
-    def hook(info):
-        if not (isinstance(info.exc_value, OSError) and type(info.thread).__name__ == "_AsyncWriterThread"):
-            previous(info)
-    threading.excepthook = hook
-    try:
-        yield
-    finally:
-        threading.excepthook = previous
