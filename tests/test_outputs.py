@@ -13,6 +13,7 @@ import gpt_train
 import lenet5
 import tokenizer_train
 from conftest import REPO, run_script, tiny_args
+from data import files
 from training import runfiles, sample
 
 # ------------------------------------------------------------------ 36.1: bookkeeping through a planted link
@@ -159,7 +160,7 @@ def test_force_replaces_only_a_file_of_the_kind_the_output_is(tmp_path, kind, pl
 def test_an_existing_output_is_replaced_only_with_force(tmp_path):
     path = tmp_path / "m.json"
     runfiles.check_output(path, "--metrics-out")  # new: fine
-    runfiles.write_json(path, {"accuracy": 0.99})
+    files.write_json(path, {"accuracy": 0.99})
     with pytest.raises(runfiles.OutputError, match=f"^--metrics-out {path} exists; pass --force to replace it"):
         runfiles.check_output(path, "--metrics-out")
     runfiles.check_output(path, "--metrics-out", force=True)
@@ -239,7 +240,7 @@ def test_a_long_path_is_one_line_from_the_script_too(tmp_path):
 def test_a_file_name_near_the_limit_is_written_beside_a_temporary_name_that_fits(tmp_path):
     """The temporary file beside an output is named after it: cut to fit, it never makes a legal name fail."""
     path = tmp_path / ("m" * 250 + ".json")
-    runfiles.write_json(path, {"ok": True})
+    files.write_json(path, {"ok": True})
     assert json.loads(path.read_text()) == {"ok": True} and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 

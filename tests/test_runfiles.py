@@ -1,4 +1,4 @@
-"""training/runfiles.py: what the scripts share about run folders, outputs and flags."""
+"""training/runfiles.py and data/files.py: what the scripts share about run folders, outputs and flags."""
 import argparse
 import contextlib
 import errno
@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from conftest import REPO
+from data import files
 from training import flags, runfiles
 
 
@@ -21,7 +22,7 @@ def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp
     def writer(n):
         try:
             for i in range(200):
-                runfiles.write_json(path, {"writer": n, "i": i, "pad": "x" * 4096})
+                files.write_json(path, {"writer": n, "i": i, "pad": "x" * 4096})
         except OSError as e:
             errors.append(e)
 
@@ -101,7 +102,7 @@ def full_disk(tmp_path, monkeypatch):
 def test_write_json_on_a_full_disk_is_one_line_and_leaves_no_temporary_file(full_disk):
     target = full_disk / "metrics.json"
     with pytest.raises(runfiles.OutputError) as error:
-        runfiles.write_json(target, {"loss": 1.0, "pad": "x" * 10_000})
+        files.write_json(target, {"loss": 1.0, "pad": "x" * 10_000})
     assert str(error.value) == f"cannot write {target}: No space left on device"
     assert not [p.name for p in full_disk.iterdir() if p.name != "filler"]
 
@@ -114,7 +115,7 @@ def test_write_json_never_follows_a_symlink_planted_at_its_temporary_name(tmp_pa
     planted = tmp_path / ".tmp-planted.part"
     planted.symlink_to(victim)
     monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: iter(["planted", "planted", "fresh"]))
-    runfiles.write_json(target, {"ok": True})
+    files.write_json(target, {"ok": True})
     assert victim.read_text() == "precious" and json.loads(target.read_text()) == {"ok": True}
     assert not target.is_symlink() and planted.is_symlink() and not (tmp_path / ".tmp-fresh.part").exists()
 
