@@ -29,10 +29,11 @@ from accelerate.utils import set_seed
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from data import wos
+from data import files, wos
 from data.blocks import token_blocks
+from data.files import UserError
 from data.tokenizer import open_tokenizer
-from training import UserError, checkpoints, device, metrics, runfiles, sample, step
+from training import checkpoints, device, metrics, runfiles, sample, step
 from training.batches import batch_stream, check_enough, evaluate
 from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
 from training.clock import Phases, process_seconds
@@ -160,9 +161,10 @@ def set_up(args, argv, stack, phases):
     accelerator = step.make_accelerator(accelerations)
     out_dir, ckpt = checkpoints.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / runfiles.new_run_name(),
                                              args.metrics_out, accelerator, stack,
-                                             inputs={"--text": args.text, "--tokenizer": args.tokenizer})
+                                             inputs={"--text": args.text, "--tokenizer": args.tokenizer},
+                                             force=args.force)
     if args.profile and accelerator.is_main_process:  # the trace's folder, written by C++ that only logs a failure
-        runfiles.probe_folder(out_dir / "profile", f"--profile's trace folder {out_dir / 'profile'}")
+        files.probe_folder(out_dir / "profile", f"--profile's trace folder {out_dir / 'profile'}")
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data
@@ -214,7 +216,7 @@ def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state
     print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
           f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}; run folder {out_dir}")
     if not ckpt:
-        runfiles.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
+        files.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
     return SummaryWriter(out_dir, purge_step=state.step if ckpt else None)  # a resume: later points redone
 
 
@@ -227,7 +229,7 @@ def train(args, argv, stop, phases):
         try:
             watch = train_loop(setup, state, stop)
         except OSError as e:  # TensorBoard's writer on a full disk (a checkpoint's failure says its own line)
-            raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({runfiles.reason(e)}) after "
+            raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({files.reason(e)}) after "
                             f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
             if setup.train_step.accelerator.is_main_process:
@@ -250,7 +252,7 @@ def finish(setup, state, stats, watch, stop):
     main = train_step.accelerator.is_main_process
     profile = watch.profile and {**watch.profile, "device_name": setup.info["device_name"]}
     if profile and main:  # the main process's step (each process profiles its own)
-        runfiles.write_json(setup.out_dir / "profile.json", profile)
+        files.write_json(setup.out_dir / "profile.json", profile)
     phases.switch("evaluation")
     val_loss = validate(setup, state.step)
     phases.switch("final_save")
@@ -289,7 +291,7 @@ def with_clock(results, setup, watch):
 
 def write_metrics(args, out_dir, results):
     for path in [out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
-        runfiles.write_json(path, results)
+        files.write_json(path, results)
 
 
 def close_writer(setup, at_step, profile):
@@ -301,7 +303,7 @@ def close_writer(setup, at_step, profile):
             setup.writer.add_scalar(f"profile/{name}_seconds", seconds, at_step)
         setup.writer.close()
     except OSError as e:
-        print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} ({runfiles.reason(e)}); "
+        print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} ({files.reason(e)}); "
               f"the metrics and final/ are saved", file=sys.stderr)
 
 

@@ -482,11 +482,11 @@ def _finished_with_checkpoints(corpus, run_dir):
 
 def _rehash(ckpt):
     """The manifest rewritten over the damage: a file damaged before it was hashed."""
-    from training import runfiles
+    from data import files
     from training.checkpoints import MANIFEST
-    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": runfiles.sha256_file(p)}
+    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": files.sha256_file(p)}
                 for p in sorted(ckpt.iterdir()) if p.is_file() and p.name != MANIFEST}
-    runfiles.write_json(ckpt / MANIFEST, manifest)
+    files.write_json(ckpt / MANIFEST, manifest)
 
 
 @pytest.mark.slow

@@ -10,7 +10,9 @@ from typing import NamedTuple
 
 import torch
 
-from training import CACHE_HOME, UserError, runfiles
+from data import files
+from data.files import UserError
+from training import CACHE_HOME
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,8 @@ def probe_micro_batch(model, precision, device, share, world=1):
     torch.cuda.reset_peak_memory_stats(device)  # TensorBoard's peak memory: training's, not the failed tries'
     known[key] = found
     try:
-        runfiles.write_json(cache, known)
-    except runfiles.OutputError as e:  # a read-only home: probe again next time
+        files.write_json(cache, known)
+    except files.OutputError as e:  # a read-only home: probe again next time
         print(f"warning: the probed micro-batch is not remembered: {e}", file=sys.stderr)
     return found, "probed"
 

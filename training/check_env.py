@@ -16,10 +16,11 @@ from collections import namedtuple
 from functools import partial
 from pathlib import Path
 
-from data import data_root
-from training import UserError, runfiles
+from data import data_root, files
+from data.files import UserError
+from training import runfiles
 from training.clock import Phases
-from training.flags import Parser, path_flag
+from training.flags import Parser, add_output_flags
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
@@ -170,11 +171,11 @@ def main(argv=None):
                    help="the corpus, as gpt_train.py --text (default: data/WebOfScience/WOS46985/X.txt)")
     p.add_argument("--tokenizer", default=tokenizer.default_tokenizer(),
                    help="as gpt_train.py --tokenizer (default: %(default)s)")
-    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the checks here as JSON")
+    add_output_flags(p, "write the checks here as JSON")
     args = p.parse_args(argv)
     try:
         if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out", "check_env.py")
+            runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
         phases.switch("checks")
         checks = run_checks(args)
         for check in checks:
@@ -182,9 +183,8 @@ def main(argv=None):
         missing = [c.name for c in checks if c.status == "todo"]
         print(f"not ready for {args.use}: {', '.join(missing)}" if missing else f"ready for {args.use}")
         if args.metrics_out:
-            spent, now = phases.record()
-            runfiles.write_json(args.metrics_out, {"use": args.use, "ready": not missing, "checks": [
-                c._asdict() for c in checks], "process_seconds": now, "phases": spent})
+            files.write_json(args.metrics_out, phases.stamp({"use": args.use, "ready": not missing, "checks": [
+                c._asdict() for c in checks]}))
     except UserError as e:
         sys.exit(f"error: {e}")
     return 1 if missing else 0

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from training import UserError, runfiles
+from data import files
+from data.files import UserError
 
 PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (fp32 accumulate), TF32, plain fp32
     "H200 NVL": (835, 418, 60), "H200": (989, 494, 67), "H100 NVL": (835, 418, 60), "H100 SXM": (989, 494, 67),
@@ -141,8 +142,8 @@ def use_compile_cache(directory):
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         named = "--compile-cache" if os.environ[variable].startswith(str(directory)) else variable
         try:
-            runfiles.check_output_dir(os.environ[variable], named)
-        except runfiles.OutputError as e:
+            files.check_output_dir(os.environ[variable], named)
+        except files.OutputError as e:
             raise UserError(f"{e}; give a writable --compile-cache or --compile off") from None
 
 

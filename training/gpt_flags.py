@@ -4,7 +4,7 @@ import argparse
 
 from data.tokenizer import default_tokenizer
 from training import CACHE_HOME
-from training.flags import Parser, int_or_auto, number, path_flag, path_or_name_flag, seed_flag
+from training.flags import Parser, add_output_flags, int_or_auto, number, path_flag, path_or_name_flag, seed_flag
 
 PRESETS = {  # model shape, batch and peak learning rate; everything else is a flag
     "lab": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, micro_batch=16, global_batch=64, lr=1e-3),
@@ -20,7 +20,9 @@ def build_parser():
     p = Parser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     data_and_shape_flags(p.add_argument_group("data, model and batch").add_argument)
     training_flags(p.add_argument_group("optimisation and accelerations").add_argument)
-    run_flags(p.add_argument_group("evaluation, checkpoints and outputs").add_argument)
+    outputs = p.add_argument_group("evaluation, checkpoints and outputs")
+    run_flags(outputs.add_argument)
+    add_output_flags(outputs)
     return p
 
 
@@ -76,7 +78,6 @@ def run_flags(add):
         "write one after its last step (else only final/ stays: a transformers model folder)")
     add("--profile", action="store_true", help="record one steady step with torch.profiler: profile.json (time "
         "by matmul, attention, elementwise, loss, optimizer, ...), the metrics' `profile`, TensorBoard's profiler")
-    add("--metrics-out", type=path_flag, default=None, help="write the final metrics here as JSON")
 
 
 def parse_args(argv):
