@@ -1,16 +1,7 @@
-"""What make_report.py needs from outside Python: a TensorBoard server, headless Chromium's
-screenshots of it, and Chromium's print-to-PDF of report.md.
-
-    find_browser()                       -> the Chromium executable, or None
-    serve_tensorboard(logdir)            -> a context manager: the base URL of a server that answers, or None
-    storage_front(base, items)           -> a context manager: a same-origin front whose setup page writes
-                                            localStorage (TensorBoard's "ignore outliers" lives only there)
-    screenshot(url, path, w, h, scale)   -> None when the PNG was written, else the reason in one line
-    write_pdf(markdown_path, pdf_path)   -> report.md (or the text given) as HTML, printed to PDF
-    is_png(path)                         -> whether a file is a PNG worth showing (not empty, not foreign)
-
-Every wait is bounded: a Chromium that hangs is killed with its whole process group after
-BROWSER_TIMEOUT seconds, and the caller gets a reason instead of an exception.
+"""What make_report.py needs from outside Python: a TensorBoard server (serve_tensorboard, and storage_front,
+which sets TensorBoard's localStorage-only "ignore outliers" off), headless Chromium's screenshots, and its
+print-to-PDF of report.md. Every wait is bounded: a Chromium that hangs is killed with its whole process group
+after BROWSER_TIMEOUT seconds, and the caller gets a reason in one line instead of an exception.
 """
 import contextlib
 import html as html_lib

@@ -1,13 +1,5 @@
-"""The report's figures, drawn with matplotlib into PNG files; each returns the Markdown lines that
-show it, so a figure is linked only once it was written.
-
-    plot_lines(path, panels, title)      curves side by side (the shape every run figure shares)
-    lenet_curves / gpt_curves            one run's loss, accuracy, throughput
-    lenet_images(run, out, problems)     the TensorBoard layer images, enlarged and titled
-    utilization_figure, terminal_figure  nvidia-smi's CSV as curves, its snapshot as the terminal showed it
-    ladder_figure(name, bench, out)      the acceleration ladder, bars with their ranges
-    gpu_figure(runs, out)                NVML curves of GPU runs
-"""
+"""The figures, drawn with matplotlib into PNG files; a function that returns Markdown lines returns them only
+once its figure was written."""
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display

@@ -39,7 +39,7 @@ PREFERRED = ("own-vocab", "cold", "torch")  # of several matching files: the gra
 ARCHIVE_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)  # not a tarball, cut, unreadable
 # gpu_check.sh's logs: its biggest, the 250 ms nvidia-smi CSV of a 20-minute run, is ~2 MB
 MAX_LOG_BYTES, MAX_LOGS_BYTES = 64 << 20, 256 << 20
-STEP_LINE = re.compile(r"^\[(\d+)\s*s\]\s+([\w.-]+):? (start\b|rc=(-?\d+))")
+STEP_LINE = re.compile(r"^\[(\d+)\s*s\]\s+(?:([\w.-]+):? (start\b|rc=(-?\d+)))?")
 
 
 @dataclass
@@ -179,7 +179,7 @@ def step_seconds(found):
                 starts[step] = at
             elif m.group(4) == "0" and (begun := starts.pop(step, previous)) is not None:
                 found_steps[step] = at - begun
-            previous = at
+            previous = at  # any timed line: where a step without its own start line began
     for entry in found.facts.get("steps") or []:
         if isinstance(entry, dict) and entry.get("status") == "ok" and isinstance(entry.get("seconds"), int):
             found_steps[str(entry.get("step"))] = entry["seconds"]
@@ -195,7 +195,8 @@ def logged_process_seconds(found, stem):
     kind, own, best = parts[0], parts[2], None
     for step, seconds in step_seconds(found).items():
         bare = step.removeprefix(f"{kind}-")
-        if step.startswith(f"{kind}-") and bare in own and (best is None or len(bare) > len(best[0])):
+        other_kind = step.split("-")[0] in ("gpt", "lenet") and not step.startswith(f"{kind}-")
+        if not other_kind and bare in own and (best is None or len(bare) > len(best[0])):
             best = (bare, seconds)
     return float(best[1]) if best else None
 

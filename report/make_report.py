@@ -291,9 +291,7 @@ def building(out, keep):
     from the old --out; a file of the old --out no build wrote (a student's screenshots, notes) is moved in."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become --out's: a folder as mkdir makes it
+    tmp.chmod(0o777 & ~browser.current_umask())  # mkdtemp's 0700 would become --out's: as mkdir makes it
     try:
         for name in keep:
             if (out / name).is_file():

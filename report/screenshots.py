@@ -1,10 +1,5 @@
-"""TensorBoard as a student sees it: a real server on each run, Chromium's screenshots of its pages
-through a front that turns outlier-ignoring off, each cropped to its cards.
-
-    SHOTS                                   the pages photographed for each kind of run
-    tensorboard_screenshots(runs, out, ...) the screenshots taken (SOURCES: of which run); the lines that show them
-    kept_screenshots(out, shown)            with --no-screenshots: those in --out that show the runs shown now
-    crop_to_cards(path)                     a page cropped to its cards (no toolbar, sidebar, header)
+"""TensorBoard as a student sees it: a real server on each run, Chromium's screenshots of its pages (SHOTS)
+through a front that turns outlier-ignoring off, each cropped to its cards; SOURCES records which run each shows.
 """
 import json
 import urllib.parse

@@ -184,6 +184,6 @@ def ladder_compare(gpu, cpu, where):
             "|---" * (len(columns) + 1) + "|"]
     for k in keys:
         what = RUNG_NAMES.get("+ " + k.removeprefix("default without "), k).strip("*").split("（")[0]
-        name = RUNG_NAMES.get(k) or (f"默认配置去掉{' ' * what.isascii()}{what}" if k.startswith("default") else k)
+        name = RUNG_NAMES.get(k) or (f"默认配置去掉{' ' * what[:1].isascii()}{what}" if k.startswith("default") else k)
         rows.append(f"| {name} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
     return "\n".join(rows)
