@@ -173,10 +173,11 @@ PDF_CSS = """
 body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10pt; line-height: 1.45; margin: 0; }
 h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
 h1, h2, h3, h4 { break-after: avoid; }
-img { max-width: 100%; max-height: 76mm; display: block; margin: 4px auto; }
+img { max-width: 100%; max-height: 72mm; display: block; margin: 4px auto; }
 img[src$="lenet_tensorboard_layers.png"] { max-height: 105mm; }  /* tall (4 cards): its digits readable */
 img[src*="nvidia_smi_"] { max-height: 62mm; }  /* a terminal's text: legible smaller */
 figure { margin: 0; break-inside: avoid; } figure p { margin: 4px 0; }
+figure.half { display: inline-block; width: 49%; vertical-align: top; }
 table { border-collapse: collapse; font-size: 8.5pt; margin: 6px 0; }
 td, th { border: 1px solid #bbb; padding: 2px 5px; }
 tr { break-inside: avoid; } thead { display: table-header-group; }
@@ -208,7 +209,9 @@ def report_html(markdown_text):
     """report.md as the HTML Chromium prints: titled by its first H1, lines joined, figures kept whole."""
     import markdown
     body = join_cjk_lines(markdown.markdown(markdown_text, extensions=["tables", "fenced_code"]))
-    body = FIGURE.sub(r"<figure>\1\2</figure>", body)
+    half = body.count("nvidia_smi_") > 1  # two terminal snapshots: side by side, each a PNG to zoom into
+    body = FIGURE.sub(lambda m: ('<figure class="half">' if half and "nvidia_smi_" in m.group(1) else "<figure>")
+                      + m.group(1) + m.group(2) + "</figure>", body)
     h1 = re.search(r"<h1[^>]*>(.*?)</h1>", body, re.S)
     title = html_lib.escape(html_lib.unescape(re.sub(r"<[^>]+>", "", h1.group(1))).strip()) if h1 else "report"
     return (f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><title>{title}</title>'
