@@ -49,7 +49,7 @@ def scalars_from_metrics(m):
         return {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
                 "perf/tokens_per_second": m.get("throughput_curve", [])}
     per_epoch = m.get("steps", 0) / m["epochs"]
-    return {"train/loss": m.get("train_loss_curve", []),
+    return {"train/loss": m.get("train_loss_curve", []), "train/accuracy": m.get("train_accuracy_curve", []),
             "test/loss": [(h["epoch"] * per_epoch, h["test_loss"]) for h in m["history"]],
             "test/accuracy": [(h["epoch"] * per_epoch, h["test_accuracy"]) for h in m["history"]]}
 
@@ -58,7 +58,8 @@ def lenet_curves(s, m, path):
     name = (f"LeNet-5 ({m.get('device_name', m['device'])}, act={m['act']}, engine={m.get('engine', 'plain')}, "
             f"final test accuracy {m['test_accuracy']:.2%})")
     plot_lines(path, [("loss", {"train": s.get("train/loss", []), "test": s.get("test/loss", [])}, "step"),
-                      ("test accuracy", {"test": s.get("test/accuracy", [])}, "step")], name)
+                      ("accuracy", {"train": s.get("train/accuracy", []), "test": s.get("test/accuracy", [])},
+                       "step")], name)
     return [f"![LeNet-5 curves]({path.name})"]
 
 
@@ -109,6 +110,7 @@ def gpt_curves(s, m, path):
                       ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")], title,
                hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"), ymin0=1)
     return [f"![GPT-2 loss and throughput]({path.name})"]
+
 
 def smi_series(text):
     """nvidia-smi --query-gpu CSV -> {column: [(seconds since the first row, value)]}; N/A cells skipped."""
