@@ -6,13 +6,11 @@
     sbatch slurm/lenet.sh --act python             # on the cluster (extra flags are forwarded)
     tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
 
-MNIST is read by the `MNIST` Dataset of data/mnist.py straight from the IDX files (plain or .gz)
-and kept as one uint8 tensor on the training device; missing files are downloaded through
-torchvision (md5-checked) where there is internet. This file holds the model, the training loop,
-TensorBoard logging; training/lenet_lightning.py drives the same model, data and schedule with
-PyTorch Lightning (--engine lightning); what both share is in training/lenet.py. The metrics' end-to-end
-time is `process_seconds` (the process, from its start as the OS records it) split into `phases`;
-`train_seconds` is the training part of the epochs.
+MNIST is read from its IDX files (data/mnist.py, downloaded where missing) into one tensor on the device.
+This file holds the model, the training loop and the command; training/lenet_lightning.py drives the same
+model, data and schedule with PyTorch Lightning (--engine lightning); what both share (logging, the schedule)
+is training/lenet.py. The metrics: `process_seconds` end to end, split into `phases`; `train_seconds` the
+training part of the epochs.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training import UserError
+from data.files import UserError
 from training.device import gpu_stats
 
 

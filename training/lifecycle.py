@@ -94,11 +94,9 @@ def run(main, agreed=(0,)):
 
 
 def exit_quickly(code=0):
-    """Called last by a script run as a program, once its outputs are written and closed: the process leaves
-    at once, stdout and stderr flushed, without the interpreter's teardown (torch's objects collected and
-    its modules unloaded, ~0.3-0.7 s of a 2-core VM's process time, for memory the exit frees anyway).
-    `code` as sys.exit takes it (a message: printed, status 1). Never from main(): a test calling main()
-    in-process must keep its interpreter."""
+    """Out at once, stdout and stderr flushed, without the interpreter's teardown (torch's objects collected and
+    its modules unloaded: ~0.3-0.7 s of a 2-core VM's process time, for memory the exit frees anyway); `code`
+    as sys.exit takes it (a message: printed, status 1). Only from run(): a test calling main() keeps its Python."""
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1
