@@ -10,6 +10,7 @@ keeps its own name (`train_seconds`). Imported before torch: it uses the standar
 """
 import contextlib
 import os
+import sys
 import time
 
 
@@ -76,3 +77,16 @@ class Phases:
         """{phase: seconds} up to now, in the order the phases first ran, and the process's seconds."""
         self.switch(self.current)
         return {k: round(v, 3) for k, v in self.seconds.items()}, round(self.since, 3)
+
+
+def exit_quickly(code=0):
+    """Out at once, stdout and stderr flushed, without the interpreter's teardown (torch's objects collected and
+    its modules unloaded: ~0.3-0.7 s of a 2-core VM's process time, for memory the exit frees anyway); `code`
+    as sys.exit takes it (a message: printed, status 1). Only from lifecycle.run(): a test calling main() keeps
+    its Python."""
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)

@@ -91,15 +91,3 @@ def run(main, agreed=(0,)):
     no_teardown_after_collectives says why)."""
     with signals.no_teardown_after_collectives(agreed):
         main()
-
-
-def exit_quickly(code=0):
-    """Out at once, stdout and stderr flushed, without the interpreter's teardown (torch's objects collected and
-    its modules unloaded: ~0.3-0.7 s of a 2-core VM's process time, for memory the exit frees anyway); `code`
-    as sys.exit takes it (a message: printed, status 1). Only from run(): a test calling main() keeps its Python."""
-    if isinstance(code, str):
-        print(code, file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)

@@ -33,7 +33,7 @@ def no_teardown_after_collectives(agreed=(0,)):
     process aborts ("terminate called without an active exception", exit -6), so torchrun and Slurm
     call a finished run failed; destroy_process_group does not prevent it (benchmarks/exit_bench.py
     counts the three ways of ending). One process leaves the same way: the teardown is time on the job's
-    clock for nothing (training/lifecycle.exit_quickly).
+    clock for nothing (training/clock.exit_quickly).
     `agreed`: the exit codes every rank reaches together (0, done; gpt_train adds STOP_EXIT_CODE); they
     end with a last barrier, so that no rank is gone while another is still in a collective."""
     code = 0
@@ -41,7 +41,7 @@ def no_teardown_after_collectives(agreed=(0,)):
         yield
     except SystemExit as e:
         code = e.code
-    from training.lifecycle import exit_quickly
+    from training.clock import exit_quickly
     dist = sys.modules.get("torch.distributed")  # not loaded: no process group to wait for
     several = dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if several and (code or 0) in agreed:
