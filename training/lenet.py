@@ -87,11 +87,9 @@ def log_point(run, writer, step, loss, lr):
         writer.add_scalar(tag, number, step)
     if tests_between_epochs(run.device) and step % len(run.train_loader):  # (the epoch's last step has its own)
         t0 = time.perf_counter()
-        run.phases.switch("evaluation")
-        test_loss, test_acc = evaluate(run.model, run.test_loader)
+        with run.phases.of("evaluation"):
+            log_test(run, writer, step, *evaluate(run.model, run.test_loader))
         run.model.train()
-        log_test(run, writer, step, test_loss, test_acc)
-        run.phases.switch("loop")
         run.train_seconds -= time.perf_counter() - t0  # the epoch's timer runs on: this pass is not training
 
 
