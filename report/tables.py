@@ -71,42 +71,28 @@ def gelu_table(bench):
 
 
 def lenet_bench_table(b):
-    """benchmarks/lenet_bench.py's JSON: the recipes side by side (one row per seed where it has them),
-    or, with mode act_pair, --act torch against --act cpp."""
+    """benchmarks/lenet_bench.py's JSON: the recipes side by side (a row per seed where it has them), or, with
+    mode act_pair, --act torch against --act cpp."""
     if b.get("mode") == "act_pair":
-        return lenet_act_table(b)
-    rows = [f"{b['device_name']}:", "", "| run | training s | test accuracy |", "|---|---|---|"]
-    for i, (s, a) in enumerate(zip(b["baseline_epoch_seconds"], b["baseline_accuracy"]), 1):
-        rows.append(f"| original recipe (batch 64, Adam 1e-3, ToTensor), epoch {i} | {s:.2f} | {a:.2%} |")
-    for r in b.get("per_seed", []):
-        rows.append(f"| default `lenet5.py`, {b['default_epochs']} epochs, seed {r['seed']} | "
-                    f"{r['default_train_seconds']:.2f} | {r['default_accuracy']:.2%} |")
-    if "per_seed" not in b:
-        rows.append(f"| default `lenet5.py`, {b['default_epochs']} epochs | {b['default_train_seconds']:.2f} | "
-                    f"{b['default_accuracy']:.2%} |")
+        rows = ["| seed | `--act torch` s | `--act cpp` s | cpp / torch | accuracy torch / cpp |",
+                "|---|---|---|---|---|"]
+        rows += [f"| {r['seed']} | {r['torch_train_seconds']:.2f} | {r['cpp_train_seconds']:.2f} | "
+                 f"{r['cpp_to_torch']:.3f} | {r['torch_accuracy']:.2%} / {r['cpp_accuracy']:.2%} |"
+                 for r in b["per_seed"]]
+        return [f"{b['device_name']}, one interleaved pair per seed:", ""] + rows + [
+            "", "cpp / torch: median **{:.3f}** [{:.3f}–{:.3f}].".format(b["cpp_to_torch"]["median"],
+                                                                        *b["cpp_to_torch"]["range"])]
+    default = f"default `lenet5.py`, {b['default_epochs']} epochs"
+    rows = [f"| original recipe (batch 64, Adam 1e-3, ToTensor), epoch {i} | {s:.2f} | {a:.2%} |"
+            for i, (s, a) in enumerate(zip(b["baseline_epoch_seconds"], b["baseline_accuracy"]), 1)]
+    rows += [f"| {default}, seed {r['seed']} | {r['default_train_seconds']:.2f} | {r['default_accuracy']:.2%} |"
+             for r in b.get("per_seed") or [{**b, "seed": b.get("seed", 0)}]]
     if "lightning_train_seconds" in b:
         rows.append(f"| `lenet5.py --engine lightning`, {b['default_epochs']} epochs | "
-                    f"{b['lightning_train_seconds']:.2f} | "
-                    f"{b['lightning_accuracy']:.2%} |")
-    rows += ["", f"Default training time = **{b['ratio_to_one_baseline_epoch']:.2f}×** one original epoch"
-                 + (" (medians of {} interleaved repeats; paired ratios {:.2f}–{:.2f}).".format(
-                     b["repeats"], *b["paired_ratios"]["range"]) if "paired_ratios" in b else ".")]
-    if "lightning_to_plain" in b:
-        rows.append(f"Lightning / plain loop = **{b['lightning_to_plain']:.2f}×** (per repeat: "
-                    + ", ".join(f"{r:.2f}" for r in b["all_lightning_to_plain"]) + ").")
-    return rows
-
-
-def lenet_act_table(b):
-    recipe = b["recipe"]
-    rows = [f"{b['device_name']}, {recipe['epochs']} epochs of batch {recipe['batch_size']}, one interleaved pair "
-            "per seed:", "", "| seed | `--act torch` s | `--act cpp` s | cpp / torch | accuracy torch / cpp |",
-            "|---|---|---|---|---|"]
-    for r in b["per_seed"]:
-        rows.append(f"| {r['seed']} | {r['torch_train_seconds']:.2f} | {r['cpp_train_seconds']:.2f} | "
-                    f"{r['cpp_to_torch']:.3f} | {r['torch_accuracy']:.2%} / {r['cpp_accuracy']:.2%} |")
-    ratio = b["cpp_to_torch"]
-    return rows + ["", "cpp / torch: median **{:.3f}** [{:.3f}–{:.3f}].".format(ratio["median"], *ratio["range"])]
+                    f"{b['lightning_train_seconds']:.2f} | {b['lightning_accuracy']:.2%} (Lightning / plain "
+                    f"**{b['lightning_to_plain']:.2f}×**) |")
+    return [f"{b['device_name']}:", "", "| run | training s | test accuracy |", "|---|---|---|", *rows, "",
+            f"Default training time = **{b['ratio_to_one_baseline_epoch']:.2f}×** one original epoch."]
 
 
 def tokenizer_table(t):
