@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from training import device, runfiles  # noqa: E402
-from training.flags import Parser, path_flag  # noqa: E402
+from training import device, runfiles
+from training.flags import Parser, path_flag
 
 MODES = ("plain", "destroy", "no_teardown")
 

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import gelu_ext  # noqa: E402
-import training.device  # noqa: E402
-from training import runfiles  # noqa: E402
-from training.flags import Parser, path_flag  # noqa: E402
+import gelu_ext
+import training.device
+from training import runfiles
+from training.flags import Parser, path_flag
 
 
 class SeedGELU(torch.autograd.Function):

@@ -5,32 +5,23 @@
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out gpt_bench_h200.json
     python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
-From the naive baseline — transformers' GPT2LMHeadModel as GPT2Config makes it (dropout 0.1,
-eager attention), fp32, plain AdamW — each rung keeps everything above it and adds one thing; the
-last rung is gpt_train.py's default on this device; then the alternatives (the default minus each
-acceleration, leave-one-out; with SDPA forced to each backend; with a chunked loss; with GPT-2's
-vocabulary of 50,304 instead of 16,384; compiled, regional and whole model): the rows in
-benchmarks/ladder_rows.py. Same shapes, same random batch, one process; steady-state steps after
-warm-up (compilation happens in the warm-up steps); every row measured --repeats times, interleaved
-(--order unmeasured: group by group, what the GPU results lack first, for a run that may be cut),
-reported as median and range with the SDPA kernel that ran, and written to --metrics-out as each row
-finishes (a row that fails, runs out of memory or asks for a backend that is not there is recorded
-as such; the others go on).
-
-Against what: on a GPU, MFU against the datasheet's peak for the row's math (bf16/fp16 tensor cores,
-TF32, or plain fp32 where TF32 is off); on every device, also the fraction of the matmul rate measured
-in the same run (a (micro_batch x seq_len) x 768 x 3,072 matmul, the MLP's first, in the row's
-precision): on a CPU that is the only ceiling there is.
+The rows (benchmarks/ladder_rows.py): from the naive baseline (transformers' GPT2LMHeadModel, dropout
+0.1, eager attention, fp32, plain AdamW) each rung adds one thing up to gpt_train.py's default on this
+device; then the default without each acceleration, with SDPA forced to each backend, a chunked loss,
+GPT-2's vocabulary, compiled. Same shapes and random batch, one process, steady-state steps after warm-up
+(compilation included there); every row --repeats times, interleaved (--order unmeasured: the key rows
+first, for a run that may be cut), median and range, written to --metrics-out after every row (a row
+that fails or runs out of memory is recorded as such; the others go on). Against what: on a GPU, MFU
+against the datasheet's peak for the row's math; everywhere, the fraction of a matmul's rate measured
+just before the row in its precision ((micro_batch x seq_len) x 768 x 3,072, the MLP's first).
 """
 import argparse
 import gc
 import itertools
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -41,12 +32,12 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import training.device  # noqa: E402
-from ladder_rows import accelerations, default_step, ladder, unmeasured_first  # noqa: E402
-from training import runfiles, step  # noqa: E402
-from training.flags import Parser, path_flag  # noqa: E402
-from training.model import GPT, model_config  # noqa: E402
-from training.profile import profiled  # noqa: E402
+import training.device
+from ladder_rows import accelerations, default_step, ladder, unmeasured_first
+from training import runfiles, step
+from training.flags import Parser, path_flag
+from training.model import GPT, model_config
+from training.profile import profiled
 
 
 class HFLoss(torch.nn.Module):
@@ -126,28 +117,25 @@ def measure(settings, args, device, profile=False):
     return out
 
 
-def free_memory(cuda):
+def free_memory():
     gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # nothing to do without CUDA
 
 
 def try_measure(settings, args, device, profile=False):
     """measure(), or {"error": why} for a row that runs out of memory or fails: the other rows go on."""
     try:
         out = measure(settings, args, device, profile)
-        free_memory(device.type == "cuda")
-        return out
-    except Exception as e:  # noqa: BLE001 (any failure of one row; the ladder's other rows still count)
+    except Exception as e:  # any failure of one row: the ladder's other rows still count
         text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
-        error = "out of memory" if oom else f"{type(e).__name__}: {text}"
+        out = {"error": "out of memory" if oom else f"{type(e).__name__}: {text}"}
         unavailable = ("No available kernel", "No viable backend", "has no SDPBackend")
         if settings.get("sdpa_backend") and any(w in text for w in unavailable):
-            error = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
-    free_memory(device.type == "cuda")
-    torch._dynamo.reset()
-    return {"error": error}
+            out["error"] = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
+        torch._dynamo.reset()
+    free_memory()  # after the except: its traceback held the failed row's tensors
+    return out
 
 
 # ----------------------------------------------------------------------------- what the hardware does
@@ -223,6 +211,7 @@ def main(argv=None):
         except runfiles.OutputError as e:
             sys.exit(f"error: {e}")
     if args.compile_cost:
+        from compile_cost import compile_cost
         return compile_cost(args)
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
@@ -307,7 +296,7 @@ def largest_micro_batch(settings, args, device):
     except UserError as e:
         return str(e)
     finally:
-        free_memory(True)
+        free_memory()
 
 
 def summarise_rates(rates, m):
@@ -381,55 +370,6 @@ def print_table(rows):
         matmul = f"{row['fraction_of_matmul_rate']:6.1%}" if row["fraction_of_matmul_rate"] else "     -"
         print(f"   {row['name']:60s} {row['tokens_per_second']:9,.0f} tok/s [{lo:,.0f}-{hi:,.0f}] MFU {mfu} "
               f"of matmul {matmul} x{row['speedup']:.2f}{noise}", flush=True)
-
-
-# ----------------------------------------------------------------------------- --compile-cost
-
-def train_once(args, mode, cache, run_dir):
-    """gpt_train.py in a fresh process: the lab model at --seq-len, a few steps; its metrics."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    env["XDG_CACHE_HOME"] = str(cache / "xdg")  # nothing of an earlier run's caches but the compile cache
-    cmd = [sys.executable, str(REPO / "gpt_train.py"), "--preset", "lab", "--seq-len", str(args.seq_len),
-           "--micro-batch", str(args.micro_batch), "--global-batch", str(args.micro_batch),
-           "--tokens", str(8 * args.micro_batch * args.seq_len), "--compile", mode, "--compile-cache", str(cache),
-           "--eval-every", "1000", "--val-batches", "1", "--ckpt-every", "0", "--log-every", "1",
-           "--out-dir", str(run_dir), "--metrics-out", str(run_dir / "m.json")]
-    cmd += ["--text", str(args.text)] if args.text else []
-    cmd += ["--tokenizer", args.tokenizer] if args.tokenizer else []
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if result.returncode:
-        sys.exit(f"error: gpt_train.py --compile {mode} failed:\n{result.stderr[-2000:]}")
-    return json.loads((run_dir / "m.json").read_text())
-
-
-def compile_cost(args):
-    """Cold (empty cache) and warm (the same cache again) compile seconds, regional vs whole model,
-    interleaved; every run a new process, as every job start is."""
-    runs = {f"{mode}_{state}": [] for mode in ("regional", "whole") for state in ("cold", "warm")}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        train_once(args, "off", tmp / "off-cache", tmp / "warm-up")  # tokenises the corpus once, untimed
-        for r in range(args.repeats):
-            for state in ("cold", "warm"):
-                for mode in ("regional", "whole"):
-                    m = train_once(args, mode, tmp / f"cache-{mode}-{r}", tmp / f"run-{mode}-{state}-{r}")
-                    runs[f"{mode}_{state}"].append({"compile_seconds": m["compile_seconds"],
-                                                    "tokens_per_second": m["tokens_per_second"],
-                                                    "total_seconds": m["total_seconds"]})
-                    print(f"repeat {r + 1}: {mode:8s} {state}: compile {m['compile_seconds']:6.1f} s, steady "
-                          f"{m['tokens_per_second']:7,.0f} tokens/s, process {m['total_seconds']:5.1f} s", flush=True)
-    median = {k: statistics.median(x["compile_seconds"] for x in v) for k, v in runs.items()}
-    out = {"device_name": m["device_name"], "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
-           "seq_len": args.seq_len, "micro_batch": args.micro_batch, "precision": m["precision"],
-           "repeats": args.repeats, "median_compile_seconds": median,
-           "regional_cold_vs_whole_cold": median["regional_cold"] / median["whole_cold"],
-           "regional_warm_vs_regional_cold": median["regional_warm"] / median["regional_cold"], "runs": runs}
-    print(f"medians: {json.dumps({k: round(v, 2) for k, v in median.items()})}; regional cold / whole cold = "
-          f"{out['regional_cold_vs_whole_cold']:.2f}, "
-          f"regional warm / cold = {out['regional_warm_vs_regional_cold']:.2f}")
-    if args.metrics_out:
-        runfiles.write_json(args.metrics_out, out)
-    return out
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ START=$(date +%s)  # the budget's clock: install, unpacking and build count
 CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-TOOLS="$REPO/benchmarks/gpu_check_tools.py"
+TOOLS="$REPO/benchmarks/gpu_check_tools.py" PREPARE="$REPO/benchmarks/gpu_check_prep.py"
 SHARED="$REPO/../shared/data"
 ARGS="$*"
 DATASETS=datasets==5.2.0
@@ -156,13 +156,13 @@ for p in python3 python; do
 done
 [ -n "$PY" ] || die "neither python3 nor python imports torch here (in $PRE s)"
 if [ "$REHEARSE" = 1 ]; then  # python3 as the lent image has it: a venv's, first on PATH
-    { read -r VENV; read -r VENV_NOTE; } < <(timeout -k 2 $(( PRE * 4 )) "$PY" "$TOOLS" rehearsal-venv \
+    { read -r VENV; read -r VENV_NOTE; } < <(timeout -k 2 $(( PRE * 4 )) "$PY" "$PREPARE" rehearsal-venv \
         "${XDG_CACHE_HOME:-$HOME/.cache}/lab5" 2>&1)
     [ -x "${VENV:-}/python3" ] || die "no rehearsal venv: ${VENV:-} ${VENV_NOTE:-}"
     PATH="$VENV:$PATH" PY="$VENV/python3"
 fi
 if [ -n "$PREP" ]; then  # every file of DIR whole, and made for this Python: one line, not a late traceback
-    why=$(timeout -k 2 $(( PRE * 2 )) "$PY" "$TOOLS" check-prep "$PREP" 2>&1) \
+    why=$(timeout -k 2 $(( PRE * 2 )) "$PY" "$PREPARE" check-prep "$PREP" 2>&1) \
         || die "${why:-checking $PREP took over $(( PRE * 2 )) s}"
 else
     [ -f "$TEXT" ] || die "corpus $TEXT not found (--text)"
@@ -207,12 +207,12 @@ pre() {  # pre SECONDS CMD...: a command before the first step, cut (and said) i
 # leaves the previous one); at most 5 files plus one .tmp.
 publish() {
     pre "$PRE" "$PY" "$TOOLS" results "$WORK" "$OUT/results.json"
-    tar -czf "$OUT/logs.tar.gz.tmp" -C "$WORK" logs && mv -f "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
-    (cd "$WORK" && find runs \( -name 'events.out.tfevents.*' -o -name '*.json' \) -not -path '*ckpt*' -print0 \
-        | tar -czf "$OUT/runs.tar.gz.tmp" --null -T -) && mv -f "$OUT/runs.tar.gz.tmp" "$OUT/runs.tar.gz"
-    if [ -d "$WORK/report" ]; then
-        tar -czf "$OUT/report.tar.gz.tmp" -C "$WORK" report && mv -f "$OUT/report.tar.gz.tmp" "$OUT/report.tar.gz"
-    fi
+    local d pick
+    for d in logs runs report; do  # of runs/: the TensorBoard events and the JSON, no checkpoints
+        pick=() && [ "$d" = runs ] && pick=(\( -name 'events.out.tfevents.*' -o -name '*.json' \) -not -path '*ckpt*')
+        [ -d "$WORK/$d" ] && (cd "$WORK" && find "$d" -type f "${pick[@]}" -print0 \
+            | tar -czf "$OUT/$d.tar.gz.tmp" --null -T -) && mv -f "$OUT/$d.tar.gz.tmp" "$OUT/$d.tar.gz"
+    done
 }
 # record NAME STATUS [SECONDS]: one JSON line (any byte of a message survives), said, published
 record() { pre "$PRE" "$PY" "$TOOLS" record "$WORK" "$1" "$2" "${3:-}"; say "$1: $2"; publish; }
@@ -333,20 +333,12 @@ if [ -n "$PREP" ]; then
 else
     CORPUS_SOURCE=$(realpath "$TEXT") CORPUS_DOCS=$(grep -c '[^[:space:]]' "$TEXT")
 fi
-pre "$PRE" "$PY" - "$WORK/facts.json" "$GPU" "$NVCC" "$CORPUS_SOURCE" "$CORPUS_DOCS" "$BUDGET" "$REHEARSE" "$ARGS" "$PY" <<'PYEOF'
-import json, platform, sys, time, torch
-out, gpu, nvcc, source, docs, budget, rehearse, argv, python = sys.argv[1:]
-json.dump({"gpu": gpu, "rehearsal": rehearse == "1", "budget_seconds": int(budget),
-           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
-           "interpreter": python, "command": "bash benchmarks/gpu_check.sh " + argv, "torch": torch.__version__,
-           "torch_cuda": torch.version.cuda, "nvcc": nvcc or None,
-           # what the corpus is, not what it is called: a stand-in must never be quoted as WOS
-           "corpus": {"source": source, "documents": int(docs)}}, open(out, "w"), indent=2)
-PYEOF
+pre "$PRE" "$PY" "$TOOLS" facts "$WORK" "$GPU" "$NVCC" "$CORPUS_SOURCE" "$CORPUS_DOCS" "$BUDGET" "$REHEARSE" \
+    "$ARGS" "$PY" "$TORCH" "$TORCH_CUDA"
 publish
 
 if [ -n "$PREP" ]; then  # a bare machine: the carried packages it lacks, the data unpacked
-    mapfile -t wheels < <(pre "$PRE" "$PY" "$TOOLS" missing-wheels "$PREP/wheels")
+    mapfile -t wheels < <(pre "$PRE" "$PY" "$PREPARE" missing-wheels "$PREP/wheels")
     if [ ${#wheels[@]} -gt 0 ]; then
         say "installing into $WORK/site (--no-deps): ${wheels[*]##*/}"
         pre 120 "$PY" -m pip install -q --no-index --no-deps --target "$WORK/site" "${wheels[@]}" > "$LOGS/pip.log" 2>&1 \
@@ -366,14 +358,14 @@ if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents, 1
     mkdir -p "$(dirname "$small")"
     head -n 1000 "$TEXT" > "$small"
     TEXT=$small
-    pre "$PRE" "$PY" "$TOOLS" mnist-subset "$MNIST" "$WORK/mnist-small" 1024 256 || die "MNIST files missing under $MNIST"
+    pre "$PRE" "$PY" "$PREPARE" mnist-subset "$MNIST" "$WORK/mnist-small" 1024 256 || die "MNIST files missing under $MNIST"
     MNIST="$WORK/mnist-small"
 fi
 
 # The extension, built in a copy of its sources (a package of its own under $WORK/build), its CUDA
 # kernels checked compiled in there, then moved into gelu_ext/ by a rename (a process that has the old
 # one loaded keeps it); on a GPU for this GPU only. The rehearsal builds the same way (for
-# TORCH_CUDA_ARCH_LIST, default sm90: no device to ask) and leaves the repository's extension as it is.
+# TORCH_CUDA_ARCH_LIST, default sm90: no device to ask); an extension built here before stays as it is.
 build() {
     local so
     rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cp -r gelu_ext "$WORK/build/gelu_ext" \
@@ -384,15 +376,15 @@ build() {
     else
         (cd "$WORK/build/gelu_ext" && unset TORCH_CUDA_ARCH_LIST && "$PY" setup.py -q build_ext --inplace) || return 1
     fi
-    PYTHONPATH="$WORK/build" "$PY" "$TOOLS" cuda-ready "$REHEARSE" || return 1
-    [ "$REHEARSE" = 0 ] || { echo "rehearsal: built and checked in $WORK/build; gelu_ext/ left as it is"; return 0; }
+    PYTHONPATH="$WORK/build" "$PY" "$PREPARE" cuda-ready "$REHEARSE" || return 1
+    [ "$BUILD_AT" = first ] || { echo "rehearsal: built and checked in $WORK/build; gelu_ext/ left as it is"; return 0; }
     so=$(ls "$WORK"/build/gelu_ext/_C.*.so) || return 1
     cp "$so" "gelu_ext/.${so##*/}.tmp" && mv -f "gelu_ext/.${so##*/}.tmp" "gelu_ext/${so##*/}"
 }
 # The CUDA tests, on a GPU only where the kernels are there: without them every CUDA test would skip
 # and pytest pass.
 cuda_tests() {
-    [ "$REHEARSE" = 1 ] || "$PY" "$TOOLS" cuda-ready 0 || return 1
+    [ "$REHEARSE" = 1 ] || "$PY" "$PREPARE" cuda-ready 0 || return 1
     "$PY" -m pytest -q -p no:cacheprovider tests/test_gelu_ext.py "${TESTS[@]}"
 }
 clocked() {  # clocked METRICS CMD...: CMD, and its wall time from this shell beside the metrics' own clock
@@ -457,7 +449,7 @@ else
     AB_RUNS="off-warm-1 regional-warm-1 off-cold-2 regional-cold-2 off-warm-2 regional-warm-2"
 fi
 export -f build cuda_tests clocked lenet gpt fp16 compile_ab report
-export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS PY REHEARSE TOKENS AB_RUNS
+export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS PREPARE PY REHEARSE TOKENS AB_RUNS BUILD_AT
 # arrays do not cross `bash -c`: pass them as strings the functions split again
 export SMALL_LENET_S="${SMALL_LENET[*]}" SMALL_GPT_S="${SMALL_GPT[*]}" FP16_S="${FP16[*]}" TESTS_S="${TESTS[*]}"
 ARRAYS='SMALL_LENET=($SMALL_LENET_S) SMALL_GPT=($SMALL_GPT_S) FP16=($FP16_S) TESTS=($TESTS_S);'
@@ -465,7 +457,7 @@ ARRAYS='SMALL_LENET=($SMALL_LENET_S) SMALL_GPT=($SMALL_GPT_S) FP16=($FP16_S) TES
 # Every step's imports, checked once before the first step: a step that cannot import is skipped
 # with the reason, the others run. Modules imported inside functions are named here too.
 say "checking requirements and imports"
-pre 60 "$PY" "$TOOLS" requirements datasets > "$LOGS/requirements.log" 2>&1 \
+pre 60 "$PY" "$PREPARE" requirements datasets > "$LOGS/requirements.log" 2>&1 \
     || say "datasets' requirements not met: $(paste -sd ';' "$LOGS/requirements.log")"
 imports=(build=torch,setuptools cuda-tests=pytest,torch gelu-bench=gelu_bench lenet-torch=lenet5 lenet-cpp=lenet5
          lenet-lightning=lenet5,lightning tokenizer=tokenizer_train,datasets gpt-own-vocab=gpt_train,datasets
@@ -474,7 +466,7 @@ imports=(build=torch,setuptools cuda-tests=pytest,torch gelu-bench=gelu_bench le
          report=make_report,matplotlib)
 asked=()
 for i in "${imports[@]}"; do [[ " $ONLY " == *" ${i%%=*} "* ]] && asked+=("$i"); done
-SKIP=$(pre 120 "$PY" "$TOOLS" imports "${asked[@]}" 2> "$LOGS/imports.log" | grep -v $'\tok$')
+SKIP=$(pre 120 "$PY" "$PREPARE" imports "${asked[@]}" 2> "$LOGS/imports.log" | grep -v $'\tok$')
 [ -z "$SKIP" ] && say "imports: all steps ok" || say "imports missing: $(cut -f2 <<< "$SKIP" | sort -u | paste -sd ';')"
 [ -n "$GPT2TOK" ] || SKIP+=$'\n'"gpt-gpt2-vocab"$'\t'"no GPT-2 tokenizer (--gpt2-tokenizer or --from DIR)"
 publish
@@ -482,7 +474,7 @@ say "$("$PY" "$TOOLS" plan "$PLAN" "$ONLY" "$BUDGET" "$RESERVE")"
 
 # In the plan's order. The build runs beside the GPT steps (niced, so that what is measured meanwhile
 # keeps its CPU); nothing before cuda-tests waits for it.
-[ "$BUILD_AT" = last ] || step build 240 --bg nice -n 10 bash -c build
+[ "$BUILD_AT" = last ] || step build $(( REHEARSE ? 600 : 240 )) --bg nice -n 10 bash -c build  # a CPU's nvcc: minutes
 step tokenizer 90 "$PY" tokenizer_train.py --text "$TEXT" --out "$WORK/tokenizer.json" --force \
     --compare "${GPT2TOK:-none}" --cache-dir "$WORK/data-cache-tokenizer" --metrics-out "$RESULTS/tokenizer_$GPU.json" \
     "${SMALL_TOK[@]}"

@@ -30,12 +30,12 @@ from torchvision import datasets, transforms
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import lenet5  # noqa: E402
-from data import data_root  # noqa: E402
-from data.mnist import find_mnist  # noqa: E402
-from training import UserError, runfiles  # noqa: E402
-from training.device import cpu_name  # noqa: E402
-from training.flags import Parser, path_flag  # noqa: E402
+import lenet5
+from data import data_root
+from data.mnist import find_mnist
+from training import UserError, runfiles
+from training.device import cpu_name
+from training.flags import Parser, path_flag
 
 
 def original_recipe(data_dir, device, epochs, seed):

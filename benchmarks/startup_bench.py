@@ -24,8 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from training import device, runfiles  # noqa: E402
-from training.flags import Parser, path_flag  # noqa: E402
+from training import device, runfiles
+from training.flags import Parser, path_flag
 
 SHARED = REPO.parent / "shared" / "data"
 CASES = {  # name -> (script and flags; {text}, {tokenizer}, {mnist}, {cache}, {out} are filled in)

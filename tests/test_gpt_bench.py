@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import gpt_bench  # noqa: E402
+import gpt_bench
 
 
 def rows_by_name(cuda, capability, **kw):

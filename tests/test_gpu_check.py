@@ -14,6 +14,9 @@ import pytest
 
 from conftest import REPO, generated_docs, write_tiny_mnist
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_check_prep
+
 STEPS = ["tokenizer", "gpt-own-vocab", "build", "lenet-torch", "lenet-cpp", "gpt-own-vocab-regional-compile",
          "compile-ab", "ladder", "gpt-own-vocab-fp16", "cuda-tests", "gpt-gpt2-vocab", "gelu-bench", "lenet-lightning",
          "report"]
@@ -24,8 +27,11 @@ def gpu_check(*args, timeout=60, **kw):
                           text=True, timeout=timeout, **kw)
 
 
-def tools(*args, **kw):
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check_tools.py"), *map(str, args)],
+def tools(command, *args, **kw):
+    """gpu_check_prep.py's command (what runs before the first step) or gpu_check_tools.py's."""
+    prep = command.replace("-", "_") in gpu_check_prep.COMMANDS.split()
+    script = "gpu_check_prep.py" if prep else "gpu_check_tools.py"
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / script), command, *map(str, args)],
                           capture_output=True, text=True, timeout=60, **kw)
 
 
@@ -313,13 +319,12 @@ def test_on_a_gpu_machine_cuda_tests_without_cuda_kernels_fail_in_one_line(tmp_p
 
 def test_cuda_ready_names_a_cpu_only_build(monkeypatch, capsys):
     import torch
-    sys.path.insert(0, str(REPO / "benchmarks"))
+
     import gelu_ext
-    import gpu_check_tools
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gelu_ext, "is_built", lambda: True)
     monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: False)
-    assert gpu_check_tools.cuda_ready() == 1
+    assert gpu_check_prep.cuda_ready() == 1
     out = capsys.readouterr().out
     assert out.startswith("gelu_ext was built without CUDA kernels") and len(out.splitlines()) == 1
 
@@ -445,14 +450,12 @@ def test_the_graded_gpt_step_is_slurm_gpt_sh_and_its_clock_is_the_shells(tmp_pat
 
 def test_a_rehearsal_checks_the_built_cuda_kernels_without_a_device(monkeypatch, capsys):
     """No GPU here: the rehearsal's build is judged by its compiled kernels (a CPU-only build fails it)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import gelu_ext
-    import gpu_check_tools
     monkeypatch.setattr(gelu_ext, "is_built", lambda: True)
     monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: True)
-    assert gpu_check_tools.cuda_ready("1") == 0 and capsys.readouterr().out.startswith("gelu_ext: CPU + CUDA kernels")
+    assert gpu_check_prep.cuda_ready("1") == 0 and capsys.readouterr().out.startswith("gelu_ext: CPU + CUDA kernels")
     monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: False)
-    assert gpu_check_tools.cuda_ready("1") == 1
+    assert gpu_check_prep.cuda_ready("1") == 1
     assert capsys.readouterr().out.startswith("gelu_ext was built without CUDA kernels")
 
 
@@ -511,3 +514,38 @@ def test_a_second_call_for_the_compile_ab_brings_the_cold_runs_whose_caches_it_w
     # in the plan's order; not the build (this call made it); not the CUDA tests (the 450 s are spent)
     assert line.split("--only ")[1].split() == [
         "tokenizer,gpt-own-vocab,gpt-own-vocab-regional-compile,compile-ab,report"]
+
+
+FAKE_GPT_TRAIN = """import json, os, sys
+if sys.argv[0].endswith("gpt_train.py"):  # every GPT run of the check: its flags noted, a metrics file, no training
+    with open(os.environ["GPT_ARGV_LOG"], "a") as f:
+        f.write(json.dumps({"xdg": os.environ["XDG_CACHE_HOME"], "argv": sys.argv[1:]}) + "\\n")
+    out = sys.argv[sys.argv.index("--metrics-out") + 1]
+    with open(out, "w") as f:
+        json.dump({"process_seconds": 1.0, "final_train_loss": 5.0, "success": True, "steps": 1, "precision": "fp32",
+                   "skipped_steps": 0}, f)
+    os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_every_gpt_run_reads_the_tokenizer_steps_token_cache(tmp_path, tiny_mnist, text_file, small_tokenizer):
+    """The compile A/B, fp16 and GPT-2-vocabulary runs, like the graded one, read tokenizer.sh's cache: none of
+    them re-tokenises (4-5 s each on the H200), so the compile A/B compares compile alone; warm runs reuse
+    a cold run's compile and micro-batch caches, cold ones have their own."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FAKE_GPT_TRAIN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "GPT_ARGV_LOG": str(tmp_path / "argv.jsonl")}
+    steps = "gpt-own-vocab,gpt-own-vocab-regional-compile,compile-ab,gpt-own-vocab-fp16,gpt-gpt2-vocab"
+    (tmp_path / "gpt2").mkdir()
+    small_tokenizer.save(str(tmp_path / "gpt2" / "tokenizer.json"))
+    gpu_check("--rehearse", "--mnist", tiny_mnist, "--text", text_file, "--gpt2-tokenizer", tmp_path / "gpt2",
+              "--out", tmp_path / "out", "--only", steps, env=env, timeout=400)
+    status = {s["step"]: s["status"] for s in json.loads((tmp_path / "out" / "results.json").read_text())["steps"]}
+    assert all(status[s] == "ok" for s in ["tokenizer", *steps.split(",")]), status  # the tokenizer came along
+    runs = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
+    metrics = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    tokenizer_cache = metrics["tokenizer_rehearsal_cpu"]["command"].split("--cache-dir ")[1].split()[0]
+    assert len(runs) == 6 and {r["argv"][r["argv"].index("--cache-dir") + 1] for r in runs} == {tokenizer_cache}
+    xdg = [os.path.basename(r["xdg"]) for r in runs]  # graded, regional cold, off warm, regional warm, fp16, GPT-2's
+    assert xdg[2] == xdg[0] and xdg[3] == xdg[1] and len(set(xdg)) == 4
