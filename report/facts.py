@@ -43,7 +43,7 @@ def role_runs(folders, results, scratch):
         else:
             continue
         events = events_beside(path) if path else runs_archive_events(found, stem, scratch) if scratch else None
-        where = f"{rel(path.parent) if path else rel(found.folder) + '/runs.tar.gz'}: {events.name}" if events else None
+        where = (rel(events) if path else f"{rel(found.folder)}/runs.tar.gz: {events.name}") if events else None
         roles[role] = Run(role, run_kind(data), data, source, path, stem, events, where, found)
     return roles
 
