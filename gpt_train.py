@@ -181,9 +181,7 @@ def set_up(args, argv, stack, phases):
     check_enough(blocks["train"], args.global_batch)
 
     phases.switch("model")
-    train_step, budget, micro_source = build_step(args, tok, accelerator, accelerations, recipe, state, saved)
-    if ckpt:
-        checkpoints.restore(accelerator, ckpt)  # a damaged file: one line naming it
+    train_step, budget, micro_source = build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt)
     info = metrics.describe_run(args, argv, decisions, train_step.accelerator.unwrap_model(train_step.model), text,
                                 corpus, budget, accelerator.num_processes)
     writer = announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text,
@@ -194,8 +192,9 @@ def set_up(args, argv, stack, phases):
                  earlier), state, stats
 
 
-def build_step(args, tok, accelerator, accelerations, recipe, state, saved):
-    """The model made on its device, the micro-batch that fits it, the token budget, the TrainStep."""
+def build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt):
+    """The model made on its device, the micro-batch that fits it, the token budget, the TrainStep (a resume's
+    weights and optimizer state restored into it)."""
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
     with accelerator.device:  # weights made where they train: on a GPU no CPU init and no 0.5 GB host-to-device copy
@@ -205,7 +204,10 @@ def build_step(args, tok, accelerator, accelerations, recipe, state, saved):
                                              saved.get("micro_batch"))
     unit = checkpoints.continue_position(state, saved, micro)  # another micro-batch than the checkpoint's: recounted
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len, unit)
-    return step.build(model, accelerations, recipe, accelerator), budget, micro_source
+    train_step = step.build(model, accelerations, recipe, accelerator)
+    if ckpt:
+        checkpoints.restore(accelerator, ckpt)  # a damaged file: one line naming it
+    return train_step, budget, micro_source
 
 
 def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text, out_dir):
@@ -233,16 +235,9 @@ def train(args, argv, stop, phases):
                             f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
             if setup.train_step.accelerator.is_main_process:
-                record_stop_clock(setup, state)
+                checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
             raise SystemExit(metrics.STOP_EXIT_CODE)
         return finish(setup, state, stats, watch, stop)
-
-
-def record_stop_clock(setup, state):
-    try:  # the checkpoint is saved: a failure here must not turn exit 3 (requeue) into 1
-        checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
-    except (OSError, UserError) as e:
-        print(f"warning: {e}; the next process counts this one's seconds up to its checkpoint", file=sys.stderr)
 
 
 def finish(setup, state, stats, watch, stop):

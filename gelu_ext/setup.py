@@ -37,11 +37,11 @@ def find_cuda_home():
 find_cuda_home()
 
 try:
-    import torch  # noqa: E402
+    import torch
 except ImportError:
     sys.exit("gelu_ext: torch is not importable here; build with pip install --no-build-isolation -e ./gelu_ext")
-from setuptools import setup  # noqa: E402
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 
 def nvcc_version(nvcc):

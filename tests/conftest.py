@@ -23,8 +23,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # reset to the default on exec, an ignored signal is not.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, wait_for
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import startup_bench  # noqa: E402
+import startup_bench
 
 
 def test_the_summary_gives_median_range_and_the_ratio_of_the_seconds_outside_the_loop():

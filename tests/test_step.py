@@ -13,8 +13,8 @@ from training import device, step
 from training.model import GPT, model_config
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import gpt_bench  # noqa: E402
-import ladder_rows  # noqa: E402
+import gpt_bench
+import ladder_rows
 
 
 @pytest.mark.parametrize("cuda, capability", [(False, (0, 0)), (True, (9, 0)), (True, (8, 0)), (True, (7, 5))])

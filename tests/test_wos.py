@@ -1,4 +1,5 @@
 """data/wos.py: reading and checking X.txt, the split, tokenised blocks and their cache, batches, download."""
+import functools
 import hashlib
 import os
 import subprocess
@@ -150,7 +151,7 @@ def test_wos_download_unpacks_x_txt(tmp_path, monkeypatch):
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("WebOfScience/WOS46985/X.txt", "first abstract\nsecond abstract\n")
         z.writestr("WebOfScience/WOS11967/X.txt", "not this one\n")
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(archive.parent))  # noqa: E731
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(archive.parent))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

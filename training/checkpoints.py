@@ -58,8 +58,12 @@ class TrainState:
 
 def record_stop_clock(out_dir, step, total_seconds):
     """The run's process seconds up to the end of a stopped process, its checkpoint written: the checkpoint
-    itself can hold only the time before its own write (seconds per GB at the lab shape)."""
-    files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
+    itself can hold only the time before its own write (seconds per GB at the lab shape). A failure is a
+    warning: the checkpoint is saved, and exit 3 (requeue) must not become 1."""
+    try:
+        files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
+    except (OSError, files.UserError) as e:
+        print(f"warning: {e}; the next process counts this one's seconds up to its checkpoint", file=sys.stderr)
 
 
 def earlier_seconds(out_dir, state):
