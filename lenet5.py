@@ -31,7 +31,7 @@ from data.files import OutputError, UserError, reason, write_atomic, write_json
 from data.mnist import Batches, find_mnist, load_train_test
 from training import runfiles
 from training.device import device_name
-from training.flags import Parser, number, path_flag, seed_flag
+from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
 from training.lenet import LeNetRun, count_correct, epoch_done, evaluate, log_point, open_writer, warmup_cosine
 
 REPO = Path(__file__).resolve().parent
@@ -152,7 +152,7 @@ def parse_args(argv):
     p.add_argument("--log-every", type=number(int, 1), default=50,
                    help="steps between training loss and accuracy points (default: %(default)s)")
     p.add_argument("--save", type=path_flag, default=None, help="write the trained state_dict here")
-    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the final metrics here as JSON")
+    add_output_flags(p)
     return p.parse_args(argv)
 
 
@@ -215,13 +215,13 @@ def run(args, stack, phases):
 
 def check_outputs(args):
     """Before any training: no output overwrites an input (an MNIST file, or a file beside them), none lands in
-    another run's folder; the same command run again replaces its own --metrics-out and --save (a JSON object,
-    a torch.save archive), never a file of another kind."""
+    another run's folder; an existing --metrics-out or --save is replaced only with --force, and only a file of
+    the kind written there (a JSON object, a torch.save archive), never a file of another kind."""
     runfiles.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
                                       {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
         if path:
-            runfiles.check_output(path, flag, force=True, own_run=args.out_dir, kind=kind)
+            runfiles.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
 
 
 def open_run_dir(args, stack):

@@ -122,16 +122,20 @@ def test_gpt_train_metrics_never_land_in_another_run(corpus, tmp_path, gpt_run):
 
 
 def test_lenet5_replaces_its_own_outputs_and_no_other_file(tiny_mnist, tmp_path):
-    """A second run with the same --metrics-out and --save replaces them; a file of another kind than lenet5.py
-    writes (a user's notes) is refused before any work."""
+    """A second run with the same --metrics-out and --save is refused before any work, and replaces them with
+    --force; a file of another kind than lenet5.py writes (a user's notes) is refused even with --force."""
     outputs = ["--metrics-out", tmp_path / "m.json", "--save", tmp_path / "w.pt"]
     lenet5.main(lenet_args(tiny_mnist, tmp_path / "a", *outputs))
-    second = lenet5.main(lenet_args(tiny_mnist, tmp_path / "b", *outputs))
+    first = (tmp_path / "m.json").read_text()
+    with pytest.raises(SystemExit, match="exists; pass --force"):
+        lenet5.main(lenet_args(tiny_mnist, tmp_path / "b", *outputs))
+    assert (tmp_path / "m.json").read_text() == first and not (tmp_path / "b").exists()
+    second = lenet5.main(lenet_args(tiny_mnist, tmp_path / "b", *outputs, "--force"))
     assert json.loads((tmp_path / "m.json").read_text())["out_dir"] == second["out_dir"]
     notes = tmp_path / "notes.txt"
     notes.write_text("my thesis notes\n")
     with pytest.raises(SystemExit) as stop:
-        lenet5.main(lenet_args(tiny_mnist, tmp_path / "c", "--metrics-out", notes))
+        lenet5.main(lenet_args(tiny_mnist, tmp_path / "c", "--metrics-out", notes, "--force"))
     assert str(stop.value.code).startswith(f"error: --metrics-out {notes} exists and is not a JSON object")
     assert str(stop.value.code).endswith("give a new file name, or move it away first (it was left as it is)")
     assert notes.read_text() == "my thesis notes\n" and not (tmp_path / "c").exists()
