@@ -189,7 +189,7 @@ mkdir -p "$RESULTS" "$LOGS" "$WORK/runs"
 # `python3` are the interpreter that imports torch: a script that execs it by its own path, never a link (a
 # venv's python3 linked from another folder finds no pyvenv.cfg and starts as its base, without torch)
 mkdir -p "$WORK/bin"
-for p in python python3; do printf '#!/bin/sh\nexec %q "$@"\n' "$PY" > "$WORK/bin/$p" && chmod +x "$WORK/bin/$p"; done
+for p in python python3; do printf '#!/bin/bash\nexec %q "$@"\n' "$PY" > "$WORK/bin/$p" && chmod +x "$WORK/bin/$p"; done
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR  # the compile caches go with XDG_CACHE_HOME (gpt() below)
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$WORK/cache" PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}" \
     PATH="$WORK/bin:$PATH"
