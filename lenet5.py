@@ -18,7 +18,6 @@ lifecycle.start(__name__)  # the imports' start; a Ctrl-C while starting is one 
 
 import contextlib
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,10 +28,9 @@ from tqdm import tqdm
 from data import data_root
 from data.files import OutputError, UserError, reason, write_atomic, write_json
 from data.mnist import Batches, find_mnist, load_train_test
-from training import runfiles
+from training import lenet, runfiles
 from training.device import device_name
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
-from training.lenet import LeNetRun, count_correct, epoch_done, evaluate, log_point, open_writer, warmup_cosine
 
 REPO = Path(__file__).resolve().parent
 
@@ -82,47 +80,23 @@ class LeNet5(nn.Module):
 
 # ----------------------------------------------------------------------------- training (--engine plain)
 
-def train_epoch(run, optimizer, scheduler, writer, step, epoch):
-    """One pass over the training set; the global step after it."""
-    model = run.model
-    model.train()
-    for x, y in tqdm(run.train_loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0):
-        logits = model(x)
-        loss = F.cross_entropy(logits, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        count_correct(run, logits, y)
-        if step % run.args.log_every == 0:  # reading the loss is a CPU-GPU sync point: only every log_every steps
-            log_point(run, writer, step, loss, scheduler.get_last_lr()[0])
-    return step
-
-
 def fit_plain(run):
-    """AdamW with warm-up + cosine, a test pass after every epoch; history, times, the curves and steps go into
-    `run` (training.lenet.LeNetRun) as they happen."""
-    args = run.args
-    optimizer = torch.optim.AdamW(run.model.parameters(), lr=args.lr, weight_decay=1e-4)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.epochs * len(run.train_loader)))
-    run.phases.switch("logging")
-    writer = open_writer(run)
+    """The training loop: AdamW with warm-up + cosine, a log point every step, a test pass after every epoch
+    (training/lenet.py: what both engines share); `run` (training.lenet.LeNetRun) records it all as it goes."""
+    optimizer, scheduler = lenet.optimizer_and_schedule(run)
     step = 0
-    for epoch in range(1, args.epochs + 1):
-        run.phases.switch("loop")
-        t0 = time.perf_counter()
-        step = train_epoch(run, optimizer, scheduler, writer, step, epoch)
-        if run.device.type == "cuda":
-            torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
-        run.train_seconds += time.perf_counter() - t0
-        run.phases.switch("evaluation")
-        test_loss, test_acc = evaluate(run.model, run.test_loader)
-        run.phases.switch("logging")
-        epoch_done(run, writer, epoch, step, test_loss, test_acc)
-    run.phases.log(writer, step)
-    writer.flush()  # raises what the writer thread could not write; close() alone would not
-    writer.close()
+    for epoch in range(1, run.args.epochs + 1):
+        t0 = lenet.start_epoch(run)
+        for x, y in tqdm(run.train_loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0):
+            logits = run.model(x)
+            loss = F.cross_entropy(logits, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            lenet.log_point(run, step, logits, y, loss, scheduler.get_last_lr()[0])  # a sync every --log-every steps
+        lenet.end_epoch(run, epoch, step, t0)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -168,14 +142,12 @@ def main(argv=None):
     phases = lifecycle.phases()
     args = parse_args(argv)
     args.argv, args.run_dir = list(sys.argv[1:] if argv is None else argv), None  # recorded in the metrics
-    with lifecycle.one_line_errors(lambda: interrupted(args)), contextlib.ExitStack() as stack:  # stack: the run lock
+
+    def interrupted():  # a LeNet-5 run takes seconds: stopped, it is run again, not resumed
+        return "run the command again to start over" + (
+            f"; the same --out-dir sets {args.run_dir}'s files aside" if args.run_dir else "")
+    with lifecycle.one_line_errors(interrupted), contextlib.ExitStack() as stack:  # stack: the run lock
         return run(args, stack, phases)
-
-
-def interrupted(args):
-    """A LeNet-5 run takes seconds: stopped, it is run again, not resumed."""
-    where = f"; the same --out-dir sets {args.run_dir}'s files aside" if args.run_dir else ""
-    return "run the command again to start over" + where
 
 
 def run(args, stack, phases):
@@ -197,15 +169,17 @@ def run(args, stack, phases):
           f"engine={args.engine}, device={device}, {len(train_set):,} train / {len(test_set):,} test images, "
           f"logs in {out_dir}")
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
-    run = LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
-                   Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases=phases)  # filled as it goes
+    run = lenet.LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
+                   Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)  # filled as it goes
     try:
         write_json(out_dir / "args.json", vars(args))
+        lenet.open_writer(run)
         fit(run)
+        lenet.close_writer(run)
     except (OSError, OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
-        finish(run, phases, failed=f"writing the run's logs in {out_dir} failed ({reason(e)})")
+        finish(run, failed=f"writing the run's logs in {out_dir} failed ({reason(e)})")
     phases.switch("teardown")
-    metrics = finish(run, phases)
+    metrics = finish(run)
     print(f"test accuracy {metrics['test_accuracy']:.2%}, test loss {metrics['test_loss']:.4f}, "
           f"{metrics['train_seconds']:.1f} s training on {device}")
     return metrics
@@ -216,7 +190,7 @@ def run(args, stack, phases):
 def check_outputs(args):
     """Before any training: no output overwrites an input (an MNIST file, or a file beside them), none lands in
     another run's folder; an existing --metrics-out or --save is replaced only with --force, and only a file of
-    the kind written there (a JSON object, a torch.save archive), never a file of another kind."""
+    the kind written there (a JSON object, a torch.save archive)."""
     runfiles.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
                                       {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
@@ -235,23 +209,11 @@ def open_run_dir(args, stack):
     return out_dir
 
 
-def finish(run, phases, failed=None):
-    """The weights (--save), then the metrics with the clock taken just before: --metrics-out (often on another
-    disk than the run folder), and last the run folder's metrics.json, which marks the run finished. After
-    `failed` (the run folder's disk), what can be kept elsewhere is, and the line that stops the run says what."""
+def finish(run, failed=None):
+    """The metrics with the clock, then the weights (--save), --metrics-out (often on another disk than the run
+    folder), and last the run folder's metrics.json, which marks the run finished. After `failed` (the run
+    folder's disk), what can be kept elsewhere is, and the line that stops the run says what."""
     args, kept = run.args, []
-
-    def keep(what, path, write):
-        try:
-            if path is not None:
-                write(path)
-                kept.append(f"{what} in {path}")
-        except (OSError, OutputError) as e:
-            if not failed:
-                raise UserError(f"writing the {what} in {path} failed ({reason(e)})"
-                                + "".join(f"; kept {k}" for k in kept)) from None
-
-    keep("weights", args.save, lambda p: write_atomic(p, lambda f: torch.save(run.model.state_dict(), f)))
     last = run.history[-1] if run.history else {"test_accuracy": None, "test_loss": None}
     metrics = {"test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
                "steps": run.steps, "train_seconds": round(run.train_seconds, 3), "device": str(run.device),
@@ -261,12 +223,22 @@ def finish(run, phases, failed=None):
                "command": "python lenet5.py " + " ".join(args.argv), "history": run.history,
                "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
                "test_accuracy_curve": run.test_accuracy, "out_dir": str(run.out_dir)}
-    metrics = phases.stamp(metrics | ({"stopped": failed} if failed else {}))
-    keep("metrics", args.metrics_out, lambda p: write_json(p, metrics))
+    metrics = run.phases.stamp(metrics | ({"stopped": failed} if failed else {}))
+    for what, path, write in (
+            ("weights", args.save, lambda p: write_atomic(p, lambda f: torch.save(run.model.state_dict(), f))),
+            ("metrics", args.metrics_out, lambda p: write_json(p, metrics)),
+            ("metrics", None if failed else run.out_dir / "metrics.json", lambda p: write_json(p, metrics))):
+        try:
+            if path is not None:
+                write(path)
+                kept.append(f"{what} in {path}")
+        except (OSError, OutputError) as e:
+            if not failed:
+                raise UserError(f"writing the {what} in {path} failed ({reason(e)})"
+                                + "".join(f"; kept {k}" for k in kept)) from None
     if failed:
         done = f"after epoch {run.history[-1]['epoch']}" if run.history else "before the first epoch ended"
         raise UserError(f"{failed} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept"))
-    keep("metrics", run.out_dir / "metrics.json", lambda p: write_json(p, metrics))
     return metrics
 
 

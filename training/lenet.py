@@ -1,6 +1,6 @@
-"""What lenet5.py's two engines share (the plain loop in lenet5.py, Lightning in lenet_lightning.py): the
-run they are handed and fill in (LeNetRun), the learning-rate schedule, and what happens after every
-epoch (the record, the test figures, filters and feature maps, GPU use, one line)."""
+"""What lenet5.py's two engines share (the plain loop in lenet5.py, Lightning in lenet_lightning.py): the run
+they fill in (LeNetRun), the optimizer and its schedule, TensorBoard's writer, what follows every step (the log
+points) and every epoch (the test pass, its record, filters and feature maps, GPU use, one line)."""
 import math
 import time
 import warnings
@@ -17,7 +17,7 @@ from training.device import gpu_stats
 
 @dataclass
 class LeNetRun:
-    """One LeNet-5 run: what an engine is handed (args ... device), and what it records as it goes, so that
+    """One LeNet-5 run: what an engine is handed (args ... phases), and what it records as it goes, so that
     a run that fails half-way still reports its finished epochs."""
     args: object  # the parsed flags
     model: nn.Module
@@ -26,6 +26,8 @@ class LeNetRun:
     digits: torch.Tensor  # a fixed set of test digits for the feature-map images
     out_dir: Path
     device: torch.device
+    phases: object  # training.clock.Phases: where the process's seconds go (loop, evaluation, logging)
+    writer: object = None  # TensorBoard's SummaryWriter (open_writer)
     history: list = field(default_factory=list)  # per epoch: test loss and accuracy
     curve: list = field(default_factory=list)  # [step, training loss] every --log-every steps
     train_accuracy: list = field(default_factory=list)  # [step, accuracy of the batches since the last point]
@@ -34,33 +36,43 @@ class LeNetRun:
     seen: int = 0  # and how many images they were
     steps: int = 0
     train_seconds: float = 0.0  # the training part of the epochs (no test passes, no logging)
-    phases: object = None  # training.clock.Phases: where the process's seconds go (loop, evaluation, logging)
 
 
-def warmup_cosine(total, warmup_fraction=0.2):
-    """LR multiplier per step: linear warm-up over 20% of the steps, then cosine annealing to 0 —
-    a high peak rate that way converges in a few epochs."""
-    warmup = max(1, int(total * warmup_fraction))
+def optimizer_and_schedule(run):
+    """AdamW, its LR warmed up linearly over 20% of the steps, then annealed to 0 along a cosine: a high peak
+    rate that way converges in a few epochs."""
+    total = run.args.epochs * len(run.train_loader)
+    warmup = max(1, int(total * 0.2))
 
     def factor(step):
         if step < warmup:
             return (step + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-    return factor
+    optimizer = torch.optim.AdamW(run.model.parameters(), lr=run.args.lr, weight_decay=1e-4)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def open_writer(run):
+    """TensorBoard's SummaryWriter with the model's graph, imported here: a second of start-up that --help and
+    the error paths need not pay."""
+    from torch.utils.tensorboard import SummaryWriter
+    run.phases.switch("logging")
+    run.writer = SummaryWriter(run.out_dir)
+    with warnings.catch_warnings():  # add_graph traces with torch.jit, which warns it is deprecated
+        warnings.simplefilter("ignore")
+        run.writer.add_graph(run.model, run.digits)
+
+
+def close_writer(run):
+    run.phases.log(run.writer, run.steps)
+    run.writer.flush()  # raises what the writer thread could not write; close() alone would not
+    run.writer.close()
 
 
 def check_finite(value, what):
     """A diverged run stops with one line (and a non-zero exit), not with 10% accuracy and exit 0."""
     if not math.isfinite(value):
         raise UserError(f"{what} is {value}: training diverged; try a lower --lr")
-
-
-def count_correct(run, logits, y):
-    """Adds a training batch's right predictions to the tally on the device: no sync (a .item() here would
-    stall every step); log_point reads it."""
-    hits = (logits.detach().argmax(1) == y).sum()
-    run.correct = hits if run.correct is None else run.correct + hits
-    run.seen += len(y)
 
 
 @torch.no_grad()
@@ -75,47 +87,63 @@ def evaluate(model, loader):
     return loss_sum / len(loader.dataset), correct / len(loader.dataset)
 
 
-def log_point(run, writer, step, loss, lr):
-    """Every --log-every steps, in both engines: training loss, the training accuracy of the batches since the
-    last point, the LR, and, where it is cheap, the test figures. The one .tolist() is the CPU-GPU sync point."""
+def start_epoch(run):
+    run.phases.switch("loop")
+    run.model.train()
+    return time.perf_counter()
+
+
+def log_point(run, step, logits, y, loss, lr):
+    """After every step (the optimizer's and the LR's), in both engines: the batch's right predictions added up
+    on the device (no sync). Every --log-every steps: training loss, the training accuracy of the batches since
+    the last point, the LR, and, where it is cheap, the test figures; the one .tolist() is the CPU-GPU sync."""
+    hits = (logits.detach().argmax(1) == y).sum()
+    run.correct, run.seen = hits if run.correct is None else run.correct + hits, run.seen + len(y)
+    if step % run.args.log_every:
+        return
     value, correct = torch.stack([loss.detach().float(), run.correct.float()]).tolist()
     check_finite(value, f"training loss at step {step}")
     accuracy, run.correct, run.seen = correct / run.seen, None, 0
     run.curve.append([step, value])
     run.train_accuracy.append([step, accuracy])
     for tag, number in (("train/loss", value), ("train/accuracy", accuracy), ("train/lr", lr)):
-        writer.add_scalar(tag, number, step)
+        run.writer.add_scalar(tag, number, step)
     if tests_between_epochs(run.device) and step % len(run.train_loader):  # (the epoch's last step has its own)
         t0 = time.perf_counter()
         with run.phases.of("evaluation"):
-            log_test(run, writer, step, *evaluate(run.model, run.test_loader))
+            log_test(run, step, *evaluate(run.model, run.test_loader))
         run.model.train()
         run.train_seconds -= time.perf_counter() - t0  # the epoch's timer runs on: this pass is not training
 
 
 def tests_between_epochs(device):
-    """A test pass at every log point only on a GPU, where the test set already lives: 10 batches of 1,000
-    images against the 50 training steps between two points. On a CPU a pass costs about 60 training steps
-    (0.9 s against 1.5 s per 100 steps, measured on the 2-core VM): at every point it would double an epoch, so
-    there the test figures come once per epoch and the training accuracy draws the curve in between."""
+    """A test pass at every log point only on a GPU, where it costs 10 batches against 50 training steps. On a
+    CPU it costs ~60 training steps (measured on the 2-core VM): there it comes once per epoch."""
     return device.type == "cuda"
 
 
-def log_test(run, writer, step, test_loss, test_acc):
+def log_test(run, step, test_loss, test_acc):
     run.test_accuracy.append([step, test_acc])
-    writer.add_scalar("test/loss", test_loss, step)
-    writer.add_scalar("test/accuracy", test_acc, step)
+    run.writer.add_scalar("test/loss", test_loss, step)
+    run.writer.add_scalar("test/accuracy", test_acc, step)
 
 
-def epoch_done(run, writer, epoch, step, test_loss, test_acc):
-    """After an epoch, in both engines: the record, the test figures in TensorBoard, images, GPU use, a line."""
+def end_epoch(run, epoch, step, t0):
+    """After an epoch (started at `t0`), in both engines: its training time, the test pass, the record, the test
+    figures in TensorBoard, images, GPU use, one line."""
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
+    run.train_seconds += time.perf_counter() - t0
+    run.phases.switch("evaluation")
+    test_loss, test_acc = evaluate(run.model, run.test_loader)
+    run.phases.switch("logging")
     check_finite(test_loss, f"test loss after epoch {epoch}")
     run.history.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
     run.steps = step
-    log_test(run, writer, step, test_loss, test_acc)
-    log_images(writer, run.model, run.digits, epoch)
+    log_test(run, step, test_loss, test_acc)
+    log_images(run.writer, run.model, run.digits, epoch)
     for tag, value in (gpu_stats(run.device) if run.device.type == "cuda" else {}).items():  # NVML, where installed
-        writer.add_scalar(tag, value, step)
+        run.writer.add_scalar(tag, value, step)
     print(f"epoch {epoch}: test loss {test_loss:.4f}, accuracy {test_acc:.2%} ({run.train_seconds:.1f} s training)")
 
 
@@ -133,32 +161,12 @@ def log_images(writer, model, digits, epoch):
 
 
 def grid(images, nrow, scale_each=True, pad=2):
-    """(N, 1, H, W) images tiled `nrow` to a row on white, each scaled to [0, 1] on its own (or all together),
-    as one (1, H', W') image: torchvision's make_grid for what LeNet shows, without torchvision's import
-    (a second and more of a LeNet run's start-up)."""
+    """(N, 1, H, W) images (N a multiple of nrow) tiled `nrow` to a row on white, each scaled to [0, 1] on its own
+    (or all together), as one (1, H', W') image: torchvision's make_grid without its second of import."""
     x = images.float()
     dims = (1, 2, 3) if scale_each else (0, 1, 2, 3)
     low, high = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
-    x = (x - low) / (high - low).clamp_min(1e-5)
+    x = F.pad((x - low) / (high - low).clamp_min(1e-5), (pad, 0, pad, 0), value=1.0)  # white above and left
     n, _, h, w = x.shape
-    rows = math.ceil(n / nrow)
-    canvas = torch.ones(1, rows * (h + pad) + pad, nrow * (w + pad) + pad)
-    for i in range(n):
-        r, c = divmod(i, nrow)
-        canvas[:, pad + r * (h + pad):pad + r * (h + pad) + h, pad + c * (w + pad):pad + c * (w + pad) + w] = x[i]
-    return canvas
-
-
-def open_writer(run):
-    """TensorBoard's SummaryWriter with the model's graph, imported on first use (tensorboard's import is a second
-    of start-up that the scripts' --help and error paths need not pay)."""
-    from torch.utils.tensorboard import SummaryWriter
-    writer = SummaryWriter(run.out_dir)
-    add_graph(writer, run.model, run.digits)
-    return writer
-
-
-def add_graph(writer, model, digits):
-    with warnings.catch_warnings():  # add_graph traces with torch.jit, which warns it is deprecated
-        warnings.simplefilter("ignore")
-        writer.add_graph(model, digits)
+    x = x.view(n // nrow, nrow, h, w).transpose(1, 2).reshape(1, n // nrow * h, nrow * w)
+    return F.pad(x, (0, pad, 0, pad), value=1.0)  # and below and right of the last row and column
