@@ -11,11 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
-from training import runfiles
-
-REPO = Path(__file__).resolve().parents[1]
+import common
+from common import REPO
 
 
 def train_once(args, mode, cache, run_dir):
@@ -35,9 +32,8 @@ def train_once(args, mode, cache, run_dir):
     return json.loads((run_dir / "m.json").read_text())
 
 
-def compile_cost(args):
-    """Cold (empty cache) and warm (the same cache again) compile seconds, regional vs whole model,
-    interleaved; every run a new process, as every job start is."""
+def compile_cost(args, argv=None):
+    """Cold (empty cache) and warm (the same cache again) compile seconds, regional vs whole model, interleaved."""
     runs = {f"{mode}_{state}": [] for mode in ("regional", "whole") for state in ("cold", "warm")}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -46,22 +42,19 @@ def compile_cost(args):
             for state in ("cold", "warm"):
                 for mode in ("regional", "whole"):
                     m = train_once(args, mode, tmp / f"cache-{mode}-{r}", tmp / f"run-{mode}-{state}-{r}")
-                    runs[f"{mode}_{state}"].append({"compile_seconds": m["compile_seconds"],
-                                                    "tokens_per_second": m["tokens_per_second"],
-                                                    "total_seconds": m["total_seconds"]})
+                    runs[f"{mode}_{state}"].append({k: m[k] for k in ("compile_seconds", "tokens_per_second",
+                                                                      "total_seconds")})
                     print(f"repeat {r + 1}: {mode:8s} {state}: compile {m['compile_seconds']:6.1f} s, steady "
                           f"{m['tokens_per_second']:7,.0f} tokens/s, process {m['total_seconds']:5.1f} s", flush=True)
     median = {k: statistics.median(x["compile_seconds"] for x in v) for k, v in runs.items()}
-    out = {"device_name": m["device_name"], "torch": torch.__version__, "command": "python " + " ".join(sys.argv),
-           "seq_len": args.seq_len, "micro_batch": args.micro_batch, "precision": m["precision"],
-           "repeats": args.repeats, "median_compile_seconds": median,
+    out = {"device_name": m["device_name"], **common.run_facts("gpt_bench.py", argv), "seq_len": args.seq_len,
+           "micro_batch": args.micro_batch, "precision": m["precision"], "repeats": args.repeats,
+           "median_compile_seconds": median,
            "regional_cold_vs_whole_cold": median["regional_cold"] / median["whole_cold"],
            "regional_warm_vs_regional_cold": median["regional_warm"] / median["regional_cold"], "runs": runs}
     print(f"medians: {json.dumps({k: round(v, 2) for k, v in median.items()})}; regional cold / whole cold = "
           f"{out['regional_cold_vs_whole_cold']:.2f}, "
           f"regional warm / cold = {out['regional_warm_vs_regional_cold']:.2f}")
-    if args.metrics_out:
-        runfiles.write_json(args.metrics_out, out)
-    return out
+    return common.write(args, out)
 
 

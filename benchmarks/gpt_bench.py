@@ -5,23 +5,19 @@
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out gpt_bench_h200.json
     python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
-The rows (benchmarks/ladder_rows.py): from the naive baseline (transformers' GPT2LMHeadModel, dropout
-0.1, eager attention, fp32, plain AdamW) each rung adds one thing up to gpt_train.py's default on this
-device; then the default without each acceleration, with SDPA forced to each backend, a chunked loss,
-GPT-2's vocabulary, compiled. Same shapes and random batch, one process, steady-state steps after warm-up
-(compilation included there); every row --repeats times, interleaved (--order unmeasured: the key rows
-first, for a run that may be cut), median and range, written to --metrics-out after every row (a row
-that fails or runs out of memory is recorded as such; the others go on). Against what: on a GPU, MFU
-against the datasheet's peak for the row's math; everywhere, the fraction of a matmul's rate measured
-just before the row in its precision ((micro_batch x seq_len) x 768 x 3,072, the MLP's first).
+The rows (benchmarks/ladder_rows.py) climb from the naive baseline to gpt_train.py's default step, then vary
+it. Same shapes and random batch, one process, steady-state steps after warm-up (compilation included there);
+every row --repeats times, interleaved, so that drift on the machine hits all rows alike (--order unmeasured:
+the key rows first, for a run that may be cut); written after every row (a row that fails or runs out of
+memory says so; the others go on). Against what: on a GPU, MFU against the datasheet's peak for the row's
+math; everywhere, the fraction of a matmul's rate measured just before the row in its precision
+((micro_batch x seq_len) x 768 x 3,072, the MLP's first).
 """
 import argparse
 import gc
 import itertools
 import os
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,12 +26,11 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import common
 import training.device
+from data.files import UserError
 from ladder_rows import accelerations, default_step, ladder, unmeasured_first
-from training import runfiles, step
-from training.flags import Parser, path_flag
+from training import step
 from training.model import GPT, model_config
 from training.profile import profiled
 
@@ -67,22 +62,25 @@ def build(settings, vocab_size, seq_len, recipe):
     return cfg, step.build(model, acc, recipe, accelerator)
 
 
+def timed(fn, cuda):
+    """Seconds of fn(), its GPU work included (sync points before and after)."""
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def timed_steps(args, run, vocab_size):
     """(seconds of each timed step, the first step's extra seconds, the last loss): warm-up, then timed steps
     of gpt_train's step (Step.run) on one fixed random batch."""
-    cuda = run.accelerator.device.type == "cuda"
     batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
-    batches, losses, times = itertools.repeat(batch), [], []
-    for _ in range(args.warmup + args.steps):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run(batches, 1, run.recipe.lr, losses.append)
-        if cuda:
-            torch.cuda.synchronize()  # sync point: the step's GPU work is what is timed
-        times.append(time.perf_counter() - t0)
-    seconds = statistics.median(times[args.warmup:])
-    return times[args.warmup:], times[0] - seconds, losses[-1].item()
+    batches, losses = itertools.repeat(batch), []
+    times = [timed(lambda: run(batches, 1, run.recipe.lr, losses.append), run.accelerator.device.type == "cuda")
+             for _ in range(args.warmup + args.steps)]
+    return times[args.warmup:], times[0] - statistics.median(times[args.warmup:]), losses[-1].item()
 
 
 def measure(settings, args, device, profile=False):
@@ -150,31 +148,25 @@ def matmul_kind(settings, cuda):
 def matmul_rate(kind, m, device, k=768, n=3072):
     """FLOP/s of an (m x k) @ (k x n) matmul in `kind` (the MLP's first at the ladder's shape): the
     median of 3 timings of back-to-back calls (~0.2 s each), after a warm-up call."""
-    cuda = device.type == "cuda"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind, torch.float32)
     torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
     g = torch.Generator(device).manual_seed(0)
     a = torch.randn(m, k, device=device, dtype=dtype, generator=g)
     b = torch.randn(k, n, device=device, dtype=dtype, generator=g)
 
-    def timed(calls):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            a @ b
-        if cuda:
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / calls
-
-    calls = max(1, min(1000, int(0.2 / max(timed(1), 1e-6))))  # the first call warms up and sizes the rest
-    return 2 * m * k * n / statistics.median(timed(calls) for _ in range(3))
+    def per_call(calls):
+        def back_to_back():
+            for _ in range(calls):
+                a @ b
+        return timed(back_to_back, device.type == "cuda") / calls
+    calls = max(1, min(1000, int(0.2 / max(per_call(1), 1e-6))))  # the first call warms up and sizes the rest
+    return 2 * m * k * n / statistics.median(per_call(calls) for _ in range(3))
 
 
 # ----------------------------------------------------------------------------- the run
 
 def build_parser():
-    p = Parser(description=__doc__.split("\n")[0])
+    p = common.parser(__doc__, "write the results here as JSON (after every row)")
     cuda = torch.cuda.is_available()
     add = p.add_argument
     add("--micro-batch", type=int, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, 2 on CPU)")
@@ -194,7 +186,6 @@ def build_parser():
     add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: what the GPU results "
         "lack first, group by group (repeats interleaved within a group), for a run that may be cut")
     add("--repeats", type=int, default=3, help="interleaved repeats of every row (default: %(default)s)")
-    add("--metrics-out", type=path_flag, default=None, help="write the results here as JSON (after every row)")
     return p
 
 
@@ -204,15 +195,10 @@ def main(argv=None):
     if min(args.micro_batch, args.seq_len, args.vocab_size, args.steps, args.repeats) <= 0 or args.warmup < 0:
         p.error("sizes, --steps and --repeats must be > 0, --warmup >= 0")
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    if args.metrics_out:
-        try:
-            runfiles.check_output(args.metrics_out, "--metrics-out", "gpt_bench.py")
-        except runfiles.OutputError as e:
-            sys.exit(f"error: {e}")
+    common.check_metrics_out(args)
     if args.compile_cost:
         from compile_cost import compile_cost
-        return compile_cost(args)
+        return compile_cost(args, argv)
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
     rows = ladder(cuda, capability, args.with_compile, args.vocab_size)
@@ -222,70 +208,53 @@ def main(argv=None):
         p.error(f"--only takes row numbers 1..{len(rows)}, got {args.only!r}")
     if not wanted <= set(range(1, len(rows) + 1)):
         p.error(f"--only: the ladder has rows 1..{len(rows)} here, got {args.only!r}")
-    chosen = [(i, *row) for i, row in enumerate(rows, 1) if i in wanted]
-    fit = fit_rows(rows) if cuda and args.fit_max else set()
+    chosen = {i: row for i, row in enumerate(rows, 1) if i in wanted}
+    rungs = [i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" ")]
+    # the default (the last rung) and the GPT-2-vocabulary row: their largest micro-batch is measured
+    fit = {rungs[-1]} | {i for i, (_, s) in enumerate(rows, 1) if "vocab_size" in s} if cuda and args.fit_max else set()
     groups = unmeasured_first(rows) if args.order == "unmeasured" else [list(range(1, len(rows) + 1))]
-    return run_ladder(args, device, chosen, fit, [[i for i in g if i in wanted] for g in groups])
+    return run_ladder(args, argv, torch.device("cuda" if cuda else "cpu"), chosen, fit,
+                      [[i for i in g if i in wanted] for g in groups])
 
 
-def fit_rows(rows):
-    """The default (the last rung) and the GPT-2-vocabulary row: their largest micro-batch is measured."""
-    last_rung = max(i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" "))
-    return {last_rung} | {i for i, (_, s) in enumerate(rows, 1) if "vocab_size" in s}
-
-
-def run_ladder(args, device, chosen, fit, groups):
-    """Group by group, every row of the group once per repeat (drift on the machine hits its rows
-    alike), each just after a matmul in its precision (its fraction of that rate is read against what
-    the machine did at that moment); the JSON rewritten after every row."""
+def run_ladder(args, argv, device, chosen, fit, groups):
+    """Group by group, every row of the group once per repeat, each just after a matmul in its precision (its
+    fraction of that rate is read against what the machine did at that moment); the JSON after every row."""
     cuda = device.type == "cuda"
     device_name = training.device.device_name(device)
     print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
           f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
     m = args.micro_batch * args.seq_len
-    runs, rates, fits = {i: [] for i, _, _ in chosen}, [], {}
-    head = {"device_name": device_name, "torch": torch.__version__, "commit": git_commit(),
-            "command": "python " + " ".join(sys.argv), "recipe": vars(args.recipe),
+    runs, rates, fits = {i: [] for i in chosen}, {}, {}
+    head = {"device_name": device_name, **common.run_facts(__file__, argv), "recipe": vars(args.recipe),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
             "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg()[0],  # other work on the machine: read the ranges with it
             "order": args.order, "rows_planned": len(chosen)}
-    by_number = {i: (name, settings) for i, name, settings in chosen}
-    rungs = [i for i, (name, _) in by_number.items() if not name.startswith(" ")]
+    rungs = [i for i, (name, _) in chosen.items() if not name.startswith(" ")]
     profile = {min(rungs), max(rungs)} if rungs else set()  # the naive and the default row: one profiled step each
     for r, i in ((r, i) for group in groups for r in range(args.repeats) for i in group):
-        name, settings = by_number[i]
+        name, settings = chosen[i]
         kind = matmul_kind(settings, cuda)
-        rates.append({kind: matmul_rate(kind, m, device)})
+        rates.setdefault(kind, []).append(rate := matmul_rate(kind, m, device))
         runs[i].append(got := try_measure(settings, args, device, profile=r == 0 and i in profile))
         if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
-            got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rates[-1][kind]
+            got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rate
         if r == 0 and i in fit:
             fits[i] = largest_micro_batch(settings, args, device)
         print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s, "
-              f"{got['fraction_of_matmul_rate']:6.1%} of {kind} matmul {rates[-1][kind] / 1e12:.3f} TFLOP/s"
+              f"{got['fraction_of_matmul_rate']:6.1%} of {kind} matmul {rate / 1e12:.3f} TFLOP/s"
               if "error" not in got else got["error"]), flush=True)
-        out = {**head, "load_average_now": os.getloadavg()[0], "matmul": summarise_rates(rates, m),
-               "rungs": summarise(chosen, runs, fits)}
-        if args.metrics_out:
-            runfiles.write_json(args.metrics_out, out)
+        matmul = {"shape": [m, 768, 3072], "flops_per_second": {k: statistics.median(v) for k, v in rates.items()},
+                  "flops_per_second_range": {k: [min(v), max(v)] for k, v in rates.items()}}
+        out = common.write(args, {**head, "load_average_now": os.getloadavg()[0], "matmul": matmul,
+                                  "rungs": summarise(chosen, runs, fits)})
     print_table(out["rungs"])
     return out
 
 
-def git_commit():
-    """The commit measured, "+ changes" where its code differs from it (the JSON says what code it is from;
-    the results folder, where this file itself goes, is not code)."""
-    def git(*cmd):
-        return subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True).stdout.strip()
-    commit, changed = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                                                    ":!report/results")
-    return commit + (" + uncommitted changes" if changed else "") if commit else None
-
-
 def largest_micro_batch(settings, args, device):
     """GPU: the largest micro-batch (of --fit-max, halved) whose training step fits, or why none does."""
-    from training import UserError
     from training.budget import find_micro_batch
 
     def try_step(micro):
@@ -299,35 +268,18 @@ def largest_micro_batch(settings, args, device):
         free_memory()
 
 
-def summarise_rates(rates, m):
-    """The matmul rates measured before the rows, per precision: median and range."""
-    by_kind = {}
-    for r in rates:
-        for kind, rate in r.items():
-            by_kind.setdefault(kind, []).append(rate)
-    return {"shape": [m, 768, 3072], "flops_per_second": {k: statistics.median(v) for k, v in by_kind.items()},
-            "flops_per_second_range": {k: [min(v), max(v)] for k, v in by_kind.items()}}
-
-
 def summarise(chosen, runs, fits):
-    """Per row: the median over repeats (tokens/s, ms/step), the spread (min, max tokens/s), the
-    speed-up against the first row, whether a rung is within the noise of the one before it (their
-    ranges overlap), and its fraction of the measured matmul rate; a row whose every repeat failed
-    keeps its error."""
+    """Per row measured so far: summarise_row; its speed-up against the first row, and whether a rung is within
+    the noise of the one before it (their ranges overlap). A row whose every repeat failed keeps its error."""
     results, base, previous = [], None, None
-    for i, name, settings in chosen:
+    for i, (name, settings) in ((i, chosen[i]) for i in chosen if runs[i]):
         good = [m for m in runs[i] if "error" not in m]
         errors = [m["error"] for m in runs[i] if "error" in m]
-        if not runs[i]:  # not measured yet (the file is rewritten after every row)
-            continue
         if not good:
             results.append({"name": name, "error": errors[0], "repeats": runs[i]})
             continue
         results.append(row := summarise_row(name, settings, good))
-        if errors:  # some repeats failed, others did not
-            row["errors"] = errors
-        if i in fits:
-            row["largest_micro_batch"] = fits[i]
+        row |= ({"errors": errors} if errors else {}) | ({"largest_micro_batch": fits[i]} if i in fits else {})
         base = base or row["tokens_per_second"]
         row["speedup"] = row["tokens_per_second"] / base
         if not name.startswith(" "):
@@ -339,23 +291,21 @@ def summarise(chosen, runs, fits):
 
 
 def summarise_row(name, settings, good):
-    """One row over its repeats; the settings it was asked for and what the step was built with (Step.describe),
-    and the profiled step of a naive or default row, once."""
-    tps = [m["tokens_per_second"] for m in good]
+    """One row over its repeats (medians; peak memory the largest); what the step was built with and the
+    profiled step of a naive or default row, once."""
     extras = {k: m[k] for m in good for k in ("built", "profile") if k in m}  # once a row, not once a repeat
     good = [{k: v for k, v in m.items() if k not in extras} for m in good]
-    row = {"name": name, "settings": settings, **extras, "tokens_per_second": statistics.median(tps),
-           "tokens_per_second_range": [min(tps), max(tps)],
-           "ms_per_step": statistics.median(m["ms_per_step"] for m in good),
-           "flops_per_token": good[0]["flops_per_token"], "vocab_size": good[0]["vocab_size"],
-           "mfu": statistics.median(m["mfu"] for m in good) if good[0]["mfu"] else None,
-           "first_step_extra_seconds": statistics.median(m["first_step_extra_seconds"] for m in good),
-           "matmul_kind": good[0]["matmul_kind"], "sdpa_backend": good[0].get("sdpa_backend"), "repeats": good}
-    if "peak_memory_GiB" in good[0]:
+    first, fractions = good[0], [m["fraction_of_matmul_rate"] for m in good if "fraction_of_matmul_rate" in m]
+    row = {"name": name, "settings": settings, **extras,
+           **common.median_range("tokens_per_second", [m["tokens_per_second"] for m in good]),
+           **{k: statistics.median(m[k] for m in good) for k in ("ms_per_step", "first_step_extra_seconds")},
+           **{k: first[k] for k in ("flops_per_token", "vocab_size", "matmul_kind")},
+           "mfu": statistics.median(m["mfu"] for m in good) if first["mfu"] else None,
+           "sdpa_backend": first.get("sdpa_backend"), "repeats": good,
+           # the row's FLOP/s over what this device's matmul did in the same math just before it
+           "fraction_of_matmul_rate": statistics.median(fractions) if fractions else None}
+    if "peak_memory_GiB" in first:
         row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
-    # the row's FLOP/s over what this device's matmul did in the same math just before it (median of repeats)
-    fractions = [m["fraction_of_matmul_rate"] for m in good if "fraction_of_matmul_rate" in m]
-    row["fraction_of_matmul_rate"] = statistics.median(fractions) if fractions else None
     return row
 
 
@@ -365,9 +315,8 @@ def print_table(rows):
             print(f"   {row['name']:60s} {row['error']}")
             continue
         lo, hi = row["tokens_per_second_range"]
-        mfu = f"{row['mfu']:6.1%}" if row["mfu"] else "     -"
+        mfu, matmul = (f"{row[k]:6.1%}" if row[k] else "     -" for k in ("mfu", "fraction_of_matmul_rate"))
         noise = "  (within noise of the rung above)" if row.get("within_noise_of_previous") else ""
-        matmul = f"{row['fraction_of_matmul_rate']:6.1%}" if row["fraction_of_matmul_rate"] else "     -"
         print(f"   {row['name']:60s} {row['tokens_per_second']:9,.0f} tok/s [{lo:,.0f}-{hi:,.0f}] MFU {mfu} "
               f"of matmul {matmul} x{row['speedup']:.2f}{noise}", flush=True)
 

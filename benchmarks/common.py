@@ -1,0 +1,59 @@
+"""What every benchmark does alike: --metrics-out refused before the long part (an existing file replaced only
+with --force), the facts a result is read with later (command, commit, torch), median and range of a few noisy
+repeats, the strict JSON written."""
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from data.files import OutputError, write_json
+from training import runfiles
+from training.flags import Parser, add_output_flags
+
+
+def parser(doc, metrics_help="write the results here as JSON", **kw):
+    """A benchmark's flags parser, described by its docstring's first line, with --metrics-out and --force."""
+    p = Parser(description=doc.split("\n")[0], **kw)
+    add_output_flags(p, metrics_help)
+    return p
+
+
+def check_metrics_out(args):
+    """A --metrics-out that may not be written is one line and exit 1, before any measuring."""
+    if args.metrics_out:
+        try:
+            runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+        except OutputError as e:
+            sys.exit(f"error: {e}")
+
+
+def write(args, result):
+    """`result` into --metrics-out, if given (rewritten whole, atomically: a cut run leaves the last version)."""
+    if args.metrics_out:
+        try:
+            write_json(args.metrics_out, result)
+        except OutputError as e:  # a full disk
+            sys.exit(f"error: {e}")
+    return result
+
+
+def git(*cmd):
+    return subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True).stdout.strip() or None
+
+
+def run_facts(script, argv):
+    """The command as typed, the commit measured ("+ uncommitted changes" where the code differs from it; the
+    results folder, where the JSON goes, is not code) and torch's version."""
+    import torch
+    args = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    commit = git("rev-parse", "HEAD")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!report/results")
+    return {"command": " ".join(["python", f"benchmarks/{Path(script).name}", *args]),
+            "commit": commit and commit + (" + uncommitted changes" if changed else ""), "torch": torch.__version__}
+
+
+def median_range(key, values):
+    """{key: median, key_range: [min, max]}: how every benchmark here reports a few interleaved repeats."""
+    return {key: statistics.median(values), f"{key}_range": [min(values), max(values)]}
