@@ -25,14 +25,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from training import device, runfiles
-from training.flags import Parser, path_flag
+import common
+from common import REPO
+from training import device
 
 MODES = ("plain", "destroy", "no_teardown")
 
 JOB = """
+import contextlib
 import sys
 import torch
 from accelerate import Accelerator
@@ -50,22 +50,17 @@ def job(mode):
     if mode == "destroy":
         accelerator.end_training()
 
-if sys.argv[1] == "no_teardown":
-    with no_teardown_after_collectives():
-        job(sys.argv[1])
-else:
+with no_teardown_after_collectives() if sys.argv[1] == "no_teardown" else contextlib.nullcontext():
     job(sys.argv[1])
 """
 
 
 def parse_args(argv=None):
-    p = Parser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = common.parser(__doc__, "write the counts here (JSON)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--runs", type=int, default=20, help="runs of each mode")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--hogs", type=int, default=1, help="CPU-bound processes beside the runs")
     p.add_argument("--timeout", type=float, default=300, help="seconds for one run")
-    p.add_argument("--metrics-out", type=path_flag, help="write the counts here (JSON)")
     args = p.parse_args(argv)
     if args.runs < 1 or args.hogs < 0:
         p.error("--runs must be at least 1 and --hogs at least 0")
@@ -89,11 +84,7 @@ def one_run(script, mode, timeout):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out", "exit_bench.py")  # before the long part
-    except runfiles.OutputError as e:
-        sys.exit(f"error: {e}")
+    common.check_metrics_out(args)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     counts = {m: {"runs": 0, "ok": 0, "aborted": 0, "failed": 0} for m in args.modes}
     load_start, t0 = os.getloadavg(), time.time()
@@ -111,16 +102,12 @@ def main(argv=None):
     finally:
         for hog in hogs:
             hog.kill()
-    import torch
-    metrics = {"command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/exit_bench.py", *argv]),
-               "device_name": f"{device.cpu_name()}, {os.cpu_count()} cores", "torch": torch.__version__,
+    metrics = {**common.run_facts(__file__, argv), "device_name": f"{device.cpu_name()}, {os.cpu_count()} cores",
                "hogs": args.hogs, "load_average_1min_start_end": [load_start[0], os.getloadavg()[0]],
                "seconds": round(time.time() - t0, 1), "modes": counts}
     for mode, c in counts.items():
         print(f"{mode:12s} {c['aborted']:3d} of {c['runs']} aborted, {c['failed']} failed otherwise")
-    if args.metrics_out:
-        runfiles.write_json(args.metrics_out, metrics)
-    return metrics
+    return common.write(args, metrics)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ cache warmed by one untimed run (a student's second run, and the figure the goal
 """
 import json
 import os
+import platform
 import shutil
 import signal
 import statistics
@@ -22,10 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from training import device, runfiles
-from training.flags import Parser, path_flag
+import common
+from common import REPO, git
+from training import device
 
 SHARED = REPO.parent / "shared" / "data"
 CASES = {  # name -> (script and flags; {text}, {tokenizer}, {mnist}, {cache}, {out} are filled in)
@@ -41,7 +41,7 @@ GOALS = {"lab-1-step": 8.0, "tiny-20k": 4.0, "lenet-1-epoch": 3.0}  # seconds ou
 
 
 def build_parser():
-    p = Parser(description=__doc__.split("\n")[0])
+    p = common.parser(__doc__, "write the results here as JSON (after every run)")
     p.add_argument("--baseline", default="139e3cc", help="the commit to compare with (default: %(default)s, the "
                    "code the job-clock issue measured)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
@@ -49,8 +49,6 @@ def build_parser():
     p.add_argument("--text", type=Path, default=SHARED / "wos-standin" / "X.txt", help="corpus (default: %(default)s)")
     p.add_argument("--tokenizer", default=str(SHARED / "gpt2-tokenizer"), help="(default: %(default)s)")
     p.add_argument("--mnist", type=Path, default=SHARED, help="MNIST's folder (default: %(default)s)")
-    p.add_argument("--metrics-out", type=path_flag, default=None,
-                   help="write the results here as JSON (after every run)")
     return p
 
 
@@ -60,17 +58,13 @@ def main(argv=None):
     cases = args.cases.split(",")
     if not set(cases) <= set(CASES) or args.repeats < 1:
         p.error(f"--cases takes {', '.join(CASES)}; --repeats >= 1")
-    if args.metrics_out:
-        try:
-            runfiles.check_output(args.metrics_out, "--metrics-out", "startup_bench.py")
-        except runfiles.OutputError as e:
-            sys.exit(f"error: {e}")
+    common.check_metrics_out(args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the baseline's checkout
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         tmp = Path(tmp)
         try:
             versions = {"baseline": checkout(args.baseline, tmp / "baseline"), "current": REPO}
-            return measure_all(args, cases, versions, tmp)
+            return measure_all(args, argv, cases, versions, tmp)
         except KeyboardInterrupt:  # the runs so far are not a measurement: nothing is written
             print("\ninterrupted (Ctrl-C): nothing written; the baseline's checkout is removed", file=sys.stderr)
             sys.exit(130)
@@ -109,14 +103,14 @@ def run_once(case, tree, args, cache, out):
             "process_seconds": m.get("process_seconds"), "phases": m.get("phases")}
 
 
-def measure_all(args, cases, versions, tmp):
+def measure_all(args, argv, cases, versions, tmp):
     runs = {case: {v: [] for v in versions} for case in cases}
     for case in cases:  # untimed: each version's token cache made once
         for version, tree in versions.items():
             run_once(case, tree, args, tmp / f"cache-{version}", tmp / "warm-up")
-    head = {"machine": machine(), "commit": git("rev-parse", "HEAD"), "baseline": git("rev-parse", args.baseline),
-            "command": "python " + " ".join([sys.argv[0].replace(str(REPO) + "/", ""), *sys.argv[1:]]),
-            "repeats": args.repeats, "goals_outside_loop_seconds": {c: GOALS[c] for c in cases},
+    head = {"machine": {"cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
+            **common.run_facts(__file__, argv), "baseline": git("rev-parse", args.baseline), "repeats": args.repeats,
+            "goals_outside_loop_seconds": {c: GOALS[c] for c in cases},
             "commands": {c: " ".join(command(c, Path("."), args, "CACHE", "OUT")[1:]) for c in cases},
             "load_average_at_start": os.getloadavg()[0]}
     for r in range(args.repeats):
@@ -126,9 +120,7 @@ def measure_all(args, cases, versions, tmp):
                 runs[case][version].append(got)
                 print(f"repeat {r + 1}, {case:14s} {version:8s}: {got['wall_seconds']:6.1f} s process, "
                       f"{got['loop_seconds']:6.1f} s loop, {got['outside_loop_seconds']:5.1f} s outside", flush=True)
-                out = {**head, "load_average_now": os.getloadavg()[0], "cases": summarise(runs)}
-                if args.metrics_out:
-                    runfiles.write_json(args.metrics_out, out)
+                out = common.write(args, {**head, "load_average_now": os.getloadavg()[0], "cases": summarise(runs)})
     for case, result in out["cases"].items():
         c, b = result["current"], result["baseline"]
         print(f"{case:14s} outside the loop: {b['outside_loop_seconds']:.1f} -> {c['outside_loop_seconds']:.1f} s "
@@ -146,8 +138,7 @@ def summarise(runs):
                 continue
             row = {}
             for key in ("wall_seconds", "loop_seconds", "outside_loop_seconds"):
-                values = [g[key] for g in got]
-                row[key], row[f"{key}_range"] = statistics.median(values), [min(values), max(values)]
+                row |= common.median_range(key, [g[key] for g in got])
             if got[0]["phases"]:
                 row["phases_median"] = {k: statistics.median(g["phases"].get(k, 0.0) for g in got)
                                         for k in got[0]["phases"]}
@@ -157,15 +148,6 @@ def summarise(runs):
             out[case]["outside_loop_ratio"] = (out[case]["current"]["outside_loop_seconds"] /
                                                out[case]["baseline"]["outside_loop_seconds"])
     return out
-
-
-def git(*cmd):
-    return subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True).stdout.strip() or None
-
-
-def machine():
-    import platform
-    return {"cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
 
 
 if __name__ == "__main__":
