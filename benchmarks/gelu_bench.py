@@ -18,17 +18,13 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import common
 import gelu_ext
 import training.device
-from training import runfiles
-from training.flags import Parser, path_flag
 
 
 class SeedGELU(torch.autograd.Function):
@@ -52,6 +48,8 @@ IMPLS = {
     "python": gelu_ext.gelu_python,
     "ext": gelu_ext.gelu,
 }
+RATIOS = {"ext_vs_aten": ("aten", "ext"), "ext_vs_seed": ("seed", "ext"), "ext_vs_copy": ("copy", "ext"),
+          "aten_vs_copy": ("copy", "aten")}  # the first one's time over the second's: above 1, the second is faster
 
 
 def forward_backward(fn, x, grad, calls):
@@ -123,19 +121,14 @@ def measure_size(n, impls, device, dtype, repeats, calls):
                 dst.copy_(src)
         fns["copy"] = copy
     times = {name: [t / calls * 1e3 for t in ts] for name, ts in timed_round_robin(fns, device, repeats).items()}
-    row = {"n": n, "calls": calls, **{f"{name}_ms": statistics.median(ts) for name, ts in times.items()},
-           **{f"{name}_ms_range": [min(ts), max(ts)] for name, ts in times.items()}}
+    row = {"n": n, "calls": calls}
+    for name, ts in times.items():
+        row |= common.median_range(f"{name}_ms", ts)
+    row |= {k: row[f"{a}_ms"] / row[f"{b}_ms"] for k, (a, b) in RATIOS.items() if a in times and b in times}
     if "ext" in times:
         paired = [a / e for a, e in zip(times["aten"], times["ext"])]
-        row["ext_vs_aten"] = row["aten_ms"] / row["ext_ms"]
-        row["ext_vs_aten_per_round"] = [min(paired), statistics.median(paired), max(paired)]
-        row["ext_GBps"] = bytes_moved / row["ext_ms"] / 1e6
-        if "seed_ms" in row:
-            row["ext_vs_seed"] = row["seed_ms"] / row["ext_ms"]
-        if "copy_ms" in row:
-            row["ext_vs_copy"] = row["copy_ms"] / row["ext_ms"]
-    if "copy_ms" in row:
-        row["aten_vs_copy"] = row["copy_ms"] / row["aten_ms"]
+        row |= {"ext_vs_aten_per_round": [min(paired), statistics.median(paired), max(paired)],
+                "ext_GBps": bytes_moved / row["ext_ms"] / 1e6}
     return row
 
 
@@ -171,7 +164,7 @@ def max_backward_error(n=1_000_000):
 
 
 def parse_args(argv):
-    p = Parser(description=__doc__.split("\n")[0])
+    p = common.parser(__doc__, "write the table here as JSON")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                    help="(default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
@@ -189,21 +182,12 @@ def parse_args(argv):
                    help="on a GPU, also profile the kernels of ATen and the op at the largest size")
     p.add_argument("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"],
                    help="implementations to leave out (ATen, the baseline, stays)")
-    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the table here as JSON")
     args = p.parse_args(argv)
     if args.log2 and not all(0 <= k <= 32 for k in args.log2):
         p.error("--log2: sizes from 2^0 to 2^32")
     if args.repeats < 0 or args.calls < 0 or args.threads < 0:
         p.error("--repeats, --calls and --threads must be positive")
     return args
-
-
-def table_line(row, cols, with_ext):
-    line = f"{row['n']:>10} {row['calls']:>5} " + " ".join(f"{row[name + '_ms']:>10.4f}" for name in cols)
-    if with_ext:
-        lo, _, hi = row["ext_vs_aten_per_round"]
-        line += f" {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>8.2f} {lo:>7.2f}-{hi:.2f}"
-    return line
 
 
 def measure_all(args, impls, device, dtype, repeats):
@@ -223,7 +207,11 @@ def measure_all(args, impls, device, dtype, repeats):
             torch.cuda.empty_cache()
             break
         rows.append(row)
-        print(table_line(row, cols, with_ext), flush=True)
+        line = f"{row['n']:>10} {row['calls']:>5} " + " ".join(f"{row[name + '_ms']:>10.4f}" for name in cols)
+        if with_ext:
+            lo, _, hi = row["ext_vs_aten_per_round"]
+            line += f" {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>8.2f} {lo:>7.2f}-{hi:.2f}"
+        print(line, flush=True)
     return rows, stopped
 
 
@@ -232,11 +220,7 @@ def main(argv=None):
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
-    try:
-        if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out", "gelu_bench.py")
-    except runfiles.OutputError as e:
-        sys.exit(f"error: {e}")
+    common.check_metrics_out(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (20 if device.type == "cuda" else 7)
@@ -246,17 +230,15 @@ def main(argv=None):
     impls = {k: v for k, v in IMPLS.items() if k not in args.skip and not (k == "ext" and missing)}
     if missing:
         print(f"note: the ext op is not measured: {missing}", flush=True)
-
     print(f"{device_name}, {args.dtype}, forward+backward, ms per call, median of {repeats} rounds")
     load_before = os.getloadavg()  # on a shared machine, how busy it was is part of the result
     rows, stopped = measure_all(args, impls, device, dtype, repeats)
     if not rows:
         sys.exit(f"error: {stopped}")
     last = rows[-1]
-    result = {"device_name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
-              "command": "python " + " ".join(sys.argv), "build": gelu_ext.build_info(),
-              "ext_measured": "ext" in impls, "ext_missing_reason": missing, "stopped": stopped,
-              "dtype": args.dtype, "repeats": repeats,
+    result = {"device_name": device_name, **common.run_facts(__file__, argv), "cuda": torch.version.cuda,
+              "build": gelu_ext.build_info(), "ext_measured": "ext" in impls, "ext_missing_reason": missing,
+              "stopped": stopped, "dtype": args.dtype, "repeats": repeats,
               "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
               "float32_max_backward_error": None if not gelu_ext.is_built() else max_backward_error(),
               "n": last["n"], **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
@@ -267,12 +249,7 @@ def main(argv=None):
         for k in result["kernel_times"]:
             print(f"{k['ms']:8.3f} ms  x{k['count']:<3} {k['kernel'][:110]}")
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
-    if args.metrics_out:
-        try:
-            runfiles.write_json(args.metrics_out, result)
-        except runfiles.OutputError as e:
-            sys.exit(f"error: {e}")
-    return result
+    return common.write(args, result)
 
 
 if __name__ == "__main__":
