@@ -144,10 +144,9 @@ def gpu_name(files):
 def busy_window(text):
     """The facts of an nvidia-smi CSV a caption states: the sampling interval and, between the first and
     the last sample at >= BUSY % utilisation (the training, not the start-up), its utilisation's median
-    and range, the median power, the SM clock at its start and its median; {} when the GPU never got busy."""
+    and range, the median power; {} when the GPU never got busy."""
     series = smi_series(text)
     util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
-    clock = dict(series.get("clocks.current.sm", []))  # a GPU at its power cap lowers its clock
     steps = sorted(b[0] - a[0] for a, b in zip(util, util[1:]))
     busy = [i for i, (_, u) in enumerate(util) if u >= BUSY]
     if not steps or not busy:
@@ -155,10 +154,7 @@ def busy_window(text):
     window = util[busy[0]:busy[-1] + 1]
     values = sorted(u for _, u in window)
     watts = sorted(power[t] for t, _ in window if t in power)
-    clocks = [clock[t] for t, _ in window if t in clock]
-    return {"clock_start": clocks[0] if clocks else None,
-            "clock_median": sorted(clocks)[len(clocks) // 2] if clocks else None,
-            "sample_ms": steps[len(steps) // 2] * 1000, "samples": len(window),
+    return {"sample_ms": steps[len(steps) // 2] * 1000, "samples": len(window),
             "seconds": window[-1][0] - window[0][0], "median": values[len(values) // 2], "min": values[0],
             "max": values[-1], "power_median": watts[len(watts) // 2] if watts else None}
 
