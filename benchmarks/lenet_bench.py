@@ -28,14 +28,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import common
 import lenet5
 from data import data_root
+from data.files import UserError
 from data.mnist import find_mnist
-from training import UserError, runfiles
 from training.device import cpu_name
-from training.flags import Parser, path_flag
+
+RECIPE = ("epochs", "batch_size", "lr", "steps")  # what lenet5.py's metrics say of the recipe it ran
 
 
 def original_recipe(data_dir, device, epochs, seed):
@@ -83,7 +83,8 @@ def spread(values):
 
 
 def recipe(args, device):
-    """Per seed: the original recipe's epochs, then the default run (and Lightning); the comparison."""
+    """Per seed: the original recipe's epochs, then the default run (and Lightning), each seed's ratio to the
+    original epoch timed next to it; over the seeds, medians and ranges in the keys make_report reads."""
     per_seed = []
     for seed in args.seeds:
         base_seconds, base_acc = original_recipe(args.data_dir, device, args.baseline_epochs, seed)
@@ -96,28 +97,20 @@ def recipe(args, device):
             row |= {"lightning_train_seconds": lit["train_seconds"], "lightning_accuracy": lit["test_accuracy"],
                     "lightning_to_plain": lit["train_seconds"] / ours["train_seconds"]}
         per_seed.append(row)
-    return summarise_recipe(per_seed, ours)
-
-
-def summarise_recipe(per_seed, last):
-    """The JSON of recipe mode: the per-seed rows, medians and ranges, in the keys make_report reads."""
-    base = [statistics.median(r["baseline_epoch_seconds"][i] for r in per_seed)
-            for i in range(len(per_seed[0]["baseline_epoch_seconds"]))]
-    ours = spread([r["default_train_seconds"] for r in per_seed])
-    result = {"mode": "recipe", "per_seed": per_seed, "repeats": len(per_seed),
-              "recipe": {k: last[k] for k in ("epochs", "batch_size", "lr", "steps")},
+    base = [statistics.median(epoch) for epoch in zip(*(r["baseline_epoch_seconds"] for r in per_seed))]
+    result = {"mode": "recipe", "per_seed": per_seed, "repeats": len(per_seed), "recipe": {k: ours[k] for k in RECIPE},
               "baseline_epoch_seconds": base, "baseline_accuracy": per_seed[0]["baseline_accuracy"],
               "baseline_first_epoch_range": spread([r["baseline_epoch_seconds"][0] for r in per_seed])["range"],
-              "default_epochs": last["epochs"], "default_train_seconds": ours["median"],
-              "default_train_seconds_range": ours["range"],
+              "default_epochs": ours["epochs"],
+              **common.median_range("default_train_seconds", [r["default_train_seconds"] for r in per_seed]),
               "default_accuracy": min(r["default_accuracy"] for r in per_seed),
-              "ratio_to_one_baseline_epoch": ours["median"] / base[0],
               "paired_ratios": spread([r["ratio_to_baseline_epoch"] for r in per_seed])}
-    if "lightning_train_seconds" in per_seed[0]:
+    result["ratio_to_one_baseline_epoch"] = result["default_train_seconds"] / base[0]
+    if args.lightning:
+        ratios = [r["lightning_to_plain"] for r in per_seed]
         result |= {"lightning_train_seconds": statistics.median(r["lightning_train_seconds"] for r in per_seed),
                    "lightning_accuracy": min(r["lightning_accuracy"] for r in per_seed),
-                   "all_lightning_to_plain": [r["lightning_to_plain"] for r in per_seed]}
-        result["lightning_to_plain"] = statistics.median(result["all_lightning_to_plain"])
+                   "all_lightning_to_plain": ratios, "lightning_to_plain": statistics.median(ratios)}
     return result
 
 
@@ -132,15 +125,15 @@ def act_pair(args, device):
                          **{f"{act}_accuracy": runs[act]["test_accuracy"] for act in order},
                          "cpp_to_torch": runs["cpp"]["train_seconds"] / runs["torch"]["train_seconds"]})
     return {"mode": "act_pair", "per_seed": per_seed, "repeats": len(per_seed),
-            "recipe": {k: runs["torch"][k] for k in ("epochs", "batch_size", "lr", "steps")},
+            "recipe": {k: runs["torch"][k] for k in RECIPE},
             "torch_train_seconds": spread([r["torch_train_seconds"] for r in per_seed]),
             "cpp_train_seconds": spread([r["cpp_train_seconds"] for r in per_seed]),
             "cpp_to_torch": spread([r["cpp_to_torch"] for r in per_seed])}
 
 
 def parse_args(argv):
-    p = Parser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = common.parser(__doc__, "write the comparison here as JSON",
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -148,21 +141,7 @@ def parse_args(argv):
     p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the original recipe per seed")
     p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
     p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
-    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the comparison here as JSON")
     return p.parse_args(argv)
-
-
-def check(args):
-    """Everything a user can get wrong, before any training: one line, not a traceback half-way."""
-    if args.baseline_epochs < 1 or any(seed < 0 for seed in args.seeds):
-        raise UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
-    if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out", "lenet_bench.py")
-    device = lenet5.pick_device(args.device)
-    find_mnist(args.data_dir, download=False)
-    if args.act_pair:
-        lenet5.make_gelu("cpp", device)  # says how to build gelu_ext if it is not built
-    return device
 
 
 def report(result, device_name):
@@ -182,20 +161,23 @@ def report(result, device_name):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        device = check(args)
-    except UserError as e:  # MNISTError, OutputError too
+    common.check_metrics_out(args)
+    try:  # everything a user can get wrong, before any training: one line, not a traceback half-way
+        if args.baseline_epochs < 1 or any(seed < 0 for seed in args.seeds):
+            raise UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
+        device = lenet5.pick_device(args.device)
+        find_mnist(args.data_dir, download=False)
+        if args.act_pair:
+            lenet5.make_gelu("cpp", device)  # says how to build gelu_ext if it is not built
+    except UserError as e:  # MNISTError too
         sys.exit(f"error: {e}")
     load_start = os.getloadavg()[0]  # other work on the machine: read the seconds with it
     result = act_pair(args, device) if args.act_pair else recipe(args, device)
     device_name = lenet5.device_name(device)
-    result |= {"device_name": device_name, "cpu_model": cpu_name(), "torch": torch.__version__,
-               "load_average_1min_start_end": [load_start, os.getloadavg()[0]],
-               "command": "python " + " ".join(sys.argv if argv is None else ["benchmarks/lenet_bench.py", *argv])}
+    result |= {"device_name": device_name, "cpu_model": cpu_name(), **common.run_facts(__file__, argv),
+               "load_average_1min_start_end": [load_start, os.getloadavg()[0]]}
     report(result, device_name)
-    if args.metrics_out:
-        runfiles.write_json(args.metrics_out, result)
-    return result
+    return common.write(args, result)
 
 
 if __name__ == "__main__":
