@@ -1,8 +1,7 @@
 """The token blocks gpt_train.py trains on, packed: one int32 tensor (blocks, seq_len + 1) per split, cached
-as .npy files beside the corpus's datasets cache and read back without `datasets` (its import and
-load_dataset's bookkeeping are ~0.6 s of every warm start on the 2-core VM), verified by content against
-their manifest as the arrow cache is. A batch is then one gather from a tensor, not a row-by-row read of an
-arrow table.
+as .npy files beside the corpus's datasets cache (the one cache of the tokens) and read back without `datasets`
+(its import and load_dataset's bookkeeping are ~0.6 s of every warm start on the 2-core VM), verified by
+content against their manifest; a damaged one is packed again. A batch is then one gather from a tensor.
 
     token_blocks(text, sha256, tokenizer, block_size, val_fraction, seed, cache_dir)
         -> ({"train", "validation": tensors}, stats)   the packed cache, else wos.load_splits + tokenize_blocks
@@ -21,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from data import files, wos
 from data.tokenizer import tokenizer_sha256
 
-VERSION = 1  # part of the folder's name: bump it when the packing changes
+VERSION = 1  # part of the folder's name: bump it when the tokenisation or the packing change
 SPLITS = ("train", "validation")
 
 
@@ -35,7 +34,7 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
     except (OSError, ValueError, KeyError, TypeError) as e:
         if folder.exists():  # a damaged cache (a missing one is the usual first run)
-            print(f"warning: the packed token cache {folder} is unusable ({e}); packing again", file=sys.stderr)
+            print(f"warning: the token cache {folder} is damaged ({e}); packing it again", file=sys.stderr)
     if splits is None:
         splits = wos.load_splits(text, val_fraction, seed, cache_dir, sha256=sha256)
     datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
@@ -43,31 +42,31 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
     try:
         write_packed(folder, blocks, stats)
     except files.OutputError as e:
-        print(f"warning: the packed token cache was not written ({e}); the next run packs again", file=sys.stderr)
+        print(f"warning: the token cache was not written ({e}); the next run packs again", file=sys.stderr)
     return blocks, stats
 
 
 def packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed):
-    """corpus-<sha256>/packed-v<VERSION>-<key>: one folder per corpus, split, tokenizer and block size."""
-    key = json.dumps([wos.TOKEN_CACHE_VERSION, val_fraction, seed, tokenizer_sha256(tokenizer), block_size])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / f"packed-v{VERSION}-{digest}"
+    """corpus-<sha256>/packed-v<VERSION>-<the tokenizer's sha256>-<key>: one folder per corpus, tokenizer,
+    split and block size."""
+    digest = hashlib.sha256(json.dumps([val_fraction, seed, block_size]).encode()).hexdigest()[:8]
+    return wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / \
+        f"packed-v{VERSION}-{tokenizer_sha256(tokenizer)[:16]}-{digest}"
 
 
 def read_packed(folder, block_size, vocab_size):
     """The packed blocks and their stats; ValueError where a file is not what was written (its manifest),
     or not blocks of `block_size` ids inside the vocabulary."""
-    manifest = json.loads(files.read_small(folder / "manifest.json", 1 << 16))
+    if problem := files.manifest_problem(folder, [f"{name}.npy" for name in SPLITS]):
+        raise ValueError(problem)
     blocks = {}
-    if changed := files.first_changed(manifest, [folder / f"{name}.npy" for name in SPLITS]):
-        raise ValueError(f"{changed.name} does not match its manifest")
     for name in SPLITS:
         array = np.load(folder / f"{name}.npy", allow_pickle=False)
         if array.dtype != np.int32 or array.ndim != 2 or array.shape[1] != block_size or not len(array) or \
                 array.min() < 0 or array.max() >= vocab_size:
             raise ValueError(f"{name}.npy holds no blocks of {block_size} ids inside the vocabulary")
         blocks[name] = torch.from_numpy(array)
-    stats = manifest["stats"]
+    stats = json.loads(files.read_small(folder / files.MANIFEST, 1 << 20))["stats"]
     return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
 
 
@@ -75,11 +74,10 @@ def write_packed(folder, blocks, stats):
     """Each split's .npy, then the manifest (size and sha256 of each, the stats) last: a folder whose
     manifest does not match is never read."""
     folder.mkdir(parents=True, exist_ok=True)
-    manifest = {"stats": {name: {k: v for k, v in stats[name].items() if k != "from_cache"} for name in SPLITS}}
     for name in SPLITS:
         files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
-        manifest[f"{name}.npy"] = files.file_record(folder / f"{name}.npy")
-    files.write_json(folder / "manifest.json", manifest)
+    files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS],
+                         stats={name: {k: v for k, v in stats[name].items() if k != "from_cache"} for name in SPLITS})
 
 
 def pack(dataset, block_size=None):

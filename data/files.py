@@ -7,7 +7,7 @@
     read_small(path, limit)  a small file of the project's own (an owner file, a manifest): bounded, no-follow
     path_problem(path)       why a path flag's value cannot be used, or None
     check_output_dir(path)   a folder the run will fill: writable, and not inside another run's folder (run.owner)
-    file_record, first_changed   a manifest's entry (size, sha256) and the check against it
+    write_manifest, manifest_problem   a folder's files trusted by content (size, sha256), checked when read
 """
 import contextlib
 import hashlib
@@ -122,11 +122,8 @@ def inside_another_run(path, what, own_run=None):
 
 def check_output_dir(path, what):
     """Fail now, in one line, if folder `path` (a cache the run will fill) cannot be written."""
-    path = Path(path)
     problem = path_problem(path)
-    problem = (f"{what} {path}: {problem}" if problem else inside_another_run(path, what) or
-               (f"{what} {path} is a file, not a folder" if path.exists() and not path.is_dir() else None))
-    if problem:
+    if problem := (f"{what} {path}: {problem}" if problem else inside_another_run(path, what)):
         raise OutputError(problem)
     probe_folder(path, f"{what} {path}")
 
@@ -144,11 +141,28 @@ def probe_folder(folder, named):
         raise OutputError(f"{named} cannot be written ({reason(e)})") from None
 
 
-def file_record(path):
-    """What a manifest keeps of a file: its size and content hash (a file rewritten in place no longer matches)."""
-    return {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+MANIFEST = "manifest.json"
 
 
-def first_changed(manifest, paths):
-    """The first of `paths` that is not as the dict `manifest` records it (missing, resized, rewritten), else None."""
-    return next((p for p in map(Path, paths) if not p.is_file() or manifest.get(p.name) != file_record(p)), None)
+def write_manifest(folder, paths, **extra):
+    """folder/MANIFEST, written after the files: each one's size and sha256, and `extra` (stats)."""
+    write_json(Path(folder) / MANIFEST, {**extra, **{p.name: {"bytes": os.path.getsize(p), "sha256": sha256_file(p)}
+                                                     for p in map(Path, paths)}})
+
+
+def manifest_problem(folder, names=None):
+    """None if the files `names` (None: every file folder/MANIFEST lists) are as it records them, else why not:
+    no readable manifest, a file missing, of another size (a truncated file, said apart) or rewritten in place."""
+    try:
+        manifest = json.loads(read_small(Path(folder) / MANIFEST, 1 << 20))
+        names = names or [n for n, entry in manifest.items() if "sha256" in entry]
+    except (OSError, ValueError, TypeError, AttributeError):  # missing, a planted link or device, not a dict
+        return f"{MANIFEST} is missing or unreadable"
+    for name in names:
+        path, expected = Path(folder) / name, manifest.get(name) or {}
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != expected.get("bytes"):
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {expected.get('bytes')}"
+    changed = next((n for n in names if sha256_file(Path(folder) / n) != manifest[n].get("sha256")), None)
+    return changed and f"{changed} does not match its manifest"

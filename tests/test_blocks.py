@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, tiny_args
-from data import blocks, wos
+import tokenizer_train
+from conftest import REPO, generated_docs, tiny_args
+from data import blocks, files, wos
 from data.tokenizer import open_tokenizer
 
 
@@ -57,10 +58,61 @@ def test_a_packed_file_rewritten_in_place_is_packed_again(corpus, tmp_path, caps
     assert json.loads((folder / "manifest.json").read_text())["train.npy"]["sha256"]
 
 
-def test_the_cache_key_holds_the_split_the_tokenizer_and_the_block_size(corpus, tmp_path):
-    make(corpus, tmp_path / "cache")
-    make(corpus, tmp_path / "cache", block_size=17)
-    assert len(list((tmp_path / "cache").glob("corpus-*/packed-v*"))) == 2
+def packed(text_file, tokenizer, tmp_path, block_size=64):
+    sha = wos.corpus_identity(text_file)["sha256"]
+    return blocks.token_blocks(text_file, sha, tokenizer, block_size, 0.005, 0, tmp_path / "cache")
+
+
+def test_the_cache_is_reused_and_keyed_on_the_text_the_tokenizer_and_the_block_size(text_file, small_tokenizer,
+                                                                                   tmp_path):
+    first, stats = packed(text_file, small_tokenizer, tmp_path)
+    assert not stats["train"]["from_cache"]
+    again, stats = packed(text_file, small_tokenizer, tmp_path)
+    assert stats["train"]["from_cache"] and torch.equal(again["train"], first["train"])
+    other = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
+    assert not packed(text_file, other, tmp_path)[1]["train"]["from_cache"]
+    shorter, stats = packed(text_file, small_tokenizer, tmp_path, 32)
+    assert not stats["train"]["from_cache"] and shorter["train"].shape[1] == 32
+    text_file.write_text(text_file.read_text() + "A new document about kalo.\n")
+    assert not packed(text_file, small_tokenizer, tmp_path)[1]["train"]["from_cache"]
+    assert len(list((tmp_path / "cache").glob("corpus-*/packed-v*"))) == 4
+
+
+def ids_beyond_the_vocabulary(folder):
+    """Damage from before the manifest was written: the manifest matches, the ids do not fit."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    array = np.load(folder / "train.npy")
+    array[0, 0] = 100_000
+    np.save(folder / "train.npy", array)
+    files.write_manifest(folder, [folder / "train.npy", folder / "validation.npy"], stats=manifest["stats"])
+
+
+DAMAGE = {
+    "truncated": lambda f: (f / "train.npy").write_bytes((f / "train.npy").read_bytes()[:1000]),
+    "garbled": lambda f: (f / "train.npy").write_bytes(bytes(range(256)) + (f / "train.npy").read_bytes()[256:]),
+    "ids beyond the vocabulary": ids_beyond_the_vocabulary,
+    "manifest a link to a device": lambda f: ((f / "manifest.json").unlink(), (f / "manifest.json").symlink_to(
+        "/dev/zero")),  # read bounded and no-follow (data.files.read_small): a rebuild, not a hang
+}
+
+
+@pytest.mark.parametrize("case, message", [("truncated", "train.npy has 1000 bytes"),
+                                           ("garbled", "train.npy does not match its manifest"),
+                                           ("ids beyond the vocabulary", "no blocks of 64 ids inside the vocabulary"),
+                                           ("manifest a link to a device", "manifest.json is missing or unreadable")])
+def test_a_damaged_token_cache_is_packed_again_with_one_warning(text_file, small_tokenizer, tmp_path, capsys, case,
+                                                                message):
+    """Issue 19.3: a truncated or garbled cache, or ids out of range, gave a traceback, or an IndexError steps
+    into training."""
+    first, _ = packed(text_file, small_tokenizer, tmp_path)
+    capsys.readouterr()
+    DAMAGE[case](next((tmp_path / "cache").glob("corpus-*/packed-v*")))
+    again, stats = packed(text_file, small_tokenizer, tmp_path)
+    assert not stats["train"]["from_cache"] and torch.equal(again["train"], first["train"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "the token cache" in warnings[0] and "is damaged" in warnings[0]
+    assert message in warnings[0]
+    assert packed(text_file, small_tokenizer, tmp_path)[1]["train"]["from_cache"]
 
 
 def test_a_batch_is_one_gather_and_the_epoch_order_is_seeded():

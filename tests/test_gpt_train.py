@@ -304,9 +304,9 @@ def test_gpt2s_tokenizer_from_its_folder_end_to_end_with_resume(corpus, shared_d
     resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common))
     assert resumed["resumed"] and resumed["vocab_size"] == 50304
     assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
-    caches = {p.name for p in (corpus / "cache").rglob("tokens-v1-*")}  # one token cache per tokenizer
+    caches = {p.name[:26] for p in (corpus / "cache").rglob("packed-v1-*")}  # one token cache per tokenizer
     own, theirs = (open_tokenizer(t).sha256[:16] for t in (corpus / "tok.json", gpt2))
-    assert f"tokens-v1-{theirs}" in caches and own != theirs
+    assert f"packed-v1-{theirs}" in caches and own != theirs
 
 
 def test_the_own_tokenizer_as_a_file_or_its_folder_is_the_same_run(corpus, tmp_path):

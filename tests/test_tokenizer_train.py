@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 import tokenizer_train
 from conftest import REPO, generated_docs, run_script, tmpfs, wait_for
 from data import tokenizer, wos
+from data.blocks import token_blocks
 from data.tokenizer import EOT, open_tokenizer
 
 # ------------------------------------------------------------------ tokenizer
@@ -93,10 +94,11 @@ def test_the_cache_written_is_the_one_gpt_train_reads(text_file, tmp_path):
     metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out", str(out),
                                     "--seq-len", "31", "--cache-dir", str(cache), "--compare", "none"])
     assert not metrics["tokenize_from_cache"]
-    splits = wos.load_splits(text_file, cache_dir=cache)  # what gpt_train.py --seq-len 31 does
-    blocks, stats = wos.tokenize_blocks(splits, open_tokenizer(out).tokenizer, wos.tokens_per_block(31))
+    sha = wos.corpus_identity(text_file)["sha256"]  # what gpt_train.py --seq-len 31 does
+    blocks, stats = token_blocks(text_file, sha, open_tokenizer(out).tokenizer, wos.tokens_per_block(31),
+                                 cache_dir=cache)
     assert stats["train"]["from_cache"] and stats["validation"]["from_cache"]
-    assert len(blocks["train"][0]["input_ids"]) == 32 and stats["train"]["tokens"] == metrics["num_train_tokens"]
+    assert blocks["train"].shape[1] == 32 and stats["train"]["tokens"] == metrics["num_train_tokens"]
 
 
 @pytest.mark.slow

@@ -4,18 +4,17 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
-import tokenizer_train
 from conftest import REPO, generated_docs, tmpfs
 from data import wos
-from data.blocks import epoch_loader, pack
+from data.blocks import epoch_loader, pack, token_blocks
 from data.files import OutputError
-from data.tokenizer import EOT, tokenizer_sha256
+from data.tokenizer import EOT
+from data.wos import corpus_identity
 
 
 def splits_of(path, tmp_path, **kw):
@@ -74,28 +73,6 @@ def test_blocks_have_the_right_length_and_content(text_file, small_tokenizer, tm
     total = stats["train"]["tokens"] + stats["train"]["docs"]  # + one end-of-text per document
     assert total - 64 * len(blocks["train"]) < 64 * ((stats["train"]["docs"] + 999) // 1000)
     assert stats["train"]["bytes"] == sum(len(d.encode()) for d in list(splits["train"]["text"]))
-
-
-def cache_state(blocks):
-    return {f["filename"]: os.path.getmtime(f["filename"]) for f in blocks["train"].cache_files}
-
-
-def test_cache_is_reused_and_invalidated(text_file, small_tokenizer, tmp_path):
-    first, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert not stats["train"]["from_cache"]
-    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert stats["train"]["from_cache"] and cache_state(again) == cache_state(first)  # loaded, not rebuilt
-
-    other_tokenizer = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
-    retok, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), other_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and set(cache_state(retok)).isdisjoint(cache_state(first))
-
-    reblock, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)
-    assert not stats["train"]["from_cache"] and len(reblock["train"][0]["input_ids"]) == 32
-
-    text_file.write_text(text_file.read_text() + "A new document about kalo.\n")
-    changed, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and set(cache_state(changed)).isdisjoint(cache_state(first))
 
 
 @pytest.fixture
@@ -217,73 +194,20 @@ def test_a_utf16_corpus_is_refused(tmp_path, encoding, message):
         wos.check_text(path)
 
 
-# ------------------------------------------------------------------ a damaged token cache
-
-def token_files(blocks, kind="blocks"):
-    """The cached Arrow files of the blocks, or of the token ids they were cut from."""
-    if kind == "blocks":
-        return [Path(f["filename"]) for f in blocks["train"].cache_files]
-    return sorted(Path(blocks["train"].cache_files[0]["filename"]).parent.glob("*-ids*.arrow"))
-
+# ------------------------------------------------------------------ a damaged datasets cache of the text
 
 def truncate(path):
     path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
 
 
-def garble(path):
-    raw = bytearray(path.read_bytes())
-    middle = len(raw) // 2
-    raw[middle:middle + 64] = bytes(range(200, 256)) + bytes(8)
-    path.write_bytes(bytes(raw))
-
-
-def ids_beyond_the_vocabulary(path):
-    import pyarrow as pa
-    with pa.memory_map(str(path)) as source:
-        table = pa.ipc.open_stream(source).read_all()
-    bad = pa.array([[row[0] + 100_000] + row[1:] for row in table.column("input_ids").to_pylist()],
-                   type=table.schema.field("input_ids").type)
-    table = table.set_column(0, table.schema.field("input_ids"), bad)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-
-
-@pytest.mark.parametrize("damage, kind", [(truncate, "blocks"), (truncate, "ids"), (garble, "blocks"),
-                                          (ids_beyond_the_vocabulary, "blocks")])
-def test_a_damaged_token_cache_is_rebuilt_with_a_warning(text_file, small_tokenizer, tmp_path, capsys, damage, kind):
-    """Issue 19.3: a truncated or garbled cache file, or ids out of range, used to give a pyarrow
-    traceback on the next run, or an IndexError steps into training."""
-    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    expected = first["train"].to_dict()["input_ids"]  # read now: the damage below is to a memory-mapped file
-    for path in token_files(first, kind):
-        damage(path)
-    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and again["train"].to_dict()["input_ids"] == expected
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "the token cache" in warnings[0] and "is damaged" in warnings[0]
-    assert wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)[1]["train"]["from_cache"]
-
-
-def test_a_cache_that_stays_damaged_is_refused_in_one_line_naming_the_folder(text_file, small_tokenizer, tmp_path,
-                                                                             monkeypatch):
-    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    folder = token_files(first)[0].parent
-
-    def always_damaged(*args):
-        raise wos.DamagedCache("token ids 0..99999 outside the vocabulary 0..511")
-    monkeypatch.setattr(wos, "verify_tokens", always_damaged)
+def test_a_cache_that_stays_damaged_is_refused_in_one_line_naming_the_folder(text_file, tmp_path, monkeypatch):
+    def always_damaged(*args, **kwargs):
+        raise wos.DamagedCache("documents: truncated")
+    monkeypatch.setattr(wos, "read_splits", always_damaged)
     with pytest.raises(wos.TextError) as error:
-        wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
+        splits_of(text_file, tmp_path)
+    folder = wos.corpus_cache(tmp_path / "cache", hashlib.sha256(text_file.read_bytes()).hexdigest())
     assert str(error.value).endswith(f"delete {folder} and run again") and "\n" not in str(error.value)
-
-
-def test_each_tokenizer_has_its_own_cache_folder(text_file, small_tokenizer, tmp_path):
-    other = tokenizer_train.train_bpe(generated_docs(400), vocab_size=576)
-    a, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    b, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), other, 64)
-    key = tokenizer_sha256(small_tokenizer)[:16]
-    assert token_files(a)[0].parent.name == f"tokens-v{wos.TOKEN_CACHE_VERSION}-{key}" and token_files(a, "ids")
-    assert token_files(a)[0].parent != token_files(b)[0].parent
 
 
 @pytest.mark.parametrize("name", ["text-documents.arrow", "cache-*.arrow"])
@@ -326,8 +250,8 @@ def test_with_lab5_data_the_cache_is_the_repositorys_and_a_failed_download_write
 def test_a_corpus_rewritten_with_the_same_size_and_mtime_is_read_afresh(text_file, small_tokenizer, tmp_path):
     """Issue 36.5: `cp -p` or `rsync -t` over the corpus kept datasets' key (path, size, mtime): the old text
     trained while the metrics recorded the new one's sha256. The cache is keyed on the content now."""
-    first = splits_of(text_file, tmp_path)
-    old_blocks, _ = wos.tokenize_blocks(first, small_tokenizer, 64)
+    old_blocks, _ = token_blocks(text_file, corpus_identity(text_file)["sha256"], small_tokenizer, 64,
+                                 cache_dir=tmp_path / "cache")
     before = text_file.stat()
     new = text_file.read_bytes().replace(b"ka", b"zu")  # the same size, another text
     text_file.write_bytes(new)
@@ -335,39 +259,11 @@ def test_a_corpus_rewritten_with_the_same_size_and_mtime_is_read_afresh(text_fil
     again = splits_of(text_file, tmp_path)
     docs = sorted(list(again["train"]["text"]) + list(again["validation"]["text"]))
     assert docs == sorted(line.strip() for line in new.decode().splitlines() if line.strip())
-    blocks, stats = wos.tokenize_blocks(again, small_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and blocks["train"][0] != old_blocks["train"][0]
+    blocks, stats = token_blocks(text_file, corpus_identity(text_file)["sha256"], small_tokenizer, 64,
+                                 cache_dir=tmp_path / "cache")
+    assert not stats["train"]["from_cache"] and not torch.equal(blocks["train"], old_blocks["train"])
     given = splits_of(text_file, tmp_path, sha256=hashlib.sha256(new).hexdigest())  # as gpt_train passes it
     assert given["train"]["text"] == again["train"]["text"]  # the same key as the hash made here
-
-
-def other_valid_ids(path):
-    """Every block's ids rotated by one: the same size, ids inside the vocabulary, another text."""
-    import pyarrow as pa
-    table = pa.ipc.open_stream(pa.BufferReader(path.read_bytes())).read_all()  # in memory: the file is rewritten
-    column = table.schema.get_field_index("input_ids" if "input_ids" in table.column_names else "ids")
-    rotated = pa.array([row[1:] + row[:1] for row in table.column(column).to_pylist()],
-                       type=table.schema.field(column).type)
-    table = table.set_column(column, table.schema.field(column), rotated)
-    stat = path.stat()
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-
-
-@pytest.mark.parametrize("kind", ["blocks", "ids"])
-def test_token_files_rewritten_in_place_with_valid_ids_are_rebuilt(text_file, small_tokenizer, tmp_path, capsys,
-                                                                   kind):
-    """Issue 36.5: the cache was trusted by structure only; now by content too (a manifest of sha256s)."""
-    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    expected = first["train"].to_dict()["input_ids"]
-    for path in token_files(first, kind):
-        other_valid_ids(path)
-    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and again["train"].to_dict()["input_ids"] == expected
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "does not match its manifest" in warnings[0]
-    assert wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)[1]["train"]["from_cache"]
 
 
 def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
@@ -379,17 +275,3 @@ def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
     line = head.count("\n") + 1
     with pytest.raises(wos.TextError, match=rf"X.txt: line {line} is \d+% NUL bytes: UTF-16 or binary, not UTF-8"):
         wos.check_text(path)
-
-
-def test_a_manifest_planted_as_a_link_to_a_device_is_a_rebuild_not_a_hang(text_file, small_tokenizer, tmp_path,
-                                                                          capsys):
-    """A new surface of the manifest: it is read bounded and no-follow (data.files.read_small), so a link to
-    /dev/zero (an endless read) is a damaged cache like any other."""
-    first, _ = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    for manifest in token_files(first)[0].parent.glob("*.manifest.json"):
-        manifest.unlink()
-        manifest.symlink_to("/dev/zero")
-    again, stats = wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 64)
-    assert not stats["train"]["from_cache"] and again["train"].to_dict() == first["train"].to_dict()
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "manifest.json is missing or unreadable" in warnings[0]

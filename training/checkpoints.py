@@ -24,11 +24,11 @@ from pathlib import Path
 from accelerate.utils import broadcast_object_list
 
 from data import files
-from data.files import UserError, file_record, first_changed
+from data.files import UserError, manifest_problem
 from training import runfiles
 
 PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FILE)
-MANIFEST = "manifest.json"  # written last: a checkpoint without a matching one is incomplete or damaged
+MANIFEST = files.MANIFEST  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
 # What a finished run keeps: final/, a transformers model folder (training/final.py writes and reads
@@ -104,7 +104,7 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
     if accelerator.is_main_process:
         with failed_write_explained(tmp, "a checkpoint"):
             files.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
-            files.write_json(tmp / MANIFEST, {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()})
+            files.write_manifest(tmp, sorted(p for p in tmp.iterdir() if p.is_file()))
         if final.exists():  # the same step saved before (a resumed run stopped again at once)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -139,22 +139,6 @@ def resume_advice(out_dir):
     return f"no checkpoint in {out_dir} to resume from: free space there, then run again (it starts over)"
 
 
-def verify_checkpoint(path):
-    """None if every file matches the manifest, else why not."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return "no readable manifest (an interrupted or older checkpoint)"
-    for name, expected in manifest.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != expected["bytes"]:  # said apart: a truncated file is the usual damage
-            return f"{name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}"
-    changed = first_changed(manifest, [path / name for name in manifest])
-    return changed and f"{changed.name} does not match its checksum"
-
-
 def restore(accelerator, ckpt):
     """accelerate's load_state, with what it gets wrong for us: a file that is not a checkpoint (one the
     manifest vouched for: damaged before it was hashed) is named in one line, not an UnpicklingError
@@ -187,21 +171,16 @@ def load_problem(path):
 
 
 def damaged(ckpt, path, error):
-    why = load_reason(error)
+    """One line naming the file, without torch's advice to retry with weights_only=False: that would run
+    whatever code a planted pickle holds."""
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    if "WeightsUnpickler error:" in str(error):  # torch's weights-only refusal: only its own reason, first sentence
+        detail = str(error).split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
+        why = f"not plain tensors and numbers: {detail[0].split('. ')[0][:160]}".rstrip(": ")
+    elif "weights_only" in str(error):
+        why = "not plain tensors and numbers"
     return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
                      f"resume from the checkpoint before it, or pick a new --out-dir")
-
-
-def load_reason(error):
-    """The loader's error in a few words, without torch's advice to retry with weights_only=False: that
-    would run whatever code a planted pickle holds."""
-    text = str(error).strip()
-    if "WeightsUnpickler error:" in text:  # torch's weights-only refusal: only its own reason, first sentence
-        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
-        return f"not plain tensors and numbers: {detail[0].split('. ')[0][:160]}".rstrip(": ")
-    if "weights_only" in text:
-        return "not plain tensors and numbers"
-    return (text.splitlines() or [type(error).__name__])[0][:200]
 
 
 def remove_checkpoints(accelerator, out_dir):
@@ -217,7 +196,7 @@ def latest_checkpoint(out_dir):
     """(the newest checkpoint that verifies, [(name, why skipped) for newer ones that did not])."""
     skipped = []
     for path in sorted(Path(out_dir).glob("ckpt-*[0-9]"), reverse=True):  # complete renames only
-        problem = verify_checkpoint(path)
+        problem = manifest_problem(path)
         if problem is None:
             return path, skipped
         skipped.append((path.name, problem))

@@ -35,13 +35,10 @@ def written_kind(path):
     """Which kind of file the scripts write `path` is ("JSON", "torch.save"), or None (notes, a PDF, a link)."""
     try:
         data = read_small(path, 256 << 20)
-    except (OSError, ValueError):
-        return None
-    if data.startswith(b"PK\x03\x04"):  # torch.save's zip archive
-        return "torch.save"
-    try:
+        if data.startswith(b"PK\x03\x04"):  # torch.save's zip archive
+            return "torch.save"
         return "JSON" if isinstance(json.loads(data), dict) else None
-    except ValueError:
+    except (OSError, ValueError):  # a link, a device, a huge file, not JSON
         return None
 
 
@@ -134,14 +131,12 @@ def new_run_name():
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def run_dir_problem(path, program, what="--out-dir", reuse=True):
+def run_dir_problem(path, program, reuse=True):
     """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse` (an
     unfinished run), marked as `program`'s), else why not. Nothing is written."""
-    path = Path(path)
+    path, what = Path(path), "--out-dir"
     problem = path_problem(path)
-    if problem:
-        return f"{what} {path}: {problem}"
-    if problem := inside_another_run(path, what):
+    if problem := (f"{what} {path}: {problem}" if problem else inside_another_run(path, what)):
         return problem
     if not path.exists() or path.is_dir() and bookkeeping_only(path):
         return None
@@ -169,16 +164,15 @@ def read_owner(path):
         return None
 
 
-def claim_run_dir(path, program, stack, what="--out-dir", reuse=True):
+def claim_run_dir(path, program, stack, reuse=True):
     """Take `path` for a run of `program` until `stack` closes: refused in one OutputError, before anything
     is written, unless run_dir_problem() allows it; then created, probed, locked and marked (OWNER_FILE).
     A start that fails before any work (only BOOKKEEPING left) leaves the folder as it found it."""
     path = Path(path)
-    problem = run_dir_problem(path, program, what, reuse)
-    if problem:
+    if problem := run_dir_problem(path, program, reuse):
         raise OutputError(problem)
     fresh = not path.exists()
-    files.check_output_dir(path, what)
+    files.check_output_dir(path, "--out-dir")
     stack.enter_context(RunLock(path))
     stack.callback(remove_if_unused, path, fresh)  # only once locked: another run's lock file is never touched
     if read_owner(path) != program:
@@ -196,13 +190,13 @@ def remove_if_unused(path, made_here):
                 path.rmdir()
 
 
-def open_run(path, program, stack, what="--out-dir"):
+def open_run(path, program, stack):
     """Claim run folder `path` for `program` (claim_run_dir) unless it holds a finished run (FINISHED);
     returns whether it holds an unfinished attempt of `program`'s, for the caller to resume or set aside."""
     path = Path(path)
-    claim_run_dir(path, program, stack, what, reuse=not os.path.lexists(path / FINISHED))
+    claim_run_dir(path, program, stack, reuse=not os.path.lexists(path / FINISHED))
     if os.path.lexists(path / FINISHED):  # finished between the check and the lock: the other run's last write
-        raise OutputError(f"{what} {path} holds a run of {program} that has just finished (metrics.json); "
+        raise OutputError(f"--out-dir {path} holds a run of {program} that has just finished (metrics.json); "
                           f"give a new folder")
     return any(p.name not in BOOKKEEPING for p in path.iterdir())
 
@@ -212,11 +206,9 @@ def set_aside_earlier_attempt(out_dir, why):
     TensorBoard events, a checkpoint that does not verify) goes into earlier-attempt-<time>/: this run's
     curves and arguments are its own, and TensorBoard shows the old ones as a run of their own."""
     left = [p for p in out_dir.iterdir() if p.name not in BOOKKEEPING and not p.name.startswith("earlier-attempt-")]
-    if not left:
-        return None
-    aside = out_dir / f"earlier-attempt-{new_run_name()}"
-    aside.mkdir()
-    for path in left:
-        os.replace(path, aside / path.name)
-    print(f"note: {out_dir} held an earlier attempt ({why}); its files are kept in {aside.name}/", file=sys.stderr)
-    return aside
+    if left:
+        aside = out_dir / f"earlier-attempt-{new_run_name()}"
+        aside.mkdir()
+        for path in left:
+            os.replace(path, aside / path.name)
+        print(f"note: {out_dir} held an earlier attempt ({why}); its files are kept in {aside.name}/", file=sys.stderr)
