@@ -6,12 +6,10 @@
     sbatch slurm/tokenizer.sh --text ../shared/data/wos-standin/X.txt    # the same under Slurm (CPU only)
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
 
-Trained on the training split only (the validation documents stay unseen), saved as one
-tokenizer.json that `transformers.PreTrainedTokenizerFast(tokenizer_file=...)` loads. Reports
-bytes per token on the validation split (and GPT-2's, where its tokenizer can be loaded), checks
-decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads. The metrics'
-end-to-end time is `process_seconds` (from the process's start as the OS records it), split into `phases`;
-`train_seconds` is the BPE training.
+Trained on the training split only, saved as one tokenizer.json that
+`transformers.PreTrainedTokenizerFast(tokenizer_file=...)` loads. Reports bytes per token on the validation split
+(and GPT-2's, where its tokenizer can be loaded), checks decode(encode(text)) == text, and tokenises the corpus
+into the cache gpt_train.py reads. Metrics: `process_seconds` split into `phases`; `train_seconds` the BPE's.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -30,7 +28,7 @@ from data import wos
 from data.blocks import token_blocks
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
 from training import UserError, device, runfiles
-from training.flags import Parser, number, path_flag, path_or_name_flag, seed_flag
+from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
 
 def train_bpe(docs, vocab_size, min_frequency=2):
@@ -60,9 +58,8 @@ def round_trip_failures(tokenizer, docs):
 
 
 def load_comparison(spec):
-    """GPT-2's tokenizer (or another: a tokenizer.json, a folder, a hub name; data/tokenizer.py) for
-    comparison, before any training. A hub name that cannot be had offline is a note (None), not an
-    error; a path that is not a tokenizer is the user's mistake: one line, before the work."""
+    """--compare's tokenizer (data/tokenizer.py), before any training. A hub name not to be had offline is a note
+    (None); a path that is not a tokenizer is the user's mistake: one line, before the work."""
     if spec == "none":
         return None
     try:
@@ -75,9 +72,8 @@ def load_comparison(spec):
 
 
 def comparison(spec, other, tokenizer, val_docs):
-    """The compared tokenizer's (`other`, None: no comparison) bytes per token on the validation
-    documents, and document by document the own tokenizer's token count over its (a few dozen
-    documents: the spread says how firm the total is)."""
+    """The compared tokenizer's bytes per token on the validation documents, and document by document the own
+    tokenizer's token count over its (the spread says how firm the total is)."""
     result = {"compare": spec, "compare_source": other and other.source, "compare_sha256": other and other.sha256,
               "compare_vocab_size": other and other.vocab_size,
               "gpt2_val_bytes_per_token": bytes_per_token(other.tokenizer, val_docs) if other else None,
@@ -92,12 +88,10 @@ def comparison(spec, other, tokenizer, val_docs):
 
 
 def token_cache(splits, tokenizer, args, text, sha256):
-    """The blocks gpt_train.py --seq-len args.seq_len reads, packed into the cache (data/blocks.py), for the split
-    of --val-fraction and --seed; their counts and speed. It only saves gpt_train.py the work: where it fails (too
-    few tokens for a block, a disk), the saved tokenizer stays and the failure is a warning naming what to change."""
-    # From here on datasets' worker processes are the parallelism; tokenizers would warn about
-    # (and disable) its own threads in each forked worker.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    """The blocks gpt_train.py --seq-len reads, packed into the cache (data/blocks.py); their counts and speed. It
+    only saves gpt_train.py the work: where it fails (too few tokens, a disk), the saved tokenizer stays and the
+    failure is a warning naming what to change."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # datasets' forked workers are the parallelism from here on
     t0 = time.perf_counter()
     try:
         _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction,
@@ -107,19 +101,16 @@ def token_cache(splits, tokenizer, args, text, sha256):
               f"corpus itself)", file=sys.stderr)
         return dict.fromkeys(["tokenize_seconds", "num_train_tokens", "num_val_tokens", "tokenize_from_cache",
                               "tokenize_tokens_per_second"]) | {"token_cache_problem": str(e)}
-    seconds = time.perf_counter() - t0
-    tokens = stats["train"]["tokens"] + stats["validation"]["tokens"]
-    from_cache = stats["train"]["from_cache"]
-    print(f"{'loaded' if from_cache else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
-          f"({tokens / seconds:,.0f} tokens/s{', from the cache' if from_cache else ''})")
-    return {"tokenize_seconds": round(seconds, 3), "num_train_tokens": stats["train"]["tokens"],
-            "num_val_tokens": stats["validation"]["tokens"], "tokenize_from_cache": from_cache,
-            "tokenize_tokens_per_second": round(tokens / seconds)}
+    seconds, (train, val) = time.perf_counter() - t0, (stats["train"], stats["validation"])
+    tokens = train["tokens"] + val["tokens"]
+    print(f"{'loaded' if train['from_cache'] else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
+          f"({tokens / seconds:,.0f} tokens/s{', from the cache' if train['from_cache'] else ''})")
+    return {"tokenize_seconds": round(seconds, 3), "num_train_tokens": train["tokens"], "num_val_tokens": val["tokens"],
+            "tokenize_from_cache": train["from_cache"], "tokenize_tokens_per_second": round(tokens / seconds)}
 
 
 def save_atomic(tokenizer, path):
-    """tokenizer.json as Tokenizer.save writes it, through runfiles.write_atomic: its own temporary name
-    (never a fixed one a link or a folder could take), renamed into place; a full disk is one line."""
+    """tokenizer.json as Tokenizer.save writes it, through a temporary name of its own renamed into place."""
     runfiles.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
 
 
@@ -139,8 +130,6 @@ def parse_args(argv):
                    help="merges seen fewer times are not learned (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER,
                    help="where tokenizer.json goes (default: %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out or --metrics-out file "
-                                                         "(only a JSON object, never any other file)")
     p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
                    help="held-out documents (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0,
@@ -154,7 +143,7 @@ def parse_args(argv):
                    help="tokenizer to compare with: a tokenizer.json, a folder (data/gpt2-tokenizer/), a hub name "
                         "found locally (the HF cache or data/<name>-tokenizer/), or 'none' (default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
-    p.add_argument("--metrics-out", type=path_flag, default=None, help="write the final metrics here as JSON")
+    add_output_flags(p)  # --metrics-out, and --force: also for --out
     return p.parse_args(argv)
 
 
@@ -162,21 +151,19 @@ def main(argv=None):
     phases = lifecycle.phases()
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    # --out is written whole at the end (write_atomic): a Ctrl-C leaves nothing half-made
     with lifecycle.one_line_errors(lambda: f"{args.out} is written only when training ends; run the command again"):
         return run(args, phases)
 
 
 def check_outputs(args):
-    """Before any work: --out and --metrics-out may be written (an existing one replaced only with --force, and
-    only a JSON object: runfiles.check_output's rule), the cache folder too, and no output is one of the inputs
-    (--text, a --compare file or folder)."""
+    """Before any work: the outputs may be written (runfiles.check_output's rule), the cache folder too, and no
+    output is an input (--text, a --compare file or folder)."""
+    outputs = {"--out": args.out, "--metrics-out": args.metrics_out}
     compare = Path(args.compare) if Path(args.compare).exists() else None
-    runfiles.check_outputs_not_inputs({"--out": args.out, "--metrics-out": args.metrics_out},
-                                      {"--text": args.text or wos.default_text(), "--compare": compare})
-    runfiles.check_output(args.out, "--out", args.force)
-    if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+    runfiles.check_outputs_not_inputs(outputs, {"--text": args.text or wos.default_text(), "--compare": compare})
+    for flag, path in outputs.items():
+        if path:
+            runfiles.check_output(path, flag, args.force)
     runfiles.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
@@ -222,7 +209,6 @@ def run(args, phases):
     if args.metrics_out:
         runfiles.write_json(args.metrics_out, metrics)
     return metrics
-
 
 
 if __name__ == "__main__":

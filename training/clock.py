@@ -5,8 +5,7 @@
     Phases              those seconds split into named phases ("startup", "data", "loop", ...): every
                         interval belongs to exactly one phase, so the phases sum to process_seconds()
 
-Every script's metrics carry both: `process_seconds` (end to end) and `phases`; the timed training loop
-keeps its own name (`train_seconds`). Imported before torch: it uses the standard library only.
+Every script's metrics carry both (`process_seconds`, `phases`). The standard library only: imported before torch.
 """
 import contextlib
 import os
@@ -15,9 +14,8 @@ import time
 
 
 def _started():
-    """(a clock, this process's start on it): Linux records the start in clock ticks since boot
-    (/proc/self/stat, field 22), on the clock CLOCK_BOOTTIME reads (10 ms resolution). Elsewhere (a
-    laptop's macOS): the import of this module, which misses the interpreter's start-up."""
+    """(a clock, this process's start on it): Linux records the start in clock ticks since boot (/proc/self/stat,
+    field 22) on CLOCK_BOOTTIME. Elsewhere (macOS): this module's import, which misses the interpreter's start-up."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
@@ -34,16 +32,14 @@ def process_seconds():
 
 
 class Phases:
-    """Named phases of a process, from its start. `switch(name)` ends the current phase and starts `name`;
-    `with phases.of(name):` runs a nested phase (an evaluation inside the loop) and returns to the one it
-    interrupted. Every second goes to exactly one phase: they sum to process_seconds()."""
+    """`switch(name)` ends the current phase and starts `name`; `with phases.of(name):` runs a nested phase (an
+    evaluation inside the loop) and returns to the one it interrupted. `imports`: (start, end) of a script's
+    imports in process_seconds(): "startup" (the interpreter's own) ends at the start, "imports" at the end."""
 
-    def __init__(self, imports=None, current="inputs"):
-        """`imports`: (start, end) of a script's imports in process_seconds(), taken around them at its
-        top: "startup" (the interpreter's own) ends at the start, "imports" at the end."""
+    def __init__(self, imports=None):
         started, done = imports or (0.0, 0.0)
         self.seconds = {"startup": started, "imports": done - started} if imports else {}
-        self.current, self.since = (current, done) if imports else ("startup", 0.0)
+        self.current, self.since = ("inputs", done) if imports else ("startup", 0.0)
 
     def switch(self, name):
         now = process_seconds()
@@ -61,7 +57,7 @@ class Phases:
             self.switch(previous)
 
     def log(self, writer, step):
-        """Where the seconds went so far, into TensorBoard: a scalar per phase and a table (the text tab)."""
+        """Into TensorBoard: a scalar per phase and a table (the text tab)."""
         spent, now = self.record()
         for name, seconds in spent.items():
             writer.add_scalar(f"phases/{name}_seconds", seconds, step)
@@ -69,7 +65,7 @@ class Phases:
                         "".join(f"| {k} | {v:.2f} |\n" for k, v in spent.items()) + f"| process | {now:.2f} |", step)
 
     def stamp(self, metrics):
-        """`metrics` with the process's seconds and where they went, up to now: taken just before the last output."""
+        """`metrics` with the process's seconds and where they went: taken just before the last output."""
         spent, now = self.record()
         return {**metrics, "process_seconds": now, "phases": spent}
 
@@ -80,10 +76,8 @@ class Phases:
 
 
 def exit_quickly(code=0):
-    """Out at once, stdout and stderr flushed, without the interpreter's teardown (torch's objects collected and
-    its modules unloaded: ~0.3-0.7 s of a 2-core VM's process time, for memory the exit frees anyway); `code`
-    as sys.exit takes it (a message: printed, status 1). Only from lifecycle.run(): a test calling main() keeps
-    its Python."""
+    """Out at once, without the interpreter's teardown (torch's objects collected and its modules unloaded: ~0.3-0.7
+    s of a 2-core VM's process time, for memory the exit frees anyway); `code` as sys.exit takes it."""
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1

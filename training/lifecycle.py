@@ -12,8 +12,6 @@
 
     if __name__ == "__main__":
         lifecycle.run(main)                 # leaves without the interpreter's teardown
-
-Every script's metrics carry `process_seconds` (end to end) and `phases` (training/clock.py).
 """
 import contextlib
 import os
@@ -28,11 +26,10 @@ IMPORTS = [None, None]  # (start, end) of the first script's imports, in process
 
 
 def start(name, stops=False):
-    """A script's first line, before its slow imports (torch takes seconds). Run as a program (`name` is
-    "__main__"): with `stops`, Slurm's warning (USR1) or a scancel (TERM) during start-up is remembered for
-    the StopFlag (training/signals.py) instead of killing the job unsaved; without, a Ctrl-C before main()
-    is ready for it is one line and exit 130, nothing written yet, not an import traceback (a background job's
-    ignored SIGINT stays ignored). training.sample, also imported by gpt_train.py, keeps the first start."""
+    """Before the slow imports. Run as a program: with `stops`, USR1/TERM during start-up are remembered for the
+    StopFlag (training/signals.py), not fatal; without, a Ctrl-C before main() is one line and 130, not an import
+    traceback (a background job's ignored SIGINT stays ignored). The first script's start counts (gpt_train.py
+    imports training.sample)."""
     if IMPORTS[0] is None:
         IMPORTS[0] = process_seconds()
     if name != "__main__":
@@ -49,8 +46,7 @@ def _while_starting(signum, frame):
 
 
 def phases():
-    """The process's Phases (training/clock.py): the interpreter's start-up, the imports (up to the first call:
-    main() runs right after them), then "inputs"."""
+    """The process's Phases (training/clock.py): start-up, the imports (up to main()'s first line), "inputs"."""
     if IMPORTS[1] is None:
         IMPORTS[1] = process_seconds()
     return Phases(IMPORTS if IMPORTS[0] is not None else None)
@@ -58,11 +54,9 @@ def phases():
 
 @contextlib.contextmanager
 def one_line_errors(interrupted=None):
-    """Around main()'s work: a UserError (any of the project's, from data/files.py) is `error: ...` on one line
-    and exit 1; a Ctrl-C is "interrupted (Ctrl-C): " + interrupted() (what is kept, what to do) and exit 130
-    (interrupted None: the script handles Ctrl-C itself, as gpt_train's StopFlag does). TensorBoard's writer
-    thread keeps a failed write (a full disk) for the main thread, which stops the run in one line, then
-    re-raises it: threading would print a second, long traceback; here it does not."""
+    """Around main()'s work: a UserError is `error: ...` on one line and exit 1; a Ctrl-C is one line ending in
+    interrupted() (what is kept) and exit 130 (None: gpt_train's StopFlag handles it). TensorBoard's writer
+    thread re-raises the failed write the main thread stops on: not printed a second time, as a traceback."""
     from data.files import UserError
     if signal.getsignal(signal.SIGINT) is _while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, the line below says it
@@ -86,8 +80,6 @@ def one_line_errors(interrupted=None):
 
 
 def run(main, agreed=(0,)):
-    """The `if __name__ == "__main__":` block: main(), then out without the interpreter's teardown (exit_quickly),
-    after a last barrier where several processes end together with a code in `agreed` (training/signals.py's
-    no_teardown_after_collectives says why)."""
+    """main(), then out without the interpreter's teardown (signals.no_teardown_after_collectives says why)."""
     with signals.no_teardown_after_collectives(agreed):
         main()

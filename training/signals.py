@@ -17,25 +17,19 @@ def catch_early():
 
 
 def ignore_stops():
-    """At exit: Python resets its handlers to the default (death) before tearing torch down, which
-    takes a while; a TERM then (Slurm's, seen 0.3 s after USR1) would end a checkpointed run with 143,
-    and gpt.sh requeues only on 3. SIG_IGN is the one setting that survives that reset."""
+    """At exit Python resets its handlers to death before torch's slow teardown; a TERM then (Slurm's, 0.3 s
+    after USR1) would turn a checkpointed run's 3 (gpt.sh requeues on it) into 143. SIG_IGN survives the reset."""
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
 def no_teardown_after_collectives(agreed=(0,)):
-    """Around a script's main(): a process of a multi-process run (torchrun, accelerate launch) leaves
-    without the interpreter's teardown, with main()'s exit code, once every rank is past its last
-    collective. The backend's worker thread can still hold the last reference to a finished
-    collective; when it drops it while Python finalizes, the thread dies taking the GIL and the
-    process aborts ("terminate called without an active exception", exit -6), so torchrun and Slurm
-    call a finished run failed; destroy_process_group does not prevent it (benchmarks/exit_bench.py
-    counts the three ways of ending). One process leaves the same way: the teardown is time on the job's
-    clock for nothing (training/clock.exit_quickly).
-    `agreed`: the exit codes every rank reaches together (0, done; gpt_train adds STOP_EXIT_CODE); they
-    end with a last barrier, so that no rank is gone while another is still in a collective."""
+    """Around a script's main(): leave with main()'s exit code without the interpreter's teardown. In a
+    multi-process run the backend's worker thread can hold the last reference to a finished collective; dropped
+    while Python finalizes, the process aborts (exit -6) and torchrun calls a finished run failed, whatever
+    destroy_process_group does (benchmarks/exit_bench.py). One process: the teardown is time for nothing.
+    `agreed`: the exit codes every rank reaches together (0; gpt_train's STOP_EXIT_CODE), after a last barrier."""
     code = 0
     try:
         yield
@@ -72,14 +66,10 @@ class StopFlag:
 
 
 class StopAgreement:
-    """Whether every process stops after this step (called once per step by all of them).
-
-    One process: its own flag. Several: the flag's all-reduce is enqueued every step and its result
-    copied to pinned host memory behind an event; the next step reads that copy, which waits only for
-    the previous step's GPU work, not for the step the GPU is still running (a read of this step's
-    result would drain the pipeline every step). Every process reads the same value after the same
-    step: the stop comes one step after the signal reached any of them, well within torchrun's 30 s
-    grace. At a sync point of the loop (a log point, a checkpoint) this step's value is read at once."""
+    """Whether every process stops after this step (called once per step by all of them). One process: its own
+    flag. Several: the flag's all-reduce is enqueued every step, copied to pinned memory behind an event, and
+    read the next step, which waits for the previous step's GPU work only (not a drained pipeline every step):
+    all stop one step after the signal reached any. At a sync point (a log, a checkpoint) it is read at once."""
 
     def __init__(self, accelerator, stop):
         self.accelerator, self.stop, self.pending = accelerator, stop, None
