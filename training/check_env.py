@@ -100,8 +100,8 @@ def check_torch_driver_gpu(torch, driver):
 
 
 def check_gelu_ext(torch, act):
-    """The compiled GELU op: a todo only where it will be used (`--act cpp`; the CPU try-out never builds it).
-    nvcc is judged by gelu_ext/setup.py, which finds it and stops a build of another CUDA major than torch's."""
+    """The compiled GELU op: a todo only where it will be used (`--act cpp`; the CPU try-out never builds it). nvcc
+    is gelu_ext/setup.py's to judge."""
     import gelu_ext
     cuda = torch.version.cuda
     build = ((f"module load cuda/{cuda} (nvcc's CUDA major must be torch's), then " if cuda else "")
@@ -146,15 +146,13 @@ def check_data(args, needed):
 
 def run_checks(args):
     """The checks `args.use` needs: the packages first (a torch too old says so there), then torch's own."""
-    needed, checks = USES[args.use], check_python_and_packages()
+    checks = check_python_and_packages()
     try:
         import torch
     except Exception:  # whatever the import raises: the packages line says what
         return checks + [todo("torch", "not importable (see packages): pip install -r requirements.txt")]
-    checks += check_torch_driver_gpu(torch, driver_cuda())
-    if "gelu_ext" in needed:
-        checks.append(check_gelu_ext(torch, args.act))
-    return checks + check_data(args, needed)
+    gelu = [check_gelu_ext(torch, args.act)] if "gelu_ext" in USES[args.use] else []
+    return checks + check_torch_driver_gpu(torch, driver_cuda()) + gelu + check_data(args, USES[args.use])
 
 
 def main(argv=None):

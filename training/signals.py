@@ -1,7 +1,5 @@
-"""Stop signals. gpt_train.py catches USR1/TERM from its first line (lifecycle.start(stops=True), before
-torch's seconds of import), so that Slurm's warning or a scancel during start-up is remembered instead of
-killing the job unsaved; the StopFlag then takes over for the whole run, and at exit USR1/TERM are ignored,
-so that a TERM during the exit itself does not turn its code into 143."""
+"""Stop signals: USR1/TERM (Slurm's warning, a scancel) remembered from gpt_train.py's first line, before torch's
+import (lifecycle.start(stops=True)); the StopFlag for the run, its agreement across ranks; the exit."""
 import atexit
 import contextlib
 import signal
