@@ -25,10 +25,9 @@ SPLITS = ("train", "validation")
 
 
 def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None):
-    """The blocks of `text` (content `sha256`) for `tokenizer`, packed; stats as wos.tokenize_blocks gives
-    them. Read from the packed cache where it verifies; else made from the text (`splits`: already loaded
-    by the caller) and packed, the cache written for the next run (a cache that cannot be written is a
-    warning: the blocks are still here)."""
+    """The blocks of `text` (content `sha256`) for `tokenizer`, packed, and wos.tokenize_blocks' stats: from the
+    cache where it verifies, else made from the text (`splits`: already loaded by the caller) and cached (a
+    cache that cannot be written is a warning: the blocks are still here)."""
     folder = packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed)
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
@@ -39,9 +38,12 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
         splits = wos.load_splits(text, val_fraction, seed, cache_dir, sha256=sha256)
     datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
     blocks = {name: pack(datasets_blocks[name], block_size) for name in SPLITS}
-    try:
-        write_packed(folder, blocks, stats)
-    except files.OutputError as e:
+    try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in SPLITS:
+            files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
+        files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS], stats=stats)
+    except (OSError, files.OutputError) as e:
         print(f"warning: the token cache was not written ({e}); the next run packs again", file=sys.stderr)
     return blocks, stats
 
@@ -68,16 +70,6 @@ def read_packed(folder, block_size, vocab_size):
         blocks[name] = torch.from_numpy(array)
     stats = json.loads(files.read_small(folder / files.MANIFEST, 1 << 20))["stats"]
     return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
-
-
-def write_packed(folder, blocks, stats):
-    """Each split's .npy, then the manifest (size and sha256 of each, the stats) last: a folder whose
-    manifest does not match is never read."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in SPLITS:
-        files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
-    files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS],
-                         stats={name: {k: v for k, v in stats[name].items() if k != "from_cache"} for name in SPLITS})
 
 
 def pack(dataset, block_size=None):

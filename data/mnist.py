@@ -37,13 +37,21 @@ MAX_IDX_BYTES = 64 << 20  # MNIST's largest file holds 47,040,016 bytes; nothing
 
 
 def read_idx(path):
-    """Parse one IDX file (http://yann.lecun.com/exdb/mnist/) into a uint8 tensor, checking every field.
-    The header is read first and the payload bounded by it (and by MAX_IDX_BYTES): a .gz that inflates
-    to gigabytes is refused after reading at most one byte more than its header promises."""
+    """Parse one IDX file (http://yann.lecun.com/exdb/mnist/: magic 0, 0, dtype, ndim; then ndim big-endian
+    uint32 sizes) into a uint8 tensor, checking every field. The payload is bounded by the header (and by
+    MAX_IDX_BYTES): a .gz that inflates to gigabytes is refused after one byte more than its header promises."""
     path = Path(path)
     try:
         with (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")) as f:
-            dims = read_header(f, path)
+            raw = f.read(4)
+            if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+                raise MNISTError(f"{path}: not an IDX file (bad magic number)")
+            if raw[2] != 0x08:  # MNIST is unsigned bytes; other IDX dtypes are valid files but not MNIST
+                raise MNISTError(f"{path}: IDX dtype 0x{raw[2]:02x}, expected 0x08 (unsigned byte)")
+            header = f.read(4 * raw[3])
+            if len(header) < 4 * raw[3]:
+                raise MNISTError(f"{path}: truncated header")
+            dims = struct.unpack(f">{raw[3]}I", header)
             expected = math.prod(dims)
             if expected > MAX_IDX_BYTES:
                 raise MNISTError(f"{path}: its header {dims} says {expected:,} bytes of images or labels, more than "
@@ -59,19 +67,6 @@ def read_idx(path):
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
 
 
-def read_header(f, path):
-    """The dimensions in an IDX header (magic 0, 0, dtype, ndim; then ndim big-endian uint32)."""
-    raw = f.read(4)
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise MNISTError(f"{path}: not an IDX file (bad magic number)")
-    if raw[2] != 0x08:  # MNIST is unsigned bytes; other IDX dtypes are valid files but not MNIST
-        raise MNISTError(f"{path}: IDX dtype 0x{raw[2]:02x}, expected 0x08 (unsigned byte)")
-    dims = f.read(4 * raw[3])
-    if len(dims) < 4 * raw[3]:
-        raise MNISTError(f"{path}: truncated header")
-    return struct.unpack(f">{raw[3]}I", dims)
-
-
 def _lookup(roots, name):
     for root in roots:
         for candidate in (root / name, root / f"{name}.gz"):
@@ -80,24 +75,19 @@ def _lookup(roots, name):
     return None
 
 
-def _download(data_dir):
-    """torchvision's download + md5 check, nothing else; a failure is one warning line (find_mnist then
-    says what to do instead)."""
-    from torchvision.datasets import MNIST as TorchvisionMNIST
-    try:
-        for train in (True, False):
-            TorchvisionMNIST(root=data_dir, train=train, download=True)
-    except Exception as e:  # offline, proxy, full disk
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"warning: MNIST download failed ({type(e).__name__}: {reason})", file=sys.stderr)
-
-
 def find_mnist(data_dir, download):
-    """Paths of the four IDX files under data_dir (or data_dir/MNIST/raw), downloading them if allowed."""
+    """Paths of the four IDX files under data_dir (or data_dir/MNIST/raw), downloading them if allowed
+    (torchvision's download and md5 check; a failure is one warning line, then what to do instead)."""
     roots = [data_dir / "MNIST" / "raw", data_dir]
     names = [name for pair in FILES.values() for name in pair]
     if download and any(_lookup(roots, n) is None for n in names):
-        _download(data_dir)
+        from torchvision.datasets import MNIST as TorchvisionMNIST
+        try:
+            for train in (True, False):
+                TorchvisionMNIST(root=data_dir, train=train, download=True)
+        except Exception as e:  # offline, proxy, full disk
+            reason = (str(e).strip().splitlines() or [""])[0]
+            print(f"warning: MNIST download failed ({type(e).__name__}: {reason})", file=sys.stderr)
     missing = [n for n in names if _lookup(roots, n) is None]
     if missing:
         raise MNISTError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "

@@ -30,7 +30,7 @@ class TokenizerError(UserError):
 
 
 def default_tokenizer():
-    """gpt_train.py's tokenizer: the own one (OWN_TOKENIZER) once tokenizer_train.py has made it, else GPT-2's."""
+    """The own tokenizer once tokenizer_train.py has made it, else GPT-2's."""
     return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
 
 
@@ -47,7 +47,13 @@ class LoadedTokenizer:
 
 def open_tokenizer(spec):
     """`spec`: a tokenizer.json, a folder, or a hub name (see the module docstring)."""
-    tokenizer, source = read_tokenizer(str(spec))
+    spec, path = str(spec), Path(spec).expanduser()
+    if path.is_dir():
+        tokenizer, source = tokenizer_from_folder(path), str(path)
+    elif path.is_file() or looks_like_a_path(spec):
+        tokenizer, source = tokenizer_from_file(path), str(path)
+    else:
+        tokenizer, source = tokenizer_from_hub_name(spec)
     eot = tokenizer.token_to_id(EOT)
     if eot is None:
         raise TokenizerError(f"tokenizer {spec} has no {EOT} token")
@@ -66,16 +72,6 @@ def tokenizer_sha256(tokenizer):
 def looks_like_a_path(spec):
     """A hub name is `name` or `owner/name`; anything else a user typed is meant as a path."""
     return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(".json") or "\\" in spec
-
-
-def read_tokenizer(spec):
-    """(Tokenizer, where it came from) for any of open_tokenizer's forms."""
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return tokenizer_from_folder(path), str(path)
-    if path.is_file() or looks_like_a_path(spec):
-        return tokenizer_from_file(path), str(path)
-    return tokenizer_from_hub_name(spec)
 
 
 def tokenizer_from_file(path):
@@ -110,13 +106,12 @@ def tokenizer_from_folder(path):
 
 
 def repository_copy(name):
-    """Where a hub tokenizer's offline copy in the repository goes: data/<name>-tokenizer/."""
     return LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer"
 
 
 def local_copy(name):
-    """A hub tokenizer's copy on this machine, looked up without the network: the HF cache's tokenizer.json,
-    else repository_copy(name) if it exists; None if neither. TokenizerError if `name` is no hub name."""
+    """A hub tokenizer's copy here, without the network: the HF cache's tokenizer.json, else
+    repository_copy(name) if it exists; None if neither."""
     from huggingface_hub import try_to_load_from_cache
     try:
         cached = try_to_load_from_cache(name, "tokenizer.json")
@@ -130,11 +125,8 @@ def local_copy(name):
 def tokenizer_from_hub_name(name):
     """A hub tokenizer: the HF cache, then data/<name>-tokenizer/, then the hub if it answers; never a hang."""
     from huggingface_hub import constants
-    found = local_copy(name)
-    if found and found.is_file():
-        return tokenizer_from_file(found), str(found)
-    if found:
-        return tokenizer_from_folder(found), str(found)
+    if found := local_copy(name):
+        return (tokenizer_from_file if found.is_file() else tokenizer_from_folder)(found), str(found)
     local = repository_copy(name)
     offline = constants.HF_HUB_OFFLINE
     if offline or not hub_reachable():

@@ -61,23 +61,17 @@ def default_cache():
 # ----------------------------------------------------------------------------- the file
 
 def download_wos(dest):
-    """Fetch WebOfScience.zip and unpack WOS46985/X.txt to dest (where there is internet). The archive goes
-    to a temporary folder: a failed download leaves nothing in the data folder, not even dest's folder."""
+    """Fetch WebOfScience.zip and unpack WOS46985/X.txt to dest (where there is internet). The archive is a
+    temporary file: a failed download leaves nothing in the data folder, not even dest's folder."""
     request = urllib.request.Request(WOS_ZIP_URL, headers={"User-Agent": "Mozilla/5.0"})
     print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
     with tempfile.TemporaryFile() as archive:
         with urllib.request.urlopen(request, timeout=60) as response:
             shutil.copyfileobj(response, archive)
-        files.write_atomic(dest, x_txt(zipfile.ZipFile(archive)))
-
-
-def x_txt(archive):
-    """WOS46985/X.txt's bytes from a zipfile.ZipFile; some versions nest the data set in a second zip."""
-    names = archive.namelist()
-    member = next((n for n in names if n.endswith("WOS46985/X.txt")), None)
-    if member is None:
-        return x_txt(zipfile.ZipFile(archive.open(next(n for n in names if n.endswith(".zip")))))
-    return archive.read(member)
+        z = zipfile.ZipFile(archive)
+        while not (member := next((n for n in z.namelist() if n.endswith("WOS46985/X.txt")), None)):
+            z = zipfile.ZipFile(z.open(next(n for n in z.namelist() if n.endswith(".zip"))))  # a zip in the zip
+        files.write_atomic(dest, z.read(member))
 
 
 def resolve_text(path=None, download=True):
@@ -175,16 +169,15 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
     cache_dir = Path(cache_dir or default_cache())
     files.check_output_dir(cache_dir, "--cache-dir")
     corpus_dir = corpus_cache(cache_dir, sha256 or files.sha256_file(path))
-    try:
-        return read_splits(path, val_fraction, seed, corpus_dir, fresh=False)
-    except DamagedCache as e:
-        print(f"warning: the datasets cache of {path} under {cache_dir} is damaged ({e}); rebuilding it",
-              file=sys.stderr)
-    try:
-        return read_splits(path, val_fraction, seed, corpus_dir, fresh=True)
-    except DamagedCache as e:
-        raise TextError(f"the cache {corpus_dir} is damaged ({e}) and its rebuild too: delete {corpus_dir} and run "
-                        f"again") from None
+    for fresh in (False, True):
+        try:
+            return read_splits(path, val_fraction, seed, corpus_dir, fresh)
+        except DamagedCache as e:
+            if fresh:
+                raise TextError(f"the cache {corpus_dir} is damaged ({e}) and its rebuild too: delete {corpus_dir} "
+                                f"and run again") from None
+            print(f"warning: the datasets cache of {path} under {cache_dir} is damaged ({e}); rebuilding it",
+                  file=sys.stderr)
 
 
 def corpus_cache(cache_dir, sha256):
@@ -235,9 +228,8 @@ def check_blocks_fit(splits, block_size):
                 break
         else:
             raise TextError(f"the {name} split ({len(split):,} document{'s' * (len(split) != 1)}, {room:,} bytes) "
-                            f"cannot fill one block of "
-                            f"{block_size} tokens (--seq-len {block_size - 1} + 1): give a smaller --seq-len, "
-                            f"--seq-len 0 (no token cache), or more text")
+                            f"cannot fill one block of {block_size} tokens (--seq-len {block_size - 1} + 1): give a "
+                            f"smaller --seq-len, --seq-len 0 (no token cache), or more text")
 
 
 class DamagedCache(Exception):
@@ -248,12 +240,21 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
     """(DatasetDict of {"input_ids": block_size token ids}, {split: {docs, tokens, bytes, from_cache}}).
     Documents are joined by <|endoftext|>; as in HF's run_clm, each map batch of 1000 documents drops its last
     partial block (< 0.5% of the tokens). Kept in memory: the one cache of the blocks is data/blocks.py's."""
-    if tokenizer.token_to_id(EOT) is None:
+    if (eot := tokenizer.token_to_id(EOT)) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
     datasets = need_datasets()
     if num_proc is None:  # worker processes pay off only on a large corpus
         num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None
-    tokenize, group = block_makers(tokenizer, block_size)
+
+    def tokenize(batch):  # documents -> ids (+ end of text)
+        ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]
+        return {"ids": ids, "n_tokens": [len(x) - 1 for x in ids],
+                "n_bytes": [len(t.encode("utf-8")) for t in batch["text"]]}
+
+    def group(batch):  # ids -> blocks of block_size
+        ids = list(chain.from_iterable(batch["ids"]))
+        return {"input_ids": [ids[i:i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]}
+
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
     blocks, stats = datasets.DatasetDict(), {}
     for name, split in splits.items():
@@ -268,19 +269,3 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
                        "from_cache": False}
     return blocks, stats
 
-
-def block_makers(tokenizer, block_size):
-    """The two map functions: documents -> ids (+ end of text), and ids -> blocks of block_size."""
-    eot = tokenizer.token_to_id(EOT)
-
-    def tokenize(batch):
-        ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]
-        return {"ids": ids, "n_tokens": [len(x) - 1 for x in ids],
-                "n_bytes": [len(t.encode("utf-8")) for t in batch["text"]]}
-
-    def group(batch):
-        ids = list(chain.from_iterable(batch["ids"]))
-        usable = len(ids) - len(ids) % block_size
-        return {"input_ids": [ids[i:i + block_size] for i in range(0, usable, block_size)]}
-
-    return tokenize, group

@@ -57,12 +57,11 @@ class TrainState:
 
 
 def record_stop_clock(out_dir, step, total_seconds):
-    """The run's process seconds up to the end of a stopped process, its checkpoint written: the checkpoint
-    itself can hold only the time before its own write (seconds per GB at the lab shape). A failure is a
-    warning: the checkpoint is saved, and exit 3 (requeue) must not become 1."""
+    """The run's process seconds up to a stopped process's end (its checkpoint holds only the time before its
+    own write). A failure is a warning: the checkpoint is saved, and exit 3 (requeue) must not become 1."""
     try:
         files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
-    except (OSError, files.UserError) as e:
+    except files.OutputError as e:
         print(f"warning: {e}; the next process counts this one's seconds up to its checkpoint", file=sys.stderr)
 
 
@@ -89,8 +88,8 @@ def load_state(ckpt):
 
 
 def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
-    """accelerate's save_state into ckpt-N.tmp, a manifest (size and sha256 of every file), then an
-    atomic rename: a killed write leaves no ckpt-N, and later damage is found by verify_checkpoint."""
+    """accelerate's save_state into ckpt-N.tmp, a manifest, then an atomic rename: a killed write leaves no
+    ckpt-N, and later damage is found by latest_checkpoint."""
     final = out_dir / f"ckpt-{state.step:07d}"
     tmp = final.with_name(final.name + ".tmp")
     if accelerator.is_main_process and tmp.exists():
@@ -116,10 +115,8 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
 
 @contextlib.contextmanager
 def failed_write_explained(tmp, what, remains=None):
-    """A full or failing disk while `what` is written into `tmp`: the partial folder goes (its space back,
-    nothing half-written left) and the run stops in one line instead of torch's C++ traceback
-    (inline_container.cc, basic_ios::clear), saying what remains: remains() if given, else
-    resume_advice() (the older checkpoints are untouched)."""
+    """A full or failing disk while `what` is written into `tmp`: the partial folder goes and the run stops in
+    one line, not torch's C++ traceback, saying what remains: remains() if given, else resume_advice()."""
     try:
         yield
     except (OSError, RuntimeError, files.OutputError) as e:

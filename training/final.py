@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from data.files import UMASK, UserError, read_small, strict, write_json
+from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
 from training import checkpoints
 from training.checkpoints import FINAL_WEIGHTS, failed_write_explained
 from training.model import GPT, from_transformers, model_config, to_transformers
@@ -31,10 +32,8 @@ SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT
 # ----------------------------------------------------------------------------- writing
 
 def save_final(accelerator, model, out_dir, tokenizer, metrics_kept=False):
-    """After a successful run, outside the timed loop: final/ (FINAL_WEIGHTS, FINAL_CONFIG and the run's
-    `tokenizer`, the main process's: write_final), written to final.tmp and renamed. The optimizer
-    checkpoints (~1.2 GB each at the lab shape: weights + two Adam moments) go after it
-    (checkpoints.remove_checkpoints). metrics_kept: the metrics were written first, which a failure says."""
+    """After a successful run, outside the timed loop: final/ (write_final) written to final.tmp and renamed.
+    metrics_kept: the metrics were written first, which a failure says."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         net = accelerator.unwrap_model(model)
@@ -59,19 +58,16 @@ def final_remains(out_dir, metrics_kept):
 
 
 def config_sha256(config):
-    """The hash of a config's content (not its layout): recorded in model.safetensors beside the weights,
-    so that a later edit of config.json that the shapes cannot reveal (n_head) is found on loading."""
+    """The hash of a config's content, recorded in model.safetensors: an edit of config.json that the shapes
+    cannot reveal (n_head) is found on loading."""
     canonical = json.dumps(json.loads(json.dumps(strict(config), default=str)), sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def write_final(net, tokenizer, folder):
-    """`net` (training.model.GPT) and the run's `tokenizer` as a transformers model folder. The JSON
-    files are written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x
-    cannot open, and this keeps the folder the same under every supported version."""
+    """`net` (training.model.GPT) and the run's `tokenizer` as a transformers model folder; the JSON files
+    written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x cannot open."""
     from safetensors.torch import save_file
-
-    from data.tokenizer import EOT, tokenizer_sha256
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
     # what save_pretrained writes, the shape always spelled out; the hash: training.sample refuses a
     # tokenizer.json that is not the one the model learned
@@ -95,9 +91,9 @@ def write_final(net, tokenizer, folder):
 # ----------------------------------------------------------------------------- reading
 
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run directory: final/ (its own
-    tokenizer; `tokenizer_spec` must be the same one), else an older final/ or the newest checkpoint
-    that verifies (the tokenizer from `tokenizer_spec` or args.json, checked); UserError if unusable."""
+    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run directory: final/ (its own tokenizer;
+    `tokenizer_spec` must be the same), else an older final/ or the newest checkpoint that verifies (the
+    tokenizer from `tokenizer_spec` or args.json, checked)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
@@ -174,14 +170,9 @@ def read_weights(path):
 
 def build_model(cfg, state, path):
     """GPT(cfg) holding `state`, once every name and shape fits and every value is finite."""
-    have = {k: tuple(v.shape) for k, v in state.items()}
-    blocks = len({k.split(".")[1] for k in have if k.startswith("h.")})
-    if blocks != cfg.n_layer or have.get("wte.weight") != (cfg.vocab_size, cfg.n_embd):  # before building it
-        raise UserError(f"{path} does not fit its config ({blocks} blocks, wte {have.get('wte.weight')}; the "
-                        f"config: {cfg.n_layer} blocks, wte {(cfg.vocab_size, cfg.n_embd)})")
     with torch.device("meta"):  # the expected names and shapes, nothing allocated
         model = GPT(cfg)
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have, want = ({k: tuple(v.shape) for k, v in d.items()} for d in (state, model.state_dict()))
     if have != want:
         name = min(set(have) ^ set(want) or {k for k in want if have[k] != want[k]})
         raise UserError(f"{path} does not fit its config ({name}: {have.get(name)}, expected {want.get(name)})")
@@ -202,21 +193,13 @@ def checkpoint_config(ckpt):
         raise UserError(f"{ckpt}: no readable run identity ({type(e).__name__}: {e})") from None
 
 
-def opened(spec, hint=""):
-    from data.tokenizer import TokenizerError, open_tokenizer
-    try:
-        return open_tokenizer(spec)
-    except TokenizerError as e:
-        raise UserError(f"{e}{hint}") from None
-
-
 def own_tokenizer(final, cfg, spec):
     """final/'s tokenizer, the one config.json's hash names; `spec`, if given, must be the same one."""
-    tok = opened(final)
+    tok = open_tokenizer(final)
     if tok.sha256 != cfg.tokenizer_sha256:
         raise UserError(f"{final}/tokenizer.json (sha256 {tok.sha256[:16]}) is not the tokenizer the model "
                         f"learned (config.json records {str(cfg.tokenizer_sha256)[:16]})")
-    other = opened(spec) if spec else tok
+    other = open_tokenizer(spec) if spec else tok
     if other.sha256 != tok.sha256:
         raise UserError(f"--tokenizer {spec} ({other.vocab_size:,} tokens, sha256 {other.sha256[:16]}) is not the "
                         f"run's ({final}/tokenizer.json: {tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}); "
@@ -233,7 +216,10 @@ def named_tokenizer(run_dir, spec, cfg, expect=None):
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(f"{run_dir}: no readable args.json naming the tokenizer; "
                             f"pass it with --tokenizer") from None
-    tok = opened(spec, "; pass the run's tokenizer with --tokenizer")
+    try:
+        tok = open_tokenizer(spec)
+    except TokenizerError as e:
+        raise TokenizerError(f"{e}; pass the run's tokenizer with --tokenizer") from None
     if expect and tok.sha256[:16] != expect:
         raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
                         f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")

@@ -31,17 +31,6 @@ FINISHED = "metrics.json"  # a run folder holding it is a finished run: never wr
 WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}  # what --force may replace
 
 
-def written_kind(path):
-    """Which kind of file the scripts write `path` is ("JSON", "torch.save"), or None (notes, a PDF, a link)."""
-    try:
-        data = read_small(path, 256 << 20)
-        if data.startswith(b"PK\x03\x04"):  # torch.save's zip archive
-            return "torch.save"
-        return "JSON" if isinstance(json.loads(data), dict) else None
-    except (OSError, ValueError):  # a link, a device, a huge file, not JSON
-        return None
-
-
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
     """Fail now, not after the work, if output file `path` cannot or may not be written: a bad path, a run's
     bookkeeping name, inside another run's folder (`own_run`, this run's, is allowed), or an existing file,
@@ -67,7 +56,12 @@ def existing_problem(path, what, force, kind):
     in WRITTEN_KINDS), so that nothing the scripts do not write (a user's notes) is ever replaced."""
     if not os.path.lexists(path):
         return None
-    found = written_kind(path)
+    try:  # which kind of file the scripts write it is, or None (notes, a PDF, a link, a device)
+        data = read_small(path, 256 << 20)
+        found = "torch.save" if data.startswith(b"PK\x03\x04") else "JSON" if isinstance(json.loads(data), dict) \
+            else None
+    except (OSError, ValueError):
+        found = None
     if found is None or kind not in (None, found):
         wanted = WRITTEN_KINDS[kind] if kind else " or ".join(WRITTEN_KINDS.values())
         return (f"{what} {path} exists and is {'a symbolic link' if path.is_symlink() else 'not ' + wanted}, not a "
