@@ -50,6 +50,17 @@ class HFLoss(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
 
+def timed(fn, cuda):
+    """Seconds of fn(), its GPU work included (sync points before and after)."""
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def build(settings, vocab_size, seq_len, recipe):
     """A row's training step, built by training/step.py as gpt_train.py builds its own: the Accelerator
     (precision, GradScaler, TF32), the AdamW with gpt_train's recipe, the model prepared and compiled."""
@@ -62,20 +73,9 @@ def build(settings, vocab_size, seq_len, recipe):
     return cfg, step.build(model, acc, recipe, accelerator)
 
 
-def timed(fn, cuda):
-    """Seconds of fn(), its GPU work included (sync points before and after)."""
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
 def timed_steps(args, run, vocab_size):
     """(seconds of each timed step, the first step's extra seconds, the last loss): warm-up, then timed steps
-    of gpt_train's step (Step.run) on one fixed random batch."""
+    of gpt_train's step (TrainStep.__call__) on one fixed random batch."""
     batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
     batches, losses = itertools.repeat(batch), []
     times = [timed(lambda: run(batches, 1, run.recipe.lr, losses.append), run.accelerator.device.type == "cuda")
@@ -84,21 +84,21 @@ def timed_steps(args, run, vocab_size):
 
 
 def measure(settings, args, device, profile=False):
-    """One row once: tokens/s, step time, FLOPs per token, MFU against the datasheet (GPU), peak memory (GPU),
-    what the step was built with (Step.describe); with `profile`, one more step under torch.profiler."""
+    """One row once: tokens/s, FLOPs per token, MFU against the datasheet (GPU), peak memory (GPU), what the
+    step was built with; with `profile`, one more step under torch.profiler."""
     cuda = device.type == "cuda"
     torch.manual_seed(0)
     torch._dynamo.reset()  # each rung compiles from scratch (inductor's cache may still help)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     cfg, run = build(settings, args.vocab_size, args.seq_len, args.recipe)
-    params = sum(p.numel() for p in run.model.parameters())
+    acc = run.accelerations
     run.train_model.train()
     times, first_extra, loss = timed_steps(args, run, cfg.vocab_size)
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
+    params = sum(p.numel() for p in run.model.parameters())
     fpt = training.device.flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)
-    acc = run.accelerations
     peak = training.device.peak_flops(torch.cuda.get_device_name(device), acc.precision, acc.tf32) if cuda else None
     out = {"tokens_per_second": tps, "ms_per_step": seconds * 1e3, "flops_per_token": fpt,
            "mfu": fpt * tps / peak if peak else None, "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
