@@ -45,18 +45,6 @@ def train_bpe(docs, vocab_size, min_frequency=2):
     return tokenizer
 
 
-def bytes_per_token(tokenizer, docs):
-    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
-    n_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(docs, add_special_tokens=False))
-    return n_bytes / n_tokens
-
-
-def round_trip_failures(tokenizer, docs):
-    encoded = tokenizer.encode_batch(docs, add_special_tokens=False)
-    decoded = tokenizer.decode_batch([e.ids for e in encoded], skip_special_tokens=False)
-    return sum(d != t for d, t in zip(decoded, docs))
-
-
 def load_comparison(spec):
     """--compare's tokenizer (data/tokenizer.py), before any training. A hub name not to be had offline is a note
     (None); a path that is not a tokenizer is the user's mistake: one line, before the work."""
@@ -71,20 +59,27 @@ def load_comparison(spec):
         return None
 
 
-def comparison(spec, other, tokenizer, val_docs):
-    """The compared tokenizer's bytes per token on the validation documents, and document by document the own
-    tokenizer's token count over its (the spread says how firm the total is)."""
-    result = {"compare": spec, "compare_source": other and other.source, "compare_sha256": other and other.sha256,
-              "compare_vocab_size": other and other.vocab_size,
-              "gpt2_val_bytes_per_token": bytes_per_token(other.tokenizer, val_docs) if other else None,
-              "val_docs_own_fewer_tokens": None, "val_token_ratio_per_doc": None}
-    if other:
-        ratios = sorted(len(a.ids) / len(b.ids) for a, b in zip(
-            tokenizer.encode_batch(val_docs, add_special_tokens=False),
-            other.tokenizer.encode_batch(val_docs, add_special_tokens=False)))
-        result["val_docs_own_fewer_tokens"] = sum(r < 1 for r in ratios)
-        result["val_token_ratio_per_doc"] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
-    return result
+def measures(tokenizer, docs, spec="none", other=None):
+    """Bytes per token on the validation documents, and how many do not decode to themselves; with --compare's
+    tokenizer (`other`), its bytes per token and document by document the own tokenizer's token count over its
+    (the spread says how firm the total is)."""
+    own = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
+    decoded = tokenizer.decode_batch(own, skip_special_tokens=False)
+    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    result = {"val_bytes_per_token": n_bytes / sum(map(len, own)),
+              "val_round_trip_failures": sum(d != t for d, t in zip(decoded, docs)), "compare": spec}
+    if not other:
+        return result | dict.fromkeys(["compare_source", "compare_sha256", "compare_vocab_size",
+                                       "gpt2_val_bytes_per_token", "val_docs_own_fewer_tokens",
+                                       "val_token_ratio_per_doc"])
+    theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)]
+    ratios = sorted(len(a) / len(b) for a, b in zip(own, theirs))
+    return result | {"compare_source": other.source, "compare_sha256": other.sha256,
+                     "compare_vocab_size": other.vocab_size,
+                     "gpt2_val_bytes_per_token": n_bytes / sum(map(len, theirs)),
+                     "val_docs_own_fewer_tokens": sum(r < 1 for r in ratios),
+                     "val_token_ratio_per_doc": {"median": statistics.median(ratios), "min": ratios[0],
+                                                 "max": ratios[-1]}}
 
 
 def token_cache(splits, tokenizer, args, text, sha256):
@@ -187,13 +182,11 @@ def run(args, phases):
 
     metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
                "train_seconds": round(train_seconds, 3),
-               "val_bytes_per_token": bytes_per_token(tokenizer, val_docs),
-               "val_round_trip_failures": round_trip_failures(tokenizer, val_docs),
                "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
                "text": str(text), "corpus": corpus, "out": str(args.out),
                "cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
-    metrics.update(comparison(args.compare, other, tokenizer, val_docs))
+    metrics.update(measures(tokenizer, val_docs, args.compare, other))
     phases.switch("final_save")
 
     save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does

@@ -26,14 +26,14 @@ def test_bpe_round_trip_and_load_through_transformers(small_tokenizer, tmp_path)
     for text in ["Kalomi nupe ratoving.", "Ünïcödé — 中文字符, emoji 🚀, tabs\tand  spaces", "  leading space"]:
         ids = tok(text)["input_ids"]
         assert tok.decode(ids) == text
-    assert tokenizer_train.round_trip_failures(small_tokenizer, generated_docs(50, seed=9)) == 0
+    assert tokenizer_train.measures(small_tokenizer, generated_docs(50, seed=9))["val_round_trip_failures"] == 0
 
 
 def test_bytes_per_token_counts_utf8_bytes(small_tokenizer):
     docs = generated_docs(20, seed=3)
     n_tokens = sum(len(small_tokenizer.encode(d).ids) for d in docs)
     expected = sum(len(d.encode()) for d in docs) / n_tokens
-    assert tokenizer_train.bytes_per_token(small_tokenizer, docs) == pytest.approx(expected)
+    assert tokenizer_train.measures(small_tokenizer, docs)["val_bytes_per_token"] == pytest.approx(expected)
     assert expected > 1.5  # BPE merges do compress the generated syllables
 
 
