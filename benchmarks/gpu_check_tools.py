@@ -1,5 +1,5 @@
-"""What benchmarks/gpu_check.sh needs Python for once its steps run, one command a function (standard
-library only; what runs before the first step: gpu_check_prep.py).
+"""What benchmarks/gpu_check.sh needs Python for once its steps run, one command a function (the standard
+library and data/files.py only; what runs before the first step: gpu_check_prep.py).
 
     python benchmarks/gpu_check_tools.py facts WORK GPU NVCC ...           results.json's head: what ran where
     python benchmarks/gpu_check_tools.py record WORK STEP STATUS SECONDS  one step's entry (any bytes)
@@ -18,6 +18,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from data.files import write_json
 
 COMMANDS = "facts record results clock compile_ab gpt_verdict plan summary second_call all_ok"
 
@@ -76,12 +79,13 @@ def results(work, out):
             found[path.stem] = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # a step cut while writing: say so, keep the rest
             found[path.stem] = {"unreadable": str(e)}
-    write(out, {**facts, "steps": steps_of(work), "clocks": read_lines(work / "clocks.jsonl", "run"), "results": found})
+    write_json(out, {**facts, "steps": steps_of(work), "clocks": read_lines(work / "clocks.jsonl", "run"),
+                     "results": found})
 
 
 def facts(work, gpu, nvcc, source, docs, budget, rehearse, argv, python, torch, torch_cuda):
     """WORK/facts.json, results.json's head: what ran where (torch's versions as the shell read them)."""
-    write(Path(work) / "facts.json", {
+    write_json(Path(work) / "facts.json", {
         "gpu": gpu, "rehearsal": rehearse == "1", "budget_seconds": int(budget),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
         "interpreter": python, "command": "bash benchmarks/gpu_check.sh " + from_argv(argv), "torch": torch,
@@ -138,7 +142,7 @@ def compile_ab(work, tokens, gpu):
     median = {cell: {k: med(runs, k) for k in ("process_seconds", "shell_wall_seconds", "compile_seconds")}
               for cell, runs in cells.items()}
     out = {"gpu": gpu, "tokens": tokens, "runs": cells, "median": median, "report_quotes": "process_seconds"}
-    write(work / "results" / f"compile_ab_{gpu}.json", out)
+    write_json(work / "results" / f"compile_ab_{gpu}.json", out)
     print("compile A/B, median process seconds: " + ", ".join(f"{c} {v['process_seconds']} ({len(cells[c])} runs)"
                                                              for c, v in sorted(median.items())))
     return 0
@@ -166,12 +170,9 @@ MARGIN_SECONDS = 30  # the transfers and the warm wait between calls
 
 
 def parse_plan(text):
-    """'step expected cap|...' -> [(step, expected seconds or None for 'beside', estimated?)]."""
-    out = []
-    for item in text.split("|"):
-        step, expected, _ = item.split()
-        out.append((step, int(expected.lstrip("~")), expected.startswith("~")))
-    return out
+    """'step expected cap|...' -> [(step, expected seconds (0: beside the others), estimated?)]."""
+    return [(step, int(expected.lstrip("~")), expected.startswith("~"))
+            for step, expected, _ in (item.split() for item in text.split("|"))]
 
 
 def plan(text, only, budget, reserve=30):
@@ -214,10 +215,10 @@ def second_call(work, text, elapsed, from_arg, rehearsal, out=None):
     remaining minutes (the lease less its start, this call and a margin); the ladder takes the rest."""
     steps = steps_of(work)
     status = {s["step"]: s["status"] for s in steps}
-    again = [s["step"] for s in steps if not settled(s) or (s["step"] == "ladder" and s["status"].startswith("cut"))]
+    again = [s["step"] for s in steps if not settled(s) or s["status"].startswith("cut")]  # a cut ladder too
     for step in list(again):  # what a step needs comes along (the build: unless this call made it)
-        again += [s for s in NEEDS.get(step, "").split() if s not in again and (s, status.get(s)) != ("build", "ok")]
-    again = [s for s in again if (s, status.get(s)) != ("build", "ok")]
+        again += [s for s in NEEDS.get(step, "").split() if s not in again]
+    again = [s for s in again if not (s == "build" and status.get(s) == "ok")]
     if not [s for s in again if s != "report"]:
         print("second call: none needed (every step asked for is done)")
         return 0
@@ -245,12 +246,6 @@ def second_call(work, text, elapsed, from_arg, rehearsal, out=None):
 
 def all_ok(work):
     return 0 if all(settled(s) for s in steps_of(work)) else 1
-
-
-def write(path, obj):
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":  # gpu_check_tools.py COMMAND ARGS: the function of that name, dashes for underscores
