@@ -16,7 +16,6 @@ import json
 import math
 import os
 import platform
-import re
 import struct
 import sys
 import traceback
@@ -29,10 +28,6 @@ from gpu_check_tools import fail, one_line
 COMMANDS = "check_prep missing_wheels requirements imports rehearsal_venv mnist_subset cuda_ready"
 
 
-def normalise(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def installed(name):
     try:
         return metadata.version(name)
@@ -43,7 +38,7 @@ def installed(name):
 def missing_wheels(wheel_dir):
     """The wheels whose distribution is not installed at all: the image's packages are never replaced."""
     for wheel in sorted(Path(wheel_dir).glob("*.whl")):
-        if installed(normalise(wheel.name.split("-")[0])) is None:
+        if installed(wheel.name.split("-")[0]) is None:  # importlib.metadata normalises the name
             print(wheel)
 
 
