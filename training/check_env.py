@@ -18,7 +18,7 @@ from pathlib import Path
 
 from data import data_root, files
 from data.files import UserError
-from training import runfiles
+from training import lifecycle, runfiles
 from training.clock import Phases
 from training.flags import Parser, add_output_flags
 
@@ -171,7 +171,7 @@ def main(argv=None):
                    help="as gpt_train.py --tokenizer (default: %(default)s)")
     add_output_flags(p, "write the checks here as JSON")
     args = p.parse_args(argv)
-    try:
+    with lifecycle.one_line_errors():
         if args.metrics_out:
             runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
         phases.switch("checks")
@@ -183,9 +183,7 @@ def main(argv=None):
         if args.metrics_out:
             files.write_json(args.metrics_out, phases.stamp({"use": args.use, "ready": not missing, "checks": [
                 c._asdict() for c in checks]}))
-    except UserError as e:
-        sys.exit(f"error: {e}")
-    return 1 if missing else 0
+        return 1 if missing else 0
 
 
 if __name__ == "__main__":
