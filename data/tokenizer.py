@@ -85,8 +85,8 @@ def tokenizer_from_file(path):
 
 
 def tokenizer_from_folder(path):
-    """A folder's tokenizer.json, else GPT-2's two files (vocab.json + merges.txt): a byte-level BPE,
-    built here as GPT-2's tokenizer.json describes it, so no tokenizer_config.json is needed."""
+    """A folder's tokenizer.json, else GPT-2's vocab.json + merges.txt: a byte-level BPE built as GPT-2's
+    tokenizer.json describes it."""
     if (path / "tokenizer.json").is_file():
         return tokenizer_from_file(path / "tokenizer.json")
     vocab, merges = path / "vocab.json", path / "merges.txt"
@@ -142,9 +142,8 @@ def tokenizer_from_hub_name(name):
 
 
 def hub_reachable(host="huggingface.co", timeout=3.0):
-    """Whether the HF hub answers within `timeout` s, name lookup included (getaddrinfo has no
-    timeout of its own, so the probe runs in a thread): offline, the hub's client would retry for
-    half a minute or hang on DNS."""
+    """Whether the HF hub answers within `timeout` s, name lookup included (in a thread: getaddrinfo has no
+    timeout of its own): offline, the hub's client would retry for half a minute or hang on DNS."""
     answer = []
 
     def probe():

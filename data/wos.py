@@ -38,8 +38,7 @@ class TextError(files.UserError):
 
 
 def need_datasets():
-    """The `datasets` package, imported only where the corpus is read: the scripts and benchmarks that
-    need no corpus run where it is missing (a bare GPU image)."""
+    """The `datasets` package, imported only where the corpus is read: what needs no corpus runs without it."""
     try:
         import datasets
     except ImportError as e:
@@ -53,8 +52,7 @@ def default_text():
 
 
 def default_cache():
-    """The repository's data/cache, as the docs say, with LAB5_DATA set too: a shared data folder is read,
-    never written."""
+    """The repository's data/cache, with LAB5_DATA set too: a shared data folder is read, never written."""
     return REPO / "data" / "cache"
 
 
@@ -99,11 +97,9 @@ MAX_DOC_BYTES = 1_000_000  # an abstract is ~1-2 KB; a megabyte on one line is n
 
 
 def check_text(path):
-    """Validate X.txt before datasets reads it: not empty, >= 2 usable lines, no line over MAX_DOC_BYTES (one
-    document per line: a file without line breaks would exhaust the memory of BPE training and tokenisation),
-    not UTF-16/32 (a byte-order mark, or a line of NUL bytes: ASCII in UTF-16 is every other byte 0, which would
-    pass as UTF-8 with a few bad lines); invalid UTF-8 is counted in one warning (datasets decodes it with
-    replacement characters). Returns the count of usable lines."""
+    """Validate X.txt before datasets reads it: >= 2 usable lines, none over MAX_DOC_BYTES (a file without line
+    breaks would exhaust the memory of BPE training), not UTF-16/32 (a byte-order mark, or a line of NUL bytes:
+    it would pass as UTF-8 with a few bad lines); invalid UTF-8 lines are counted in one warning."""
     raw = Path(path).read_bytes()
     if not raw.strip():
         raise TextError(f"{path} is empty")
@@ -129,7 +125,6 @@ def check_text(path):
               file=sys.stderr)
     if usable < 2:
         raise TextError(f"{path} has {usable} usable line(s); need at least 2 (one document per line)")
-    return usable
 
 
 WOS46985_DOCUMENTS = 46_985
@@ -161,10 +156,9 @@ def corpus_identity(path):
 # ----------------------------------------------------------------------------- datasets
 
 def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
-    """DatasetDict(train, validation) of {"text"}: one row per document, split by document with datasets'
-    seeded `train_test_split` (the same file and seed, the same parts). Cached in corpus_cache(), one folder per
-    corpus content (`sha256`: pass it, or the file is hashed here): datasets' own key (path, mtime) misses a
-    file rewritten in place (`cp -p`). A damaged cache is rebuilt once, then refused in one line."""
+    """DatasetDict(train, validation) of {"text"}: one row per document, split by datasets' seeded
+    `train_test_split`. Cached in corpus_cache() by content (`sha256`, else hashed here): datasets' own key
+    (path, mtime) misses a file rewritten in place (`cp -p`). A damaged cache is rebuilt once, else refused."""
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
     files.check_output_dir(cache_dir, "--cache-dir")
@@ -218,8 +212,7 @@ def tokens_per_block(seq_len):
 
 def check_blocks_fit(splits, block_size):
     """Before a tokenizer is trained: TextError, naming --seq-len, if a split cannot fill one block of
-    block_size tokens whatever the tokenizer (a byte-level token is at least one byte, plus one
-    <|endoftext|> a document)."""
+    block_size tokens whatever the tokenizer (a token is at least one byte, plus one <|endoftext|> a document)."""
     for name, split in splits.items():
         room = 0
         for text in split["text"]:

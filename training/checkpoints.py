@@ -1,13 +1,11 @@
-"""Never lose a run: the training state, checkpoints that verify, the same-run check on resume,
-and the run directory (checked, locked, never overwritten once finished).
+"""Never lose a run: the training state, checkpoints that verify, the same-run check on resume.
 
     TrainState              what the loop counts; saved as trainer_state.json in every checkpoint
     save_checkpoint         accelerate's save_state into ckpt-N.tmp, a manifest, then a rename
     latest_checkpoint       the newest checkpoint that verifies against its manifest
     run_identity            what a resume must match; check_same_run refuses anything else
     continue_position       a resume with another micro-batch: the data position recounted
-    open_run_dir            outputs checked, folder claimed (new, empty or ours) and locked, the checkpoint found
-                            (none: an earlier attempt's files set aside, never mixed with this run's)
+    open_run_dir            outputs checked, the folder claimed (training/runfiles.py), the checkpoint found
     restore                 accelerate's load_state; a damaged file is named in one line
     record_stop_clock       a stopped process's last word: the run's seconds up to its exit (earlier_seconds reads it)
     remove_checkpoints      after a successful run (final/ kept: training/final.py): the optimizer checkpoints go
@@ -31,9 +29,7 @@ PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FIL
 MANIFEST = files.MANIFEST  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
-# What a finished run keeps: final/, a transformers model folder (training/final.py writes and reads
-# it): GPT2LMHeadModel's weights, one copy of the tied wte/lm_head, its config and the run's tokenizer.
-FINAL_WEIGHTS = "final/model.safetensors"
+FINAL_WEIGHTS = "final/model.safetensors"  # what a finished run keeps: a transformers folder (training/final.py)
 FINAL_CONFIG = "final/config.json"
 
 
@@ -66,8 +62,8 @@ def record_stop_clock(out_dir, step, total_seconds):
 
 
 def earlier_seconds(out_dir, state):
-    """The process seconds of a resumed run's earlier processes: the stopped process's last word where it
-    names the checkpoint resumed from (its step), else the checkpoint's own (before its write)."""
+    """The seconds of a resumed run's earlier processes: the stopped process's last word where it names the
+    checkpoint resumed from, else the checkpoint's own (before its write)."""
     try:
         last = json.loads(files.read_small(out_dir / STOP_CLOCK, 4096))
         seconds = last["process_seconds_total"]
@@ -128,8 +124,7 @@ def failed_write_explained(tmp, what, remains=None):
 
 
 def resume_advice(out_dir):
-    """What a stopped run can do next, from what is on disk: resume from its newest verified checkpoint, or
-    start again (a run that never checkpointed: --ckpt-every 0, or stopped before the first one)."""
+    """What a stopped run can do next, from what is on disk: resume from its newest checkpoint, or start again."""
     ckpt, _ = latest_checkpoint(out_dir)
     if ckpt:
         return f"{ckpt.name} in {out_dir} is intact: free space there, then run the same command to resume from it"
@@ -137,13 +132,10 @@ def resume_advice(out_dir):
 
 
 def restore(accelerator, ckpt):
-    """accelerate's load_state, with what it gets wrong for us: a file that is not a checkpoint (one the
-    manifest vouched for: damaged before it was hashed) is named in one line, not an UnpicklingError
-    traceback; and a damaged random_states_<rank>.pkl, which accelerate skips with a log line nobody
-    sees (the resumed run would silently lose its RNG state), is refused the same way."""
+    """accelerate's load_state, where a file damaged before it was hashed is named in one line, not a pickle
+    traceback; a damaged random_states_<rank>.pkl too, which accelerate skips with a log line nobody sees."""
     rng_file = ckpt / f"random_states_{accelerator.process_index}.pkl"
-    problem = load_problem(rng_file)
-    if problem:
+    if problem := load_problem(rng_file):
         raise damaged(ckpt, rng_file, problem)
     try:
         accelerator.load_state(str(ckpt))
@@ -214,16 +206,15 @@ IDENTITY_FLAGS = {
 
 
 def run_identity(args, tok, corpus_sha256, precision, world):
-    """What a checkpoint's run depends on (IDENTITY_FLAGS; the micro-batch is added once chosen, and
-    not compared): a resume with anything else is refused before any work."""
+    """What a checkpoint's run depends on (IDENTITY_FLAGS; the micro-batch is added once chosen, not compared)."""
     named = {"corpus": corpus_sha256[:16], "tokenizer": tok.sha256[:16], "vocab_size": tok.vocab_size,
              "world_size": world, "precision": precision}
     return {key: named[key] if key in named else getattr(args, key) for key in IDENTITY_FLAGS}
 
 
 def check_same_run(saved, current):
-    """A resume continues the same run: refuse, in one line naming every flag that differs, anything that
-    would change it (a key an older checkpoint did not record is not compared)."""
+    """Refuse a resume that would change the run, in one line naming every flag that differs (a key an older
+    checkpoint did not record is not compared)."""
     differ = [key for key, value in current.items() if key in saved and saved[key] != value]
     if differ:
         raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
@@ -233,10 +224,9 @@ def check_same_run(saved, current):
 
 
 def continue_position(state, saved, micro):
-    """A resume with another micro-batch than the checkpoint's (the same global batch, so the same steps,
-    accumulated differently): the data position, counted in the checkpoint's micro-batches, recounted in
-    micro-batches of `micro`. Checkpoints follow whole steps, so the sequences consumed convert exactly.
-    Returns the micro-batch the run's budget and validation are counted in (its first one)."""
+    """A resume with another micro-batch (the same global batch: the same steps): the data position recounted in
+    micro-batches of `micro`, exactly (checkpoints follow whole steps). Returns the micro-batch the budget and
+    validation are counted in (the run's first)."""
     old = saved.get("micro_batch")
     if old and old != micro:
         state.micro_batches = -(-state.micro_batches * old // micro)  # ceil: exact after a whole step
@@ -244,8 +234,7 @@ def continue_position(state, saved, micro):
 
 
 def run_outputs(out_dir, metrics_out):
-    """{flag: path} of what a run writes, for the check against its inputs (the --out-dir files that
-    are also --metrics-out counted once)."""
+    """{flag: path} of what a run writes, for the check against its inputs (--metrics-out counted once)."""
     outputs = {"--metrics-out": metrics_out, "--out-dir": out_dir}
     for name in ("metrics.json", "args.json", FINAL_WEIGHTS, FINAL_CONFIG):
         if not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
@@ -254,10 +243,8 @@ def run_outputs(out_dir, metrics_out):
 
 
 def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None, force=False):
-    """(out_dir, the checkpoint to resume from or None). Checks the outputs (none may be one of the
-    `inputs`, {flag: path}; --metrics-out replaced only with `force`); opens the folder (runfiles.open_run: new,
-    empty or an unfinished run of this program's, locked until `stack` closes); an unfinished attempt without a
-    checkpoint is set aside. With several processes, the main one's answer."""
+    """(out_dir, the checkpoint to resume from or None): the outputs checked (none one of the `inputs`), the
+    folder opened (runfiles.open_run), an attempt without a checkpoint set aside; the main process's answer."""
     ckpt = None
     if accelerator.is_main_process:
         runfiles.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),

@@ -32,9 +32,8 @@ WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"} 
 
 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
-    """Fail now, not after the work, if output file `path` cannot or may not be written: a bad path, a run's
-    bookkeeping name, inside another run's folder (`own_run`, this run's, is allowed), or an existing file,
-    unless `force` (--force) and it is of `kind`, what this output holds. Its folder is made and probed."""
+    """Fail now, not after the work, if output file `path` may not be written: a bad path, a bookkeeping name,
+    inside another run's folder than `own_run`, or existing (existing_problem). Its folder is made and probed."""
     if isinstance(force, str):  # transitional: a caller not yet moved passes its program's name; without --force
         force = False  # an existing file is refused
     path = Path(path)
@@ -70,9 +69,8 @@ def existing_problem(path, what, force, kind):
 
 
 def check_outputs_not_inputs(outputs, inputs):
-    """Refuse, before any work, an output that would overwrite an input or another output.
-    `outputs`, `inputs`: {flag: path or None}. Paths are compared resolved (symlinks, `..`; hard links
-    of existing files too); an existing file inside an input folder (a tokenizer folder) counts."""
+    """Refuse an output ({flag: path or None}) that would overwrite an input or another output, compared
+    resolved (links, `..`, hard links); an existing file inside an input folder (a tokenizer folder) counts."""
     seen = {flag: (Path(p), Path(p).resolve(), "an input") for flag, p in inputs.items() if p is not None}
     for flag, path in ((f, p) for f, p in outputs.items() if p is not None):
         out = Path(path).resolve()
@@ -126,8 +124,8 @@ def new_run_name():
 
 
 def run_dir_problem(path, program, reuse=True):
-    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse` (an
-    unfinished run), marked as `program`'s), else why not. Nothing is written."""
+    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse`, marked as
+    `program`'s), else why not."""
     path, what = Path(path), "--out-dir"
     problem = path_problem(path)
     if problem := (f"{what} {path}: {problem}" if problem else inside_another_run(path, what)):
@@ -159,9 +157,8 @@ def read_owner(path):
 
 
 def claim_run_dir(path, program, stack, reuse=True):
-    """Take `path` for a run of `program` until `stack` closes: refused in one OutputError, before anything
-    is written, unless run_dir_problem() allows it; then created, probed, locked and marked (OWNER_FILE).
-    A start that fails before any work (only BOOKKEEPING left) leaves the folder as it found it."""
+    """Take `path` for a run of `program` until `stack` closes, if run_dir_problem() allows it: created, probed,
+    locked and marked (OWNER_FILE). A start that fails before any work leaves the folder as it found it."""
     path = Path(path)
     if problem := run_dir_problem(path, program, reuse):
         raise OutputError(problem)
@@ -196,9 +193,8 @@ def open_run(path, program, stack):
 
 
 def set_aside_earlier_attempt(out_dir, why):
-    """What an earlier attempt left in a run folder of ours that this run will not continue (its args.json,
-    TensorBoard events, a checkpoint that does not verify) goes into earlier-attempt-<time>/: this run's
-    curves and arguments are its own, and TensorBoard shows the old ones as a run of their own."""
+    """What an earlier attempt that this run will not continue left (args.json, events, a damaged checkpoint)
+    goes into earlier-attempt-<time>/: this run's curves are its own, TensorBoard shows the old ones apart."""
     left = [p for p in out_dir.iterdir() if p.name not in BOOKKEEPING and not p.name.startswith("earlier-attempt-")]
     if left:
         aside = out_dir / f"earlier-attempt-{new_run_name()}"
