@@ -1,5 +1,5 @@
-"""benchmarks/exit_bench.py: each mode's runs counted and written as strict JSON; bad values refused
-before any run."""
+"""benchmarks/exit_bench.py: each mode's runs counted and written as strict JSON; bad values and an existing
+--metrics-out without --force refused before any run."""
 import json
 
 import pytest
@@ -25,3 +25,7 @@ def test_bad_values_are_one_line_before_any_run(tmp_path):
     result = run_script("benchmarks/exit_bench.py", "--metrics-out", tmp_path / "folder")
     assert result.returncode == 1 and result.stderr.strip().splitlines() == [
         f"error: --metrics-out {tmp_path / 'folder'} is a folder; give a file name"]
+    (tmp_path / "old.json").write_text('{"modes": {}}')  # an earlier result: replaced only with --force
+    result = run_script("benchmarks/exit_bench.py", "--metrics-out", tmp_path / "old.json")
+    assert result.returncode == 1 and "exists; pass --force to replace it" in result.stderr
+    assert (tmp_path / "old.json").read_text() == '{"modes": {}}'
