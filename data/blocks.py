@@ -37,7 +37,7 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
     if splits is None:
         splits = wos.load_splits(text, val_fraction, seed, cache_dir, sha256=sha256)
     datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
-    blocks = {name: pack(datasets_blocks[name], block_size) for name in SPLITS}
+    blocks = {name: pack(datasets_blocks[name]) for name in SPLITS}
     try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read
         folder.mkdir(parents=True, exist_ok=True)
         for name in SPLITS:
@@ -72,13 +72,10 @@ def read_packed(folder, block_size, vocab_size):
     return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
 
 
-def pack(dataset, block_size=None):
-    """A datasets table of "input_ids" blocks as one (blocks, block_size) int32 tensor."""
-    if dataset._indices is not None:  # a selection of rows: its own table first
-        dataset = dataset.flatten_indices()
-    column = dataset.data.table.column("input_ids").combine_chunks()
-    ids = column.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    return torch.from_numpy(ids.reshape(len(dataset), block_size or len(ids) // max(1, len(dataset))).copy())
+def pack(dataset):
+    """tokenize_blocks' table of "input_ids" blocks (in memory, not a selection) as one int32 tensor."""
+    ids = dataset.data.table.column("input_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return torch.from_numpy(ids.astype(np.int32).reshape(len(dataset), -1))
 
 
 class Blocks(Dataset):
@@ -98,15 +95,11 @@ class Blocks(Dataset):
 
 
 def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
-    """A DataLoader over one epoch of the (blocks, block_size) tensor: the permutation of epoch `epoch` is
-    fixed by (seed, epoch).
-
-    A new loader per epoch, instead of a sampler with hidden epoch state, makes the position in the data two
-    integers (epoch, batch): resuming is `skip_first_batches(loader, batch)` on the loader of that epoch,
-    exact past the first epoch too. accelerate's `prepare` shards it. `whole`: the epoch is cut to a multiple
-    of this many sequences (the global batch, so that every process count splits it alike; a different few
-    sequences are left out each epoch).
-    """
+    """A DataLoader over one epoch of the (blocks, block_size) tensor in the order (seed, epoch) fixes. A new
+    loader per epoch, not a sampler with hidden epoch state, makes the position in the data two integers: resuming
+    is `skip_first_batches(loader, batch)`, exact past the first epoch too; accelerate's `prepare` shards it.
+    `whole`: the epoch cut to a multiple of this many sequences (the global batch: every process count splits
+    it alike)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(blocks), generator=g).tolist()
     order = order[:len(order) - len(order) % whole]

@@ -24,8 +24,7 @@ os.umask(UMASK)
 
 
 class UserError(Exception):
-    """What a user can get wrong (flags, data, paths): every script's main() prints it as one line
-    on stderr and exits non-zero, never a traceback. Each concern subclasses it for its own name."""
+    """What a user can get wrong (flags, data, paths): one line on stderr and a non-zero exit, no traceback."""
 
 
 class OutputError(UserError):
@@ -51,9 +50,9 @@ def write_json(path, obj):
 
 
 def write_atomic(path, data):
-    """Write `data` (bytes, or a function writing into a binary file: torch.save) to `path` through a new
-    temporary file beside it and os.replace (a link at `path` is replaced, not written through). A failed
-    write (a full disk) is one OutputError; no temporary file stays and the old file is as it was."""
+    """Write `data` (bytes, or a function writing into a binary file) to `path` through a new temporary file and
+    os.replace (a link at `path` is replaced, not written through). A failed write is one OutputError, the
+    old file as it was."""
     path = Path(path)
     tmp = None
     try:
@@ -71,9 +70,8 @@ def write_atomic(path, data):
 
 
 def read_small(path, limit, follow=False):
-    """The bytes of a small file of the project's own: a plain file, opened no-follow (unless `follow`) and
-    non-blocking, of at most `limit` bytes. A link, a FIFO, a device (/dev/zero) or a huge file planted there
-    is never read whole, nor waited on: OSError (ELOOP...) or ValueError."""
+    """The bytes of a small file of the project's own, opened no-follow (unless `follow`) and non-blocking: a
+    link, a FIFO, a device or a file over `limit` bytes planted there is OSError or ValueError, never read whole."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from data import REPO
 from data.files import UserError
 
-REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
 LOCAL_TOKENIZERS = REPO / "data"  # offline copies of hub tokenizers: data/<name>-tokenizer/ (data/gpt2-tokenizer/)

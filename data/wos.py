@@ -24,10 +24,9 @@ import zipfile
 from itertools import chain
 from pathlib import Path
 
-from data import data_root, files
+from data import REPO, data_root, files
 from data.tokenizer import EOT
 
-REPO = Path(__file__).resolve().parents[1]
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip

@@ -1,6 +1,6 @@
-"""The one way the scripts check a flag: an argparse `type` that states the rule where the flag is
-declared, so a bad value is one line (`error: argument --lr: must be > 0, got -1`) before any work, and the
-rule is read beside the flag's help. Rules that join two flags stay in the script, through Parser.error.
+"""The one way the scripts check a flag: an argparse `type` stating the rule where the flag is declared, so a
+bad value is one line (`error: argument --lr: must be > 0, got -1`) before any work. Rules that join two flags
+stay in the script, through Parser.error.
 
     Parser         every script's ArgumentParser: errors in one line, no abbreviated flags
     number(...)    an int or float in a range (and a multiple of a step);  int_or_auto()  a positive integer or "auto"
@@ -56,8 +56,7 @@ def describe(low, high, low_open, high_open):
 
 
 def path_flag(text):
-    """A path flag's value (argparse type): refused in one line naming the flag if it is empty (it would
-    mean the current folder) or path_problem() finds it unusable."""
+    """A path flag's value: refused if empty (it would mean the current folder) or path_problem() finds it unusable."""
     text = os.fspath(text)  # main(argv) called with Path objects
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path; give a folder or file name (an empty value would mean "
@@ -69,7 +68,6 @@ def path_flag(text):
 
 
 def path_or_name_flag(text):
-    """The same for a flag that takes a path or a name (--tokenizer gpt2): the text itself."""
     path_flag(text)
     return os.fspath(text)  # as typed: "./x.json" must still look like a path, not a hub name
 
@@ -78,7 +76,6 @@ seed_flag = number(int, 0, 2**32, high_open=True)  # the range every generator h
 
 
 def int_or_auto(low=1):
-    """A positive integer or the word auto."""
     as_int = number(int, low)
 
     def parse(text):
