@@ -32,8 +32,8 @@ class OutputError(UserError):
 
 
 def reason(error):
-    """An OSError's reason without its errno prefix ("No space left on device"); any other error as it reads."""
-    return getattr(error, "strerror", None) or error
+    """An OSError's reason without its errno prefix ("No space left on device"), else the error's first line."""
+    return getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def strict(obj):

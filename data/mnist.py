@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from data.files import UserError
+from data.files import UserError, reason
 
 FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -86,8 +86,7 @@ def find_mnist(data_dir, download):
             for train in (True, False):
                 TorchvisionMNIST(root=data_dir, train=train, download=True)
         except Exception as e:  # offline, proxy, full disk
-            reason = (str(e).strip().splitlines() or [""])[0]
-            print(f"warning: MNIST download failed ({type(e).__name__}: {reason})", file=sys.stderr)
+            print(f"warning: MNIST download failed ({type(e).__name__}: {reason(e)})", file=sys.stderr)
     missing = [n for n in names if _lookup(roots, n) is None]
     if missing:
         raise MNISTError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "

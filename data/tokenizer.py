@@ -18,7 +18,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from data import REPO
-from data.files import UserError
+from data.files import UserError, reason
 
 EOT = "<|endoftext|>"
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
@@ -81,7 +81,7 @@ def tokenizer_from_file(path):
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
-        raise TokenizerError(f"tokenizer {path}: not a tokenizer.json ({first_line(e)})") from None
+        raise TokenizerError(f"tokenizer {path}: not a tokenizer.json ({reason(e)})") from None
 
 
 def tokenizer_from_folder(path):
@@ -96,7 +96,7 @@ def tokenizer_from_folder(path):
     try:
         tokenizer = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
     except Exception as e:  # malformed JSON or merges: tokenizers raises plain Exceptions
-        raise TokenizerError(f"tokenizer folder {path}: vocab.json + merges.txt unreadable ({first_line(e)})") from None
+        raise TokenizerError(f"tokenizer folder {path}: vocab.json + merges.txt unreadable ({reason(e)})") from None
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -138,7 +138,7 @@ def tokenizer_from_hub_name(name):
     try:
         return AutoTokenizer.from_pretrained(name).backend_tokenizer, f"hub:{name}"
     except (OSError, ValueError) as e:
-        raise TokenizerError(f"tokenizer {name!r}: {first_line(e)}") from None
+        raise TokenizerError(f"tokenizer {name!r}: {reason(e)}") from None
 
 
 def hub_reachable(host="huggingface.co", timeout=3.0):
@@ -158,6 +158,3 @@ def hub_reachable(host="huggingface.co", timeout=3.0):
     thread.join(timeout)
     return bool(answer)
 
-
-def first_line(error):
-    return (str(error).splitlines() or [type(error).__name__])[0][:200]

@@ -200,7 +200,7 @@ def read_splits(path, val_fraction, seed, cache_dir, fresh):
         if isinstance(e, OSError) and e.errno is not None:
             raise TextError(f"the cache {cache_dir / 'text'}: {e.strerror} ({e.filename or 'documents'})") from None
         # a truncated or garbled file: ArrowInvalid, or pyarrow's OSError without an errno
-        raise DamagedCache(f"documents: {str(e).splitlines()[0][:160]}") from None
+        raise DamagedCache(f"documents: {files.reason(e)}") from None
     return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
 
 

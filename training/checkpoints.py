@@ -162,7 +162,7 @@ def load_problem(path):
 def damaged(ckpt, path, error):
     """One line naming the file, without torch's advice to retry with weights_only=False: that would run
     whatever code a planted pickle holds."""
-    why = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    why = files.reason(error)
     if "WeightsUnpickler error:" in str(error):  # torch's weights-only refusal: only its own reason, first sentence
         detail = str(error).split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
         why = f"not plain tensors and numbers: {detail[0].split('. ')[0][:160]}".rstrip(": ")

@@ -75,8 +75,9 @@ def path_or_name_flag(text):
 seed_flag = number(int, 0, 2**32, high_open=True)  # the range every generator here takes (torch, numpy, datasets)
 
 
-def int_or_auto(low=1):
-    as_int = number(int, low)
+def int_or_auto():
+    """A positive integer or the word auto."""
+    as_int = number(int, 1)
 
     def parse(text):
         return text if text == "auto" else as_int(text)
