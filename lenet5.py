@@ -6,11 +6,9 @@
     sbatch slurm/lenet.sh --act python             # on the cluster (extra flags are forwarded)
     tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
 
-MNIST is read from its IDX files (data/mnist.py, downloaded where missing) into one tensor on the device.
-This file holds the model, the training loop and the command; training/lenet_lightning.py drives the same
-model, data and schedule with PyTorch Lightning (--engine lightning); what both share (logging, the schedule)
-is training/lenet.py. The metrics: `process_seconds` end to end, split into `phases`; `train_seconds` the
-training part of the epochs.
+This file: the model, the training loop, the command. MNIST (data/mnist.py) lives as one tensor on the device;
+--engine lightning (training/lenet_lightning.py) drives the same model, data and schedule; what both engines share
+is training/lenet.py. Metrics: `process_seconds` split into `phases`; `train_seconds` the epochs' training part.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -38,7 +36,7 @@ REPO = Path(__file__).resolve().parent
 # ----------------------------------------------------------------------------- model
 
 def make_gelu(act, device):
-    """The GELU (tanh approximation) implementation chosen by --act."""
+    """The GELU (tanh approximation) of --act."""
     if act == "torch":
         return nn.GELU(approximate="tanh")
     try:
@@ -188,9 +186,8 @@ def run(args, stack, phases):
 # ----------------------------------------------------------------------------- outputs
 
 def check_outputs(args):
-    """Before any training: no output overwrites an input (an MNIST file, or a file beside them), none lands in
-    another run's folder; an existing --metrics-out or --save is replaced only with --force, and only a file of
-    the kind written there (a JSON object, a torch.save archive)."""
+    """Before any training: no output overwrites an input or lands in another run's folder; an existing one is
+    replaced only with --force, and only a file of its kind (a JSON object, a torch.save archive)."""
     runfiles.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
                                       {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
@@ -210,9 +207,9 @@ def open_run_dir(args, stack):
 
 
 def finish(run, failed=None):
-    """The metrics with the clock, then the weights (--save), --metrics-out (often on another disk than the run
-    folder), and last the run folder's metrics.json, which marks the run finished. After `failed` (the run
-    folder's disk), what can be kept elsewhere is, and the line that stops the run says what."""
+    """The metrics with the clock; the weights (--save), --metrics-out (often on another disk), and last the run
+    folder's metrics.json, which marks it finished. After `failed` (the run folder's disk), what can be kept
+    elsewhere is, and the line that stops the run says what."""
     args, kept = run.args, []
     last = run.history[-1] if run.history else {"test_accuracy": None, "test_loss": None}
     metrics = {"test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
