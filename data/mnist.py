@@ -68,11 +68,7 @@ def read_idx(path):
 
 
 def _lookup(roots, name):
-    for root in roots:
-        for candidate in (root / name, root / f"{name}.gz"):
-            if candidate.is_file():
-                return candidate
-    return None
+    return next((f for root in roots for f in (root / name, root / f"{name}.gz") if f.is_file()), None)
 
 
 def find_mnist(data_dir, download):
