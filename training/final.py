@@ -1,14 +1,11 @@
-"""final/: a finished run's weights as a transformers model folder, written once (save_final, after a
-successful run) and read back by everything that uses a run (training.sample, the tests, transformers).
+"""final/: a finished run's weights as a transformers model folder, written once after a successful run and
+read back by everything that uses a run (training.sample, the tests, transformers' pipeline, offline).
 
-    save_final / write_final   GPT2LMHeadModel's weights (model.safetensors), config.json,
-                               generation_config.json and the run's own tokenizer; final.tmp renamed
-    load_run                   final/ (or an older final/, or the newest verified checkpoint of an
-                               unfinished run) -> (model, tokenizer), nothing in it trusted unchecked:
-                               the shape from config.json, the tokenizer against the hash config.json
-                               records, every tensor's name, shape and finiteness before a model is built
-
-`pipeline("text-generation", model="runs/gpt/<run>/final")` opens the folder offline.
+    save_final / write_final   GPT2LMHeadModel's weights (model.safetensors), config.json, generation_config.json
+                               and the run's own tokenizer; final.tmp renamed
+    load_run                   final/ (or an older final/, or an unfinished run's newest verified checkpoint) ->
+                               (model, tokenizer), nothing trusted unchecked: config.json against the hash the
+                               weights record, the tokenizer against config.json's, every tensor's name and shape
 """
 import hashlib
 import json
@@ -153,8 +150,7 @@ def check_config_unchanged(final, cfg):
 
 
 def read_weights(path):
-    """{name: tensor} of a safetensors or torch.save file; a damaged one is one line (never pickle's
-    advice to load it unsafely)."""
+    """{name: tensor} of a safetensors or torch.save file; a damaged one is one line (not pickle's advice)."""
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -208,8 +204,8 @@ def own_tokenizer(final, cfg, spec):
 
 
 def named_tokenizer(run_dir, spec, cfg, expect=None):
-    """The tokenizer --tokenizer or args.json names (weights kept without one), checked against the
-    model: its size and end-of-text id, and its hash where the checkpoint recorded one (`expect`)."""
+    """The tokenizer --tokenizer or args.json names, checked against the model (its size, end-of-text id, and
+    the hash the checkpoint recorded, `expect`)."""
     if not spec:
         try:  # the path as typed when the run started (relative to where it started)
             spec = json.loads(read_small(run_dir / "args.json", 1 << 20, follow=True))["tokenizer"]
