@@ -188,8 +188,8 @@ def run(args, stack, phases):
 def check_outputs(args):
     """Before any training: no output overwrites an input or lands in another run's folder; an existing one is
     replaced only with --force, and only a file of its kind (a JSON object, a torch.save archive)."""
-    runfiles.check_outputs_not_inputs({"--metrics-out": args.metrics_out, "--save": args.save},
-                                      {"--data-dir": args.data_dir})
+    runfiles.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
+                                       "--save": args.save}, {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
         if path:
             runfiles.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)

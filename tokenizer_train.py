@@ -146,7 +146,9 @@ def main(argv=None):
     phases = lifecycle.phases()
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    with lifecycle.one_line_errors(lambda: f"{args.out} is written only when training ends; run the command again"):
+    with lifecycle.one_line_errors(lambda: f"{args.out} is saved, the token cache unfinished (gpt_train.py makes it)"
+                                   if getattr(args, "saved", False) else
+                                   f"{args.out} is written only when training ends; run the command again"):
         return run(args, phases)
 
 
@@ -155,7 +157,8 @@ def check_outputs(args):
     output is an input (--text, a --compare file or folder)."""
     outputs = {"--out": args.out, "--metrics-out": args.metrics_out}
     compare = Path(args.compare) if Path(args.compare).exists() else None
-    runfiles.check_outputs_not_inputs(outputs, {"--text": args.text or wos.default_text(), "--compare": compare})
+    runfiles.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
+                                      {"--text": args.text or wos.default_text(), "--compare": compare})
     for flag, path in outputs.items():
         if path:
             runfiles.check_output(path, flag, args.force)
@@ -190,6 +193,7 @@ def run(args, phases):
     phases.switch("final_save")
 
     save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does
+    args.saved = True
     print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
     print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
           + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")

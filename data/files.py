@@ -63,7 +63,7 @@ def write_atomic(path, data):
                 os.fchmod(fd, 0o666 & ~UMASK)  # as open() would make it, not mkstemp's owner-only 0600
             data(f) if callable(data) else f.write(data)
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save's writer reports a full disk as a RuntimeError
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {reason(e)}") from None
@@ -110,9 +110,10 @@ OWNER_FILE = "run.owner"  # in a run folder: names the program whose run it is (
 
 
 def inside_another_run(path, what, own_run=None):
-    """Why `path` may not be written: a folder above it holds a run (OWNER_FILE) and is not `own_run`; else None."""
-    run = next((f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
-    if run and not (own_run and os.path.abspath(run) == os.path.abspath(own_run)):
+    """Why `path` may not be written: a folder above it holds a run (OWNER_FILE) and is not `own_run`; else None.
+    Compared as the file system resolves them: a link or `..` does not lead a path into a run unseen."""
+    run = next((f for f in Path(os.path.realpath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
+    if run and not (own_run and os.path.realpath(run) == os.path.realpath(own_run)):
         return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
                 f"run's only record; give a path outside it (nothing was written)")
     return None

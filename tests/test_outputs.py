@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -307,3 +308,46 @@ def test_a_damaged_checkpoint_file_is_named_without_torchs_advice_to_load_it_uns
         message = str(checkpoints.damaged(garbage.parent, garbage, checkpoints.load_problem(garbage)))
     assert message.startswith(f"checkpoint file {garbage} is damaged (UnpicklingError: not plain tensors and numbers")
     assert "weights_only" not in message and "\n" not in message and f"delete {garbage.parent}" in message
+
+
+# ------------------------------------------------------------------ hostile round 8 (the --force rule's first days)
+
+def test_force_replaces_a_torch_archive_never_any_other_zip(tiny_mnist, tmp_path):
+    """A .docx starts with the same zip magic as torch.save's archive: --save --force replaces only torch's own."""
+    thesis = tmp_path / "thesis.docx"
+    with zipfile.ZipFile(thesis, "w") as z:
+        z.writestr("word/document.xml", "<w:document>my thesis</w:document>")
+    before = thesis.read_bytes()
+    with pytest.raises(SystemExit, match="not a torch.save archive"):
+        lenet5.main(lenet_args(tiny_mnist, tmp_path / "run", "--save", thesis, "--force"))
+    assert thesis.read_bytes() == before and not (tmp_path / "run").exists()
+    weights = tmp_path / "w.pt"
+    torch.save({"w": torch.ones(1)}, weights)
+    runfiles.check_output(weights, "--save", force=True, kind="torch.save")  # its own kind: replaceable
+
+
+def test_a_link_or_dotdot_never_leads_an_output_into_another_run(tmp_path, gpt_run):
+    (tmp_path / "deep").symlink_to(gpt_run / "final")
+    for path in (tmp_path / "deep" / "x.json", tmp_path / "deep" / ".." / "y.json"):
+        with pytest.raises(runfiles.OutputError, match="the folder of another run"):
+            runfiles.check_output(path, "--metrics-out")
+    assert sorted(p.name for p in gpt_run.iterdir()) == ["final", "metrics.json", "run.owner"]
+
+
+def test_an_output_named_like_the_runs_own_folder_or_final_is_refused_before_any_work(tiny_mnist, corpus, tmp_path):
+    with pytest.raises(SystemExit, match="--metrics-out .* would overwrite --out-dir"):
+        lenet5.main(lenet_args(tiny_mnist, tmp_path / "l", "--metrics-out", tmp_path / "l"))
+    with pytest.raises(SystemExit, match="--metrics-out .* would overwrite --out-dir's final "):
+        gpt_train.main(tiny_args(corpus, tmp_path / "g", "--metrics-out", str(tmp_path / "g" / "final")))
+    assert not (tmp_path / "l").exists() and not (tmp_path / "g").exists()
+
+
+def test_a_full_disk_under_save_is_one_line_and_leaves_no_part_file(tmp_path, monkeypatch):
+    """torch.save's writer says a full disk as a RuntimeError, not an OSError."""
+    def full(obj, f):
+        f.write(b"PK\x03\x04partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 12160 vs 12112")
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(files.OutputError, match="cannot write .*w.pt: .enforce fail"):
+        files.write_atomic(tmp_path / "w.pt", lambda f: torch.save({}, f))
+    assert list(tmp_path.iterdir()) == []

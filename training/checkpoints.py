@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
+from safetensors import SafetensorError
 
 from data import files
 from data.files import UserError, manifest_problem
@@ -115,7 +116,7 @@ def failed_write_explained(tmp, what, remains=None):
     one line, not torch's C++ traceback, saying what remains: remains() if given, else resume_advice()."""
     try:
         yield
-    except (OSError, RuntimeError, files.OutputError) as e:
+    except (OSError, RuntimeError, files.OutputError, SafetensorError) as e:  # safetensors: a full disk too
         shutil.rmtree(tmp, ignore_errors=True)
         lines = str(e).strip().splitlines() or [type(e).__name__]
         reason = getattr(e, "strerror", None) or lines[-1][:200]
@@ -234,12 +235,13 @@ def continue_position(state, saved, micro):
 
 
 def run_outputs(out_dir, metrics_out):
-    """{flag: path} of what a run writes, for the check against its inputs (--metrics-out counted once)."""
-    outputs = {"--metrics-out": metrics_out, "--out-dir": out_dir}
-    for name in ("metrics.json", "args.json", FINAL_WEIGHTS, FINAL_CONFIG):
-        if not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
+    """{flag: path} of what a run writes, for the check against its inputs and each other (--metrics-out may be
+    the run's own metrics.json: counted once)."""
+    outputs = {"--out-dir": out_dir}
+    for name in ("metrics.json", "args.json", "final", "final.tmp", FINAL_WEIGHTS, FINAL_CONFIG):
+        if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
             outputs[f"--out-dir's {name}"] = out_dir / name
-    return outputs
+    return {**outputs, "--metrics-out": metrics_out}  # last: the one a clash names first
 
 
 def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None, force=False):

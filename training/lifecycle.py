@@ -27,7 +27,7 @@ IMPORTS = [None, None]  # (start, end) of the first script's imports, in process
 
 def start(name, stops=False):
     """Before the slow imports. Run as a program: with `stops`, USR1/TERM during start-up are remembered for the
-    StopFlag (training/signals.py), not fatal; without, a Ctrl-C before main() is one line and 130, not an import
+    StopFlag (training/signals.py), not fatal; a Ctrl-C before main() is one line and 130, not an import
     traceback (a background job's ignored SIGINT stays ignored). The first script's start counts (gpt_train.py
     imports training.sample)."""
     if IMPORTS[0] is None:
@@ -36,7 +36,7 @@ def start(name, stops=False):
         return
     if stops:
         signals.catch_early()
-    elif signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _while_starting)
 
 

@@ -10,12 +10,14 @@
 """
 import contextlib
 import fcntl
+import io
 import json
 import os
 import secrets
 import stat
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from data import files
@@ -57,8 +59,7 @@ def existing_problem(path, what, force, kind):
         return None
     try:  # which kind of file the scripts write it is, or None (notes, a PDF, a link, a device)
         data = read_small(path, 256 << 20)
-        found = "torch.save" if data.startswith(b"PK\x03\x04") else "JSON" if isinstance(json.loads(data), dict) \
-            else None
+        found = "torch.save" if torch_archive(data) else "JSON" if isinstance(json.loads(data), dict) else None
     except (OSError, ValueError):
         found = None
     if found is None or kind not in (None, found):
@@ -66,6 +67,14 @@ def existing_problem(path, what, force, kind):
         return (f"{what} {path} exists and is {'a symbolic link' if path.is_symlink() else 'not ' + wanted}, not a "
                 f"file this program writes; give a new file name, or move it away first (it was left as it is)")
     return None if force else f"{what} {path} exists; pass --force to replace it, or give a new file name"
+
+
+def torch_archive(data):
+    """Whether `data` is torch.save's zip (a <name>/data.pkl inside), not any zip (a .docx, an .xlsx)."""
+    try:
+        return any(n.endswith("/data.pkl") for n in zipfile.ZipFile(io.BytesIO(data)).namelist())
+    except (zipfile.BadZipFile, ValueError):
+        return False
 
 
 def check_outputs_not_inputs(outputs, inputs):
