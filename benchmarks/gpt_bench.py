@@ -249,7 +249,6 @@ def run_ladder(args, argv, device, chosen, fit, groups):
                   "flops_per_second_range": {k: [min(v), max(v)] for k, v in rates.items()}}
         out = common.write(args, {**head, "load_average_now": os.getloadavg()[0], "matmul": matmul,
                                   "rungs": summarise(chosen, runs, fits)})
-    print_table(out["rungs"])
     return out
 
 
@@ -307,18 +306,6 @@ def summarise_row(name, settings, good):
     if "peak_memory_GiB" in first:
         row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
     return row
-
-
-def print_table(rows):
-    for row in rows:
-        if "error" in row:
-            print(f"   {row['name']:60s} {row['error']}")
-            continue
-        lo, hi = row["tokens_per_second_range"]
-        mfu, matmul = (f"{row[k]:6.1%}" if row[k] else "     -" for k in ("mfu", "fraction_of_matmul_rate"))
-        noise = "  (within noise of the rung above)" if row.get("within_noise_of_previous") else ""
-        print(f"   {row['name']:60s} {row['tokens_per_second']:9,.0f} tok/s [{lo:,.0f}-{hi:,.0f}] MFU {mfu} "
-              f"of matmul {matmul} x{row['speedup']:.2f}{noise}", flush=True)
 
 
 if __name__ == "__main__":

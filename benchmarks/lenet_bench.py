@@ -144,21 +144,6 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def report(result, device_name):
-    lines = [f"\n{device_name}, {result['repeats']} interleaved repeats (one per seed)"]
-    for r in result["per_seed"]:
-        lines.append("  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()
-                                      if not isinstance(v, list)))
-    if result["mode"] == "recipe":
-        lines.append(f"  default ({result['default_epochs']} epochs) median {result['default_train_seconds']:.2f} s = "
-                     f"{result['ratio_to_one_baseline_epoch']:.2f} x one original epoch; lowest accuracy "
-                     f"{result['default_accuracy']:.2%}")
-    else:
-        c = result["cpp_to_torch"]
-        lines.append(f"  cpp / torch: median {c['median']:.3f} [{c['range'][0]:.3f}-{c['range'][1]:.3f}]")
-    print("\n".join(lines))
-
-
 def main(argv=None):
     args = parse_args(argv)
     common.check_metrics_out(args)
@@ -176,7 +161,12 @@ def main(argv=None):
     device_name = lenet5.device_name(device)
     result |= {"device_name": device_name, "cpu_model": cpu_name(), **common.run_facts(__file__, argv),
                "load_average_1min_start_end": [load_start, os.getloadavg()[0]]}
-    report(result, device_name)
+    c = result.get("cpp_to_torch") or {}
+    print(f"\n{device_name}, {result['repeats']} interleaved repeats (one per seed): " + (
+        f"cpp / torch median {c['median']:.3f} [{c['range'][0]:.3f}-{c['range'][1]:.3f}]" if args.act_pair else
+        f"default ({result['default_epochs']} epochs) median {result['default_train_seconds']:.2f} s = "
+        f"{result['ratio_to_one_baseline_epoch']:.2f} x one original epoch; lowest accuracy "
+        f"{result['default_accuracy']:.2%}"))
     return common.write(args, result)
 
 
