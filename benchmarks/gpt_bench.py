@@ -115,11 +115,6 @@ def measure(settings, args, device, profile=False):
     return out
 
 
-def free_memory():
-    gc.collect()
-    torch.cuda.empty_cache()  # nothing to do without CUDA
-
-
 def try_measure(settings, args, device, profile=False):
     """measure(), or {"error": why} for a row that runs out of memory or fails: the other rows go on."""
     try:
@@ -132,7 +127,8 @@ def try_measure(settings, args, device, profile=False):
         if settings.get("sdpa_backend") and any(w in text for w in unavailable):
             out["error"] = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
         torch._dynamo.reset()
-    free_memory()  # after the except: its traceback held the failed row's tensors
+    gc.collect()  # after the except: its traceback held the failed row's tensors
+    torch.cuda.empty_cache()  # nothing to do without CUDA
     return out
 
 
@@ -264,7 +260,8 @@ def largest_micro_batch(settings, args, device):
     except UserError as e:
         return str(e)
     finally:
-        free_memory()
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def summarise(chosen, runs, fits):

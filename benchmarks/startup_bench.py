@@ -63,7 +63,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         tmp = Path(tmp)
         try:
-            versions = {"baseline": checkout(args.baseline, tmp / "baseline"), "current": REPO}
+            done = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tmp / "baseline"),
+                                   args.baseline], capture_output=True, text=True)  # its own data/cache: none shared
+            if done.returncode:
+                sys.exit(f"error: --baseline {args.baseline}: {done.stderr.strip().splitlines()[-1]}")
+            versions = {"baseline": tmp / "baseline", "current": REPO}
             return measure_all(args, argv, cases, versions, tmp)
         except KeyboardInterrupt:  # the runs so far are not a measurement: nothing is written
             print("\ninterrupted (Ctrl-C): nothing written; the baseline's checkout is removed", file=sys.stderr)
@@ -71,15 +75,6 @@ def main(argv=None):
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp / "baseline")],
                            capture_output=True)
-
-
-def checkout(ref, where):
-    """The baseline's tree, in a temporary git worktree (its own data/cache: nothing of today's is shared)."""
-    done = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), ref],
-                          capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"error: --baseline {ref}: {done.stderr.strip().splitlines()[-1]}")
-    return where
 
 
 def command(case, tree, args, cache, out):
