@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import common
 import gelu_ext
 import training.device
+from training.flags import number
 
 
 class SeedGELU(torch.autograd.Function):
@@ -169,25 +170,20 @@ def parse_args(argv):
                    help="(default: %(default)s)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
                    help="(default: %(default)s)")
-    p.add_argument("--log2", type=int, nargs="+", default=None,
+    p.add_argument("--log2", type=number(int, 0, 32), nargs="+", default=None,
                    help="sizes as powers of two (default: 10 13 16 20 24 on CPU, LeNet-5's activations among "
                         "them; 16 18 ... 28 on GPU, where only the largest are bandwidth-bound)")
-    p.add_argument("--repeats", type=int, default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
-    p.add_argument("--calls", type=int, default=0,
+    p.add_argument("--repeats", type=number(int, 0), default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
+    p.add_argument("--calls", type=number(int, 0), default=0,
                    help="calls per sample (default: by size, from 1000 at 2^10 down to 1 on CPU, "
                         "100 down to 10 on GPU)")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=number(int, 0), default=0,
                    help="CPU threads for torch and the op (default: torch's own choice, one per core)")
     p.add_argument("--kernel-times", action="store_true",
                    help="on a GPU, also profile the kernels of ATen and the op at the largest size")
     p.add_argument("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"],
                    help="implementations to leave out (ATen, the baseline, stays)")
-    args = p.parse_args(argv)
-    if args.log2 and not all(0 <= k <= 32 for k in args.log2):
-        p.error("--log2: sizes from 2^0 to 2^32")
-    if args.repeats < 0 or args.calls < 0 or args.threads < 0:
-        p.error("--repeats, --calls and --threads must be positive")
-    return args
+    return p.parse_args(argv)
 
 
 def measure_all(args, impls, device, dtype, repeats):

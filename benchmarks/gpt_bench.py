@@ -31,6 +31,7 @@ import training.device
 from data.files import UserError
 from ladder_rows import accelerations, default_step, ladder, unmeasured_first
 from training import step
+from training.flags import number
 from training.model import GPT, model_config
 from training.profile import profiled
 
@@ -164,13 +165,14 @@ def matmul_rate(kind, m, device, k=768, n=3072):
 def build_parser():
     p = common.parser(__doc__, "write the results here as JSON (after every row)")
     cuda = torch.cuda.is_available()
-    add = p.add_argument
-    add("--micro-batch", type=int, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, 2 on CPU)")
-    add("--seq-len", type=int, default=1024, help="(default: %(default)s)")
-    add("--vocab-size", type=int, default=16384, help="own tokenizer's (default: %(default)s)")
-    add("--warmup", type=int, default=3 if cuda else 2, help="untimed steps, compilation included "
+    add, positive = p.add_argument, number(int, 0, low_open=True)
+    add("--micro-batch", type=positive, default=16 if cuda else 2,
+        help="sequences per step (default: 16 on GPU, 2 on CPU)")
+    add("--seq-len", type=positive, default=1024, help="(default: %(default)s)")
+    add("--vocab-size", type=positive, default=16384, help="own tokenizer's (default: %(default)s)")
+    add("--warmup", type=number(int, 0), default=3 if cuda else 2, help="untimed steps, compilation included "
                                                              "(default: 3 on GPU, 2 on CPU)")
-    add("--steps", type=int, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
+    add("--steps", type=positive, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
     add("--only", type=str, default=None, help="comma-separated row numbers to run (1 = naive)")
     add("--with-compile", action="store_true", help="add the compile rungs where auto leaves them out (CPU)")
     add("--fit-max", type=int, default=128, help="GPU: the largest micro-batch tried for the default row and "
@@ -181,15 +183,13 @@ def build_parser():
     add("--tokenizer", default=None, help="--compile-cost: tokenizer.json (default: gpt_train.py's)")
     add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: what the GPU results "
         "lack first, group by group (repeats interleaved within a group), for a run that may be cut")
-    add("--repeats", type=int, default=3, help="interleaved repeats of every row (default: %(default)s)")
+    add("--repeats", type=positive, default=3, help="interleaved repeats of every row (default: %(default)s)")
     return p
 
 
 def main(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
-    if min(args.micro_batch, args.seq_len, args.vocab_size, args.steps, args.repeats) <= 0 or args.warmup < 0:
-        p.error("sizes, --steps and --repeats must be > 0, --warmup >= 0")
     cuda = torch.cuda.is_available()
     common.check_metrics_out(args)
     if args.compile_cost:

@@ -34,6 +34,7 @@ from data import data_root
 from data.files import UserError
 from data.mnist import find_mnist
 from training.device import cpu_name
+from training.flags import number, seed_flag
 
 RECIPE = ("epochs", "batch_size", "lr", "steps")  # what lenet5.py's metrics say of the recipe it ran
 
@@ -137,8 +138,8 @@ def parse_args(argv):
     p.add_argument("--data-dir", type=Path, default=data_root(),
                    help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one interleaved repeat per seed")
-    p.add_argument("--baseline-epochs", type=int, default=1, help="epochs of the original recipe per seed")
+    p.add_argument("--seeds", type=seed_flag, nargs="+", default=[0, 1, 2], help="one interleaved repeat per seed")
+    p.add_argument("--baseline-epochs", type=number(int, 1), default=1, help="epochs of the original recipe per seed")
     p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
     p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
     return p.parse_args(argv)
@@ -148,8 +149,6 @@ def main(argv=None):
     args = parse_args(argv)
     common.check_metrics_out(args)
     try:  # everything a user can get wrong, before any training: one line, not a traceback half-way
-        if args.baseline_epochs < 1 or any(seed < 0 for seed in args.seeds):
-            raise UserError("--baseline-epochs must be >= 1 and --seeds >= 0")
         device = lenet5.pick_device(args.device)
         find_mnist(args.data_dir, download=False)
         if args.act_pair:
