@@ -24,10 +24,11 @@ from pathlib import Path
 import tokenizers
 import torch
 
-from data import wos
+from data import files, wos
 from data.blocks import token_blocks
+from data.files import UserError
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
-from training import UserError, device, runfiles
+from training import device, runfiles
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
 
@@ -106,7 +107,7 @@ def token_cache(splits, tokenizer, args, text, sha256):
 
 def save_atomic(tokenizer, path):
     """tokenizer.json as Tokenizer.save writes it, through a temporary name of its own renamed into place."""
-    runfiles.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
+    files.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
 
 
 # The trainer reserves memory in proportion to vocab_size (2^28: +1 GB on a small corpus; near 2^31 it aborts
@@ -162,7 +163,7 @@ def check_outputs(args):
     for flag, path in outputs.items():
         if path:
             runfiles.check_output(path, flag, args.force)
-    runfiles.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
+    files.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
 def run(args, phases):
@@ -204,7 +205,7 @@ def run(args, phases):
     phases.switch("teardown")
     metrics = phases.stamp(metrics)  # just before the last output is written
     if args.metrics_out:
-        runfiles.write_json(args.metrics_out, metrics)
+        files.write_json(args.metrics_out, metrics)
     return metrics
 
 

@@ -4,8 +4,8 @@ through a front that turns outlier-ignoring off, each cropped to its cards; SOUR
 import json
 import urllib.parse
 
+from data import files
 from report import browser
-from training import runfiles
 
 SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
     # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only
@@ -74,7 +74,7 @@ def tensorboard_screenshots(runs, out, problems):
             if not run_screenshots(run, base, out, lines, problems, taken):
                 break
     if taken:
-        runfiles.write_json(out / SOURCES, taken)
+        files.write_json(out / SOURCES, taken)
     return lines
 
 
@@ -82,7 +82,7 @@ def kept_screenshots(out, shown):
     """The screenshots in `out` a build without Chromium keeps: those SOURCES says were taken of the runs
     shown now ({kind: inputs.Run}); another run's are left out, never captioned as these."""
     try:
-        taken = json.loads(runfiles.read_small(out / SOURCES, 1 << 16, follow=True))
+        taken = json.loads(files.read_small(out / SOURCES, 1 << 16, follow=True))
     except (OSError, ValueError):
         return []
     now = {kind: run.events_source for kind, run in shown.items() if run.events}

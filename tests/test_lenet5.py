@@ -12,6 +12,7 @@ import torch
 
 import lenet5
 from conftest import REPO, free_port, run_script, wait_for, write_tiny_mnist
+from data import files
 from training import runfiles
 
 # --------------------------------------------------------------------- model
@@ -214,7 +215,7 @@ def test_a_diverging_run_stops_with_one_line(tiny_mnist, tmp_path):
 
 
 def test_metrics_json_is_strict():
-    assert runfiles.strict({"a": math.nan, "b": [1.0, math.inf], "c": "x"}) == {"a": None, "b": [1.0, None], "c": "x"}
+    assert files.strict({"a": math.nan, "b": [1.0, math.inf], "c": "x"}) == {"a": None, "b": [1.0, None], "c": "x"}
 
 
 @pytest.mark.parametrize("flag, make, message", [

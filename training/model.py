@@ -1,5 +1,5 @@
 """GPT-2's architecture as GPT2Config describes it (hidden 768, 12 heads, 12 layers, 1024 positions
-for the lab), in ~100 lines: pre-LayerNorm blocks, tanh-GELU, tied embeddings, no dropout, and
+for the lab): pre-LayerNorm blocks, tanh-GELU, tied embeddings, no dropout, and
 attention as one scaled_dot_product_attention call. gpt_train.py trains it; training/sample.py and
 benchmarks/gpt_bench.py use it; its parameter names are transformers' GPT2LMHeadModel's without the
 `transformer.` prefix, so a state_dict maps onto that class one to one.

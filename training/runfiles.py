@@ -23,10 +23,6 @@ from pathlib import Path
 from data import files
 from data.files import OWNER_FILE, OutputError, inside_another_run, path_problem, read_small, reason
 
-# transitional: callers not yet moved import these from here; their home is data/files.py
-UserError, check_output_dir, probe_folder = files.UserError, files.check_output_dir, files.probe_folder
-sha256_file, strict, write_atomic, write_json = files.sha256_file, files.strict, files.write_atomic, files.write_json
-
 LOCK_FILE = "run.lock"
 BOOKKEEPING = {LOCK_FILE, OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
 FINISHED = "metrics.json"  # a run folder holding it is a finished run: never written again
@@ -36,8 +32,6 @@ WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"} 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
     """Fail now, not after the work, if output file `path` may not be written: a bad path, a bookkeeping name,
     inside another run's folder than `own_run`, or existing (existing_problem). Its folder is made and probed."""
-    if isinstance(force, str):  # transitional: a caller not yet moved passes its program's name; without --force
-        force = False  # an existing file is refused
     path = Path(path)
     problem = path_problem(path)
     if problem:

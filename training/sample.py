@@ -20,6 +20,7 @@ from functools import partial
 
 import torch
 
+from data import files
 from training import runfiles
 from training.device import eager_mode
 from training.final import load_run
@@ -206,7 +207,7 @@ def sample(args, argv, phases):
         print(flush=True)  # the text's line ends, a Ctrl-C's too
     phases.switch("teardown")
     if args.metrics_out:  # the clock taken just before the last output is written
-        runfiles.write_json(args.metrics_out, phases.stamp({
+        files.write_json(args.metrics_out, phases.stamp({
             "run_dir": str(args.run_dir), "prompt": args.prompt, "text": "".join(text), "new_tokens": args.tokens,
             "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed, "device": args.device,
             "command": "python -m training.sample " + " ".join(sys.argv[1:] if argv is None else argv)}))
