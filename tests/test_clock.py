@@ -107,16 +107,17 @@ def test_a_stop_clock_that_cannot_be_written_still_exits_3(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_a_slow_phase_shows_in_its_own_slot(corpus, tmp_path):
-    """The data phase made 4 s slower (a slow file system): the data slot takes it, no other slot does."""
+    """The data phase made 6 s slower (a slow file system): the data slot takes it, no other slot does (6 s: a
+    loaded 2-core machine's imports took 4.1 s)."""
     out = tmp_path / "run"
     wrapper = ("import runpy, sys, time; from data import blocks; read = blocks.read_packed\n"
-               "blocks.read_packed = lambda *a, **k: (time.sleep(4.0), read(*a, **k))[1]\n"
+               "blocks.read_packed = lambda *a, **k: (time.sleep(6.0), read(*a, **k))[1]\n"
                "sys.argv = ['gpt_train.py'] + sys.argv[1:]; runpy.run_path('gpt_train.py', run_name='__main__')")
     done, wall = timed([sys.executable, "-c", wrapper, *tiny_args(corpus, out, "--tokens", "2048")], cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     m = json.loads((out / "metrics.json").read_text())
     assert_clock(m, wall, ["data"])
-    assert m["phases"]["data"] >= 4.0 and max(v for k, v in m["phases"].items() if k != "data") < 4.0
+    assert m["phases"]["data"] >= 6.0 and max(v for k, v in m["phases"].items() if k != "data") < 6.0
 
 
 @pytest.mark.slow
