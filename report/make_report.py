@@ -14,10 +14,8 @@ sources, problems), placeholders.md (every `{{key}}` report.md may use) and the 
 --pdf prints report.md filled from the same inputs. A placeholder that cannot be filled or a broken image is an
 error or a problem line, never a blank.
 """
-import contextlib
 import errno
 import json
-import os
 import re
 import shutil
 import sys
@@ -28,19 +26,23 @@ from pathlib import Path
 if not __package__:  # run as python report/make_report.py: the repository, not report/, on sys.path
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from training import lifecycle  # first, before the slow imports (matplotlib): the standard library only
+
+lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
+
+from data.files import inside_another_run
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, scalars_from_metrics
 from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_events, load_results, rel, result_name
+from report.outputs import BUILT, building, out_dir, pdf_problem, print_pdf, writable
 from report.screenshots import kept_screenshots, tensorboard_screenshots
 from report.tables import gelu_table, gpt_table, ladder_table, lenet_bench_table, lenet_table, tokenizer_table
-from training import UserError, runfiles
+from training import UserError
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
-MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
-BUILT = ".built-by-make_report"  # in --out: the files a build wrote (any other file there is someone else's)
 GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # what a GPU call's OUT keeps
 
 
@@ -174,7 +176,10 @@ def parse_args(argv):
                    help="a GPU results folder answering before those under --results: gpu_check.sh's OUT or its "
                         "logs/ (default: the folders under --results, newest first)")
     p.add_argument("--pdf", action="store_true", help="also render the filled report to --pdf-out")
-    p.add_argument("--pdf-out", type=path_flag, default=RESULTS.parent / "report.pdf", help="(default: %(default)s)")
+    p.add_argument("--pdf-out", type=path_flag, default=REPORT.with_suffix(".pdf"), help="(default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace an existing --pdf-out if it is a PDF (never a link or "
+                   "another file); without it, only the repository's report.pdf (in git) and a PDF a build of this "
+                   "--out printed are replaced")
     return p.parse_intermixed_args(argv)  # runs before and after the flags: make_report.py A --pdf B
 
 
@@ -183,30 +188,27 @@ def committed(args):
     return args.results.resolve() == RESULTS.resolve()
 
 
-def out_dir(args):
-    """--out; a link to the student's folder: built where it points, the link left as it is."""
-    return args.out.resolve() if args.out.is_symlink() else args.out
-
-
 def check_args(args):
     """The user's mistakes, before any work, one line each; returns report.md's text. No output overlaps an
-    input (the report never writes what it reads), --pdf-out replaces a PDF only, neither lands in a run."""
+    input (the report never writes what it reads), --pdf-out replaces a PDF only (outputs.pdf_problem), neither
+    lands in a run."""
     out = out_dir(args).resolve()
     inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs}}
     for flag, path in {"--out": out_dir(args), **({"--pdf-out": args.pdf_out} if args.pdf else {})}.items():
-        if problem := runfiles.inside_another_run(path, flag):  # a run's files are that run's only record
+        if problem := inside_another_run(path, flag):  # a run's files are that run's only record
             raise UserError(problem)
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()
             if given and (there == mine or there.is_relative_to(mine) or mine.is_relative_to(there)):
                 name = name if str(given) in name else f"{name} {given}"  # a run's name is its path
                 raise UserError(f"{flag} {path} and {name} overlap: the report never writes its inputs")
-    if args.pdf and args.pdf_out.exists() and (not args.pdf_out.is_file() or not is_pdf(args.pdf_out)):
-        raise UserError(f"--pdf-out {args.pdf_out} exists and is not a PDF: give a new file name (nothing written)")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "results.md").is_file())):
-        raise UserError(f"--out {args.out} is not a folder this program wrote (no results.md); give a new or empty one")
+    if args.pdf and (problem := pdf_problem(args, REPORT.with_suffix(".pdf"))):
+        raise UserError(problem)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / BUILT).is_file())):
+        raise UserError(f"--out {args.out} is not a folder this program wrote (no {BUILT}); give a new or empty one "
+                        "(nothing written)")
     if args.gpu and not args.gpu.is_dir():
         raise UserError(f"--gpu {args.gpu} is not a folder")
     if not args.report.is_file():
@@ -219,28 +221,6 @@ def check_args(args):
     except UnicodeDecodeError:
         raise UserError(f"--report {args.report} is not UTF-8 text (a PDF?); give the Markdown it is built "
                         "from, e.g. report/report.md") from None
-
-
-def is_pdf(path):
-    with open(path, "rb") as f:
-        return f.read(5) == b"%PDF-"
-
-
-def writable(path, flag):
-    """A path this program may create or replace: its nearest existing folder is a writable folder on a disk
-    with room; said in one line before any work (a disk found read-only or full later is one line too)."""
-    parent = path.resolve()
-    while not parent.exists():
-        parent = parent.parent
-    if parent == path.resolve():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK) or os.statvfs(parent).f_flag & os.ST_RDONLY:
-        raise UserError(f"{flag} {path}: {parent} is read-only")
-    if (free := shutil.disk_usage(parent).free) < MIN_FREE:
-        raise UserError(f"{flag} {path}: {free >> 20} MiB free on {parent}'s disk, under the {MIN_FREE >> 20} MiB "
-                        "a report needs")
 
 
 def imported_gpu(args):
@@ -283,32 +263,6 @@ def gather(args, report_text, scratch, gpu_folder=None):
     inputs.sources = facts.derived_sources(inputs.results, inputs.shown, roles, inputs.folders, inputs.by_kind)
     inputs.report_text = facts.select_blocks(report_text, {*inputs.sources, "own" if inputs.named else "team"})
     return inputs
-
-
-@contextlib.contextmanager
-def building(out, keep):
-    """A fresh folder beside `out`, renamed into place once built (never a half-written --out), with `keep` copied
-    from the old --out; a file of the old --out no build wrote (a student's screenshots, notes) is moved in."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    tmp.chmod(0o777 & ~browser.current_umask())  # mkdtemp's 0700 would become --out's: as mkdir makes it
-    try:
-        for name in keep:
-            if (out / name).is_file():
-                shutil.copy2(out / name, tmp / name)
-        yield tmp
-        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir())))
-        built = set((out / BUILT).read_text().split("\n")) if (out / BUILT).is_file() else set()
-        for path in sorted(out.iterdir()) if out.is_dir() else []:
-            if path.name not in built and not (tmp / path.name).exists():
-                path.rename(tmp / path.name)  # someone else's: kept
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def checked_images(text, report, out, built, problems):
@@ -357,33 +311,43 @@ def build(args, inputs, text, used, unfilled):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        report_text = check_args(args)
-        with tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:  # events unpacked from a GPU folder
-            inputs = gather(args, report_text, Path(scratch), imported_gpu(args))
-            text, unfilled, used = facts.fill(inputs.report_text, inputs.sources)
-            if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
-                raise UserError(f"{unfilled[0]} (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else unfilled[0])
-            own_inputs = committed(args) or args.report.resolve() != REPORT.resolve()
-            if own_inputs:  # report.md with its own inputs: a placeholder they cannot fill is a mistake in it
-                inputs.problems += unfilled
-            lines, todo, text = build(args, inputs, text, used, [] if own_inputs else unfilled)
-        print(f"wrote {out_dir(args) / 'results.md'} and {len(list(out_dir(args).glob('*.png')))} figures"
-              + (f"; {len(inputs.problems)} problem(s) with the inputs" if inputs.problems else ""))
-        for line in todo:
-            print(f"GPU figure missing: {line}")
-        for problem in inputs.problems:
-            print(f"warning: {problem}", file=sys.stderr)
-        if args.pdf:
-            print(f"wrote {browser.write_pdf(args.report, args.pdf_out, text)}")
-    except UserError as e:  # BrowserError too
-        sys.exit(f"error: {e}")
-    except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
-        if e.errno not in DISK_ERRORS:
-            raise
-        sys.exit(f"error: {e.strerror}: {e.filename or args.out}; --out {args.out} was left as it was")
+    written = []  # --out once renamed into place: what a Ctrl-C says is kept
+    with lifecycle.one_line_errors(lambda: kept(args, written)):
+        try:
+            report_text = check_args(args)
+            with tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:  # events unpacked from a GPU folder
+                inputs = gather(args, report_text, Path(scratch), imported_gpu(args))
+                text, unfilled, used = facts.fill(inputs.report_text, inputs.sources)
+                if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
+                    raise UserError(f"{unfilled[0]} (and {len(unfilled) - 1} more)" if len(unfilled) > 1
+                                    else unfilled[0])
+                own_inputs = committed(args) or args.report.resolve() != REPORT.resolve()
+                if own_inputs:  # report.md with its own inputs: a placeholder they cannot fill is a mistake in it
+                    inputs.problems += unfilled
+                lines, todo, text = build(args, inputs, text, used, [] if own_inputs else unfilled)
+                written.append(out_dir(args))
+            print(f"wrote {out_dir(args) / 'results.md'} and {len(list(out_dir(args).glob('*.png')))} figures"
+                  + (f"; {len(inputs.problems)} problem(s) with the inputs" if inputs.problems else ""))
+            for line in todo:
+                print(f"GPU figure missing: {line}")
+            for problem in inputs.problems:
+                print(f"warning: {problem}", file=sys.stderr)
+            if args.pdf:
+                print(f"wrote {print_pdf(args, args.report, text)}")
+        except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
+            if e.errno not in DISK_ERRORS:
+                raise
+            sys.exit(f"error: {e.strerror}: {e.filename or args.out}; {kept(args, written)}")
     return lines
 
 
+def kept(args, written):
+    """What a build stopped part-way leaves: each output whole, the new one or the old one as it was."""
+    if written:
+        return f"--out {args.out} was written" + (f"; --pdf-out {args.pdf_out} was left as it was" if args.pdf else "")
+    return f"--out {args.out}" + (f" and --pdf-out {args.pdf_out} were left as they were" if args.pdf else
+                                  " was left as it was")
+
+
 if __name__ == "__main__":
-    main()
+    lifecycle.run(main)

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from report import make_report
+from report import make_report, outputs
 
 
 def lenet_metrics(**extra):
@@ -182,7 +182,7 @@ def test_a_disk_with_no_room_is_refused_before_and_a_disk_filling_during_the_bui
     disk = small_disk("size=1m")
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen")])
     assert message == f"error: --out {disk / 'gen'}: 1 MiB free on {disk}'s disk, under the 64 MiB a report needs"
-    monkeypatch.setattr(make_report, "MIN_FREE", 0)  # past the check: the disk fills while the figures are drawn
+    monkeypatch.setattr(outputs, "MIN_FREE", 0)  # past the check: the disk fills while the figures are drawn
     (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics()))
     report.write_text("# R\n\n![c](generated/lenet_curves.png)\n")
     build(results, report, disk / "gen", "--all-figures")  # a first build fits: results.md and a figure
