@@ -4,12 +4,17 @@ read-only or full disk, and --out's mode. Each ends in one line, and what was th
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
+import sys
 import tarfile
+import time
+from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from report import make_report, outputs
 
 
@@ -294,3 +299,174 @@ def test_runs_named_around_the_flags_a_missing_one_and_a_fifo_for_metrics(inputs
     err = capsys.readouterr().err
     assert f"left out {fifo_run}: unreadable metrics.json" in err and "not a plain file" in err
     assert f"left out {missing}: no such folder" in err and (tmp_path / "out" / "results.md").is_file()
+
+
+# ------------------------------------------------------------------ --out and --pdf-out: findings 3, 4, 9c, 10, 17
+
+def fake_chromium(folder, after=""):
+    """A `chromium` that prints a small PDF where --print-to-pdf= says (then runs `after`)."""
+    script = folder / "chromium"
+    script.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in --print-to-pdf=*) printf "%%PDF-1.4 printed" '
+                      f'> "${{a#--print-to-pdf=}}";; esac; done\n{after}\n')
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture
+def chromium(tmp_path, monkeypatch):
+    script = fake_chromium(tmp_path)
+    monkeypatch.setattr(make_report.browser, "find_browser", lambda: str(script))
+
+
+def pdf_build(results, report, out, pdf, *extra):
+    return build(results, report, out, "--pdf", "--pdf-out", str(pdf), *extra)
+
+
+def test_an_existing_pdf_out_is_replaced_only_with_force_and_never_through_a_link(inputs, tmp_path, chromium):
+    """Findings 3 and 17: the user's thesis.pdf is theirs until --force says otherwise; a link is never written
+    through or replaced, --force or not. Refused before any work: no --out made."""
+    results, report = inputs
+    thesis, link = tmp_path / "thesis.pdf", tmp_path / "link.pdf"
+    thesis.write_bytes(b"%PDF-1.7 my thesis")
+    link.symlink_to(thesis)
+    common = ["--results", str(results), "--report", str(report), "--out", str(tmp_path / "out"), "--no-screenshots",
+              "--pdf", "--pdf-out"]
+    assert one_error(common + [str(thesis)]) == \
+        f"error: --pdf-out {thesis} exists; pass --force to replace it, or give a new file name (nothing written)"
+    for extra in ([], ["--force"]):
+        assert one_error(common + [str(link)] + extra) == \
+            f"error: --pdf-out {link} is a symbolic link; give the file itself or a new name (nothing written)"
+    assert thesis.read_bytes() == b"%PDF-1.7 my thesis" and link.is_symlink() and not (tmp_path / "out").exists()
+    pdf_build(results, report, tmp_path / "out", thesis, "--force")
+    assert thesis.read_bytes() == b"%PDF-1.4 printed" and not list(tmp_path.glob(".make_report-*"))
+
+
+@pytest.mark.parametrize("where", ["inside", "beside"])
+def test_the_documented_rebuild_replaces_the_pdf_it_printed_without_force(inputs, tmp_path, chromium, where):
+    """README step 7: `--out runs/myreport --pdf --pdf-out runs/myreport/lab5-report-<login>.pdf`, run again;
+    results/README.md's `--pdf-out runs/myreport.pdf` too: the PDF a build of this --out printed is its own."""
+    results, report = inputs
+    out = tmp_path / "runs" / "myreport"
+    pdf = out / "lab5-report-me.pdf" if where == "inside" else tmp_path / "runs" / "myreport.pdf"
+    pdf_build(results, report, out, pdf)
+    pdf.write_bytes(b"%PDF-1.4 the first build's")
+    build(results, report, out)  # a rebuild without --pdf keeps the PDF and what it printed
+    assert pdf.read_bytes() == b"%PDF-1.4 the first build's"
+    pdf_build(results, report, out, pdf)
+    assert pdf.read_bytes() == b"%PDF-1.4 printed" and (out / "results.md").is_file()
+    other = tmp_path / "other"  # another --out never printed it
+    assert one_error(["--results", str(results), "--report", str(report), "--out", str(other), "--pdf",
+                      "--pdf-out", str(pdf)]).endswith("pass --force to replace it, or give a new file name "
+                                                          "(nothing written)")
+
+
+def test_a_users_folder_holding_a_results_md_is_refused_as_out(inputs, tmp_path):
+    """Finding 4: a folder make_report did not build (no .built-by-make_report) is not rebuilt over, results.md
+    or not; one make_report built is (its student's files kept: test_a_rebuild_keeps_the_files_...)."""
+    results, report = inputs
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.md").write_text("my own results")
+    before = snapshot(tmp_path)
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(mine)])
+    assert message == f"error: --out {mine} is not a folder this program wrote (no .built-by-make_report); give " \
+                      "a new or empty one (nothing written)"
+    assert snapshot(tmp_path) == before and not list(tmp_path.glob(".make_report-*"))
+
+
+def interrupted_build(results, report, out):
+    """build(), stopped by the Ctrl-C the test plants: its exit status (a KeyboardInterrupt escaping main() is a
+    traceback to the user: a failure here, not the end of the test session)."""
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            build(results, report, out)
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C escaped main(): a traceback, not one line")
+    return exit_.value.code
+
+
+def test_a_ctrl_c_while_the_figures_are_drawn_is_one_line_and_130_the_old_out_whole(inputs, tmp_path, monkeypatch,
+                                                                                     capsys):
+    results, report = inputs
+    out = tmp_path / "out"
+    build(results, report, out)
+    (out / "notes.md").write_text("mine")
+    before = snapshot(tmp_path)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(make_report, "run_lines", interrupted)
+    capsys.readouterr()
+    assert interrupted_build(results, report, out) == 130
+    assert capsys.readouterr().err.strip() == f"interrupted (Ctrl-C): --out {out} was left as it was"
+    assert snapshot(tmp_path) == before and not list(tmp_path.glob(".make_report-*"))
+
+
+def test_a_ctrl_c_between_the_renames_puts_the_old_out_and_the_students_files_back(inputs, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """The last instants of a rebuild: the student's files already moved into the new folder, the old --out
+    renamed aside; stopped there, both go back where they were, nothing half-built left beside."""
+    results, report = inputs
+    out = tmp_path / "out"
+    build(results, report, out)
+    (out / "notes.md").write_text("mine")
+    before = snapshot(tmp_path)
+    rename, stops = Path.rename, []
+
+    def rename_once_stopped(self, target):
+        if Path(target) == out and not stops:
+            stops.append(self)
+            raise KeyboardInterrupt
+        return rename(self, target)
+    monkeypatch.setattr(Path, "rename", rename_once_stopped)
+    assert interrupted_build(results, report, out) == 130 and stops[0].name.startswith(".make_report-")
+    assert snapshot(tmp_path) == before and not list(tmp_path.glob(".make_report-*"))
+
+
+def test_names_at_the_limit_are_built_and_over_it_refused_before_any_work(inputs, tmp_path, chromium):
+    """Finding 10: a 250-byte --out or --pdf-out is a legal name; their temporaries (once `.<name>.building-...`)
+    had to be short too. A name over 255 bytes: one line before the work."""
+    results, report = inputs
+    out, pdf = tmp_path / ("o" * 250), tmp_path / ("p" * 251 + ".pdf")
+    for _ in range(2):  # a first build, then a rebuild (the old --out set aside under a short name too)
+        pdf_build(results, report, out, pdf)
+    assert (out / "results.md").is_file() and pdf.read_bytes() == b"%PDF-1.4 printed"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    listed = sorted(os.listdir(tmp_path))
+    for flag in ("--out", "--pdf-out"):
+        long = tmp_path / ("x" * 256)
+        argv = ["--results", str(results), "--report", str(report), "--out", str(tmp_path / "o2"), "--pdf",
+                "--pdf-out", str(tmp_path / "r.pdf")]
+        argv[argv.index(flag) + 1] = str(long)
+        with pytest.raises(SystemExit) as exit_:
+            make_report.main(argv)
+        assert exit_.value.code == 2 and sorted(os.listdir(tmp_path)) == listed  # nothing made
+
+
+@pytest.mark.slow  # a real process and its imports, a few seconds
+def test_a_ctrl_c_while_the_pdf_prints_is_one_line_130_and_the_old_pdf_kept(inputs, tmp_path):
+    """Finding 9c, as a user meets it: SIGINT to `python report/make_report.py` while Chromium prints."""
+    results, report = inputs
+    bin_, pid_file, pdf, out = tmp_path / "bin", tmp_path / "chromium.pid", tmp_path / "r.pdf", tmp_path / "out"
+    bin_.mkdir()
+    fake_chromium(bin_, f"echo $$ > {pid_file}; sleep 600")
+    pdf.write_bytes(b"%PDF-1.4 the old one")
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+    process = subprocess.Popen([sys.executable, str(REPO / "report" / "make_report.py"), "--results", str(results),
+                                "--report", str(report), "--out", str(out), "--no-screenshots", "--pdf",
+                                "--pdf-out", str(pdf), "--force"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.is_file() or not pid_file.read_text().strip():
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        err = process.communicate(timeout=60)[1]
+    finally:
+        process.kill()
+        if pid_file.is_file():
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)  # browser.py starts it in its own session
+    assert process.returncode == 130
+    assert err.strip() == f"interrupted (Ctrl-C): --out {out} was written; --pdf-out {pdf} was left as it was"
+    assert pdf.read_bytes() == b"%PDF-1.4 the old one" and (out / "results.md").is_file()
+    assert not list(tmp_path.glob(".make_report-*")) and not list(report.parent.glob(".pdf-*"))
