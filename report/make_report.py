@@ -11,8 +11,9 @@ never picked up unasked. `--gpu OUT` for the committed report first copies OUT's
 report/results/<GPU>-<date>/ (every number of the committed report has its file in the repository); else
 nothing is written under --results. --out (built beside it, renamed into place) gets results.md (tables,
 sources, problems), placeholders.md (every `{{key}}` report.md may use) and the figures report.md links;
---pdf prints report.md filled from the same inputs. A placeholder that cannot be filled or a broken image is an
-error or a problem line, never a blank.
+--pdf prints report.md filled from the same inputs to --pdf-out (an existing PDF replaced with --force, or if this
+program printed it: report/outputs.py). A placeholder that cannot be filled or a broken image is an error or a
+problem line, never a blank.
 """
 import errno
 import json
