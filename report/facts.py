@@ -10,6 +10,7 @@ where NAME is (is not) a source, `team` (the repository's report) or `own` (a st
 report never carries a caption written for the team's runs.
 """
 import re
+import statistics
 from dataclasses import replace
 
 from report import tables
@@ -22,6 +23,9 @@ from training.metrics import SUCCESS_LOSS
 # default LeNet-5 recipe (its events beside it), the GPU folders' graded GPT run (gpu.ROLES)
 ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpu_gpt")}
 CPU_LADDER = "gpt_bench_cpu_2x1024"  # the ladder at the lab's shape on the CPU, beside the GPU's
+LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats (their median is quoted)
+# where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
+FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564 的会话"}
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 
@@ -132,6 +136,7 @@ def derived_sources(results, shown, roles, folders, by_kind):
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
         where = run.gpu.label if run.gpu else run.metrics.get("device_name") or run.metrics.get("device")
+        where = f"{where}，{FALLBACK_WHERE[run.stem]}" if not run.gpu and run.stem in FALLBACK_WHERE else where
         data = run.metrics | {"where": where} if isinstance(run.metrics, dict) else run.metrics
         sources[run.alias] = data, run.source
         if run.kind:
@@ -148,9 +153,14 @@ def derived_sources(results, shown, roles, folders, by_kind):
     sources |= gpu_sources(folders, roles)
     cpu = sources.get(CPU_LADDER, (None, None))
     gpu = roles.get("gpu_ladder")
-    if cpu[0] or gpu:
+    if cpu[0] or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
+        then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
         sources["ladder"] = {"table": tables.ladder_compare(gpu and gpu.metrics, cpu[0],
-                                                            gpu.gpu.label if gpu else None)}, "ladder"
+                                                            gpu.gpu.label if gpu else None, then)}, "ladder"
+    if (bench := sources.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
+        ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
+        sources["lenet_lightning"] = ({"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
+                                       "repeats": len(ratios)}, f"{bench[1]} (all_lightning_to_plain's median)")
     if nvml := [r for r in by_kind.values() if r.scalars.get("gpu/utilization_percent")]:
         sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(rel(r.dir) for r in nvml)
     return sources

@@ -116,13 +116,11 @@ def gpu_runs_table(runs, headline):
         compiling = m.get("compile", "off")
         loop = f"{m['train_seconds']:.1f} s" + (f"（{m['compile_seconds']:.1f} s）" if compiling != "off"
                                                  and isinstance(m.get("compile_seconds"), NUMBER) else "")
-        process = "—" if seconds is None else f"{seconds:.0f} s" + ("†" if how.startswith("步骤日志") else "")
+        process = "—" if seconds is None else f"{seconds:.0f} s"  # a step log's whole seconds: page 1's box says so
         name = f"**`{tag}`**" if stem == headline else f"`{tag}`"
         rows.append(f"| {name} | {m['vocab_size']:,} | {compiling}{cache} | {process} | {loop} | "
                     f"{m['tokens_per_second']:,.0f} | {fmt(m.get('mfu'), '.1%')} | {m['final_train_loss']:.2f} / "
                     f"{m['final_val_loss']:.2f} | {m['val_bits_per_byte']:.3f} |")
-    if any(how.startswith("步骤日志") for *_, how in runs):
-        rows += ["", "†：该代码还不记录 `process_seconds`，进程时间取自这次 GPU 会话的步骤日志（整秒）。"]
     return "\n".join(rows)
 
 
@@ -160,9 +158,12 @@ def ladder_cells(bench):
     return cells
 
 
-def ladder_compare(gpu, cpu, where):
-    """The ladder on the GPU beside the CPU's, row by row (a row one device lacks: 未测 / 不适用)."""
+def ladder_compare(gpu, cpu, where, then=None):
+    """The ladder on the GPU beside the CPU's, row by row (a row one device lacks: 未测 / 不适用); `then`: what
+    the GPU column's last rung was when older code measured it (it was that code's default, not today's)."""
     columns = [(f"{where}，{gpu.get('repeats', 1)} 次", ladder_cells(gpu))] if gpu else []
+    if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
+        columns[0][1][last] += f"：{then}"
     columns += [(f"CPU，{cpu.get('repeats', 1)} 次的中位数 [范围]", ladder_cells(cpu))] if cpu else []
     keys = list(dict.fromkeys(k for _, cells in columns for k in cells))
     keys.sort(key=lambda k: k.startswith("default without"))  # the rungs, then the leave-one-out rows
