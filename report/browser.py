@@ -148,6 +148,10 @@ def browser(*args, timeout=None):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise BrowserError(f"Chromium did not finish within {timeout} s; killed") from None
+        except BaseException:  # a Ctrl-C while it prints: it must not write on after make_report has exited
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
     if code != 0:
         raise BrowserError(f"Chromium exited with {code}")
 

@@ -186,7 +186,7 @@ def test_a_build_that_fails_leaves_the_old_out_whole(tmp_path, committed, monkey
     monkeypatch.setattr(make_report, "run_lines", lambda *a: 1 / 0)  # a failure half-way through the figures
     with pytest.raises(ZeroDivisionError):
         build(tmp_path, results, report)
-    assert snapshot(out) == before and [p.name for p in tmp_path.glob(".out*")] == []
+    assert snapshot(out) == before and [p.name for p in tmp_path.glob(".make_report-*")] == []
 
 
 def test_an_out_folder_the_report_did_not_write_is_refused(tmp_path, committed):
