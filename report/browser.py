@@ -22,7 +22,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from training import UserError
+from data import files
+from data.files import UserError
 
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
@@ -233,12 +234,13 @@ def write_pdf(markdown_path, pdf_path, text=None):
                                      delete=False) as html:
         html.write(report_html(text))
     html, pdf_path = Path(html.name), Path(pdf_path)
-    printed = pdf_path.parent / f".{pdf_path.name}.printing-{os.getpid()}"  # renamed over the old PDF once whole
+    # renamed over the old PDF once whole; a short name, whatever --pdf-out's length
+    printed = pdf_path.parent / f".make_report-{os.getpid()}.pdf"
     try:
         browser("--no-pdf-header-footer", f"--print-to-pdf={printed}", html.resolve().as_uri())
         if not printed.is_file() or printed.stat().st_size == 0:
             raise BrowserError("Chromium wrote no PDF")
-        printed.chmod(0o666 & ~current_umask())
+        printed.chmod(0o666 & ~files.UMASK)
         printed.replace(pdf_path)
     except BrowserError as e:
         raise BrowserError(f"no {pdf_path}: {e}") from None
@@ -248,7 +250,3 @@ def write_pdf(markdown_path, pdf_path, text=None):
     return pdf_path
 
 
-def current_umask():
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask

@@ -14,8 +14,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from data import files
+from data.files import UserError
 from report import browser
-from training import UserError
 
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
 BUILT = ".built-by-make_report"  # in --out: the files a build wrote (any other file there is someone else's) and,
@@ -84,7 +85,7 @@ def building(out, keep):
     moved back if the build stops before the rename."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=TMP, dir=out.parent))
-    tmp.chmod(0o777 & ~browser.current_umask())  # mkdtemp's 0700 would become --out's: as mkdir makes it
+    tmp.chmod(0o777 & ~files.UMASK)  # mkdtemp's 0700 would become --out's: as mkdir makes it
     old, moved = None, []
     try:
         for name in keep:
@@ -113,18 +114,10 @@ def building(out, keep):
 
 
 def print_pdf(args, report, text):
-    """The filled report printed under a short temporary name beside --pdf-out and renamed over it once whole; a
-    --pdf-out inside or beside --out is recorded in --out's BUILT (a rebuild may replace it without --force)."""
+    """The filled report printed to --pdf-out (browser.write_pdf: a whole PDF or the old one); a --pdf-out inside or
+    beside --out is recorded in --out's BUILT (a rebuild may replace it without --force)."""
     args.pdf_out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP, suffix=".pdf", dir=args.pdf_out.parent)
-    os.close(fd)
-    try:
-        browser.write_pdf(report, Path(tmp), text)
-        os.replace(tmp, args.pdf_out)
-    except browser.BrowserError as e:  # it names the temporary file: the user gave --pdf-out
-        raise browser.BrowserError(f"no {args.pdf_out}: {str(e).removeprefix(f'no {tmp}: ')}") from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    browser.write_pdf(report, args.pdf_out, text)  # printed under a short temporary name, renamed over it once whole
     marker = out_dir(args) / BUILT
     if marker.is_file() and printed(args) not in built_lines(out_dir(args)):
         with open(marker, "a") as f:
