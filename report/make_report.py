@@ -31,14 +31,13 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import inside_another_run
+from data.files import UserError, inside_another_run
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, scalars_from_metrics
 from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_events, load_results, rel, result_name
 from report.outputs import BUILT, building, out_dir, pdf_problem, print_pdf, writable
 from report.screenshots import kept_screenshots, tensorboard_screenshots
 from report.tables import gelu_table, gpt_table, ladder_table, lenet_bench_table, lenet_table, tokenizer_table
-from training import UserError
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
