@@ -1,14 +1,6 @@
-"""The lowest floor: what every module (data/ and training/ alike) shares about errors and files.
-
-    UserError, OutputError   one-line user errors: every script prints them on one line and exits non-zero
-    write_atomic(path, data) a temporary file beside `path` (tempfile.mkstemp: exclusive, never a planted link)
-                             renamed over it with os.replace: a reader never sees half a file
-    write_json(path, obj)    write_atomic of strict JSON (NaN and inf become null, which every reader takes)
-    read_small(path, limit)  a small file of the project's own (an owner file, a manifest): bounded, no-follow
-    path_problem(path)       why a path flag's value cannot be used, or None
-    check_output_dir(path)   a folder the run will fill: writable, and not inside another run's folder (run.owner)
-    write_manifest, manifest_problem   a folder's files trusted by content (size, sha256), checked when read
-"""
+"""The lowest floor: what data/ and training/ share about user errors and files. Every write is atomic
+(write_atomic: a tempfile.mkstemp file beside the target, then os.replace), every JSON file strict; a folder
+holding OWNER_FILE is a run's, and no other program's output may land inside it."""
 import contextlib
 import hashlib
 import json
@@ -21,6 +13,8 @@ from pathlib import Path
 NAME_MAX = 255  # bytes in one file name on every file system this runs on (ext4, xfs, NFS, Lustre)
 UMASK = os.umask(0o022)  # read at import (setting it is the only way to read it) and put back at once
 os.umask(UMASK)
+OWNER_FILE = "run.owner"  # in a run folder: names the program whose run it is (training/runfiles.py)
+MANIFEST = "manifest.json"
 
 
 class UserError(Exception):
@@ -50,9 +44,8 @@ def write_json(path, obj):
 
 
 def write_atomic(path, data):
-    """Write `data` (bytes, or a function writing into a binary file) to `path` through a new temporary file and
-    os.replace (a link at `path` is replaced, not written through). A failed write is one OutputError, the
-    old file as it was."""
+    """`data` (bytes, or a function writing into a binary file) into a new temporary file renamed over `path`
+    (a link there is replaced, not written through). A failure is one OutputError, the old file as it was."""
     path = Path(path)
     tmp = None
     try:
@@ -70,8 +63,8 @@ def write_atomic(path, data):
 
 
 def read_small(path, limit, follow=False):
-    """The bytes of a small file of the project's own, opened no-follow (unless `follow`) and non-blocking: a
-    link, a FIFO, a device or a file over `limit` bytes planted there is OSError or ValueError, never read whole."""
+    """A small file of the project's own, opened no-follow (unless `follow`) and non-blocking: a planted link,
+    FIFO, device or file over `limit` bytes is an OSError or ValueError, never read whole."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -98,20 +91,9 @@ def path_problem(path):
     return None
 
 
-def sha256_file(path, chunk=1 << 22):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-OWNER_FILE = "run.owner"  # in a run folder: names the program whose run it is (training/runfiles.py)
-
-
 def inside_another_run(path, what, own_run=None):
-    """Why `path` may not be written: a folder above it holds a run (OWNER_FILE) and is not `own_run`; else None.
-    Compared as the file system resolves them: a link or `..` does not lead a path into a run unseen."""
+    """Why `path` may not be written: a folder above it, as the file system resolves it (links, `..`), holds a
+    run (OWNER_FILE) and is not `own_run`; else None."""
     run = next((f for f in Path(os.path.realpath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
     if run and not (own_run and os.path.realpath(run) == os.path.realpath(own_run)):
         return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
@@ -119,10 +101,15 @@ def inside_another_run(path, what, own_run=None):
     return None
 
 
+def output_problem(path, what, own_run=None):
+    """Why `what` `path` may not be written (path_problem, inside_another_run), or None."""
+    problem = path_problem(path)
+    return f"{what} {path}: {problem}" if problem else inside_another_run(path, what, own_run)
+
+
 def check_output_dir(path, what):
     """Fail now, in one line, if folder `path` (a cache the run will fill) cannot be written."""
-    problem = path_problem(path)
-    if problem := (f"{what} {path}: {problem}" if problem else inside_another_run(path, what)):
+    if problem := output_problem(path, what):
         raise OutputError(problem)
     probe_folder(path, f"{what} {path}")
 
@@ -140,7 +127,12 @@ def probe_folder(folder, named):
         raise OutputError(f"{named} cannot be written ({reason(e)})") from None
 
 
-MANIFEST = "manifest.json"
+def sha256_file(path, chunk=1 << 22):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_manifest(folder, paths, **extra):
@@ -150,8 +142,8 @@ def write_manifest(folder, paths, **extra):
 
 
 def manifest_problem(folder, names=None):
-    """None if the files `names` (None: every file folder/MANIFEST lists) are as it records them, else why not:
-    no readable manifest, a file missing, of another size (a truncated file, said apart) or rewritten in place."""
+    """None if the files `names` (None: all MANIFEST lists) are as it records them, else why not: no readable
+    manifest, a file missing, of another size (a truncated file, said apart) or rewritten in place."""
     try:
         manifest = json.loads(read_small(Path(folder) / MANIFEST, 1 << 20))
         names = names or [n for n, entry in manifest.items() if "sha256" in entry]
@@ -163,5 +155,6 @@ def manifest_problem(folder, names=None):
             return f"{name} is missing"
         if path.stat().st_size != expected.get("bytes"):
             return f"{name} has {path.stat().st_size} bytes, the manifest says {expected.get('bytes')}"
-    changed = next((n for n in names if sha256_file(Path(folder) / n) != manifest[n].get("sha256")), None)
-    return changed and f"{changed} does not match its manifest"
+        if sha256_file(path) != expected.get("sha256"):
+            return f"{name} does not match its manifest"
+    return None

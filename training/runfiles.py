@@ -1,13 +1,7 @@
-"""Run folders and output paths, the same rules for every script (the file basics: data/files.py).
-
-    check_output(path, what, force)   an output file, before any work: in no other run's folder, and an existing
-                                      file only with --force and only one of the kind the scripts write
-    check_outputs_not_inputs          no output path is one of the run's inputs
-    open_run(path, program, stack)    one run per folder: new, empty or an unfinished run of `program`'s, locked
-                                      (RunLock) and marked (run.owner) until `stack` closes; a finished one refused
-    set_aside_earlier_attempt         an unfinished attempt's files moved into earlier-attempt-<time>/
-    new_run_name()                    a default run folder's name: the time and a random suffix
-"""
+"""Run folders and output files, the same rules for every script (the file basics: data/files.py). A run folder
+is new, empty or an unfinished run of the same program's: flock'd (run.lock) and marked (run.owner) while the run
+lives, finished once it holds metrics.json and never written again. An existing output file is replaced only with
+--force, and only if it is of the kind the scripts write."""
 import contextlib
 import fcntl
 import io
@@ -21,54 +15,46 @@ import zipfile
 from pathlib import Path
 
 from data import files
-from data.files import OWNER_FILE, OutputError, inside_another_run, path_problem, read_small, reason
+from data.files import OWNER_FILE, OutputError, output_problem, read_small, reason
 
 LOCK_FILE = "run.lock"
 BOOKKEEPING = {LOCK_FILE, OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
-FINISHED = "metrics.json"  # a run folder holding it is a finished run: never written again
-WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}  # what --force may replace
+FINISHED = "metrics.json"
+WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}
 
 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
-    """Fail now, not after the work, if output file `path` may not be written: a bad path, a bookkeeping name,
-    inside another run's folder than `own_run`, or existing (existing_problem). Its folder is made and probed."""
+    """Fail now, not after the work, if output file `path` may not be written: a bad path, a folder, a bookkeeping
+    name, inside another run's folder than `own_run`, or existing (replaced only with `force`, and only a file of
+    `kind`: a user's notes never). Its folder is made and probed."""
     path = Path(path)
-    problem = path_problem(path)
-    if problem:
-        raise OutputError(f"{what} {path}: {problem}")
+    if problem := output_problem(path, what, own_run):
+        raise OutputError(problem)
     if path.is_dir():
         raise OutputError(f"{what} {path} is a folder; give a file name")
     if path.name in BOOKKEEPING:
         raise OutputError(f"{what} {path}: {path.name} is a run folder's bookkeeping file; give another name")
-    problem = inside_another_run(path, what, own_run) or existing_problem(path, what, force, kind)
-    if problem:
-        raise OutputError(problem)
+    if os.path.lexists(path):
+        if written_kind(path) != kind:
+            raise OutputError(f"{what} {path} exists and is "
+                              f"{'a symbolic link' if path.is_symlink() else 'not ' + WRITTEN_KINDS[kind]}, not a "
+                              f"file this program writes; give a new file name, or move it away first (it was left "
+                              f"as it is)")
+        if not force:
+            raise OutputError(f"{what} {path} exists; pass --force to replace it, or give a new file name")
     files.probe_folder(path.parent, f"{what} {path}")
 
 
-def existing_problem(path, what, force, kind):
-    """The rule for an existing output file: replaced only with --force, and only a file of `kind` (None: any kind
-    in WRITTEN_KINDS), so that nothing the scripts do not write (a user's notes) is ever replaced."""
-    if not os.path.lexists(path):
-        return None
-    try:  # which kind of file the scripts write it is, or None (notes, a PDF, a link, a device)
-        data = read_small(path, 256 << 20)
-        found = "torch.save" if torch_archive(data) else "JSON" if isinstance(json.loads(data), dict) else None
-    except (OSError, ValueError):
-        found = None
-    if found is None or kind not in (None, found):
-        wanted = WRITTEN_KINDS[kind] if kind else " or ".join(WRITTEN_KINDS.values())
-        return (f"{what} {path} exists and is {'a symbolic link' if path.is_symlink() else 'not ' + wanted}, not a "
-                f"file this program writes; give a new file name, or move it away first (it was left as it is)")
-    return None if force else f"{what} {path} exists; pass --force to replace it, or give a new file name"
-
-
-def torch_archive(data):
-    """Whether `data` is torch.save's zip (a <name>/data.pkl inside), not any zip (a .docx, an .xlsx)."""
+def written_kind(path):
+    """The kind of file the scripts write `path` is (WRITTEN_KINDS), or None (notes, a .docx, a link, a FIFO)."""
     try:
-        return any(n.endswith("/data.pkl") for n in zipfile.ZipFile(io.BytesIO(data)).namelist())
-    except (zipfile.BadZipFile, ValueError):
-        return False
+        data = read_small(path, 256 << 20)
+        with contextlib.suppress(zipfile.BadZipFile):  # torch.save's zip holds <name>/data.pkl, a .docx does not
+            if any(n.endswith("/data.pkl") for n in zipfile.ZipFile(io.BytesIO(data)).namelist()):
+                return "torch.save"
+        return "JSON" if isinstance(json.loads(data), dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def check_outputs_not_inputs(outputs, inputs):
@@ -84,12 +70,9 @@ def check_outputs_not_inputs(outputs, inputs):
         seen[flag] = (Path(path), out, "an output too")
 
 
-# ----------------------------------------------------------------------------- run folders
-
 class RunLock:
-    """An exclusive flock on DIR/run.lock while the run lives: a second run on the same folder (a double
-    sbatch, a second terminal) stops at once; the kernel releases it however the process ends. The file is
-    opened no-follow and must be a plain file of one name: a planted link, FIFO or hard link is refused."""
+    """An exclusive flock on DIR/run.lock while the run lives (a double sbatch stops at once; the kernel releases
+    it however the process ends), opened no-follow: a planted link, FIFO or hard link is refused."""
 
     def __init__(self, directory):
         self.path = Path(directory) / LOCK_FILE
@@ -98,14 +81,13 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+            info = os.fstat(self.fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a FIFO, a device, a hard link
+                os.close(self.fd)
+                raise OSError("not a plain file of one name")
         except OSError as e:  # ELOOP: a link
-            raise OutputError(f"{self.path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") \
-                from None
-        info = os.fstat(self.fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a FIFO, a device, a hard link to another file
-            os.close(self.fd)
-            raise OutputError(f"{self.path} is not a run lock (not a plain file of one name): remove it, or pick "
-                              f"another --out-dir")
+            raise OutputError(f"{self.path} is not a run lock ({reason(e)}): remove it, or pick another "
+                              f"--out-dir") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -129,20 +111,19 @@ def new_run_name():
 def run_dir_problem(path, program, reuse=True):
     """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse`, marked as
     `program`'s), else why not."""
-    path, what = Path(path), "--out-dir"
-    problem = path_problem(path)
-    if problem := (f"{what} {path}: {problem}" if problem else inside_another_run(path, what)):
+    path = Path(path)
+    if problem := output_problem(path, "--out-dir"):
         return problem
     if not path.exists() or path.is_dir() and bookkeeping_only(path):
         return None
     if not path.is_dir():
-        return f"{what} {path} is a file, not a folder"
+        return f"--out-dir {path} is a file, not a folder"
     owner = read_owner(path)
     if owner == program and reuse:
         return None
     whose = (f"a finished run of {program} (metrics.json: runs are never overwritten)" if owner == program else
              f"a run of {owner}" if owner else f"files that are not a run of {program} (no {OWNER_FILE})")
-    return f"{what} {path} is not empty: it holds {whose}; give a new or empty folder (nothing was written)"
+    return f"--out-dir {path} is not empty: it holds {whose}; give a new or empty folder (nothing was written)"
 
 
 def bookkeeping_only(path):
@@ -161,12 +142,12 @@ def read_owner(path):
 
 def claim_run_dir(path, program, stack, reuse=True):
     """Take `path` for a run of `program` until `stack` closes, if run_dir_problem() allows it: created, probed,
-    locked and marked (OWNER_FILE). A start that fails before any work leaves the folder as it found it."""
+    locked and marked. A start that fails before any work leaves the folder as it found it."""
     path = Path(path)
     if problem := run_dir_problem(path, program, reuse):
         raise OutputError(problem)
     fresh = not path.exists()
-    files.check_output_dir(path, "--out-dir")
+    files.probe_folder(path, f"--out-dir {path}")
     stack.enter_context(RunLock(path))
     stack.callback(remove_if_unused, path, fresh)  # only once locked: another run's lock file is never touched
     if read_owner(path) != program:
@@ -185,19 +166,18 @@ def remove_if_unused(path, made_here):
 
 
 def open_run(path, program, stack):
-    """Claim run folder `path` for `program` (claim_run_dir) unless it holds a finished run (FINISHED);
-    returns whether it holds an unfinished attempt of `program`'s, for the caller to resume or set aside."""
+    """Claim run folder `path` for `program` unless it holds a finished run; returns whether it holds an
+    unfinished attempt of `program`'s, for the caller to resume or set aside."""
     path = Path(path)
     claim_run_dir(path, program, stack, reuse=not os.path.lexists(path / FINISHED))
     if os.path.lexists(path / FINISHED):  # finished between the check and the lock: the other run's last write
-        raise OutputError(f"--out-dir {path} holds a run of {program} that has just finished (metrics.json); "
-                          f"give a new folder")
+        raise OutputError(run_dir_problem(path, program, reuse=False))
     return any(p.name not in BOOKKEEPING for p in path.iterdir())
 
 
 def set_aside_earlier_attempt(out_dir, why):
-    """What an earlier attempt that this run will not continue left (args.json, events, a damaged checkpoint)
-    goes into earlier-attempt-<time>/: this run's curves are its own, TensorBoard shows the old ones apart."""
+    """What an earlier attempt that this run will not continue left goes into earlier-attempt-<time>/: this run's
+    curves are its own, TensorBoard shows the old ones apart."""
     left = [p for p in out_dir.iterdir() if p.name not in BOOKKEEPING and not p.name.startswith("earlier-attempt-")]
     if left:
         aside = out_dir / f"earlier-attempt-{new_run_name()}"
