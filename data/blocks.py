@@ -1,13 +1,6 @@
-"""The token blocks gpt_train.py trains on, packed: one int32 tensor (blocks, seq_len + 1) per split, cached
-as .npy files beside the corpus's datasets cache (the one cache of the tokens) and read back without `datasets`
-(its import and load_dataset's bookkeeping are ~0.6 s of every warm start on the 2-core VM), verified by
-content against their manifest; a damaged one is packed again. A batch is then one gather from a tensor.
-
-    token_blocks(text, sha256, tokenizer, block_size, val_fraction, seed, cache_dir)
-        -> ({"train", "validation": tensors}, stats)   the packed cache, else wos.load_splits + tokenize_blocks
-    pack(dataset)     a datasets table of "input_ids" blocks -> one tensor
-    epoch_loader(blocks, batch_size, seed, epoch)   the batches of one epoch, in a seeded order
-    Blocks(tensor)    the Dataset epoch_loader batches: a batch is tensor[indices]
+"""The token blocks gpt_train.py trains on: one int32 tensor (blocks, seq_len + 1) per split, cached as .npy
+files in the corpus's cache folder (the one cache of the tokens), verified against their manifest and read
+without `datasets` (its import and bookkeeping cost ~0.6 s of every warm start). A batch is one gather.
 """
 import hashlib
 import json
@@ -25,9 +18,8 @@ SPLITS = ("train", "validation")
 
 
 def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None):
-    """The blocks of `text` (content `sha256`) for `tokenizer`, packed, and wos.tokenize_blocks' stats: from the
-    cache where it verifies, else made from the text (`splits`: already loaded by the caller) and cached (a
-    cache that cannot be written is a warning: the blocks are still here)."""
+    """({split: tensor}, wos.tokenize_blocks' stats) of `text` (content `sha256`): from the cache where it
+    verifies, else made from the text (or the caller's `splits`) and cached if the cache can be written."""
     folder = packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed)
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
@@ -49,16 +41,15 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
 
 
 def packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed):
-    """corpus-<sha256>/packed-v<VERSION>-<the tokenizer's sha256>-<key>: one folder per corpus, tokenizer,
-    split and block size."""
+    """One folder per corpus, tokenizer, split and block size."""
     digest = hashlib.sha256(json.dumps([val_fraction, seed, block_size]).encode()).hexdigest()[:8]
     return wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / \
         f"packed-v{VERSION}-{tokenizer_sha256(tokenizer)[:16]}-{digest}"
 
 
 def read_packed(folder, block_size, vocab_size):
-    """The packed blocks and their stats; ValueError where a file is not what was written (its manifest),
-    or not blocks of `block_size` ids inside the vocabulary."""
+    """The packed blocks and their stats; ValueError where a file is not its manifest's or holds ids outside
+    the vocabulary."""
     if problem := files.manifest_problem(folder, [f"{name}.npy" for name in SPLITS]):
         raise ValueError(problem)
     blocks = {}
@@ -79,7 +70,7 @@ def pack(dataset):
 
 
 class Blocks(Dataset):
-    """The packed blocks as a Dataset: DataLoader fetches a batch through __getitems__ (one gather)."""
+    """The packed blocks as a Dataset whose batch is one gather (DataLoader calls __getitems__)."""
 
     def __init__(self, tensor):
         self.tensor = tensor
@@ -87,19 +78,15 @@ class Blocks(Dataset):
     def __len__(self):
         return len(self.tensor)
 
-    def __getitem__(self, index):
-        return self.tensor[index]
-
     def __getitems__(self, indices):
         return self.tensor[torch.as_tensor(indices)]
 
 
 def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
-    """A DataLoader over one epoch of the (blocks, block_size) tensor in the order (seed, epoch) fixes. A new
-    loader per epoch, not a sampler with hidden epoch state, makes the position in the data two integers: resuming
-    is `skip_first_batches(loader, batch)`, exact past the first epoch too; accelerate's `prepare` shards it.
-    `whole`: the epoch cut to a multiple of this many sequences (the global batch: every process count splits
-    it alike)."""
+    """A DataLoader over one epoch of the blocks tensor, in the order (seed, epoch) fixes.
+    A new loader per epoch, not a sampler with hidden epoch state, makes the position two integers: a resume is
+    `skip_first_batches(loader, batch)`. `whole`: the epoch cut to a multiple of this many sequences (the global
+    batch: every process count splits it alike)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(blocks), generator=g).tolist()
     order = order[:len(order) - len(order) % whole]

@@ -1,13 +1,6 @@
-"""MNIST for lenet5.py: the IDX files parsed here, the whole set held as one uint8 tensor.
-
-    find_mnist(data_dir, download)  -> the four IDX paths (torchvision downloads missing ones)
-    load_train_test(paths)          -> the two datasets; empty or swapped train/test files refused by their sizes
-    read_idx(path)                  -> one uint8 tensor, every header field checked, the read bounded by them
-    MNIST(images, labels).to(dev)   -> the set on the training device; ds[indices] is a whole batch
-    Batches(ds, batch_size, ...)    -> one pass: a seeded permutation copied to the device once, sliced
-
-A batch is one gather + normalise on the device instead of one PIL image and ToTensor per sample,
-which is what makes an epoch take seconds.
+"""MNIST for lenet5.py: its IDX files parsed here (every header field checked), the whole set held as one
+uint8 tensor on the training device. A batch is one gather + normalise there instead of one PIL image and
+ToTensor per sample, which is what makes an epoch take seconds.
 """
 import gzip
 import math
@@ -16,6 +9,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -29,17 +23,16 @@ MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisat
 MIN_TEST_IMAGES = 8  # lenet5.py's feature-map figures show 8 fixed test digits
 
 
-class MNISTError(UserError):
-    """Missing or damaged MNIST files: said in one line by the scripts, never a traceback."""
-
-
 MAX_IDX_BYTES = 64 << 20  # MNIST's largest file holds 47,040,016 bytes; nothing larger is read into memory
 
 
+class MNISTError(UserError):
+    """Missing or damaged MNIST files."""
+
+
 def read_idx(path):
-    """Parse one IDX file (http://yann.lecun.com/exdb/mnist/: magic 0, 0, dtype, ndim; then ndim big-endian
-    uint32 sizes) into a uint8 tensor, checking every field. The payload is bounded by the header (and by
-    MAX_IDX_BYTES): a .gz that inflates to gigabytes is refused after one byte more than its header promises."""
+    """One IDX file (magic 0, 0, dtype, ndim; ndim big-endian uint32 sizes; the bytes) as a uint8 tensor. The
+    read is bounded by the header: a .gz that inflates to gigabytes stops one byte past what it promises."""
     path = Path(path)
     try:
         with (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")) as f:
@@ -62,9 +55,7 @@ def read_idx(path):
     if len(payload) != expected:
         size = f"{len(payload):,} bytes" if len(payload) < expected else "more bytes"
         raise MNISTError(f"{path}: {size} after its header, which says {dims}: {expected:,} (truncated or corrupt)")
-    if not payload:  # frombuffer refuses an empty buffer; an empty set is refused by its users
-        return torch.empty(dims, dtype=torch.uint8)
-    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
+    return torch.from_numpy(np.frombuffer(bytearray(payload), dtype=np.uint8).reshape(dims))
 
 
 def _lookup(roots, name):
@@ -72,8 +63,8 @@ def _lookup(roots, name):
 
 
 def find_mnist(data_dir, download):
-    """Paths of the four IDX files under data_dir (or data_dir/MNIST/raw), downloading them if allowed
-    (torchvision's download and md5 check; a failure is one warning line, then what to do instead)."""
+    """{split: (images, labels)} under data_dir or data_dir/MNIST/raw, downloaded (torchvision: md5-checked)
+    if missing and allowed."""
     roots = [data_dir / "MNIST" / "raw", data_dir]
     names = [name for pair in FILES.values() for name in pair]
     if download and any(_lookup(roots, n) is None for n in names):
@@ -91,9 +82,8 @@ def find_mnist(data_dir, download):
 
 
 def load_train_test(paths):
-    """(train, test) MNIST datasets from find_mnist's paths. MNIST's training files hold 60,000 images and
-    its test files 10,000: files swapped under each other's names (a test accuracy measured on the training
-    images) are refused by their sizes."""
+    """(train, test) from find_mnist's paths; files swapped under each other's names (a test accuracy measured
+    on the training images) are refused by their sizes."""
     train, test = (MNIST(*paths[split]) for split in ("train", "test"))
     for split, ds, least in (("train", train, 1), ("test", test, MIN_TEST_IMAGES)):
         if len(ds) < least:
@@ -134,9 +124,8 @@ class MNIST(Dataset):
 
 
 class Batches:
-    """The batches of one pass over `dataset`, gathered where the data lives: a permutation (seeded,
-    drawn on the CPU, a new one each pass) is copied to the device once per epoch and sliced, so a
-    GPU batch needs no host-to-device copy of its indices."""
+    """One pass over `dataset` a batch at a time: a seeded permutation, drawn on the CPU, copied to the
+    device once per pass and sliced there (a GPU batch needs no copy of its indices)."""
 
     def __init__(self, dataset, batch_size, shuffle, seed=0):
         self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle

@@ -1,14 +1,9 @@
-"""The one way every script opens a tokenizer, whatever form it comes in:
-
-    a tokenizer.json (tokenizer_train.py's, data/tokenizer/tokenizer.json)   tokenizer_from_file()
-    a folder: tokenizer.json, or GPT-2's vocab.json + merges.txt           tokenizer_from_folder()
-    a hub name ("gpt2"): the HF cache, then data/<name>-tokenizer/, then
-      the hub itself only if it answers within seconds                   tokenizer_from_hub_name()
-      -> LoadedTokenizer: the vocabulary padded to 64, <|endoftext|>'s id, a sha256 by content
-
-A path that does not exist is never taken for a hub name (the hub client would reject or look it
-up), and no form hangs offline: every failure is one TokenizerError line naming what was tried.
+"""open_tokenizer(spec): the one way every script opens a tokenizer, whether `spec` is a tokenizer.json, a
+folder (tokenizer.json, or GPT-2's vocab.json + merges.txt) or a hub name ("gpt2": the HF cache, then
+data/<name>-tokenizer/, then the hub only if it answers within seconds). A path that does not exist is never
+taken for a hub name, and nothing hangs offline: a failure is one TokenizerError line naming what was tried.
 """
+import contextlib
 import hashlib
 import socket
 import threading
@@ -26,7 +21,7 @@ LOCAL_TOKENIZERS = REPO / "data"  # offline copies of hub tokenizers: data/<name
 
 
 class TokenizerError(UserError):
-    """A tokenizer that cannot be found or read: one line, never a traceback."""
+    """A tokenizer that cannot be found or read."""
 
 
 def default_tokenizer():
@@ -85,8 +80,7 @@ def tokenizer_from_file(path):
 
 
 def tokenizer_from_folder(path):
-    """A folder's tokenizer.json, else GPT-2's vocab.json + merges.txt: a byte-level BPE built as GPT-2's
-    tokenizer.json describes it."""
+    """A folder's tokenizer.json, else vocab.json + merges.txt built as GPT-2's tokenizer.json describes them."""
     if (path / "tokenizer.json").is_file():
         return tokenizer_from_file(path / "tokenizer.json")
     vocab, merges = path / "vocab.json", path / "merges.txt"
@@ -110,8 +104,7 @@ def repository_copy(name):
 
 
 def local_copy(name):
-    """A hub tokenizer's copy here, without the network: the HF cache's tokenizer.json, else
-    repository_copy(name) if it exists; None if neither."""
+    """A hub tokenizer's copy here (the HF cache's tokenizer.json, else repository_copy), or None."""
     from huggingface_hub import try_to_load_from_cache
     try:
         cached = try_to_load_from_cache(name, "tokenizer.json")
@@ -123,7 +116,6 @@ def local_copy(name):
 
 
 def tokenizer_from_hub_name(name):
-    """A hub tokenizer: the HF cache, then data/<name>-tokenizer/, then the hub if it answers; never a hang."""
     from huggingface_hub import constants
     if found := local_copy(name):
         return (tokenizer_from_file if found.is_file() else tokenizer_from_folder)(found), str(found)
@@ -142,16 +134,13 @@ def tokenizer_from_hub_name(name):
 
 
 def hub_reachable(host="huggingface.co", timeout=3.0):
-    """Whether the HF hub answers within `timeout` s, name lookup included (in a thread: getaddrinfo has no
-    timeout of its own): offline, the hub's client would retry for half a minute or hang on DNS."""
+    """Whether the hub answers within `timeout` s: offline, its client retries for half a minute or hangs on DNS
+    (a thread, because getaddrinfo has no timeout of its own)."""
     answer = []
 
     def probe():
-        try:
-            socket.create_connection((host, 443), timeout=timeout).close()
+        with contextlib.suppress(OSError), socket.create_connection((host, 443), timeout=timeout):
             answer.append(True)
-        except OSError:
-            pass
 
     thread = threading.Thread(target=probe, daemon=True)
     thread.start()

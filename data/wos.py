@@ -9,10 +9,8 @@ they read it with: data/tokenizer.py).
       -> fixed blocks of seq_len + 1 tokens                tokens_per_block()
       -> packed into tensors, cached as .npy (read without datasets), batched in a seeded order: data/blocks.py
 
-Everything after reading is done by `datasets` (imported only there: a warm start reads data/blocks.py's
-cache and never imports it). Its cache of the text sits under the repository's data/cache/ (LAB5_DATA or
-not), one folder per corpus content (corpus-<its sha256>: a file rewritten in place with the same size and
-mtime is a new corpus); a damaged one is rebuilt once, or refused in one line naming the folder to delete.
+`datasets` is imported only where the text is read: a warm start reads data/blocks.py's cache alone. Its
+cache is keyed by the text's content (corpus-<sha256>), not datasets' (path, mtime).
 """
 import hashlib
 import os
@@ -30,14 +28,22 @@ from data.tokenizer import EOT
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
+MAX_DOC_BYTES = 1_000_000  # an abstract is ~1-2 KB; a megabyte on one line is not one document
+WOS46985_DOCUMENTS = 46_985
+KNOWN_CORPORA = {  # sha256 -> name, for corpora whose content is known here
+    "621b305827935bdf51ad2582d89300500e2c8d69c9901d8d936baa11fe835f08": "stand-in",  # ../shared/data/wos-standin
+}
 
 
 class TextError(files.UserError):
-    """Missing or unusable text: reported as one line, never as a traceback."""
+    """Missing or unusable text."""
+
+
+class DamagedCache(Exception):
+    """A cached file that cannot be read."""
 
 
 def need_datasets():
-    """The `datasets` package, imported only where the corpus is read: what needs no corpus runs without it."""
     try:
         import datasets
     except ImportError as e:
@@ -53,22 +59,6 @@ def default_text():
 def default_cache():
     """The repository's data/cache, with LAB5_DATA set too: a shared data folder is read, never written."""
     return REPO / "data" / "cache"
-
-
-# ----------------------------------------------------------------------------- the file
-
-def download_wos(dest):
-    """Fetch WebOfScience.zip and unpack WOS46985/X.txt to dest (where there is internet). The archive is a
-    temporary file: a failed download leaves nothing in the data folder, not even dest's folder."""
-    request = urllib.request.Request(WOS_ZIP_URL, headers={"User-Agent": "Mozilla/5.0"})
-    print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
-    with tempfile.TemporaryFile() as archive:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            shutil.copyfileobj(response, archive)
-        z = zipfile.ZipFile(archive)
-        while not (member := next((n for n in z.namelist() if n.endswith("WOS46985/X.txt")), None)):
-            z = zipfile.ZipFile(z.open(next(n for n in z.namelist() if n.endswith(".zip"))))  # a zip in the zip
-        files.write_atomic(dest, z.read(member))
 
 
 def resolve_text(path=None, download=True):
@@ -92,13 +82,22 @@ def resolve_text(path=None, download=True):
     return path
 
 
-MAX_DOC_BYTES = 1_000_000  # an abstract is ~1-2 KB; a megabyte on one line is not one document
+def download_wos(dest):
+    """WebOfScience.zip's WOS46985/X.txt to dest; through a temporary file: a failure leaves nothing behind."""
+    request = urllib.request.Request(WOS_ZIP_URL, headers={"User-Agent": "Mozilla/5.0"})
+    print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
+    with tempfile.TemporaryFile() as archive:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            shutil.copyfileobj(response, archive)
+        z = zipfile.ZipFile(archive)
+        while not (member := next((n for n in z.namelist() if n.endswith("WOS46985/X.txt")), None)):
+            z = zipfile.ZipFile(z.open(next(n for n in z.namelist() if n.endswith(".zip"))))  # a zip in the zip
+        files.write_atomic(dest, z.read(member))
 
 
 def check_text(path):
-    """Validate X.txt before datasets reads it: >= 2 usable lines, none over MAX_DOC_BYTES (a file without line
-    breaks would exhaust the memory of BPE training), not UTF-16/32 (a byte-order mark, or a line of NUL bytes:
-    it would pass as UTF-8 with a few bad lines); invalid UTF-8 lines are counted in one warning."""
+    """Refuse what datasets would read wrongly: < 2 usable lines, a line over MAX_DOC_BYTES (no line breaks:
+    BPE training would exhaust the memory), UTF-16/32 (it would pass as UTF-8 with a few bad lines)."""
     raw = Path(path).read_bytes()
     if not raw.strip():
         raise TextError(f"{path} is empty")
@@ -113,11 +112,8 @@ def check_text(path):
         if line.count(0) > len(line) // 8:
             raise TextError(f"{path}: line {number} is {line.count(0) / len(line):.0%} NUL bytes: UTF-16 or binary, "
                             f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            text = line.decode("utf-8", errors="replace")
-            invalid += 1
+        text = line.decode("utf-8", errors="replace")
+        invalid += text.encode("utf-8") != line  # the replacement characters changed it
         usable += bool(text.strip())
     if invalid:
         print(f"warning: {invalid} lines of {path} are not valid UTF-8; decoded with replacement characters",
@@ -126,17 +122,9 @@ def check_text(path):
         raise TextError(f"{path} has {usable} usable line(s); need at least 2 (one document per line)")
 
 
-WOS46985_DOCUMENTS = 46_985
-KNOWN_CORPORA = {  # sha256 -> name, for corpora whose content is known here
-    "621b305827935bdf51ad2582d89300500e2c8d69c9901d8d936baa11fe835f08": "stand-in",  # ../shared/data/wos-standin
-}
-
-
 def corpus_identity(path):
-    """What a corpus is, from its content (never its path): {documents, bytes, sha256, name, basis}.
-    name: "stand-in" by its known hash; "WOS46985" for 46,985 abstract-sized documents, WOS46985/X.txt's
-    count (its hash is not known to this code, so that is the most the name can claim: `basis` says so);
-    anything else "other", never WOS."""
+    """{name, documents, bytes, sha256, basis}, from the content, never the path: "stand-in" by its known hash,
+    "WOS46985" for 46,985 abstract-sized documents (its hash is not known here: `basis` says so), else "other"."""
     raw = Path(path).read_bytes()
     docs = [line for line in raw.splitlines() if line.strip()]
     sha = hashlib.sha256(raw).hexdigest()
@@ -152,12 +140,9 @@ def corpus_identity(path):
     return {"name": name, "documents": len(docs), "bytes": len(raw), "sha256": sha, "basis": basis}
 
 
-# ----------------------------------------------------------------------------- datasets
-
 def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
-    """DatasetDict(train, validation) of {"text"}: one row per document, split by datasets' seeded
-    `train_test_split`. Cached in corpus_cache() by content (`sha256`, else hashed here): datasets' own key
-    (path, mtime) misses a file rewritten in place (`cp -p`). A damaged cache is rebuilt once, else refused."""
+    """DatasetDict(train, validation) of {"text"}, one row per document, split by datasets' seeded
+    `train_test_split`; cached by content (`sha256`, else hashed here). A damaged cache is rebuilt once."""
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
     files.check_output_dir(cache_dir, "--cache-dir")
@@ -174,14 +159,12 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
 
 
 def corpus_cache(cache_dir, sha256):
-    """cache_dir/corpus-<the text's sha256, 32 hex digits>: everything cached from one corpus content
-    (datasets' tables of its text, data/blocks.py's packed blocks of each tokenizer beside them)."""
+    """Everything cached from one corpus content: datasets' tables, data/blocks.py's packed blocks."""
     return Path(cache_dir) / f"corpus-{sha256[:32]}"
 
 
 def read_splits(path, val_fraction, seed, cache_dir, fresh):
-    """load_splits' work; `fresh`: regenerate every cached file instead of loading it. A cached file that cannot
-    be read is a DamagedCache; the system's errors (a full disk: an OSError with an errno) one TextError."""
+    """load_splits' work; `fresh`: regenerate every cached file."""
     datasets = need_datasets()
     import pyarrow
     try:
@@ -197,53 +180,43 @@ def read_splits(path, val_fraction, seed, cache_dir, fresh):
             raise TextError(f"{path}: {len(docs)} documents are too few for a validation split of {val_fraction}")
         parts = docs.train_test_split(test_size=n_val, shuffle=True, seed=seed, load_from_cache_file=not fresh)
     except (pyarrow.ArrowException, OSError) as e:
-        if isinstance(e, OSError) and e.errno is not None:
+        if isinstance(e, OSError) and e.errno is not None:  # the system's (a full disk), not a damaged file
             raise TextError(f"the cache {cache_dir / 'text'}: {e.strerror} ({e.filename or 'documents'})") from None
-        # a truncated or garbled file: ArrowInvalid, or pyarrow's OSError without an errno
-        raise DamagedCache(f"documents: {files.reason(e)}") from None
+        raise DamagedCache(f"documents: {files.reason(e)}") from None  # ArrowInvalid, or OSError without errno
     return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
 
 
 def tokens_per_block(seq_len):
-    """Tokens per cached block for a model of context seq_len: the inputs and, shifted by one, the targets."""
+    """The inputs and, shifted by one, the targets."""
     return seq_len + 1
 
 
 def check_blocks_fit(splits, block_size):
-    """Before a tokenizer is trained: TextError, naming --seq-len, if a split cannot fill one block of
-    block_size tokens whatever the tokenizer (a token is at least one byte, plus one <|endoftext|> a document)."""
+    """Before a tokenizer is trained: can each split fill one block whatever the tokenizer (a token is at
+    least one byte, plus one <|endoftext|> a document)?"""
     for name, split in splits.items():
-        room = 0
-        for text in split["text"]:
-            room += len(text.encode("utf-8")) + 1
-            if room >= block_size:
-                break
-        else:
+        room = sum(len(text.encode("utf-8")) + 1 for text in split["text"])
+        if room < block_size:
             raise TextError(f"the {name} split ({len(split):,} document{'s' * (len(split) != 1)}, {room:,} bytes) "
                             f"cannot fill one block of {block_size} tokens (--seq-len {block_size - 1} + 1): give a "
                             f"smaller --seq-len, --seq-len 0 (no token cache), or more text")
 
 
-class DamagedCache(Exception):
-    """A cached file that cannot be read."""
-
-
 def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
-    """(DatasetDict of {"input_ids": block_size token ids}, {split: {docs, tokens, bytes, from_cache}}).
-    Documents are joined by <|endoftext|>; as in HF's run_clm, each map batch of 1000 documents drops its last
-    partial block (< 0.5% of the tokens). Kept in memory: the one cache of the blocks is data/blocks.py's."""
+    """(DatasetDict of {"input_ids": block_size ids}, {split: {docs, tokens, bytes, from_cache}}). As in HF's
+    run_clm, each map batch of 1000 documents drops its last partial block (< 0.5% of the tokens)."""
     if (eot := tokenizer.token_to_id(EOT)) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
     datasets = need_datasets()
     if num_proc is None:  # worker processes pay off only on a large corpus
         num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None
 
-    def tokenize(batch):  # documents -> ids (+ end of text)
+    def tokenize(batch):
         ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]
         return {"ids": ids, "n_tokens": [len(x) - 1 for x in ids],
                 "n_bytes": [len(t.encode("utf-8")) for t in batch["text"]]}
 
-    def group(batch):  # ids -> blocks of block_size
+    def group(batch):
         ids = list(chain.from_iterable(batch["ids"]))
         return {"input_ids": [ids[i:i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]}
 
@@ -260,4 +233,3 @@ def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
         stats[name] = {"docs": len(ids), "tokens": sum(ids["n_tokens"]), "bytes": sum(ids["n_bytes"]),
                        "from_cache": False}
     return blocks, stats
-
