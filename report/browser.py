@@ -1,7 +1,6 @@
-"""What make_report.py needs from outside Python: a TensorBoard server (serve_tensorboard, and storage_front,
-which sets TensorBoard's localStorage-only "ignore outliers" off), headless Chromium's screenshots, and its
-print-to-PDF of report.md. Every wait is bounded: a Chromium that hangs is killed with its whole process group
-after BROWSER_TIMEOUT seconds, and the caller gets a reason in one line instead of an exception.
+"""What make_report.py needs from outside Python: a real TensorBoard server photographed by headless Chromium
+(each page cropped to its cards), and Chromium's print-to-PDF of report.md. Every wait is bounded: a Chromium that
+hangs is killed with its process group after BROWSER_TIMEOUT seconds, and the caller gets one line.
 """
 import contextlib
 import html as html_lib
@@ -28,6 +27,16 @@ from data.files import UserError
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 BROWSER_TIMEOUT = 120  # seconds; a screenshot takes ~5 s, a PDF ~10 s
+SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
+    # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only
+    "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0", 900),
+               ("lenet_tensorboard_layers.png", "images&tagFilter=layers", 1100)],
+    "gpt": [("gpt_tensorboard_scalars.png", "scalars&tagFilter=train%2Floss%7Cval%2Floss%7Ctokens_per_second"
+                                            "&_smoothingWeight=0", 900)],
+}
+SHOT_WIDTH, SHOT_SCALE = 1400, 2  # CSS px, device pixels per CSS px: tick labels legible at print size
+TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every point inside the y range
+SOURCES = "screenshots.json"  # in --out: {screenshot file: the run folder whose events it shows}
 
 
 class BrowserError(UserError):
@@ -35,7 +44,7 @@ class BrowserError(UserError):
 
 
 def is_png(path):
-    """A file a page may show: a PNG signature and more than a header (Chromium can leave 0 bytes)."""
+    """A PNG signature and more than a header (Chromium can leave 0 bytes)."""
     try:
         with open(path, "rb") as f:
             return f.read(8) == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 64
@@ -45,12 +54,6 @@ def is_png(path):
 
 def find_browser():
     return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_tensorboard(base, timeout=90):
@@ -70,20 +73,20 @@ def wait_for_tensorboard(base, timeout=90):
 @contextlib.contextmanager
 def serve_tensorboard(logdir):
     """A real TensorBoard server on logdir (127.0.0.1 only); yields its base URL, or None if it never answered."""
-    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
                                "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        base = f"http://127.0.0.1:{port}"
-        yield base if wait_for_tensorboard(base) else None
+        yield f"http://127.0.0.1:{port}" if wait_for_tensorboard(f"http://127.0.0.1:{port}") else None
     finally:
         server.terminate()
         server.wait(timeout=30)
 
 
 def front_handler(base, items):
-    """Requests to the front: /lab5-storage?next=PATH answers a page that stores `items` and opens PATH;
-    everything else is passed to base and its answer back."""
+    """/lab5-storage?next=PATH: a page storing `items` in localStorage, then opening PATH; all else passed to base."""
     script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in items.items())
 
     class Front(http.server.BaseHTTPRequestHandler):
@@ -92,12 +95,9 @@ def front_handler(base, items):
                 target = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)["next"][0]
                 page = f"<script>{script}location.replace({json.dumps(target)});</script>"
                 return self.reply(200, {"Content-Type": "text/html"}, page.encode())
-            self.forward()
+            self.do_POST()
 
         def do_POST(self):
-            self.forward()
-
-        def forward(self):
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
             headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "x-xsrf-protected")}
             request = urllib.request.Request(base + self.path, data=body, method=self.command, headers=headers)
@@ -123,9 +123,9 @@ def front_handler(base, items):
 
 @contextlib.contextmanager
 def storage_front(base, items):
-    """A front for the server at base on another port of 127.0.0.1, so a browser's localStorage for it
-    can be written before the page loads: TensorBoard reads settings such as "ignore outliers in chart
-    scaling" (`_ignoreYOutliers`, on by default) from localStorage only, never from the URL."""
+    """A front for the server at base on another port, so Chromium's localStorage for it is written before the
+    page loads: TensorBoard reads "ignore outliers in chart scaling" (`_ignoreYOutliers`, on by default) from
+    localStorage only, never from the URL."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), front_handler(base, items))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -135,43 +135,105 @@ def storage_front(base, items):
         server.server_close()
 
 
-def browser(*args, timeout=None):
-    """Headless Chromium with a fresh profile, quiet about the network it cannot reach. Its own process
-    group, so a hung Chromium is killed with its renderer and GPU helpers (killing only the parent
-    would leave them holding the terminal and the profile)."""
-    timeout = BROWSER_TIMEOUT if timeout is None else timeout
+def browser(*args):
+    """Headless Chromium with a fresh profile, in its own process group: a hung one is killed with its renderer
+    and GPU helpers (killing only the parent would leave them holding the terminal and the profile)."""
     with tempfile.TemporaryDirectory() as profile:
         process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={profile}", *args],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            code = process.wait(timeout=BROWSER_TIMEOUT)
+        except BaseException as e:  # a hang, or a Ctrl-C while it prints: it must not write on after we exit
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            raise BrowserError(f"Chromium did not finish within {timeout} s; killed") from None
-        except BaseException:  # a Ctrl-C while it prints: it must not write on after make_report has exited
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            if isinstance(e, subprocess.TimeoutExpired):
+                raise BrowserError(f"Chromium did not finish within {BROWSER_TIMEOUT} s; killed") from None
             raise
     if code != 0:
         raise BrowserError(f"Chromium exited with {code}")
 
 
-def screenshot(url, path, width, height, scale=1):
-    """Photograph url into path (PNG) with a window of width x height CSS px, `scale` device pixels
-    each; None when it worked, else why not, in one line."""
-    path.unlink(missing_ok=True)  # so an old file cannot pass for a new screenshot
+def crop_to_cards(path):
+    """Crop a TensorBoard screenshot to the cards of its first section (the white box right of the grey sidebar,
+    below the "Tags matching" divider), margins trimmed to 12 px; None, or why the page did not fit."""
+    import numpy as np
+    from PIL import Image
     try:
-        browser(f"--window-size={width},{height}", f"--force-device-scale-factor={scale}",
-                "--virtual-time-budget=10000", f"--screenshot={path}", url)
-    except BrowserError as e:
-        return f"no screenshot {path.name}: {e}"
-    if not path.is_file():
-        return f"no screenshot {path.name}: Chromium wrote no file"
-    if not is_png(path):
-        path.unlink()
-        return f"no screenshot {path.name}: Chromium wrote no PNG"
+        image = Image.open(path).convert("RGB")
+        white = (np.asarray(image) == 255).all(axis=2)
+        row = int(white.shape[0] * 0.6)
+        xs = np.flatnonzero(white[row])
+        if len(xs) == 0 or white[row, :xs[0]].any():
+            raise ValueError("no white card box right of the sidebar")
+        left, right = xs[0] + 1, xs[-1]
+        across = white[:, left:right].mean(axis=1)  # rows of the box: white; its borders and divider: not
+        top = np.argmax(across > 0.9)
+        divider = top + np.argmax(across[top:] < 0.5)
+        top = divider + np.argmax(across[divider:] > 0.9)
+        margin = white[top:, left + 4]  # the box's left margin, white down to its bottom border
+        cards = image.crop((left, top, right, top + (np.argmax(~margin) if not margin.all() else len(margin))))
+    except (OSError, ValueError) as e:  # PIL's UnidentifiedImageError is an OSError
+        return f"{path.name} left uncropped: {e}"
+    dark = (np.asarray(cards) < 235).any(axis=2)  # text, lines, images: not the page's grey (245)
+    ink, rows = np.flatnonzero(dark.any(axis=0)), np.flatnonzero(dark.any(axis=1))
+    if len(ink) == 0:
+        return f"{path.name} left uncropped: its card box is empty"
+    cards.crop((max(0, ink[0] - 12), max(0, rows[0] - 12), min(cards.width, ink[-1] + 12),
+                min(cards.height, rows[-1] + 12))).save(path)
     return None
+
+
+def tensorboard_screenshots(runs, out, problems):
+    """Each run's SHOTS from a real TensorBoard server, as a student sees it; the lines that show them. Only files
+    Chromium really wrote are linked; after its first failure (an error, or a hang cut off) no more are tried."""
+    if not find_browser():
+        return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
+    lines, taken = [], {}
+    for run in runs:
+        with serve_tensorboard(run.events) as base:
+            if base is None:
+                problems.append(f"TensorBoard on {run.events_source} did not answer; no screenshots of it")
+                continue
+            if not run_screenshots(run, base, out, lines, problems, taken):
+                break
+    if taken:
+        files.write_json(out / SOURCES, taken)
+    return lines
+
+
+def run_screenshots(run, base, out, lines, problems, taken):
+    """The SHOTS of one run through the front (outlier-ignoring off: every curve's full range); False after
+    Chromium failed."""
+    with storage_front(base, TENSORBOARD_SETTINGS) as front:
+        for file, page, height in SHOTS.get(run.kind, []):
+            path, target = out / file, urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
+            path.unlink(missing_ok=True)  # so an old file cannot pass for a new screenshot
+            try:
+                browser(f"--window-size={SHOT_WIDTH},{height}", f"--force-device-scale-factor={SHOT_SCALE}",
+                        "--virtual-time-budget=10000", f"--screenshot={path}", f"{front}/lab5-storage?next={target}")
+                if not is_png(path):
+                    raise BrowserError(f"Chromium wrote no {'PNG' if path.is_file() else 'file'}")
+            except BrowserError as e:
+                path.unlink(missing_ok=True)
+                problems.append(f"no screenshot {file}: {e}; no further screenshots tried")
+                return False
+            problems.extend(filter(None, [crop_to_cards(path)]))
+            taken[file] = run.events_source
+            lines.append(f"![TensorBoard: {page.split('&')[0]} of {run.events_source}]({file})")
+    return True
+
+
+def kept_screenshots(out, shown):
+    """The screenshots in `out` a build without Chromium keeps: those SOURCES says were taken of the runs shown
+    now ({kind: inputs.Run}); another run's are left out, never captioned as these."""
+    try:
+        taken = json.loads(files.read_small(out / SOURCES, 1 << 16, follow=True))
+    except (OSError, ValueError):
+        return []
+    now = {kind: run.events_source for kind, run in shown.items() if run.events}
+    keep = [file for kind, shots in SHOTS.items() for file, _, _ in shots
+            if isinstance(taken, dict) and kind in now and taken.get(file) == now[kind]]
+    return keep + [SOURCES] if keep else []
 
 
 PDF_CSS = """
@@ -200,13 +262,13 @@ FIGURE = re.compile(r"(<p><img [^>]*></p>)\s*(<p><em>(?:(?!</p>).)*</p>)", re.S)
 
 
 def join_cjk_lines(html):
-    """Soft line breaks between Chinese characters, or beside Chinese punctuation, removed (a browser
-    would render them as spaces: "硬件、 PyTorch"); <pre> blocks left as they are."""
-    parts = re.split(r"(<pre[\s>].*?</pre>)", html, flags=re.S)
+    """Soft line breaks between Chinese characters or beside Chinese punctuation removed (a browser renders
+    them as spaces: "硬件、 PyTorch"); <pre> blocks left as they are."""
     def join(m):
         left, right = m.group(1), m.group(4)
         cjk = CJK.match(left) and CJK.match(right) or CJK_PUNCT.match(left) or CJK_PUNCT.match(right)
         return "".join(m.group(1, 2)) + ("" if cjk else "\n") + "".join(m.group(3, 4))
+    parts = re.split(r"(<pre[\s>].*?</pre>)", html, flags=re.S)
     return "".join(part if part.startswith("<pre") else SOFT_BREAK.sub(join, part) for part in parts)
 
 
@@ -224,9 +286,9 @@ def report_html(markdown_text):
 
 
 def write_pdf(markdown_path, pdf_path, text=None):
-    """report.md (or `text`, its filled copy) -> HTML (python-markdown: tables, code) -> PDF by Chromium's
-    print-to-pdf; Chinese text in Noto CJK (Debian's fonts-noto-cjk). The HTML sits beside report.md so
-    figure links resolve. A failure is a BrowserError, one line."""
+    """report.md (or `text`, its filled copy) printed by Chromium to pdf_path, under a short temporary name
+    renamed over it once whole; the HTML sits beside report.md so figure links resolve. Chinese text in Noto CJK
+    (Debian's fonts-noto-cjk). A failure is a BrowserError, one line."""
     if not find_browser():
         raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
     text = markdown_path.read_text() if text is None else text
@@ -234,7 +296,6 @@ def write_pdf(markdown_path, pdf_path, text=None):
                                      delete=False) as html:
         html.write(report_html(text))
     html, pdf_path = Path(html.name), Path(pdf_path)
-    # renamed over the old PDF once whole; a short name, whatever --pdf-out's length
     printed = pdf_path.parent / f".make_report-{os.getpid()}.pdf"
     try:
         browser("--no-pdf-header-footer", f"--print-to-pdf={printed}", html.resolve().as_uri())
@@ -248,5 +309,3 @@ def write_pdf(markdown_path, pdf_path, text=None):
         html.unlink()
         printed.unlink(missing_ok=True)
     return pdf_path
-
-

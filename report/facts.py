@@ -1,13 +1,11 @@
-"""What report.md's text says, filled from the same inputs as the tables and figures (a rebuilt report never
-shows one run's figure beside another's number), and the facts derived for it: which run each section shows,
-the GPU roles, process times, the generated tables.
+"""report.md's placeholders, filled from the same inputs as the tables and figures, and the facts derived for them
+(the runs each section shows, the GPU roles, process times, the generated tables).
 
 A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}` (`{{lenet.test_accuracy:.2%}}`): SOURCE a results file by
 its figure name, an alias (`lenet`, `gpt`: the run named, else ALIASES), a GPU role or a derived source; FIELD a
-key or list index; FORMAT Python's format spec. `{{SOURCE._source}}` is the file read. An unknown source or field,
-a null or a list is a problem, never a blank. `<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only
-where NAME is (is not) a source, `team` (the repository's report) or `own` (a student's runs named): a student's
-report never carries a caption written for the team's runs.
+key or list index; FORMAT Python's format spec; `{{SOURCE._source}}` the file read. An unknown source or field, a
+null or a list is a problem, never a blank. `<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only where
+NAME is (is not) a source, `team` (the repository's report) or `own` (a student's runs named).
 """
 import re
 import statistics
@@ -28,15 +26,22 @@ LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats
 FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564 的会话"}
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
+# a block with no block inside it: nested ones are resolved from the innermost out
+BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
+                   r"<!--\s*/\1\s*-->\n?", re.S)
+
+
+def first_result(results, name):
+    return next((k for k in results if result_name(k) == name), None)
 
 
 def role_runs(folders, results, scratch):
-    """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer; a
-    run's events from beside its JSON (the first folder) or from runs.tar.gz (gpu_check.sh's, into scratch)."""
+    """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer; a run's
+    events from beside its JSON or from runs.tar.gz (gpu_check.sh's, into scratch)."""
     roles = {}
     for role, (pattern, older, fallback) in ROLES.items():
         found, stem = answer(folders, pattern, older, results=True)
-        key = next((k for k in results if result_name(k) == fallback), None) if not found and fallback else None
+        key = first_result(results, fallback) if not found and fallback else None
         if found:
             loose = found.folder / f"{stem}.json"
             data, path = found.results[stem], loose if loose.is_file() else None
@@ -61,7 +66,7 @@ def shown_runs(by_kind, results, roles, committed=True):
                               events_source=rel(run.dir))
         elif committed and default in roles:
             shown[kind] = replace(roles[default], alias=alias)
-        elif committed and (key := next((k for k in results if result_name(k) == default), None)):
+        elif committed and (key := first_result(results, default)):
             data, path = results[key]
             events = events_beside(path)
             shown[kind] = Run(alias, kind, data, rel(path), path, default, events, rel(events) if events else None)
@@ -69,8 +74,8 @@ def shown_runs(by_kind, results, roles, committed=True):
 
 
 def process_seconds(metrics, gpu=None, stem=None):
-    """(seconds, how) of a run's whole process, or (None, why not): its metrics' process_seconds (a resumed
-    run's process_seconds_total: its loop time sums every process), else its GPU folder's step log."""
+    """(seconds, how) of a run's whole process, or (None, why not): its process_seconds (a resumed run's
+    process_seconds_total: its loop time sums every process), else its GPU folder's step log."""
     here, total = metrics.get("process_seconds"), metrics.get("process_seconds_total")
     if isinstance(here, NUMBER):
         if isinstance(total, NUMBER) and total > here + 0.05:
@@ -83,8 +88,8 @@ def process_seconds(metrics, gpu=None, stem=None):
 
 
 def clock_facts(run):
-    """`{{<alias>_clock.…}}`: process_text always (one rounding of the process time, or why there is none),
-    process_seconds only where measured."""
+    """`{{<alias>_clock.…}}`: process_text always (the process time, or why there is none), process_seconds
+    where measured."""
     seconds, how = process_seconds(run.metrics, run.gpu, run.stem)
     facts = {"how": how, "process_text": f"{seconds:.0f} s" if seconds is not None else how}
     return facts | ({"process_seconds": seconds} if seconds is not None else {})
@@ -104,14 +109,12 @@ def goal_facts(metrics):
 
 
 def gpu_sources(folders, roles):
-    """smi_gpt / smi_lenet (the busy window of the nvidia-smi CSVs the figure draws), gpu_runs (the GPT runs'
-    table of the folder the graded run came from), ladder (the GPU and CPU ladders side by side), and
-    gpu_old / gpu_new: which kinds of folder answered (the caveats say only what is still true)."""
+    """smi_gpt / smi_lenet (the busy window of the nvidia-smi CSVs drawn), slot_*, gpu_old / gpu_new (which kinds
+    of folder answered: the caveats say only what is still true) and gpu_runs (the graded run's folder's GPT runs)."""
     sources, used = {}, [r.gpu for r in roles.values() if r.gpu]
     for name, pattern in (("smi_gpt", SLOTS["gpu_utilization.png"][1]), ("smi_lenet", LENET_CSV)):
         found, csv = answer(folders, pattern)
-        window = busy_window(found.files[csv]()) if found else {}
-        if window:
+        if window := busy_window(found.files[csv]()) if found else {}:
             sources[name] = (window | {"csv": csv, "where": found.label}, f"{rel(found.folder)}/{csv}")
     for slot, (_, pattern, _) in SLOTS.items():
         found, name = answer(folders, pattern)
@@ -130,9 +133,8 @@ def gpu_sources(folders, roles):
 
 
 def derived_sources(results, shown, roles, folders, by_kind):
-    """Every source report.md may name: each results file by its figure name, the aliases (`lenet`, `gpt`) and
-    GPU roles with `where` (the folder's device and code), <name>_clock, <alias>_tb (the events shown),
-    gpt_goal, the GPU folders' facts (gpu_sources), ladder (its table) and gpu_nvml (named GPU runs)."""
+    """Every source report.md may name: each results file by its figure name, the aliases and GPU roles (with
+    `where`), <name>_clock, <alias>_tb, gpt_goal, lenet_curve, gpu_sources, ladder, lenet_lightning, gpu_nvml."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
         where = run.gpu.label if run.gpu else run.metrics.get("device_name") or run.metrics.get("device")
@@ -151,11 +153,10 @@ def derived_sources(results, shown, roles, folders, by_kind):
         sources["lenet_curve"] = {"text": f"每个 epoch `train/accuracy` {train:.0f} 个点、`test/accuracy` "
                                           f"{max(1, test):.0f} 个点"}, lenet.source
     sources |= gpu_sources(folders, roles)
-    cpu = sources.get(CPU_LADDER, (None, None))
-    gpu = roles.get("gpu_ladder")
-    if cpu[0] or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
+    cpu, gpu = sources.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
+    if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
         then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
-        sources["ladder"] = {"table": tables.ladder_compare(gpu and gpu.metrics, cpu[0],
+        sources["ladder"] = {"table": tables.ladder_compare(gpu and gpu.metrics, cpu,
                                                             gpu.gpu.label if gpu else None, then)}, "ladder"
     if (bench := sources.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
@@ -166,23 +167,14 @@ def derived_sources(results, shown, roles, folders, by_kind):
     return sources
 
 
-# a block with no block inside it: nested ones are resolved from the innermost out
-BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
-                   r"<!--\s*/\1\s*-->\n?", re.S)
-FIGURE_NUMBER = re.compile(r"图 #")
-
-
 def select_blocks(text, present):
-    """report.md with each `<!-- if NAME -->` block kept only where NAME is in `present` (`unless`: only
-    where it is not), blocks inside blocks too; then the figures that remain numbered in order (`图 #`)."""
-    while True:
-        kept = BLOCK.sub(lambda m: "\n" + m.group(3).strip("\n") + "\n\n"  # a paragraph of its own
-                         if (m.group(2) in present) == (m.group(1) == "if") else "", text)
-        if kept == text:
-            break
+    """report.md with each `<!-- if NAME -->` block kept only where NAME is in `present` (`unless`: where not),
+    inner blocks first; then the figures left numbered in order (`图 #`)."""
+    while (kept := BLOCK.sub(lambda m: "\n" + m.group(3).strip("\n") + "\n\n"  # a paragraph of its own
+                             if (m.group(2) in present) == (m.group(1) == "if") else "", text)) != text:
         text = kept
     numbers = iter(range(1, 1000))
-    return re.sub(r"\n{3,}", "\n\n", FIGURE_NUMBER.sub(lambda m: f"图 {next(numbers)}", text))
+    return re.sub(r"\n{3,}", "\n\n", re.sub("图 #", lambda m: f"图 {next(numbers)}", text))
 
 
 def look_up(sources, key):
@@ -205,24 +197,17 @@ def look_up(sources, key):
     return value, source
 
 
-def render(value, spec):
-    if spec:
-        return format(value, spec)
-    if isinstance(value, bool) or isinstance(value, str):
-        return str(value)
-    return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
-
-
 def fill(text, sources):
-    """(text with each placeholder replaced, [problem], [(placeholder, value, source)]). A placeholder
-    that cannot be filled stays as written, so a PDF is never made with a silent blank."""
+    """(text with each placeholder replaced, [problem], [(placeholder, value, source)]); one that cannot be
+    filled stays as written, so a PDF is never made with a silent blank."""
     problems, used = [], []
 
     def one(match):
         key, spec = match.group(1), (match.group(2) or "").strip()
         try:
             value, source = look_up(sources, key)
-            shown = render(value, spec)
+            shown = format(value, spec) if spec or isinstance(value, (bool, str)) else \
+                f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
         except KeyError as e:
             problems.append(f"report placeholder {match.group(0)}: {e.args[0]}")
             return match.group(0)
@@ -240,16 +225,10 @@ def leaves(value, prefix):
         for k, v in value.items():
             yield from leaves(v, f"{prefix}.{k}")
     elif isinstance(value, list):
-        if len(value) <= LONGEST_LISTED:
-            for i, v in enumerate(value):
-                yield from leaves(v, f"{prefix}.{i}")
+        for i, v in enumerate(value if len(value) <= LONGEST_LISTED else []):
+            yield from leaves(v, f"{prefix}.{i}")
     elif value is not None:
         yield prefix, value
-
-
-def used_lines(used):
-    """results.md's list of the placeholders the report uses: placeholder -> value -> source."""
-    return [f"- `{p}` -> {v} -> `{s}`" for p, v, s in used] or ["- none"]
 
 
 def available_lines(sources):

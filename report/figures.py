@@ -1,5 +1,9 @@
-"""The figures, drawn with matplotlib into PNG files; a function that returns Markdown lines returns them only
-once its figure was written."""
+"""The figures, drawn with matplotlib into PNG files; a function returning Markdown lines returns them only once
+its figure was written."""
+import re
+from datetime import datetime
+from io import BytesIO
+
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
@@ -18,9 +22,15 @@ LAYER_IMAGES = (  # TensorBoard image tag -> the figure drawn from it, what it s
      "conv2 feature maps: one row per test digit, one column per channel (16, 8x8)"))
 
 
+def save(fig, path, **options):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, **options)
+    plt.close(fig)
+
+
 def plot_lines(path, panels, title, hline=None, ymin0=None):
-    """panels: [(ylabel, {label: [(x, y)]}, xlabel)] side by side; hline = (panel, y, label) draws a
-    dashed reference line; ymin0 = a panel whose y axis starts at zero."""
+    """panels: [(ylabel, {label: [(x, y)]}, xlabel)] side by side; hline = (panel, y, label) a dashed reference
+    line; ymin0 = a panel whose y axis starts at zero."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for i, (ax, (ylabel, series, xlabel)) in enumerate(zip(axes[0], panels)):
         if hline and hline[0] == i:
@@ -37,14 +47,11 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def scalars_from_metrics(m):
-    """The curves a metrics JSON keeps, in the {tag: [(step, value)]} form of the event files: so a
-    figure can be redrawn from committed data alone."""
+    """The curves a metrics JSON keeps, as the event files' {tag: [(step, value)]}: redrawn from the JSON alone."""
     if "tokens_seen" in m:  # GPT
         return {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
                 "perf/tokens_per_second": m.get("throughput_curve", [])}
@@ -57,43 +64,35 @@ def scalars_from_metrics(m):
 def lenet_curves(s, m, path):
     name = (f"LeNet-5 ({m.get('device_name', m['device'])}, act={m['act']}, engine={m.get('engine', 'plain')}, "
             f"final test accuracy {m['test_accuracy']:.2%})")
-    plot_lines(path, [("loss", {"train": s.get("train/loss", []), "test": s.get("test/loss", [])}, "step"),
-                      ("accuracy", {"train": s.get("train/accuracy", []), "test": s.get("test/accuracy", [])},
-                       "step")], name)
+    plot_lines(path, [(what, {k: s.get(f"{k}/{what}", []) for k in ("train", "test")}, "step")
+                      for what in ("loss", "accuracy")], name)
     return [f"![LeNet-5 curves]({path.name})"]
 
 
 def lenet_images(where, images, out, problems):
-    """The intermediate-layer images of one LeNet-5 run, enlarged and titled; the lines that show them.
-    An image that is not a picture (damaged events) is a problem line, not a figure."""
+    """A LeNet-5 run's layer images, enlarged without smoothing and titled; one that is not a picture (damaged
+    events) is a problem line, not a figure."""
+    from PIL import Image
     lines = []
     for tag, file, title in LAYER_IMAGES:
         if tag not in images:
             lines.append(f"- no `{tag}` image in {where}")
             continue
         try:
-            labelled_image(images[tag], f"{title}, after the last epoch", out / file)
+            image = Image.open(BytesIO(images[tag]))
+            scale = max(1.0, 900 / image.width)
+            fig = plt.figure(figsize=(image.width * scale / 100, image.height * scale / 100 + 0.5), dpi=100)
+            fig.add_axes([0, 0, 1, image.height * scale / (image.height * scale + 50)]).imshow(
+                image, interpolation="nearest", cmap="gray")
+            fig.axes[0].axis("off")
+            fig.suptitle(f"{title}, after the last epoch", fontsize=10)
+            fig.savefig(out / file)
+            plt.close(fig)
         except (OSError, ValueError) as e:  # PIL's UnidentifiedImageError is an OSError
             problems.append(f"the `{tag}` image of {where} is not a picture ({type(e).__name__}); no {file}")
             continue
         lines.append(f"![{tag}]({file})")
     return lines
-
-
-def labelled_image(png, title, path):
-    """A TensorBoard image (PNG bytes) enlarged without smoothing, with a title saying what it shows."""
-    from io import BytesIO
-
-    from PIL import Image
-    image = Image.open(BytesIO(png))
-    scale = max(1.0, 900 / image.width)
-    fig = plt.figure(figsize=(image.width * scale / 100, image.height * scale / 100 + 0.5), dpi=100)
-    ax = fig.add_axes([0, 0, 1, image.height * scale / (image.height * scale + 50)])
-    ax.imshow(image, interpolation="nearest", cmap="gray")
-    ax.axis("off")
-    fig.suptitle(title, fontsize=10)
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def gpt_curves(s, m, path):
@@ -105,16 +104,14 @@ def gpt_curves(s, m, path):
     corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(corpus_name(m), "other corpus, not WOS")
     title = (f"GPT-2 structure, {size}, {corpus} ({m['device_name']} x {m['world_size']}, {m['precision']}, "
              f"{m['tokens_seen']:,} tokens)")
-    losses = {"train": tokens["train/loss"], "validation": tokens["val/loss"]}
-    plot_lines(path, [("loss (nats/token)", losses, "tokens"),
-                      ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")], title,
-               hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"), ymin0=1)
+    plot_lines(path, [("loss (nats/token)", {"train": tokens["train/loss"], "validation": tokens["val/loss"]},
+                       "tokens"), ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")],
+               title, hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"), ymin0=1)
     return [f"![GPT-2 loss and throughput]({path.name})"]
 
 
 def smi_series(text):
     """nvidia-smi --query-gpu CSV -> {column: [(seconds since the first row, value)]}; N/A cells skipped."""
-    from datetime import datetime
     lines = [line.split(",") for line in text.splitlines() if line.strip()]
     header = [h.strip().split(" [")[0] for h in lines[0]]
     series, start = {h: [] for h in header[1:]}, None
@@ -125,26 +122,23 @@ def smi_series(text):
             continue  # a warning line nvidia-smi wrote into the log
         start = start or when
         for name, cell in zip(header[1:], row[1:]):
-            value = cell.strip().split(" ")[0]
-            if value.replace(".", "", 1).isdigit():
+            if (value := cell.strip().split(" ")[0]).replace(".", "", 1).isdigit():
                 series[name].append(((when - start).total_seconds(), float(value)))
     return series
 
 
 def gpu_name(files):
     """The GPU's name, from any nvidia-smi snapshot in the folder ('the GPU' when there is none)."""
-    import re
     for name in sorted(n for n in files if n.startswith("nvidia-smi") and n.endswith(".txt")):
-        found = re.search(r"\|\s+\d+\s+(NVIDIA [A-Za-z0-9 -]+?)\s{2,}", files[name]())
-        if found:
+        if found := re.search(r"\|\s+\d+\s+(NVIDIA [A-Za-z0-9 -]+?)\s{2,}", files[name]()):
             return found.group(1)
     return "the GPU"
 
 
 def busy_window(text):
-    """The facts of an nvidia-smi CSV a caption states: the sampling interval and, between the first and
-    the last sample at >= BUSY % utilisation (the training, not the start-up), its utilisation's median
-    and range, the median power; {} when the GPU never got busy."""
+    """What a caption states of an nvidia-smi CSV: its sampling interval and, from the first to the last sample
+    at >= BUSY % (the training, not the start-up), utilisation's median and range, the median power; {} if
+    never busy."""
     series = smi_series(text)
     util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
     steps = sorted(b[0] - a[0] for a, b in zip(util, util[1:]))
@@ -176,21 +170,19 @@ def utilization_figure(panels, path):
             twin.set_ylabel("power (W)", color="tab:red")
         ax.set_title(f"{what}: {csv_name}, {gpu_name(files)}", fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def terminal_figure(text, title, path):
     """An nvidia-smi snapshot as the terminal showed it: its text, monospaced, light on dark."""
     lines = text.rstrip("\n").splitlines()
-    width = max(len(line) for line in lines)
-    fig = plt.figure(figsize=(0.085 * width + 0.3, 0.17 * len(lines) + 0.6), facecolor="#1e1e1e")
+    fig = plt.figure(figsize=(0.085 * max(map(len, lines)) + 0.3, 0.17 * len(lines) + 0.6), facecolor="#1e1e1e")
     fig.text(0.5, 0.995, title, color="#dddddd", fontsize=8, ha="center", va="top")
     fig.text(0.01, 1 - 0.35 / (0.17 * len(lines) + 0.6), "\n".join(lines), family="DejaVu Sans Mono",
              fontsize=8.5, color="#e8e8e8", va="top", linespacing=1.2)
     fig.savefig(path, dpi=150, facecolor=fig.get_facecolor(), bbox_inches="tight", pad_inches=0.15)
     plt.close(fig)
+
 
 def gpu_figure(runs, out):
     series = {}
@@ -206,8 +198,8 @@ def gpu_figure(runs, out):
 
 
 def ladder_figure(name, bench, out):
-    """Bars with each row's range over its repeats (the ladder's argument rests on them); the rungs in
-    blue, the alternatives (leave-one-out, candidates) in grey below a line; a failed row is left out."""
+    """Bars with each row's range over its repeats; the rungs in blue, the alternatives (leave-one-out,
+    candidates) in grey below a line; a failed row is left out."""
     rungs = [r for r in bench["rungs"] if r.get("tokens_per_second")]
     speeds = [r["tokens_per_second"] for r in rungs]
     spans = [r.get("tokens_per_second_range") or [v, v] for r, v in zip(rungs, speeds)]
@@ -226,7 +218,5 @@ def ladder_figure(name, bench, out):
     ax.set_xlabel("tokens / s (" + (f"bar: median of {repeats} repeats; whisker: their range)" if repeats > 1
                                      else "one measurement a row: no range)"))
     ax.set_title(f"Acceleration ladder, {bench['device_name']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / f"{name}.png")
     return [f"![{name}]({name}.png)"]

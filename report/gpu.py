@@ -1,9 +1,7 @@
 """GPU results folders: report/results/h200-2026-11-30's loose files, or gpu_check.sh's OUT (results.json,
-logs.tar.gz, runs.tar.gz). Each question the report asks of a GPU (ROLES: the graded GPT run, LeNet-5, the
-ladder, GELU; SLOTS: the nvidia-smi figures) is answered by the first folder that can: the one --gpu names,
-then the newest under --results. So a new gpu_check folder replaces the 2026-11-30 figures wherever it
-answers the same question, and the older folder fills only what it leaves open. A damaged folder is named
-once and answers nothing; nothing here raises on what a folder holds.
+logs.tar.gz, runs.tar.gz). Each question the report asks of a GPU (ROLES, SLOTS) is answered by the first folder
+that can: --gpu's, then the newest under --results; an older folder fills only what newer ones leave open. A
+damaged folder is named once and answers nothing; nothing here raises on what a folder holds.
 """
 import json
 import re
@@ -15,10 +13,8 @@ from pathlib import Path
 from report.figures import gpu_name, ladder_figure, terminal_figure, utilization_figure
 from report.inputs import FIELD_ERRORS, load_json, rel
 
-# role -> (its results file's stem, whether a folder older than gpu_check.sh's layout may answer it, the
-# top-level results file answering when no folder does): the default GPT run cold (gpu_check.sh's graded
-# run, or the first H200 folder's 12M-cold), LeNet-5 with --act torch, the ladder, the GELU benchmark (the
-# first folder's is the first kernel, replaced: the second kernel's JSON lies in report/results)
+# role -> (its results file's stem, whether a folder older than gpu_check.sh's layout may answer, the top-level
+# results file answering when no folder does): the first folder's GELU benchmark is the first kernel, replaced
 ROLES = {"gpu_gpt": (r"gpt_run_\d+[KM]-(own-vocab-)?cold_.+", True, None),
          "gpu_lenet": (r"lenet_run_torch_.+", True, None),
          "gpu_ladder": (r"gpt_bench_.+", True, None),
@@ -52,12 +48,12 @@ class GpuFolder:
 
     @property
     def older(self):
-        """A folder from before gpu_check.sh's layout (the first H200 session): its README names its commit."""
+        """A folder from before gpu_check.sh's layout (the first H200 session)."""
         return not (self.folder / "results.json").is_file()
 
     @property
     def label(self):
-        """How a caption names where a number was measured: the device and the code's commit or date."""
+        """Where a caption says a number was measured: the device and the code's commit or date."""
         readme = self.files.get("README.md")
         commit = re.search(r"at commit ([0-9a-f]{7})", readme()) if readme else None
         when = commit.group(1) if commit else f"gpu_check {str(self.facts.get('started_utc'))[:10]}"
@@ -65,8 +61,8 @@ class GpuFolder:
 
 
 def packed_logs(path):
-    """{file name: text} of a tarball, read whole now (a cut archive fails here), bounded before inflating:
-    a member (or all of them) larger than a log can be is refused from its header."""
+    """{name: bytes} of a tarball, read whole now (a cut archive fails here); a member larger than a log can be
+    is refused from its header, before inflating."""
     files, total = {}, 0
     with tarfile.open(path) as tar:
         while (member := tar.next()) is not None:  # one header at a time: never a skip over a huge member
@@ -117,28 +113,19 @@ def read_gpu_folder(folder):
     return found
 
 
-def measured(found):
-    """When a folder was measured, sortable: gpu_check.sh's started_utc; an older layout, its name, before any."""
-    started = found.facts.get("started_utc")
-    return (1, started) if isinstance(started, str) else (0, found.folder.name)
-
-
-def is_gpu_folder(d):
-    return d.is_dir() and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv"))
-                           or (d / "logs.tar.gz").is_file() or (d / "results.json").is_file())
-
-
 def gpu_folders(gpu, results_dir, problems):
-    """The folders that may answer, in order: --gpu, then those under results_dir (None: none), newest first; a
-    damaged one is one problem line and answers nothing. A bare logs folder (gpu_check.sh's own report step:
-    --gpu-logs LOGS) answers with results_dir's JSON beside its logs."""
+    """The folders that may answer: --gpu, then those under results_dir (None: none), newest first (gpu_check.sh's
+    started_utc; an older layout by name, before any). A bare logs folder (gpu_check.sh's own report step) answers
+    with results_dir's JSON beside its logs."""
     found = [read_gpu_folder(gpu)] if gpu else []
     if found and found[0].older and results_dir and not gpu.resolve().is_relative_to(results_dir.resolve()):
         for p in sorted(results_dir.glob("*.json")):
             found[0].files.setdefault(p.name, p.read_text)
-    if results_dir and results_dir.is_dir():
-        found += sorted((read_gpu_folder(d) for d in sorted(results_dir.rglob("*")) if is_gpu_folder(d)
-                         and (not gpu or d.resolve() != gpu.resolve())), key=measured, reverse=True)
+    folders = [d for d in sorted(results_dir.rglob("*")) if d.is_dir() and (not gpu or d.resolve() != gpu.resolve())
+               and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "logs.tar.gz").is_file()
+                    or (d / "results.json").is_file())] if results_dir and results_dir.is_dir() else []
+    found += sorted(map(read_gpu_folder, folders), reverse=True, key=lambda f: (1, s) if isinstance(
+        s := f.facts.get("started_utc"), str) else (0, f.folder.name))
     for f in found:
         if f.damage:
             problems.append(f"GPU results folder {rel(f.folder)}: {f.damage}; its figures are left out")
@@ -148,8 +135,7 @@ def gpu_folders(gpu, results_dir, problems):
 def pick(names, pattern):
     """The name matching pattern (alternatives joined by | tried in order), PREFERRED first, then the shortest."""
     for alternative in pattern.split("|"):
-        matching = [n for n in names if re.fullmatch(alternative, n)]
-        if matching:
+        if matching := [n for n in names if re.fullmatch(alternative, n)]:
             return min(matching, key=lambda n: (-sum(p in n for p in PREFERRED), len(n), n))
     return None
 
@@ -157,43 +143,34 @@ def pick(names, pattern):
 def answer(folders, pattern, older=True, results=False):
     """(folder, name) of the first usable folder with a file (`results`: a results stem) matching pattern."""
     for f in folders:
-        if f.damage or (f.older and not older):
-            continue
-        name = pick(list(f.results if results else f.files), pattern)
-        if name:
+        if not f.damage and (older or not f.older) and (name := pick(list(f.results if results else f.files),
+                                                                     pattern)):
             return f, name
     return None, None
 
 
-def step_seconds(found):
-    """{step: seconds} of a folder: results.json's steps that ended ok (gpu_check.sh), else the first folder's
-    steps_call*.log (`[25s] gpt-12M-cold: start` ... `[81s] gpt-12M-cold: rc=0`; a step without its own start
-    line began at the line before its end), later logs winning."""
-    found_steps, starts, previous = {}, {}, None
+def logged_process_seconds(found, stem):
+    """A run's process time from its folder's step log (results.json's ok steps, or the first folder's
+    steps_call*.log: `[25s] gpt-12M-cold: start` ... `[81s] gpt-12M-cold: rc=0`, a step without a start line
+    begun at the line before): the step whose name, less its kind, is the longest in the run's own name part
+    (gpt_run_12M-cold_standin_h200: gpt-12M-cold); None if none, or for a _callN run (its call was not logged)."""
+    parts = stem.split("_")
+    if found is None or len(parts) < 3 or re.search(r"_call\d+$", stem):
+        return None
+    steps, starts, previous = {}, {}, None
     for name in sorted(n for n in found.files if re.fullmatch(r"steps_call\d+\.log", n)):
-        for line in found.files[name]().splitlines():
-            if not (m := STEP_LINE.match(line.strip())):
-                continue
+        for m in filter(None, map(STEP_LINE.match, map(str.strip, found.files[name]().splitlines()))):
             at, step = int(m.group(1)), m.group(2)
             if m.group(3) == "start":
                 starts[step] = at
             elif m.group(4) == "0" and (begun := starts.pop(step, previous)) is not None:
-                found_steps[step] = at - begun
-            previous = at  # any timed line: where a step without its own start line began
+                steps[step] = at - begun
+            previous = at
     for entry in found.facts.get("steps") or []:
         if isinstance(entry, dict) and entry.get("status") == "ok" and isinstance(entry.get("seconds"), int):
-            found_steps[str(entry.get("step"))] = entry["seconds"]
-    return found_steps
-
-
-def logged_process_seconds(found, stem):
-    """A run's process time from its folder's step log: the step whose name, less its kind, is the longest
-    found in the run's own name part (gpt_run_12M-cold_standin_h200: the step gpt-12M-cold); None if none."""
-    parts = stem.split("_")
-    if found is None or len(parts) < 3 or re.search(r"_call\d+$", stem):
-        return None  # a _callN run's own call was not logged
+            steps[str(entry.get("step"))] = entry["seconds"]
     kind, own, best = parts[0], parts[2], None
-    for step, seconds in step_seconds(found).items():
+    for step, seconds in steps.items():
         bare = step.removeprefix(f"{kind}-")
         other_kind = step.split("-")[0] in ("gpt", "lenet") and not step.startswith(f"{kind}-")
         if not other_kind and bare in own and (best is None or len(bare) > len(best[0])):
@@ -202,29 +179,26 @@ def logged_process_seconds(found, stem):
 
 
 def runs_archive_events(found, stem, into):
-    """The TensorBoard events of a run in gpu_check.sh's runs.tar.gz (runs/<kind>/<GPU>-<name>/ for the results
-    stem <kind>_run_<name>_<GPU>), extracted into `into`; None where the folder holds none."""
+    """A run's events in gpu_check.sh's runs.tar.gz (runs/<kind>/<GPU>-<name>/ for the stem
+    <kind>_run_<name>_<GPU>), extracted into `into`; None where the folder holds none."""
     gpu = found.facts.get("gpu")
-    archive = found.folder / "runs.tar.gz"
     prefix = re.match(r"(gpt|lenet)_run_(.+)_" + re.escape(str(gpu)) + "$", stem) if gpu else None
-    if not prefix or not archive.is_file():
+    if not prefix or not (found.folder / "runs.tar.gz").is_file():
         return None
     folder = f"{gpu}-{prefix.group(2)}"
     try:
-        members = {n: b for n, b in packed_logs(archive).items() if Path(n).parent.name == folder
-                   and Path(n).name.startswith("events.out.tfevents.")}
+        members = {n: b for n, b in packed_logs(found.folder / "runs.tar.gz").items()
+                   if Path(n).parent.name == folder and Path(n).name.startswith("events.out.tfevents.")}
     except (*ARCHIVE_ERRORS, ValueError):
         return None
-    target = into / folder
     for name, data in members.items():
-        target.mkdir(parents=True, exist_ok=True)
-        (target / Path(name).name).write_bytes(data)
-    return target if members else None
+        (into / folder).mkdir(parents=True, exist_ok=True)
+        (into / folder / Path(name).name).write_bytes(data)
+    return into / folder if members else None
 
 
 def draw_slot(slot, folders, name, found, out):
-    """Draw one slot from the file `name` of the folder `found` (the utilisation figure: with LeNet-5's CSV
-    from the first folder that has one, beside the GPT run's)."""
+    """One slot from the file `name` of `found` (utilisation: beside the first LeNet-5 CSV of any folder)."""
     if slot == "gpu_utilization.png":
         lenet, csv = answer(folders, LENET_CSV)
         utilization_figure([(found.files, name, "GPT")] + ([(lenet.files, csv, "LeNet-5")] if lenet else []),
@@ -236,9 +210,8 @@ def draw_slot(slot, folders, name, found, out):
 
 
 def slot_lines(folders, results_dir, out, wanted, todo, problems):
-    """Each slot the report links (`wanted`: None for all) drawn from the first folder that answers it, one
-    line with its image and source; or one line saying what is missing and the command that fills it (also
-    in `todo`, which main prints)."""
+    """Each slot in `wanted` (None: all) drawn from the first folder that answers it, a line with its image and
+    source; else a line (also in `todo`) saying what is missing and the command that fills it."""
     lines = [f"GPU folders, first answering first: {', '.join(f'`{rel(f.folder)}`' for f in folders)}."
              if folders else f"No GPU results folder under `{rel(results_dir)}`.", ""]
     for slot, (what, pattern, steps) in SLOTS.items():

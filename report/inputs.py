@@ -9,7 +9,7 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-from training import runfiles
+from data import files
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "report" / "results"
@@ -29,7 +29,7 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
 
 @dataclass
 class RunFolder:
-    """A run folder named on the command line: its metrics.json and TensorBoard events."""
+    """A run folder named on the command line."""
     dir: Path
     metrics: dict
     kind: str
@@ -39,8 +39,8 @@ class RunFolder:
 
 @dataclass
 class Run:
-    """The run a section shows: a named run folder, or a committed JSON (`path`, `stem`), the events kept for it
-    (`events`: a folder to read; `events_source`: its stable name) and the GPU folder it came from."""
+    """The run a section shows: a named run folder or a committed JSON (`path`, `stem`), its events folder and
+    their stable name, and the gpu.GpuFolder it came from."""
     alias: str
     kind: str
     metrics: dict
@@ -49,11 +49,11 @@ class Run:
     stem: str | None = None
     events: Path | None = None
     events_source: str | None = None
-    gpu: object = None  # gpu.GpuFolder
+    gpu: object = None
 
 
 def rel(path):
-    """Paths inside the repository as repository-relative, so results.md reads the same on any machine."""
+    """Repository-relative where inside it, so results.md reads the same on any machine."""
     try:
         return str(Path(path).resolve().relative_to(REPO))
     except ValueError:
@@ -77,25 +77,18 @@ def finite_int(text):
     return int(text)
 
 
-def depth(value):
-    """How deeply a JSON value nests, without recursion (a 10,000-deep list must not hit the recursion limit)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        value, level = stack.pop()
-        if isinstance(value, (list, dict)):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return deepest
-
-
 def load_json(text):
-    """json.loads refusing what no writer of ours produces and what would raise later instead of being one line:
-    NaN/Infinity ("nan%"), integers beyond a float, nesting deeper than MAX_DEPTH (RecursionError)."""
+    """json.loads refusing NaN/Infinity, integers beyond a float and nesting deeper than MAX_DEPTH (measured
+    level by level, without recursion), each a ValueError."""
     try:
         value = json.loads(text, parse_constant=refuse_constant, parse_float=finite, parse_int=finite_int)
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
-    if depth(value) > MAX_DEPTH:
+    depth, level = 0, [value]
+    while level := [v for v in level if isinstance(v, (list, dict))]:
+        depth += 1
+        level = [item for v in level for item in (v.values() if isinstance(v, dict) else v)]
+    if depth > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     return value
 
@@ -109,7 +102,7 @@ def read_metrics(run_dir):
     if not Path(run_dir).is_dir():
         return None, "no such folder"
     try:  # bounded and never waited on (a FIFO planted as metrics.json)
-        metrics = load_json(runfiles.read_small(run_dir / "metrics.json", 64 << 20, follow=True).decode())
+        metrics = load_json(files.read_small(run_dir / "metrics.json", 64 << 20, follow=True).decode())
     except FileNotFoundError:
         return None, "no metrics.json (crashed, stopped or still running)"
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -132,8 +125,7 @@ def newest_run(root, problems):
     runs = sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
                   key=lambda d: (d / "args.json").stat().st_mtime, reverse=True)
     for run_dir in runs:
-        metrics, problem = read_metrics(run_dir)
-        if metrics is not None:
+        if (problem := read_metrics(run_dir)[1]) is None:
             return run_dir
         problems.append(f"skipped the newer run {run_dir}: {problem}")
     return None
@@ -171,29 +163,24 @@ def load_events(run_dir, problems):
     return {tag: sorted(points) for tag, points in scalars.items()}, images
 
 
-def load_run(run_dir, problems):
-    metrics, problem = read_metrics(run_dir)
-    if metrics is None:
-        problems.append(f"left out {run_dir}: {problem}")
-        return None
-    return RunFolder(run_dir, metrics, run_kind(metrics), *load_events(run_dir, problems))
-
-
 def find_runs(runs, runs_root, problems):
     """{kind: RunFolder}: the first run of each kind named, or the newest of each under runs_root; none unasked."""
     dirs = list(runs) + ([d for d in (newest_run(runs_root / k, problems) for k in ("lenet5", "gpt")) if d]
                          if runs_root else [])
     by_kind = {}
-    for run in (load_run(d, problems) for d in dirs):
-        if run:
+    for run_dir in dirs:
+        metrics, problem = read_metrics(run_dir)
+        if metrics is None:
+            problems.append(f"left out {run_dir}: {problem}")
+        else:
+            run = RunFolder(run_dir, metrics, run_kind(metrics), *load_events(run_dir, problems))
             by_kind.setdefault(run.kind, run)
     return by_kind
 
 
 def load_results(results_dir, problems, prefix=""):
-    """{prefix + path relative to results_dir: (its JSON, where from)} for every JSON under it that parses;
-    gpu_check.sh's results.json holds its results by file stem: each an entry of its own, as if a file beside
-    it (a damaged results.json is its folder's damage, named by gpu.py)."""
+    """{prefix + path under results_dir: (its JSON, where from)} for every JSON there that parses; each entry of
+    gpu_check.sh's results.json as if a file beside it (a damaged results.json: gpu.py names it)."""
     out = {}
     for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
         key = prefix + path.relative_to(results_dir).as_posix()
@@ -227,8 +214,7 @@ def figure_name(key, results):
 
 
 def corpus_name(m):
-    """The corpus a run or tokenizer read, as its JSON records it from the text's content ("stand-in", "WOS46985",
-    "other"); JSON older than that field: the stand-in's folder name in its `text` path."""
+    """The corpus a JSON records ("stand-in", "WOS46985", "other"); older JSON: read from its `text` path."""
     corpus = m.get("corpus")
     if isinstance(corpus, dict) and corpus.get("name"):
         return corpus["name"]
@@ -236,8 +222,8 @@ def corpus_name(m):
 
 
 def events_beside(json_path):
-    """A committed run's TensorBoard events: the folder named as its JSON, else a tb-* folder beside it naming its
-    kind and own name part (tb-gpt-12M-cold for gpt_run_12M-cold_standin_h200.json); never another run's."""
+    """A committed run's events: the folder named as its JSON, else a tb-* folder beside it naming its kind and
+    own name part (tb-gpt-12M-cold for gpt_run_12M-cold_standin_h200.json); never another run's."""
     if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are in runs.tar.gz
         return None
     parts = json_path.stem.split("_")

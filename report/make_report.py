@@ -5,18 +5,17 @@
     python report/make_report.py --runs-root runs --out /tmp/report           # the newest of yours
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
-The inputs: every JSON under --results (subfolders too), its GPU folders (report/gpu.py: each GPU question
-answered by the first that can, --gpu first, then the newest) and only the runs named: a run under runs/ is
-never picked up unasked. `--gpu OUT` for the committed report first copies OUT's small files into
-report/results/<GPU>-<date>/ (every number of the committed report has its file in the repository); else
-nothing is written under --results. --out (built beside it, renamed into place) gets results.md (tables,
-sources, problems), placeholders.md (every `{{key}}` report.md may use) and the figures report.md links;
---pdf prints report.md filled from the same inputs to --pdf-out (an existing PDF replaced with --force, or if this
-program printed it: report/outputs.py). A placeholder that cannot be filled or a broken image is an error or a
-problem line, never a blank.
+The inputs: every JSON under --results, its GPU folders (report/gpu.py) and only the runs named: a run under
+runs/ is never picked up unasked. `--gpu OUT` for the committed report first copies OUT's small files into
+report/results/<GPU>-<date>/. --out gets results.md (tables, sources, problems), placeholders.md and the figures
+report.md links; --pdf prints report.md filled from the same inputs to --pdf-out. Each output is checked before
+any work and written under a short temporary name, renamed into place once whole; an existing --pdf-out is
+replaced only with --force or if a build of this --out printed it. A placeholder that cannot be filled or a
+broken image is an error or a problem line, never a blank.
 """
 import errno
 import json
+import os
 import re
 import shutil
 import sys
@@ -27,17 +26,41 @@ from pathlib import Path
 if not __package__:  # run as python report/make_report.py: the repository, not report/, on sys.path
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from training import lifecycle  # first, before the slow imports (matplotlib): the standard library only
+from training import (
+    lifecycle,  # first, before the slow imports (matplotlib): the standard library only
+)
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
 from data.files import UserError, inside_another_run
 from report import browser, facts, gpu
-from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, scalars_from_metrics
-from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_events, load_results, rel, result_name
-from report.outputs import BUILT, building, out_dir, pdf_problem, print_pdf, writable
-from report.screenshots import kept_screenshots, tensorboard_screenshots
-from report.tables import gelu_table, gpt_table, ladder_table, lenet_bench_table, lenet_table, tokenizer_table
+from report.figures import (
+    gpt_curves,
+    gpu_figure,
+    ladder_figure,
+    lenet_curves,
+    lenet_images,
+    scalars_from_metrics,
+)
+from report.inputs import (
+    FIELD_ERRORS,
+    RESULTS,
+    figure_name,
+    find_runs,
+    load_events,
+    load_results,
+    rel,
+    result_name,
+)
+from report.outputs import BUILT, building, built_lines, out_dir, printed, writable
+from report.tables import (
+    gelu_table,
+    gpt_table,
+    ladder_table,
+    lenet_bench_table,
+    lenet_table,
+    tokenizer_table,
+)
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
@@ -150,11 +173,11 @@ def gpu_lines(inputs, build, screenshots):
                                 build.problems)
     if not screenshots:
         return lines
-    runs = [run for run in inputs.shown.values() if run.events]
     lines += ["", "## TensorBoard, as a browser shows it", ""]
     lines += [f"- no TensorBoard events kept for `{run.source}`: no screenshot of it"
               for run in inputs.shown.values() if not run.events]
-    return lines + tensorboard_screenshots(runs, build.out, build.problems)
+    return lines + browser.tensorboard_screenshots([r for r in inputs.shown.values() if r.events], build.out,
+                                                   build.problems)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -190,13 +213,12 @@ def committed(args):
 
 def check_args(args):
     """The user's mistakes, before any work, one line each; returns report.md's text. No output overlaps an
-    input (the report never writes what it reads), --pdf-out replaces a PDF only (outputs.pdf_problem), neither
-    lands in a run."""
-    out = out_dir(args).resolve()
+    input, neither lands in a run, --pdf-out replaces a PDF only."""
+    out, pdf = out_dir(args), args.pdf_out
     inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs}}
-    for flag, path in {"--out": out_dir(args), **({"--pdf-out": args.pdf_out} if args.pdf else {})}.items():
+    for flag, path in {"--out": out, **({"--pdf-out": pdf} if args.pdf else {})}.items():
         if problem := inside_another_run(path, flag):  # a run's files are that run's only record
             raise UserError(problem)
         for name, given in inputs.items():
@@ -204,8 +226,16 @@ def check_args(args):
             if given and (there == mine or there.is_relative_to(mine) or mine.is_relative_to(there)):
                 name = name if str(given) in name else f"{name} {given}"  # a run's name is its path
                 raise UserError(f"{flag} {path} and {name} overlap: the report never writes its inputs")
-    if args.pdf and (problem := pdf_problem(args, REPORT.with_suffix(".pdf"))):
-        raise UserError(problem)
+    if args.pdf and pdf.is_symlink():
+        raise UserError(f"--pdf-out {pdf} is a symbolic link; give the file itself or a new name (nothing written)")
+    if args.pdf and pdf.exists():
+        with open(pdf if pdf.is_file() else os.devnull, "rb") as f:  # (a folder: read as empty)
+            if f.read(5) != b"%PDF-":
+                raise UserError(f"--pdf-out {pdf} exists and is not a PDF: give a new file name (nothing written)")
+        if not (args.force or pdf.resolve() == REPORT.with_suffix(".pdf").resolve()
+                or printed(args) in built_lines(out)):  # the repository's, in git, or one this --out printed
+            raise UserError(f"--pdf-out {pdf} exists; pass --force to replace it, or give a new file name "
+                            "(nothing written)")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / BUILT).is_file())):
         raise UserError(f"--out {args.out} is not a folder this program wrote (no {BUILT}); give a new or empty one "
                         "(nothing written)")
@@ -213,9 +243,9 @@ def check_args(args):
         raise UserError(f"--gpu {args.gpu} is not a folder")
     if not args.report.is_file():
         raise UserError(f"--report {args.report} is not a file")
-    writable(out_dir(args), "--out")
+    writable(out, "--out")
     if args.pdf:
-        writable(args.pdf_out, "--pdf-out")
+        writable(pdf, "--pdf-out")
     try:
         return args.report.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -224,8 +254,8 @@ def check_args(args):
 
 
 def imported_gpu(args):
-    """The GPU folder to read: --gpu as given, except a gpu_check.sh OUT outside report/results for the committed
-    report, copied first into report/results/<GPU>-<date>/ (its small files only: the report's inputs)."""
+    """--gpu, except a gpu_check.sh OUT outside report/results for the committed report: its small files copied
+    first into report/results/<GPU>-<date>/."""
     if not args.gpu or not committed(args) or args.runs or args.runs_root or not (args.gpu / "results.json").is_file() \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
         return args.gpu
@@ -245,10 +275,9 @@ def imported_gpu(args):
 # ----------------------------------------------------------------------------- inputs and output
 
 def gather(args, report_text, scratch, gpu_folder=None):
-    """Every input, read once: the runs named, the results, the GPU folders, what each section shows and the
-    facts derived from them; report.md's blocks these inputs can fill. A student's runs named: none of the
-    team's runs or GPU folders stands in for one missing (a named run that cannot be read is "no run found",
-    never the team's), unless --gpu names one."""
+    """Every input, read once, and report.md's blocks they can fill. A student's runs named: none of the team's
+    runs or GPU folders stands in for one missing (a named run that cannot be read is "no run found"), unless
+    --gpu names one."""
     inputs = Inputs(problems=[], results={}, named=bool(args.runs or args.runs_root))
     inputs.by_kind = find_runs(args.runs, args.runs_root, inputs.problems)
     inputs.results = load_results(args.results, inputs.problems)
@@ -287,7 +316,7 @@ def build(args, inputs, text, used, unfilled):
     no_run = {k: f"no {name} run found " + (f"under {rel(args.runs_root / k)}" if args.runs_root else
                                             "among the runs named" if args.runs else "in the results")
               for k, name in (("lenet5", "LeNet-5"), ("gpt", "GPT"))}
-    keep = kept_screenshots(out, inputs.shown) if args.no_screenshots else []
+    keep = browser.kept_screenshots(out, inputs.shown) if args.no_screenshots else []
     with building(out, keep) as folder:
         b = Build(folder, args.results, problems, no_run, linked)
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
@@ -295,7 +324,7 @@ def build(args, inputs, text, used, unfilled):
                                                                              inputs.by_kind.values())]) + "`.", ""]
         lines += run_lines(inputs, b) + gpu_lines(inputs, b, not args.no_screenshots)
         lines += ["", "## Placeholders", "", f"Those {rel(args.report)} uses (every key there is: placeholders.md):",
-                  ""] + facts.used_lines(used)
+                  ""] + ([f"- `{p}` -> {v} -> `{s}`" for p, v, s in used] or ["- none"])
         if unfilled:  # other --results: the report's numbers come from inputs these do not have
             lines += ["", f"Not filled from these inputs ({len(unfilled)}):", ""] + [f"- {u}" for u in unfilled]
         if used:
@@ -333,7 +362,12 @@ def main(argv=None):
             for problem in inputs.problems:
                 print(f"warning: {problem}", file=sys.stderr)
             if args.pdf:
-                print(f"wrote {print_pdf(args, args.report, text)}")
+                args.pdf_out.parent.mkdir(parents=True, exist_ok=True)
+                browser.write_pdf(args.report, args.pdf_out, text)
+                if (out_dir(args) / BUILT).is_file() and printed(args) not in built_lines(out_dir(args)):
+                    with open(out_dir(args) / BUILT, "a") as f:  # a rebuild may replace it without --force
+                        f.write(f"{printed(args)}\n")
+                print(f"wrote {args.pdf_out}")
         except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
             if e.errno not in DISK_ERRORS:
                 raise

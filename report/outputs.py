@@ -1,13 +1,5 @@
-"""make_report's two outputs, --out (a folder) and --pdf-out (a file): checked before any work, each written under a
-short temporary name beside it and renamed into place once whole (a Ctrl-C or a failure leaves the old one as it
-was; a long name never makes its temporary's name too long).
-
-    writable(path, flag)     its folder writable, on a disk with room
-    pdf_problem(args)        why --pdf-out may not be replaced: a link, not a PDF, or a PDF this program did not print
-                             and no --force
-    building(out, keep)      the new --out beside it, renamed into place; someone else's files in the old one kept
-    print_pdf(args, text)    the filled report printed to --pdf-out, recorded in --out's BUILT
-"""
+"""make_report's outputs, --out (a folder) and --pdf-out (a file): checked before any work, each written under a
+short temporary name beside it and renamed into place once whole (a Ctrl-C or a failure leaves the old one)."""
 import contextlib
 import os
 import shutil
@@ -16,11 +8,11 @@ from pathlib import Path
 
 from data import files
 from data.files import UserError
-from report import browser
 
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
-BUILT = ".built-by-make_report"  # in --out: the files a build wrote (any other file there is someone else's) and,
-# as ./<path from --out>, the PDFs it printed (a line with a slash is never a file's name)
+# in --out: the files a build wrote (any other file there is someone else's) and, as ./<path from --out>, the PDFs
+# it printed (a line with a slash is never a file's name)
+BUILT = ".built-by-make_report"
 TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's name
 
 
@@ -29,9 +21,19 @@ def out_dir(args):
     return args.out.resolve() if args.out.is_symlink() else args.out
 
 
+def built_lines(out):
+    """`out`'s BUILT: the files its last build wrote and the PDFs its builds printed."""
+    marker = out / BUILT
+    return marker.read_text().splitlines() if marker.is_file() and not marker.is_symlink() else []
+
+
+def printed(args):
+    """--pdf-out as BUILT names it: its path from --out after ./ (a line with a slash: never a file's name)."""
+    return "./" + os.path.relpath(os.path.realpath(args.pdf_out), os.path.realpath(out_dir(args)))
+
+
 def writable(path, flag):
-    """A path this program may create or replace: its nearest existing folder is a writable folder on a disk
-    with room; said in one line before any work (a disk found read-only or full later is one line too)."""
+    """Its nearest existing folder is a writable folder on a disk with room, said in one line before any work."""
     parent = path.resolve()
     while not parent.exists():
         parent = parent.parent
@@ -46,43 +48,10 @@ def writable(path, flag):
                         "a report needs")
 
 
-def pdf_problem(args, repository_pdf):
-    """Why --pdf-out may not be written, or None: never through a link; an existing file replaced only if a PDF,
-    and only with --force unless this program printed it (`repository_pdf`, in git, or a PDF named in --out's
-    BUILT: the documented rebuild into the same --out)."""
-    pdf = args.pdf_out
-    if pdf.is_symlink():
-        return f"--pdf-out {pdf} is a symbolic link; give the file itself or a new name (nothing written)"
-    if not pdf.exists():
-        return None
-    if not pdf.is_file() or not is_pdf(pdf):
-        return f"--pdf-out {pdf} exists and is not a PDF: give a new file name (nothing written)"
-    if args.force or pdf.resolve() == repository_pdf.resolve() or printed(args) in built_lines(out_dir(args)):
-        return None
-    return f"--pdf-out {pdf} exists; pass --force to replace it, or give a new file name (nothing written)"
-
-
-def is_pdf(path):
-    with open(path, "rb") as f:
-        return f.read(5) == b"%PDF-"
-
-
-def built_lines(out):
-    """`out`'s BUILT: the names of the files its last build wrote and the PDFs its builds printed."""
-    marker = out / BUILT
-    return marker.read_text().splitlines() if marker.is_file() and not marker.is_symlink() else []
-
-
-def printed(args):
-    """--pdf-out as BUILT names it: its path from --out after ./ (a line with a slash: never a file's name)."""
-    return "./" + os.path.relpath(os.path.realpath(args.pdf_out), os.path.realpath(out_dir(args)))
-
-
 @contextlib.contextmanager
 def building(out, keep):
-    """A fresh folder beside `out`, renamed into place once built (never a half-written --out), with `keep` copied
-    from the old --out; a file of the old --out no build wrote (a student's screenshots, notes) is moved in, and
-    moved back if the build stops before the rename."""
+    """A fresh folder beside `out` with `keep` copied from the old one, renamed into place once built; a file of
+    the old --out no build wrote (a student's) is moved in, and moved back if the build stops before the rename."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=TMP, dir=out.parent))
     tmp.chmod(0o777 & ~files.UMASK)  # mkdtemp's 0700 would become --out's: as mkdir makes it
@@ -111,15 +80,3 @@ def building(out, keep):
         for folder in (old, tmp):
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-def print_pdf(args, report, text):
-    """The filled report printed to --pdf-out (browser.write_pdf: a whole PDF or the old one); a --pdf-out inside or
-    beside --out is recorded in --out's BUILT (a rebuild may replace it without --force)."""
-    args.pdf_out.parent.mkdir(parents=True, exist_ok=True)
-    browser.write_pdf(report, args.pdf_out, text)  # printed under a short temporary name, renamed over it once whole
-    marker = out_dir(args) / BUILT
-    if marker.is_file() and printed(args) not in built_lines(out_dir(args)):
-        with open(marker, "a") as f:
-            f.write(f"{printed(args)}\n")
-    return args.pdf_out

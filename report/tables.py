@@ -1,14 +1,12 @@
-"""The Markdown tables: results.md's, one function per kind of JSON (a field missing or of the wrong type raises,
-and the caller names the file in one problem line), and the two the report's text shows (the GPU folder's GPT
-runs, the ladder on the GPU beside the CPU's)."""
+"""The Markdown tables: results.md's, one per kind of JSON (a missing or mistyped field raises: the caller names
+the file in one problem line), and the two the report's text shows."""
 from report.inputs import NUMBER, corpus_name, rel
 
 
 def corpus_label(m):
     """The warning a table carries when its numbers are not WOS's."""
     name = corpus_name(m)
-    return "" if name == "WOS46985" else " — **stand-in corpus, not WOS**" if name == "stand-in" else \
-        f" — **corpus '{name}', not WOS**"
+    return {"WOS46985": "", "stand-in": " — **stand-in corpus, not WOS**"}.get(name, f" — **corpus '{name}', not WOS**")
 
 
 def fmt(value, spec=".4g"):
@@ -56,8 +54,7 @@ def ladder_table(bench):
 
 
 def gelu_table(bench):
-    """gelu_bench.py's rows; a build without the op's kernels for the device (`ext_measured` false)
-    has no ext times: its columns say "not measured" and the JSON's reason follows the table."""
+    """gelu_bench.py's rows; without the op's kernels (`ext_measured` false) "not measured" and the reason."""
     measured = bench.get("ext_measured", True)
     rows = [f"{bench['device_name']}, {bench['dtype']}, forward + backward (ms, median):", "",
             "| n | ATen | lab's composite | Python Function | ext | ext vs ATen |", "|---|---|---|---|---|---|"]
@@ -71,8 +68,7 @@ def gelu_table(bench):
 
 
 def lenet_bench_table(b):
-    """benchmarks/lenet_bench.py's JSON: the recipes side by side (a row per seed where it has them), or, with
-    mode act_pair, --act torch against --act cpp."""
+    """lenet_bench.py's recipes side by side (a row per seed where it has them), or mode act_pair's torch / cpp."""
     if b.get("mode") == "act_pair":
         rows = ["| seed | `--act torch` s | `--act cpp` s | cpp / torch | accuracy torch / cpp |",
                 "|---|---|---|---|---|"]
@@ -106,8 +102,8 @@ def tokenizer_table(t):
 # ----------------------------------------------------------------------------- tables the report's text shows
 
 def gpu_runs_table(runs, headline):
-    """The GPT runs of one GPU folder, [(stem, metrics, process seconds or None, how)], the headline in bold;
-    each number in the rounding the report's text quotes it in."""
+    """A GPU folder's GPT runs [(stem, metrics, process seconds or None, how)], the headline in bold, each number
+    rounded as the report's text quotes it."""
     rows = ["| 运行 | 词表 | 编译 | 进程时间 | 训练循环（其中编译） | token/s | MFU | 训练 / 验证损失 | bits/byte |",
             "|---|---|---|---|---|---|---|---|---|"]
     for stem, m, seconds, how in runs:
@@ -137,8 +133,8 @@ def rung_key(name):
 
 
 def ladder_cells(bench):
-    """{row: cell} of one ladder: tokens/s, its range over repeats, and the ratio to the row above (a rung) or
-    to the default row (a leave-one-out row), with 噪声内 where the ranges overlap."""
+    """{row: cell} of one ladder: tokens/s [range], × the row above (a rung) or the default (a leave-one-out row),
+    噪声内 where the ranges overlap."""
     rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
     rungs = [r for r in rows if not r["name"].startswith(" ")]
     default, cells, previous = rungs[-1], {}, None
@@ -159,8 +155,8 @@ def ladder_cells(bench):
 
 
 def ladder_compare(gpu, cpu, where, then=None):
-    """The ladder on the GPU beside the CPU's, row by row (a row one device lacks: 未测 / 不适用); `then`: what
-    the GPU column's last rung was when older code measured it (it was that code's default, not today's)."""
+    """The ladder on the GPU beside the CPU's, row by row; `then`: what the GPU column's last rung was when older
+    code measured it (that code's default, not today's)."""
     columns = [(f"{where}，{gpu.get('repeats', 1)} 次", ladder_cells(gpu))] if gpu else []
     if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
         columns[0][1][last] += f"：{then}"

@@ -9,7 +9,7 @@ from torch.utils.tensorboard import SummaryWriter
 import gpt_train
 import lenet5
 from conftest import REPO, tiny_args, write_tiny_mnist
-from report import browser, figures, inputs, make_report, screenshots, tables
+from report import browser, figures, inputs, make_report, tables
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +325,7 @@ def test_the_screenshots_front_turns_outlier_ignoring_off_and_passes_tensorboard
             return answer.read().decode()
     with browser.serve_tensorboard(runs / "runs" / "lenet5" / "a") as base:
         assert base, "TensorBoard did not answer"
-        with browser.storage_front(base, screenshots.TENSORBOARD_SETTINGS) as front:
+        with browser.storage_front(base, browser.TENSORBOARD_SETTINGS) as front:
             page = get(f"{front}/lab5-storage?next=" + urllib.parse.quote("/?darkMode=false#scalars", safe=""))
             assert 'localStorage.setItem("_ignoreYOutliers", "false");' in page  # TensorBoard's key, off
             assert page.index("localStorage.setItem") < page.index('location.replace("/?darkMode=false#scalars")')
