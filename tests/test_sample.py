@@ -227,18 +227,6 @@ def test_a_finished_run_needs_nothing_but_final(run_copy, finished_run, capsys):
     assert edited[0] == 0 and edited[1] == sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--seed", "3")[1]
 
 
-def test_an_older_final_folder_samples_the_same_text(run_copy, finished_run, capsys):
-    """final/model.pt + config.json, as runs saved before final/ was a transformers folder."""
-    model, _ = load_run(finished_run, None, torch.device("cpu"))
-    for file in (run_copy / "final").iterdir():
-        file.unlink()
-    torch.save(model.state_dict(), run_copy / "final" / "model.pt")
-    (run_copy / "final" / "config.json").write_text(json.dumps(model.cfg.to_transformers()))
-    code, out, err = sample_here(capsys, run_copy, "--prompt", "Kalo mi", "--seed", "3")
-    assert code == 0 and out == sample_here(capsys, finished_run, "--prompt", "Kalo mi", "--seed", "3")[1]
-    assert err.startswith("note: ") and "older format" in err and len(err.splitlines()) == 1
-
-
 def test_an_unfinished_run_samples_from_its_newest_checkpoint_with_its_tokenizer(corpus, tmp_path, capsys,
                                                                                other_tokenizer):
     import shutil
@@ -276,8 +264,7 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
     "config not JSON": lambda f: (f / "config.json").write_text("{"),
     "config a list": lambda f: (f / "config.json").write_text("[1, 2]"),
     "config a FIFO": lambda f: ((f / "config.json").unlink(), os.mkfifo(f / "config.json")),  # was read for ever
-    "older weights garbage": lambda f: ((f / "model.safetensors").unlink(),
-                                        (f / "model.pt").write_bytes(b"\x80\x02garbage" * 100)),
+    "model.pt, not model.safetensors": lambda f: (f / "model.safetensors").rename(f / "model.pt"),  # not read
 }
 
 
@@ -292,7 +279,7 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
     ("config not JSON", "not a readable GPT-2 config"),
     ("config a list", "not a readable GPT-2 config"),
     ("config a FIFO", "is not a plain file"),
-    ("older weights garbage", "is damaged or not a weights file"),
+    ("model.pt, not model.safetensors", "no weights (neither final/ nor a complete checkpoint)"),
 ])
 def test_a_damaged_final_folder_is_one_line(run_copy, capsys, case, message):
     DAMAGE[case](run_copy / "final")

@@ -1,15 +1,5 @@
-"""Never lose a run: the training state, checkpoints that verify, the same-run check on resume.
-
-    TrainState              what the loop counts; saved as trainer_state.json in every checkpoint
-    save_checkpoint         accelerate's save_state into ckpt-N.tmp, a manifest, then a rename
-    latest_checkpoint       the newest checkpoint that verifies against its manifest
-    run_identity            what a resume must match; check_same_run refuses anything else
-    continue_position       a resume with another micro-batch: the data position recounted
-    open_run_dir            outputs checked, the folder claimed (training/runfiles.py), the checkpoint found
-    restore                 accelerate's load_state; a damaged file is named in one line
-    record_stop_clock       a stopped process's last word: the run's seconds up to its exit (earlier_seconds reads it)
-    remove_checkpoints      after a successful run (final/ kept: training/final.py): the optimizer checkpoints go
-"""
+"""Never lose a run: the training state, checkpoints written to ckpt-N.tmp with a manifest and renamed (resume
+takes the newest that verifies), and a resume refused unless it continues the same run (IDENTITY_FLAGS)."""
 import contextlib
 import json
 import os
@@ -54,8 +44,7 @@ class TrainState:
 
 
 def record_stop_clock(out_dir, step, total_seconds):
-    """The run's process seconds up to a stopped process's end (its checkpoint holds only the time before its
-    own write). A failure is a warning: the checkpoint is saved, and exit 3 (requeue) must not become 1."""
+    """A stopped process's seconds up to its end; a failure is a warning (exit 3, requeue, must not become 1)."""
     try:
         files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
     except files.OutputError as e:
@@ -63,8 +52,7 @@ def record_stop_clock(out_dir, step, total_seconds):
 
 
 def earlier_seconds(out_dir, state):
-    """The seconds of a resumed run's earlier processes: the stopped process's last word where it names the
-    checkpoint resumed from, else the checkpoint's own (before its write)."""
+    """A resumed run's earlier seconds: the stopped process's last word if it names this checkpoint, else its own."""
     try:
         last = json.loads(files.read_small(out_dir / STOP_CLOCK, 4096))
         seconds = last["process_seconds_total"]
@@ -85,8 +73,7 @@ def load_state(ckpt):
 
 
 def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
-    """accelerate's save_state into ckpt-N.tmp, a manifest, then an atomic rename: a killed write leaves no
-    ckpt-N, and later damage is found by latest_checkpoint."""
+    """accelerate's save_state into ckpt-N.tmp, a manifest, then a rename: a killed write leaves no ckpt-N."""
     final = out_dir / f"ckpt-{state.step:07d}"
     tmp = final.with_name(final.name + ".tmp")
     if accelerator.is_main_process and tmp.exists():
@@ -96,13 +83,12 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
     # cannot hold the tied lm_head/wte weight and says so at every save
     with failed_write_explained(tmp, "a checkpoint"):
         accelerator.save_state(str(tmp), safe_serialization=False)
-    accelerator.wait_for_everyone()  # every process's files are on disk before the manifest and the rename
-    if accelerator.is_main_process:
-        with failed_write_explained(tmp, "a checkpoint"):
+        accelerator.wait_for_everyone()  # every process's files are on disk before the manifest and the rename
+        if accelerator.is_main_process:
             files.write_json(tmp / STATE_FILE, {**asdict(state), "run": identity})
             files.write_manifest(tmp, sorted(p for p in tmp.iterdir() if p.is_file()))
-        if final.exists():  # the same step saved before (a resumed run stopped again at once)
-            shutil.rmtree(final)
+    if accelerator.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)  # the same step saved before (a resumed run stopped again at once)
         os.replace(tmp, final)
         for old in sorted(out_dir.glob("ckpt-*[0-9]"))[:-keep]:
             shutil.rmtree(old)
@@ -112,20 +98,17 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
 
 @contextlib.contextmanager
 def failed_write_explained(tmp, what, remains=None):
-    """A full or failing disk while `what` is written into `tmp`: the partial folder goes and the run stops in
-    one line, not torch's C++ traceback, saying what remains: remains() if given, else resume_advice()."""
+    """A failed write into `tmp`: the partial folder goes, the run stops in one line saying what remains."""
     try:
         yield
     except (OSError, RuntimeError, files.OutputError, SafetensorError) as e:  # safetensors: a full disk too
         shutil.rmtree(tmp, ignore_errors=True)
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        reason = getattr(e, "strerror", None) or lines[-1][:200]
-        raise UserError(f"writing {what} into {tmp} failed ({reason}); "
+        raise UserError(f"writing {what} into {tmp} failed ({files.reason(e)}); "
                         f"{(remains or resume_advice)(tmp.parent)}") from None
 
 
 def resume_advice(out_dir):
-    """What a stopped run can do next, from what is on disk: resume from its newest checkpoint, or start again."""
+    """What a stopped run can do next: resume from its newest checkpoint, or start again."""
     ckpt, _ = latest_checkpoint(out_dir)
     if ckpt:
         return f"{ckpt.name} in {out_dir} is intact: free space there, then run the same command to resume from it"
@@ -133,48 +116,39 @@ def resume_advice(out_dir):
 
 
 def restore(accelerator, ckpt):
-    """accelerate's load_state, where a file damaged before it was hashed is named in one line, not a pickle
-    traceback; a damaged random_states_<rank>.pkl too, which accelerate skips with a log line nobody sees."""
-    rng_file = ckpt / f"random_states_{accelerator.process_index}.pkl"
-    if problem := load_problem(rng_file):
-        raise damaged(ckpt, rng_file, problem)
+    """accelerate's load_state, a damaged file named in one line (random_states_<rank>.pkl too, which accelerate
+    would skip with a log line nobody sees)."""
+    if problem := damaged(ckpt, ckpt / f"random_states_{accelerator.process_index}.pkl"):
+        raise problem
     try:
         accelerator.load_state(str(ckpt))
-    except Exception as e:  # garbage makes pickle raise anything (UnpicklingError, IndexError, EOFError...)
-        culprit = next((p for p in sorted(ckpt.iterdir()) if p.suffix in (".bin", ".pt", ".pkl") and load_problem(p)),
-                       None)
-        if culprit is None:  # every file reads: not damage, a bug to see whole
+    except Exception:  # garbage makes pickle raise anything (UnpicklingError, IndexError, EOFError...)
+        files_read = (damaged(ckpt, p) for p in sorted(ckpt.iterdir()) if p.suffix in (".bin", ".pt", ".pkl"))
+        if (problem := next(filter(None, files_read), None)) is None:  # every file reads: a bug to see whole
             raise
-        raise damaged(ckpt, culprit, e) from None
+        raise problem from None
 
 
-def load_problem(path):
-    """None if accelerate's loader (weights only: a planted pickle runs no code) reads `path`, else the error."""
+def damaged(ckpt, path):
+    """None if accelerate's loader reads `path` (weights only: a planted pickle runs no code), else one line naming
+    it, without torch's advice to load it unsafely (weights_only=False)."""
     from accelerate.utils import load
     try:
         with warnings.catch_warnings():  # garbage makes torch warn about pickle protocols first: one line only
             warnings.simplefilter("ignore")
             load(path, map_location="cpu")
         return None
-    except Exception as e:
-        return e
-
-
-def damaged(ckpt, path, error):
-    """One line naming the file, without torch's advice to retry with weights_only=False: that would run
-    whatever code a planted pickle holds."""
-    why = files.reason(error)
-    if "WeightsUnpickler error:" in str(error):  # torch's weights-only refusal: only its own reason, first sentence
-        detail = str(error).split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
-        why = f"not plain tensors and numbers: {detail[0].split('. ')[0][:160]}".rstrip(": ")
-    elif "weights_only" in str(error):
-        why = "not plain tensors and numbers"
-    return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
-                     f"resume from the checkpoint before it, or pick a new --out-dir")
+    except Exception as error:
+        why = files.reason(error)
+        if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its first sentence
+            detail = str(error).partition("WeightsUnpickler error:")[2].strip().split(". ")[0].split("\n")[0][:160]
+            why = f"not plain tensors and numbers: {detail}".rstrip(": ")
+        return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
+                         f"resume from the checkpoint before it, or pick a new --out-dir")
 
 
 def remove_checkpoints(accelerator, out_dir):
-    """A finished run's resume state: the checkpoints and the last stop's clock (metrics.json has the total)."""
+    """A finished run's resume state (final/ and metrics.json stay): the checkpoints and the last stop's clock."""
     if accelerator.is_main_process:
         for ckpt in out_dir.glob("ckpt-*"):
             shutil.rmtree(ckpt)
@@ -214,8 +188,7 @@ def run_identity(args, tok, corpus_sha256, precision, world):
 
 
 def check_same_run(saved, current):
-    """Refuse a resume that would change the run, in one line naming every flag that differs (a key an older
-    checkpoint did not record is not compared)."""
+    """Refuse a resume that would change the run, in one line naming every flag that differs."""
     differ = [key for key, value in current.items() if key in saved and saved[key] != value]
     if differ:
         raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
@@ -225,31 +198,25 @@ def check_same_run(saved, current):
 
 
 def continue_position(state, saved, micro):
-    """A resume with another micro-batch (the same global batch: the same steps): the data position recounted in
-    micro-batches of `micro`, exactly (checkpoints follow whole steps). Returns the micro-batch the budget and
-    validation are counted in (the run's first)."""
+    """A resume with another micro-batch: the data position recounted in `micro`s (exact: checkpoints follow whole
+    steps). Returns the micro-batch the budget and validation are counted in (the run's first)."""
     old = saved.get("micro_batch")
     if old and old != micro:
         state.micro_batches = -(-state.micro_batches * old // micro)  # ceil: exact after a whole step
     return saved.get("budget_micro_batch") or old or micro
 
 
-def run_outputs(out_dir, metrics_out):
-    """{flag: path} of what a run writes, for the check against its inputs and each other (--metrics-out may be
-    the run's own metrics.json: counted once)."""
-    outputs = {"--out-dir": out_dir}
-    for name in ("metrics.json", "args.json", "final", "final.tmp", FINAL_WEIGHTS, FINAL_CONFIG):
-        if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
-            outputs[f"--out-dir's {name}"] = out_dir / name
-    return {**outputs, "--metrics-out": metrics_out}  # last: the one a clash names first
-
-
 def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None, force=False):
-    """(out_dir, the checkpoint to resume from or None): the outputs checked (none one of the `inputs`), the
-    folder opened (runfiles.open_run), an attempt without a checkpoint set aside; the main process's answer."""
+    """(out_dir, checkpoint or None): the outputs checked, the folder opened (runfiles.open_run), an attempt
+    without a checkpoint set aside; the main process's answer."""
     ckpt = None
     if accelerator.is_main_process:
-        runfiles.check_outputs_not_inputs(run_outputs(out_dir, metrics_out),
+        outputs = {"--out-dir": out_dir}
+        for name in ("metrics.json", "args.json", "final", "final.tmp", FINAL_WEIGHTS, FINAL_CONFIG):
+            # --metrics-out may be the run's own metrics.json: counted once
+            if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
+                outputs[f"--out-dir's {name}"] = out_dir / name
+        runfiles.check_outputs_not_inputs({**outputs, "--metrics-out": metrics_out},  # last: a clash names it first
                                           {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
         if metrics_out:
             runfiles.check_output(metrics_out, "--metrics-out", force, own_run=out_dir)

@@ -1,17 +1,12 @@
-"""final/: a finished run's weights as a transformers model folder, written once after a successful run and
-read back by everything that uses a run (training.sample, the tests, transformers' pipeline, offline).
-
-    save_final / write_final   GPT2LMHeadModel's weights (model.safetensors), config.json, generation_config.json
-                               and the run's own tokenizer; final.tmp renamed
-    load_run                   final/ (or an older final/, or an unfinished run's newest verified checkpoint) ->
-                               (model, tokenizer), nothing trusted unchecked: config.json against the hash the
-                               weights record, the tokenizer against config.json's, every tensor's name and shape
-"""
+"""final/: a finished run's weights as a transformers model folder (GPT2LMHeadModel's model.safetensors, config.json,
+generation_config.json, the run's own tokenizer), written once after a successful run and read back by
+training.sample and the tests. Nothing read is trusted unchecked: config.json against the hash the weights
+record, the tokenizer against config.json's, every tensor's name and shape; an unfinished run's newest verified
+checkpoint stands in for a missing final/."""
 import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -22,31 +17,27 @@ from training import checkpoints
 from training.checkpoints import FINAL_WEIGHTS, failed_write_explained
 from training.model import GPT, from_transformers, model_config, to_transformers
 
-HF_WEIGHTS, HF_CONFIG, LEGACY_WEIGHTS = "model.safetensors", "config.json", "model.pt"  # in final/
+HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
-# ----------------------------------------------------------------------------- writing
-
 def save_final(accelerator, model, out_dir, tokenizer, metrics_kept=False):
-    """After a successful run, outside the timed loop: final/ (write_final) written to final.tmp and renamed.
-    metrics_kept: the metrics were written first, which a failure says."""
+    """After a successful run, outside the timed loop: final/ written into final.tmp and renamed. metrics_kept:
+    the metrics were written first, which a failure says."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        net = accelerator.unwrap_model(model)
         final = out_dir / Path(FINAL_WEIGHTS).parent
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         with failed_write_explained(tmp, "the final weights", lambda folder: final_remains(folder, metrics_kept)):
             tmp.mkdir()
-            write_final(net, tokenizer, tmp)
+            write_final(accelerator.unwrap_model(model), tokenizer, tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
 
 
 def final_remains(out_dir, metrics_kept):
-    """What a run whose final weights could not be written still has, from what is on disk."""
     ckpt, _ = checkpoints.latest_checkpoint(out_dir)
     kept = [f"the metrics are in {out_dir / 'metrics.json'}"] if metrics_kept else []
     kept.append(f"the newest weights are in the optimizer checkpoint {ckpt}" if ckpt else
@@ -55,8 +46,7 @@ def final_remains(out_dir, metrics_kept):
 
 
 def config_sha256(config):
-    """The hash of a config's content, recorded in model.safetensors: an edit of config.json that the shapes
-    cannot reveal (n_head) is found on loading."""
+    """A config's content hash, recorded in model.safetensors: an edit the shapes cannot reveal (n_head) is found."""
     canonical = json.dumps(json.loads(json.dumps(strict(config), default=str)), sort_keys=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -66,10 +56,8 @@ def write_final(net, tokenizer, folder):
     written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x cannot open."""
     from safetensors.torch import save_file
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
-    # what save_pretrained writes, the shape always spelled out; the hash: training.sample refuses a
-    # tokenizer.json that is not the one the model learned
     config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot,
-              "tokenizer_sha256": tokenizer_sha256(tokenizer)}
+              "tokenizer_sha256": tokenizer_sha256(tokenizer)}  # training.sample refuses another tokenizer.json
     metadata = {"format": "pt", "config_sha256": config_sha256(config)}
     save_file(to_transformers(net.state_dict()), folder / HF_WEIGHTS, metadata=metadata)  # streamed: no copy in memory
     os.chmod(folder / HF_WEIGHTS, 0o666 & ~UMASK)  # save_file makes it 0600: the group may read it
@@ -85,42 +73,33 @@ def write_final(net, tokenizer, folder):
         "model_max_length": cfg.n_positions, "clean_up_tokenization_spaces": False})
 
 
-# ----------------------------------------------------------------------------- reading
-
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run directory: final/ (its own tokenizer;
-    `tokenizer_spec` must be the same), else an older final/ or the newest checkpoint that verifies (the
-    tokenizer from `tokenizer_spec` or args.json, checked)."""
-    run_dir = Path(run_dir)
+    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run directory: final/ with its own tokenizer
+    (`tokenizer_spec` must be the same), else the newest checkpoint that verifies with the tokenizer
+    `tokenizer_spec` or args.json names, checked against the one the run recorded."""
+    run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    final, note = run_dir / "final", None
     if (final / HF_WEIGHTS).is_file():
-        cfg = read_config(final / HF_CONFIG)
-        check_config_unchanged(final, cfg)
+        cfg, path = read_config(final / HF_CONFIG), final / HF_WEIGHTS
+        state, recorded = read_weights(path)
+        if recorded and recorded != cfg.config_sha256:  # a final/ from before the hash: not checked
+            raise UserError(f"{final / HF_CONFIG} was changed after the run wrote it (its content hash "
+                            f"{cfg.config_sha256[:16]} is not the {recorded[:16]} {path} records); restore it, or "
+                            f"train again")
         tok = own_tokenizer(final, cfg, tokenizer_spec)
-        state, path = from_transformers(read_weights(final / HF_WEIGHTS)), final / HF_WEIGHTS
-    elif (final / LEGACY_WEIGHTS).is_file():
-        cfg, path = read_config(final / HF_CONFIG), final / LEGACY_WEIGHTS
-        tok = named_tokenizer(run_dir, tokenizer_spec, cfg)
-        state = read_weights(path)
-        note = (f"note: {final} is the older format (no tokenizer kept with it): {tok.source} is checked only "
-                f"for its size and end-of-text id")
     else:
         ckpt, _ = checkpoints.latest_checkpoint(run_dir)
-        if ckpt is None or not (ckpt / "pytorch_model.bin").is_file():
+        path = ckpt and ckpt / "pytorch_model.bin"
+        if not path or not path.is_file():
             raise UserError(f"{run_dir}: no weights (neither final/ nor a complete checkpoint)")
-        cfg, expect = checkpoint_config(ckpt)
-        tok = named_tokenizer(run_dir, tokenizer_spec, cfg, expect)
-        state, path = read_weights(ckpt / "pytorch_model.bin"), ckpt / "pytorch_model.bin"
-    model = build_model(cfg, state, path).to(device)
-    if note:  # once the weights have loaded
-        print(note, file=sys.stderr)
-    return model, tok
+        tok, shape = checkpoint_tokenizer(ckpt, tokenizer_spec)
+        cfg, (state, _) = model_config(tok.vocab_size, tok.eot, **shape), read_weights(path)
+    return build_model(cfg, state, path).to(device), tok
 
 
 def read_config(path):
-    """The GPT2Config of a run's config.json, checked enough to build a model from."""
+    """The GPT2Config of final/config.json, checked enough to build a model from."""
     try:
         raw = json.loads(read_small(path, 1 << 20, follow=True))  # a FIFO planted there: no wait
         shape, eot = {k: raw[k] for k in SHAPE}, raw["eos_token_id"]
@@ -135,33 +114,22 @@ def read_config(path):
     return cfg
 
 
-def check_config_unchanged(final, cfg):
-    """config.json is the one the weights were written with (a final/ from before the hash: not checked)."""
-    from safetensors import SafetensorError, safe_open
-    try:
-        with safe_open(str(final / HF_WEIGHTS), "pt") as f:
-            recorded = (f.metadata() or {}).get("config_sha256")
-    except (OSError, SafetensorError):
-        return  # a damaged file is read_weights' to name
-    if recorded and recorded != cfg.config_sha256:
-        raise UserError(f"{final / HF_CONFIG} was changed after the run wrote it (its content hash "
-                        f"{cfg.config_sha256[:16]} is not the {recorded[:16]} {final / HF_WEIGHTS} records); "
-                        f"restore it, or train again")
-
-
 def read_weights(path):
-    """{name: tensor} of a safetensors or torch.save file; a damaged one is one line (not pickle's advice)."""
+    """({name: tensor} in training/model.py's names, the config hash recorded or None) of final/'s safetensors
+    or a checkpoint's torch.save file; a damaged one is one line (not pickle's advice)."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            state = load_file(str(path))
+            from safetensors import safe_open
+            with safe_open(str(path), "pt") as f:
+                recorded = (f.metadata() or {}).get("config_sha256")
+                state = {name: f.get_tensor(name) for name in f.keys()}
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state, recorded = torch.load(path, map_location="cpu", weights_only=True), None
     except Exception as e:  # garbage makes the readers raise anything: SafetensorError, UnpicklingError, EOFError
         raise UserError(f"{path} is damaged or not a weights file ({type(e).__name__})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path} is not a state_dict of tensors")
-    return state
+    return from_transformers(state) if path.suffix == ".safetensors" else state, recorded
 
 
 def build_model(cfg, state, path):
@@ -179,16 +147,6 @@ def build_model(cfg, state, path):
     return model.eval()
 
 
-def checkpoint_config(ckpt):
-    """(GPT2Config, the tokenizer's sha256 prefix) from the run identity a checkpoint saved."""
-    try:
-        run = checkpoints.load_state(ckpt)[1]
-        shape = dict(n_layer=run["n_layer"], n_head=run["n_head"], n_embd=run["n_embd"], n_positions=run["seq_len"])
-        return model_config(run["vocab_size"], None, **shape), run["tokenizer"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{ckpt}: no readable run identity ({type(e).__name__}: {e})") from None
-
-
 def own_tokenizer(final, cfg, spec):
     """final/'s tokenizer, the one config.json's hash names; `spec`, if given, must be the same one."""
     tok = open_tokenizer(final)
@@ -200,32 +158,29 @@ def own_tokenizer(final, cfg, spec):
         raise UserError(f"--tokenizer {spec} ({other.vocab_size:,} tokens, sha256 {other.sha256[:16]}) is not the "
                         f"run's ({final}/tokenizer.json: {tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}); "
                         f"leave --tokenizer out")
-    return fitting(tok, cfg, final)
+    return tok
 
 
-def named_tokenizer(run_dir, spec, cfg, expect=None):
-    """The tokenizer --tokenizer or args.json names, checked against the model (its size, end-of-text id, and
-    the hash the checkpoint recorded, `expect`)."""
+def checkpoint_tokenizer(ckpt, spec):
+    """(the tokenizer `spec` or the run's args.json names, the model's shape), the tokenizer checked against the
+    hash the checkpoint's run identity recorded."""
+    try:
+        run = checkpoints.load_state(ckpt)[1]
+        shape = dict(n_layer=run["n_layer"], n_head=run["n_head"], n_embd=run["n_embd"], n_positions=run["seq_len"])
+        expect = run["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{ckpt}: no readable run identity ({type(e).__name__}: {e})") from None
     if not spec:
         try:  # the path as typed when the run started (relative to where it started)
-            spec = json.loads(read_small(run_dir / "args.json", 1 << 20, follow=True))["tokenizer"]
+            spec = json.loads(read_small(ckpt.parent / "args.json", 1 << 20, follow=True))["tokenizer"]
         except (OSError, ValueError, KeyError, TypeError):
-            raise UserError(f"{run_dir}: no readable args.json naming the tokenizer; "
+            raise UserError(f"{ckpt.parent}: no readable args.json naming the tokenizer; "
                             f"pass it with --tokenizer") from None
     try:
         tok = open_tokenizer(spec)
     except TokenizerError as e:
         raise TokenizerError(f"{e}; pass the run's tokenizer with --tokenizer") from None
-    if expect and tok.sha256[:16] != expect:
+    if tok.sha256[:16] != expect:
         raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
                         f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")
-    if cfg.eos_token_id is None:
-        cfg.bos_token_id = cfg.eos_token_id = tok.eot
-    return fitting(tok, cfg, spec)
-
-
-def fitting(tok, cfg, where):
-    if tok.padded_vocab_size != cfg.vocab_size or tok.eot != cfg.eos_token_id:
-        raise UserError(f"tokenizer {where} ({tok.vocab_size:,} tokens, <|endoftext|> {tok.eot}) does not fit the "
-                        f"model ({cfg.vocab_size:,} rows, end of text {cfg.eos_token_id})")
-    return tok
+    return tok, shape

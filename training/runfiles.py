@@ -70,37 +70,32 @@ def check_outputs_not_inputs(outputs, inputs):
         seen[flag] = (Path(path), out, "an output too")
 
 
-class RunLock:
+@contextlib.contextmanager
+def RunLock(directory):
     """An exclusive flock on DIR/run.lock while the run lives (a double sbatch stops at once; the kernel releases
     it however the process ends), opened no-follow: a planted link, FIFO or hard link is refused."""
-
-    def __init__(self, directory):
-        self.path = Path(directory) / LOCK_FILE
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(directory) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as e:  # ELOOP: a link
+        raise OutputError(f"{path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a FIFO, a device, a hard link
+            raise OutputError(f"{path} is not a run lock (not a plain file of one name): remove it, or pick "
+                              f"another --out-dir")
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-            info = os.fstat(self.fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a FIFO, a device, a hard link
-                os.close(self.fd)
-                raise OSError("not a plain file of one name")
-        except OSError as e:  # ELOOP: a link
-            raise OutputError(f"{self.path} is not a run lock ({reason(e)}): remove it, or pick another "
-                              f"--out-dir") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(self.fd)
-            raise OutputError(f"{self.path.parent} is in use by another run (pid {holder}); wait for it or pick "
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise OutputError(f"{path.parent} is in use by another run (pid {holder}); wait for it or pick "
                               f"another --out-dir") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)  # closing releases the lock
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def new_run_name():
@@ -171,7 +166,8 @@ def open_run(path, program, stack):
     path = Path(path)
     claim_run_dir(path, program, stack, reuse=not os.path.lexists(path / FINISHED))
     if os.path.lexists(path / FINISHED):  # finished between the check and the lock: the other run's last write
-        raise OutputError(run_dir_problem(path, program, reuse=False))
+        raise OutputError(f"--out-dir {path} holds a run of {program} that has just finished (metrics.json); "
+                          f"give a new folder")
     return any(p.name not in BOOKKEEPING for p in path.iterdir())
 
 

@@ -1,13 +1,9 @@
-"""What the model writes: continuations of fixed validation prompts at the end of a run (TensorBoard text,
-the metrics' `samples`), and of any prompt from a finished run, printed as it is generated:
+"""What the model writes: fixed validation prompts' continuations at the end of a run (TensorBoard, the metrics'
+`samples`), and any prompt's from a run's final/ (or newest checkpoint), printed as it comes; greedy shows what the
+model learned most firmly, sampling (temperature, top-k, a fixed seed) its variety, reproducibly:
 
     python -m training.sample runs/gpt/<run> --prompt "Deep learning models" --tokens 64 --seed 0
     python -m training.sample runs/gpt/<run> --prompt "The results" --temperature 0 # greedy
-
-The command reads a run's final/ (a transformers model folder; training/final.py writes and checks it), or an
-unfinished run's newest checkpoint. Greedy (the most likely token each time) shows what the model has learned
-most firmly; sampling (temperature, top-k, a fixed seed) shows its variety, reproducibly. Its --metrics-out
-records the text, the settings and the job's clock (`process_seconds`, split into `phases`).
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -35,10 +31,8 @@ MAX_TOKENS = 100_000  # past n_positions each token is a whole pass: hours at th
 
 @torch.no_grad()
 def token_stream(model, idx, new_tokens, choose, vocab_size=None, stop=None):
-    """Each next token (B, 1) after the (B, T) prompt ids, `choose`n from the (B, V) logits, vocab_size (the
-    tokenizer's) wide so that the model's padding rows are never chosen; a stop signal (stop.signal) ends it.
-    The KV cache (one list per block, extended by the model) runs only the tokens not yet cached; past the
-    model's n_positions the window slides and every position shifts: the last n_positions tokens run again."""
+    """Each next token (B, 1) after the (B, T) prompt ids, `choose`n from the logits cut to vocab_size (no padding
+    row), until a stop signal. The KV cache runs only new tokens; past n_positions the window slides: all run again."""
     cache, n = [[] for _ in range(model.cfg.n_layer)], model.cfg.n_positions
     for _ in range(new_tokens):
         if stop is not None and stop.signal:  # Slurm's warning: the job must end in time, samples or not
@@ -64,14 +58,13 @@ def pick(logits, temperature, top_k, generator):
 
 
 def generate(model, idx, new_tokens, temperature=0.0, top_k=0, generator=None, vocab_size=None):
-    """(B, T) prompt ids -> (B, new_tokens) continuation ids (token_stream's, at once)."""
+    """(B, T) prompt ids -> (B, new_tokens) continuation ids."""
     choose = partial(pick, temperature=temperature, top_k=top_k, generator=generator)
     return torch.cat(list(token_stream(model, idx, new_tokens, choose, vocab_size)), dim=1)
 
 
 def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None):
-    """The greedy and the sampled (TEMPERATURE, TOP_K) continuations of the (B, T) prompts, as one batch of 2B
-    rows: one forward pass per token for both. -> the two (B, n) continuations, n <= new_tokens (a stop)."""
+    """The greedy and the sampled (B, n <= new_tokens) continuations of the (B, T) prompts, as one batch of 2B rows."""
     rows, b = torch.cat([idx, idx]), idx.size(0)
 
     def both(logits):
@@ -81,11 +74,10 @@ def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None)
 
 
 def fixed_prompts(blocks, eot, n=N_PROMPTS, length=PROMPT_TOKENS):
-    """The first `length` tokens of a document (after the block's first end-of-text where a whole prompt fits after
-    it) in each of the first n validation blocks: the same prompts every run."""
+    """The same prompts every run: the first `length` tokens of a document (after the block's first end-of-text
+    where a whole prompt fits after it) in each of the first n validation blocks."""
     prompts = []
-    for i in range(min(n, len(blocks))):
-        ids = blocks[i].tolist()
+    for ids in (b.tolist() for b in blocks[:n]):
         size = min(length, len(ids) // 2)
         start = ids.index(eot) + 1 if eot in ids and ids.index(eot) + 1 + size <= len(ids) else 0
         prompts.append(ids[start:start + size])
@@ -94,13 +86,12 @@ def fixed_prompts(blocks, eot, n=N_PROMPTS, length=PROMPT_TOKENS):
 
 
 def final_samples(run, tokenizer, validation_blocks, new_tokens, writer, at_step, val_loss, stop=None):
-    """On the main process, after final/: the fixed prompts' continuations, greedy and sampled, into TensorBoard and
-    the metrics' `samples`; in eager mode (nothing recompiles), the model unwrapped from DDP (no collectives)."""
+    """After final/ (main process): the fixed prompts' continuations into TensorBoard and the metrics' `samples`;
+    eager (nothing recompiles), the model unwrapped from DDP (no collectives)."""
     prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id("<|endoftext|>"))
     if not prompts or not new_tokens:
         return None
-    accelerator = run.accelerator
-    net = accelerator.unwrap_model(run.model)
+    accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model)
     rng = torch.Generator(accelerator.device).manual_seed(SEED)
     net.eval()
     with eager_mode(), accelerator.autocast():
@@ -117,8 +108,6 @@ def final_samples(run, tokenizer, validation_blocks, new_tokens, writer, at_step
     return samples
 
 
-# ----------------------------------------------------------------------------- the command line
-
 def build_parser():
     p = Parser(prog="python -m training.sample", description="Continue a prompt with the weights of a "
                "gpt_train.py run.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -132,8 +121,8 @@ def build_parser():
     p.add_argument("--seed", type=number(int, 0, 2**64, high_open=True), default=SEED,
                    help="the sampling's random generator")
     p.add_argument("--tokenizer", type=path_or_name_flag, default=None,
-                   help="None: the run's own (final/); needed only where it kept none (a checkpoint, an older final/) "
-                        "and args.json's path moved; always checked against the run")
+                   help="None: the run's own (final/); needed only where it kept none (a checkpoint) and args.json's "
+                        "path moved; always checked against the run")
     p.add_argument("--device", type=device_flag, default="cpu", help="cpu, cuda, cuda:N or mps, where available")
     add_output_flags(p, "write the text, the settings and the process's time here as JSON")
     return p
@@ -160,8 +149,8 @@ def device_flag(name):
 
 
 def stream_text(decode, tokens, context=4, hold=8):
-    """The text of each new token as soon as its characters are whole (a token that ends inside a character waits,
-    at most `hold` tokens); each piece decoded after `context` tokens, as the whole text would be, then cut off."""
+    """Each new token's text once its characters are whole (waiting at most `hold` tokens), decoded after
+    `context` tokens as the whole text would be."""
     done, pending = [], []
     for token in tokens:
         pending.append(token)
@@ -180,38 +169,33 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         with lifecycle.one_line_errors(lambda: "the text above is what was generated so far"):
-            return sample(args, argv, phases)
+            if args.metrics_out:
+                runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+            phases.switch("model")
+            model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
+            phases.switch("sampling")
+            ids = tok.tokenizer.encode(args.prompt, add_special_tokens=False).ids or [tok.eot]
+            choose = partial(pick, temperature=args.temperature, top_k=args.top_k,
+                             generator=torch.Generator(args.device).manual_seed(args.seed))
+            stream = token_stream(model, torch.tensor([ids], device=args.device), args.tokens, choose, tok.vocab_size)
+            print(args.prompt, end="", flush=True)
+            text = []
+            try:
+                for piece in stream_text(tok.tokenizer.decode, (t.item() for t in stream)):
+                    print(piece, end="", flush=True)
+                    text.append(piece)
+            finally:
+                print(flush=True)  # the text's line ends, a Ctrl-C's too
+            phases.switch("teardown")
+            if args.metrics_out:  # the clock taken just before the last output is written
+                settings = {k: getattr(args, k) for k in ("prompt", "temperature", "top_k", "seed", "device")}
+                files.write_json(args.metrics_out, phases.stamp({
+                    "run_dir": str(args.run_dir), **settings, "text": "".join(text), "new_tokens": args.tokens,
+                    "command": "python -m training.sample " + " ".join(sys.argv[1:] if argv is None else argv)}))
+            return "".join(text)
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         sys.exit(1)
-
-
-def sample(args, argv, phases):
-    """The command's work: the run's model, the prompt's continuation printed as it comes, the metrics."""
-    if args.metrics_out:
-        runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
-    phases.switch("model")
-    model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
-    phases.switch("sampling")
-    ids = tok.tokenizer.encode(args.prompt, add_special_tokens=False).ids or [tok.eot]
-    choose = partial(pick, temperature=args.temperature, top_k=args.top_k,
-                     generator=torch.Generator(args.device).manual_seed(args.seed))
-    stream = token_stream(model, torch.tensor([ids], device=args.device), args.tokens, choose, tok.vocab_size)
-    print(args.prompt, end="", flush=True)
-    text = []
-    try:
-        for piece in stream_text(tok.tokenizer.decode, (t.item() for t in stream)):
-            print(piece, end="", flush=True)
-            text.append(piece)
-    finally:
-        print(flush=True)  # the text's line ends, a Ctrl-C's too
-    phases.switch("teardown")
-    if args.metrics_out:  # the clock taken just before the last output is written
-        files.write_json(args.metrics_out, phases.stamp({
-            "run_dir": str(args.run_dir), "prompt": args.prompt, "text": "".join(text), "new_tokens": args.tokens,
-            "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed, "device": args.device,
-            "command": "python -m training.sample " + " ".join(sys.argv[1:] if argv is None else argv)}))
-    return "".join(text)
 
 
 if __name__ == "__main__":
