@@ -5,12 +5,9 @@
     python report/make_report.py --runs-root runs --out /tmp/report           # the newest of yours
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
-The inputs: every JSON under --results, its GPU folders (report/gpu.py) and only the runs named: a run under
-runs/ is never picked up unasked. `--gpu OUT` for the committed report first copies OUT's small files into
-report/results/<GPU>-<date>/. --out gets results.md (tables, sources, problems), placeholders.md and the figures
-report.md links; --pdf prints report.md filled from the same inputs to --pdf-out. Each output is checked before
-any work and written under a short temporary name, renamed into place once whole; an existing --pdf-out is
-replaced only with --force or if a build of this --out printed it. A placeholder that cannot be filled or a
+The inputs: every JSON under --results, its GPU folders (report/gpu.py) and only the runs named (a run under runs/
+is never picked up unasked). --out gets results.md (tables, sources, problems), placeholders.md and the figures
+report.md links; --pdf prints report.md filled from the same inputs. A placeholder that cannot be filled or a
 broken image is an error or a problem line, never a blank.
 """
 import errno
@@ -26,41 +23,16 @@ from pathlib import Path
 if not __package__:  # run as python report/make_report.py: the repository, not report/, on sys.path
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from training import (
-    lifecycle,  # first, before the slow imports (matplotlib): the standard library only
-)
+from training import lifecycle  # first, before the slow imports (matplotlib): the standard library only
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
 from data.files import UserError, inside_another_run
 from report import browser, facts, gpu
-from report.figures import (
-    gpt_curves,
-    gpu_figure,
-    ladder_figure,
-    lenet_curves,
-    lenet_images,
-    scalars_from_metrics,
-)
-from report.inputs import (
-    FIELD_ERRORS,
-    RESULTS,
-    figure_name,
-    find_runs,
-    load_events,
-    load_results,
-    rel,
-    result_name,
-)
+from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, scalars_from_metrics
+from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_events, load_results, rel, result_name
 from report.outputs import BUILT, building, built_lines, out_dir, printed, writable
-from report.tables import (
-    gelu_table,
-    gpt_table,
-    ladder_table,
-    lenet_bench_table,
-    lenet_table,
-    tokenizer_table,
-)
+from report.tables import gelu_table, gpt_table, ladder_table, lenet_bench_table, lenet_table, tokenizer_table
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
@@ -70,28 +42,22 @@ GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # w
 
 
 @dataclass
-class Inputs:
-    """Every input, read once (gather)."""
+class Report:
+    """Every input, read once (gather), and the folder being built from them (build)."""
     problems: list
-    results: dict
-    named: bool
+    results: dict  # results key -> (its JSON, where from)
+    results_dir: Path
+    named: bool  # a student's runs named
     team: bool = True  # the team's runs and GPU folders may stand in (no student's runs named, or other --results)
     by_kind: dict = field(default_factory=dict)  # kind -> inputs.RunFolder named on the command line
     folders: list = field(default_factory=list)  # gpu.GpuFolder, first answering first
     shown: dict = field(default_factory=dict)  # kind -> inputs.Run its section shows
     sources: dict = field(default_factory=dict)  # placeholder source -> (facts, where from)
     report_text: str = ""  # report.md's blocks these inputs can fill
-
-
-@dataclass
-class Build:
-    """The folder being built and what its sections share."""
-    out: Path
-    results_dir: Path
-    problems: list
-    no_run: dict
-    linked: set | None  # the figures report.md links; None: all (--all-figures)
-    todo: list = field(default_factory=list)
+    out: Path | None = None  # the folder being built
+    no_run: dict = field(default_factory=dict)  # kind -> the line saying no run of it was found
+    linked: set | None = None  # the figures report.md links; None: all (--all-figures)
+    todo: list = field(default_factory=list)  # the GPU figures missing, and the command that fills each
 
     def wanted(self, name):
         return self.linked is None or name in self.linked
@@ -102,82 +68,75 @@ class Build:
 
 # ----------------------------------------------------------------------------- the sections of results.md
 
-def alias_section(kind, inputs, table, curves, build):
+def alias_section(r, kind, table, curves):
     """The run a section shows (the named run, else the committed one): its table and curves."""
     file = {"lenet5": "lenet_curves.png", "gpt": "gpt_curves.png"}[kind]
-    if (shown := inputs.shown.get(kind)) is None:
-        return [f"- {build.no_run[kind]}"]
-    named = inputs.by_kind.get(kind)
+    if (shown := r.shown.get(kind)) is None:
+        return [f"- {r.no_run[kind]}"]
+    named = r.by_kind.get(kind)
     where = named.dir if named else shown.source
     try:
         scalars = named.scalars if named and named.scalars else scalars_from_metrics(shown.metrics)
         section = table(shown.metrics) + [""]
-        if build.wanted(file) and any(scalars.values()):
-            section += curves(scalars, shown.metrics, build.out / file)
+        if r.wanted(file) and any(scalars.values()):
+            section += curves(scalars, shown.metrics, r.out / file)
     except FIELD_ERRORS as e:
-        build.left_out(where, e)
-        return [f"- {build.no_run[kind]}"]
+        r.left_out(where, e)
+        return [f"- {r.no_run[kind]}"]
     return [f"The run `{shown.alias}` (placeholders `{{{{{shown.alias}.…}}}}`, `{file}`): `{rel(where)}`", ""] + section
 
 
-def result_sections(inputs, prefix, table, what, build, figure=None):
+def result_sections(r, head, prefix, table, what, figure=None):
     """One table per <prefix>*.json of the results (and its figure where wanted), or the line saying there is none."""
     lines = []
-    for key in sorted(k for k in inputs.results if result_name(k).startswith(prefix)):
-        data, path = inputs.results[key]
-        name = figure_name(key, inputs.results)
+    for key in sorted(k for k in r.results if result_name(k).startswith(prefix)):
+        data, path = r.results[key]
+        name = figure_name(key, r.results)
         try:
-            drawn = figure(name, data, build.out) if figure and build.wanted(f"{name}.png") else []
-            section = table(data) + [""] + drawn
+            section = table(data) + [""] + (figure(name, data, r.out) if figure and r.wanted(f"{name}.png") else [])
         except FIELD_ERRORS as e:
-            build.left_out(path, e)
+            r.left_out(path, e)
             continue
         lines += [f"`{rel(path)}` (placeholders `{{{{{name}.…}}}}`):", ""] + section + [""]
-    return lines or [f"- no {what} found in {build.results_dir}"]
+    return ["", head, ""] + (lines or [f"- no {what} found in {r.results_dir}"])
 
 
-def run_lines(inputs, build):
+def run_lines(r):
     """LeNet-5 (its run, layers, kept runs, benchmarks), GELU, the tokenizer, GPT-2 and the ladder."""
-    lines = ["## LeNet-5", ""] + alias_section("lenet5", inputs, lenet_table, lenet_curves, build)
-    shown = inputs.shown.get("lenet5")
-    if shown and shown.events:  # the layers of the very run the section shows, never another's
-        named = inputs.by_kind.get("lenet5")
-        images = named.images if named else load_events(shown.events, build.problems)[1]
+    lines = ["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table, lenet_curves)
+    if (shown := r.shown.get("lenet5")) and shown.events:  # the layers of the very run shown, never another's
+        images = r.by_kind["lenet5"].images if "lenet5" in r.by_kind else load_events(shown.events, r.problems)[1]
         lines += ["", f"Intermediate layers of `{rel(shown.events)}`:", ""]
-        lines += lenet_images(shown.events, images, build.out, build.problems)
+        lines += lenet_images(shown.events, images, r.out, r.problems)
     elif shown:
         lines += ["", f"- no TensorBoard events kept for `{shown.source}`: no layer images (name a run folder "
                       "of `python lenet5.py`, or keep its events beside its JSON, in a folder of the same name)"]
-    for head, prefix, table, what in (("Runs whose metrics were kept in the results:", "lenet_run", lenet_table,
-                                       "LeNet-5 run metrics"),
-                                      ("Speed against the lab's original recipe:", "lenet_bench", lenet_bench_table,
-                                       "LeNet-5 benchmark"),
-                                      ("## GELU operator", "gelu_bench", gelu_table, "GELU benchmark"),
-                                      ("## Tokenizer", "tokenizer", tokenizer_table, "tokenizer metrics")):
-        lines += ["", head, ""] + result_sections(inputs, prefix, table, what, build)
-    lines += ["", "## GPT-2", ""] + alias_section("gpt", inputs, gpt_table, gpt_curves, build)
-    lines += ["", "Runs whose metrics were kept in the results:", ""]
-    lines += result_sections(inputs, "gpt_run", gpt_table, "GPT run metrics", build)
-    lines += ["", "## Acceleration ladder", ""]
-    return lines + result_sections(inputs, "gpt_bench", ladder_table, "acceleration ladder", build, ladder_figure)
+    kept = "Runs whose metrics were kept in the results:"
+    lines += result_sections(r, kept, "lenet_run", lenet_table, "LeNet-5 run metrics")
+    lines += result_sections(r, "Speed against the lab's original recipe:", "lenet_bench", lenet_bench_table,
+                             "LeNet-5 benchmark")
+    lines += result_sections(r, "## GELU operator", "gelu_bench", gelu_table, "GELU benchmark")
+    lines += result_sections(r, "## Tokenizer", "tokenizer", tokenizer_table, "tokenizer metrics")
+    lines += ["", "## GPT-2", ""] + alias_section(r, "gpt", gpt_table, gpt_curves)
+    lines += result_sections(r, kept, "gpt_run", gpt_table, "GPT run metrics")
+    return lines + result_sections(r, "## Acceleration ladder", "gpt_bench", ladder_table, "acceleration ladder",
+                                   ladder_figure)
 
 
-def gpu_lines(inputs, build, screenshots):
+def gpu_lines(r, screenshots):
     """GPU use, the GPU figures the report links and the TensorBoard screenshots."""
-    lines = ["", "## GPU utilisation", ""] + gpu_figure(list(inputs.by_kind.values()), build.out)
+    lines = ["", "## GPU utilisation", ""] + gpu_figure(list(r.by_kind.values()), r.out)
     lines += ["", "## GPU figures the report links", ""]
-    if not inputs.team and not inputs.folders:
+    if not r.team and not r.folders:
         lines += ["- runs were named and no `--gpu`: the committed GPU folders are not among these inputs"]
     else:
-        lines += gpu.slot_lines(inputs.folders, build.results_dir, build.out, build.linked, build.todo,
-                                build.problems)
+        lines += gpu.slot_lines(r.folders, r.results_dir, r.out, r.linked, r.todo, r.problems)
     if not screenshots:
         return lines
     lines += ["", "## TensorBoard, as a browser shows it", ""]
     lines += [f"- no TensorBoard events kept for `{run.source}`: no screenshot of it"
-              for run in inputs.shown.values() if not run.events]
-    return lines + browser.tensorboard_screenshots([r for r in inputs.shown.values() if r.events], build.out,
-                                                   build.problems)
+              for run in r.shown.values() if not run.events]
+    return lines + browser.tensorboard_screenshots([run for run in r.shown.values() if run.events], r.out, r.problems)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -278,20 +237,20 @@ def gather(args, report_text, scratch, gpu_folder=None):
     """Every input, read once, and report.md's blocks they can fill. A student's runs named: none of the team's
     runs or GPU folders stands in for one missing (a named run that cannot be read is "no run found"), unless
     --gpu names one."""
-    inputs = Inputs(problems=[], results={}, named=bool(args.runs or args.runs_root))
-    inputs.by_kind = find_runs(args.runs, args.runs_root, inputs.problems)
-    inputs.results = load_results(args.results, inputs.problems)
+    r = Report([], {}, args.results, named=bool(args.runs or args.runs_root))
+    r.by_kind = find_runs(args.runs, args.runs_root, r.problems)
+    r.results = load_results(args.results, r.problems)
     gpu_folder = gpu_folder or args.gpu
     if gpu_folder and not gpu_folder.resolve().is_relative_to(args.results.resolve()):
-        inputs.results |= load_results(gpu_folder, inputs.problems, prefix=f"{gpu_folder.name}/")
-    inputs.team = not (inputs.named and committed(args))
-    if gpu_folder or inputs.team:
-        inputs.folders = gpu.gpu_folders(gpu_folder, args.results if inputs.team else None, inputs.problems)
-    roles = facts.role_runs(inputs.folders, inputs.results, scratch)
-    inputs.shown = facts.shown_runs(inputs.by_kind, inputs.results, roles, inputs.team)
-    inputs.sources = facts.derived_sources(inputs.results, inputs.shown, roles, inputs.folders, inputs.by_kind)
-    inputs.report_text = facts.select_blocks(report_text, {*inputs.sources, "own" if inputs.named else "team"})
-    return inputs
+        r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
+    r.team = not (r.named and committed(args))
+    if gpu_folder or r.team:
+        r.folders = gpu.gpu_folders(gpu_folder, args.results if r.team else None, r.problems)
+    roles = facts.role_runs(r.folders, r.results, scratch)
+    r.shown = facts.shown_runs(r.by_kind, r.results, roles, r.team)
+    r.sources = facts.derived_sources(r.results, r.shown, roles, r.folders, r.by_kind)
+    r.report_text = facts.select_blocks(report_text, {*r.sources, "own" if r.named else "team"})
+    return r
 
 
 def checked_images(text, report, out, built, problems):
@@ -309,33 +268,31 @@ def checked_images(text, report, out, built, problems):
     return IMAGE_LINK.sub(one, text)
 
 
-def build(args, inputs, text, used, unfilled):
-    """Every section and file into a fresh --out; returns (results.md's lines, todo, the text the PDF prints)."""
-    out, problems = out_dir(args), inputs.problems
-    linked = None if args.all_figures else {Path(link).name for link in IMAGE_LINK.findall(inputs.report_text)}
-    no_run = {k: f"no {name} run found " + (f"under {rel(args.runs_root / k)}" if args.runs_root else
-                                            "among the runs named" if args.runs else "in the results")
-              for k, name in (("lenet5", "LeNet-5"), ("gpt", "GPT"))}
-    keep = browser.kept_screenshots(out, inputs.shown) if args.no_screenshots else []
-    with building(out, keep) as folder:
-        b = Build(folder, args.results, problems, no_run, linked)
+def build(args, r, text, used, unfilled):
+    """Every section and file into a fresh --out; returns (results.md's lines, the text the PDF prints)."""
+    r.linked = None if args.all_figures else {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
+    r.no_run = {k: f"no {name} run found " + (f"under {rel(args.runs_root / k)}" if args.runs_root else
+                                              "among the runs named" if args.runs else "in the results")
+                for k, name in (("lenet5", "LeNet-5"), ("gpt", "GPT"))}
+    keep = browser.kept_screenshots(out_dir(args), r.shown) if args.no_screenshots else []
+    with building(out_dir(args), keep) as r.out:
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
-                 "the files named. Inputs: `" + "`, `".join(rel(p) for p in [args.results, *(r.dir for r in
-                                                                             inputs.by_kind.values())]) + "`.", ""]
-        lines += run_lines(inputs, b) + gpu_lines(inputs, b, not args.no_screenshots)
+                 "the files named. Inputs: `" + "`, `".join(rel(p) for p in [args.results, *(run.dir for run in
+                                                                             r.by_kind.values())]) + "`.", ""]
+        lines += run_lines(r) + gpu_lines(r, not args.no_screenshots)
         lines += ["", "## Placeholders", "", f"Those {rel(args.report)} uses (every key there is: placeholders.md):",
                   ""] + ([f"- `{p}` -> {v} -> `{s}`" for p, v, s in used] or ["- none"])
         if unfilled:  # other --results: the report's numbers come from inputs these do not have
             lines += ["", f"Not filled from these inputs ({len(unfilled)}):", ""] + [f"- {u}" for u in unfilled]
         if used:
-            (folder / "report_filled.md").write_text(text)
-        text = checked_images(text, args.report, out, folder, problems) if args.pdf else text
-        problems[:] = list(dict.fromkeys(problems))  # a damaged folder read twice is one problem
-        if problems:
-            lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in problems]
-        (folder / "results.md").write_text("\n".join(lines) + "\n")
-        (folder / "placeholders.md").write_text("\n".join(facts.available_lines(inputs.sources)) + "\n")
-    return lines, b.todo, text
+            (r.out / "report_filled.md").write_text(text)
+        text = checked_images(text, args.report, out_dir(args), r.out, r.problems) if args.pdf else text
+        r.problems[:] = list(dict.fromkeys(r.problems))  # a damaged folder read twice is one problem
+        if r.problems:
+            lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in r.problems]
+        (r.out / "results.md").write_text("\n".join(lines) + "\n")
+        (r.out / "placeholders.md").write_text("\n".join(facts.available_lines(r.sources)) + "\n")
+    return lines, text
 
 
 def main(argv=None):
@@ -345,21 +302,21 @@ def main(argv=None):
         try:
             report_text = check_args(args)
             with tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:  # events unpacked from a GPU folder
-                inputs = gather(args, report_text, Path(scratch), imported_gpu(args))
-                text, unfilled, used = facts.fill(inputs.report_text, inputs.sources)
+                r = gather(args, report_text, Path(scratch), imported_gpu(args))
+                text, unfilled, used = facts.fill(r.report_text, r.sources)
                 if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
                     raise UserError(f"{unfilled[0]} (and {len(unfilled) - 1} more)" if len(unfilled) > 1
                                     else unfilled[0])
                 own_inputs = committed(args) or args.report.resolve() != REPORT.resolve()
                 if own_inputs:  # report.md with its own inputs: a placeholder they cannot fill is a mistake in it
-                    inputs.problems += unfilled
-                lines, todo, text = build(args, inputs, text, used, [] if own_inputs else unfilled)
+                    r.problems += unfilled
+                lines, text = build(args, r, text, used, [] if own_inputs else unfilled)
                 written.append(out_dir(args))
             print(f"wrote {out_dir(args) / 'results.md'} and {len(list(out_dir(args).glob('*.png')))} figures"
-                  + (f"; {len(inputs.problems)} problem(s) with the inputs" if inputs.problems else ""))
-            for line in todo:
+                  + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
+            for line in r.todo:
                 print(f"GPU figure missing: {line}")
-            for problem in inputs.problems:
+            for problem in r.problems:
                 print(f"warning: {problem}", file=sys.stderr)
             if args.pdf:
                 args.pdf_out.parent.mkdir(parents=True, exist_ok=True)

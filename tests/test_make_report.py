@@ -31,11 +31,11 @@ def runs(tmp_path_factory, request):
     return root
 
 
-@pytest.mark.slow  # Chromium screenshots of real runs
+@pytest.mark.slow  # the module's real tiny runs (screenshots: test_tensorboard_screenshots_...)
 def test_figures_and_tables_match_the_runs(runs, tmp_path):
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out),
-                      "--all-figures"])
+                      "--all-figures", "--no-screenshots"])
     for figure in ("lenet_curves.png", "lenet_conv1_filters.png", "lenet_conv1_feature_maps.png",
                    "lenet_conv2_feature_maps.png", "gpt_curves.png", "gpt_bench_test.png"):
         data = (out / figure).read_bytes()
@@ -60,7 +60,7 @@ def test_missing_runs_are_named_and_exit_0(tmp_path):
     assert "no acceleration ladder found" in text and not list(out.glob("*.png"))
 
 
-@pytest.mark.slow  # Chromium screenshots of real runs
+@pytest.mark.slow  # the module's real tiny runs
 def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     run = tmp_path / "lenet"
     run.mkdir()
@@ -70,18 +70,20 @@ def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     writer.close()
     (run / "events.out.tfevents.0.broken").write_bytes(b"\x00garbage, not a record" * 10)
     out = tmp_path / "out"
-    make_report.main([str(run), "--results", str(tmp_path / "none"), "--out", str(out), "--all-figures"])
+    make_report.main([str(run), "--results", str(tmp_path / "none"), "--out", str(out), "--all-figures",
+                      "--no-screenshots"])
     text = (out / "results.md").read_text()
     assert "corrupt event file" in text and "events.out.tfevents.0.broken" in text
     assert (out / "lenet_curves.png").exists()
     assert "corrupt event file" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # Chromium screenshots of real runs
+@pytest.mark.slow  # the module's real tiny runs
 def test_a_newer_broken_run_is_named_not_silently_replaced(runs, tmp_path, capsys):
     root, broken = newer_run_beside(runs, tmp_path, '{"test_accuracy": 0.9')  # cut off mid-write
     out = tmp_path / "out"
-    make_report.main(["--runs-root", str(root), "--results", str(tmp_path / "none"), "--out", str(out)])
+    make_report.main(["--runs-root", str(root), "--results", str(tmp_path / "none"), "--out", str(out),
+                      "--no-screenshots"])
     text = (out / "results.md").read_text()
     assert f"skipped the newer run {broken}: unreadable metrics.json" in text
     assert f"): `{root / 'lenet5' / 'a'}`" in text  # the older, readable run is the one reported
