@@ -6,6 +6,5 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def data_root():
-    """Where the data sets are: $LAB5_DATA (a shared copy holding MNIST/raw/ and WebOfScience/), else the
-    repository's data/. The one place that reads the variable: every script's default comes from here."""
+    """$LAB5_DATA (a shared copy holding MNIST/raw/ and WebOfScience/), else the repository's data/."""
     return Path(os.environ.get("LAB5_DATA") or REPO / "data")

@@ -21,8 +21,6 @@ FILES = {  # split -> (images, labels), the official names (torchvision's layout
 }
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisation
 MIN_TEST_IMAGES = 8  # lenet5.py's feature-map figures show 8 fixed test digits
-
-
 MAX_IDX_BYTES = 64 << 20  # MNIST's largest file holds 47,040,016 bytes; nothing larger is read into memory
 
 

@@ -43,10 +43,8 @@ class LoadedTokenizer:
 def open_tokenizer(spec):
     """`spec`: a tokenizer.json, a folder, or a hub name (see the module docstring)."""
     spec, path = str(spec), Path(spec).expanduser()
-    if path.is_dir():
-        tokenizer, source = tokenizer_from_folder(path), str(path)
-    elif path.is_file() or looks_like_a_path(spec):
-        tokenizer, source = tokenizer_from_file(path), str(path)
+    if path.exists() or looks_like_a_path(spec):
+        tokenizer, source = tokenizer_from_path(path), str(path)
     else:
         tokenizer, source = tokenizer_from_hub_name(spec)
     eot = tokenizer.token_to_id(EOT)
@@ -69,20 +67,18 @@ def looks_like_a_path(spec):
     return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(".json") or "\\" in spec
 
 
-def tokenizer_from_file(path):
-    if not path.is_file():
+def tokenizer_from_path(path):
+    """A tokenizer.json, or a folder holding one or vocab.json + merges.txt (built as GPT-2's tokenizer.json)."""
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        path = path / "tokenizer.json"
+    if path.is_file():
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
+            raise TokenizerError(f"tokenizer {path}: not a tokenizer.json ({reason(e)})") from None
+    if not path.is_dir():
         raise TokenizerError(f"tokenizer {path}: no such file or folder (train one with tokenizer_train.py, "
                              f"or pass 'gpt2' or a folder with tokenizer.json, or vocab.json + merges.txt)")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
-        raise TokenizerError(f"tokenizer {path}: not a tokenizer.json ({reason(e)})") from None
-
-
-def tokenizer_from_folder(path):
-    """A folder's tokenizer.json, else vocab.json + merges.txt built as GPT-2's tokenizer.json describes them."""
-    if (path / "tokenizer.json").is_file():
-        return tokenizer_from_file(path / "tokenizer.json")
     vocab, merges = path / "vocab.json", path / "merges.txt"
     if not (vocab.is_file() and merges.is_file()):
         raise TokenizerError(f"tokenizer folder {path}: neither tokenizer.json nor vocab.json + merges.txt in it")
@@ -118,7 +114,7 @@ def local_copy(name):
 def tokenizer_from_hub_name(name):
     from huggingface_hub import constants
     if found := local_copy(name):
-        return (tokenizer_from_file if found.is_file() else tokenizer_from_folder)(found), str(found)
+        return tokenizer_from_path(found), str(found)
     local = repository_copy(name)
     offline = constants.HF_HUB_OFFLINE
     if offline or not hub_reachable():
