@@ -8,11 +8,9 @@
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
     python gpt_train.py --profile ...                         # + one steady step under torch.profiler
 
-Reading order: training/model.py (GPT-2 with HF's names) -> training/step.py (one optimizer step and its
-accelerations, a why each; the acceleration ladder builds its rows there too) -> train_loop() below, then
-set_up() and finish(). Flags: training/gpt_flags.py. The loop's instruments (its clock, fp16 skips, the
-profiled step, the stop all ranks agree on): training/watch.py. End to end is `process_seconds` (from the
-process's start as the OS records it), split into `phases`; `train_seconds` is the timed loop.
+Reading order: training/model.py (GPT-2 with HF's names) -> training/step.py (one optimizer step, a why per
+acceleration) -> train_loop() below, then set_up() and finish(). Flags: training/gpt_flags.py; the loop's
+instruments: training/watch.py. `process_seconds` counts from the process's start, split into `phases`.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -67,8 +65,7 @@ class Setup:
 
 def train_loop(setup, state, stop):
     """Optimizer steps until the budget is spent or a signal stops the run; evaluation and checkpoints as
-    due, off the step's clock. The StepWatch (training/watch.py) keeps the instruments out of sight: the
-    step's clock, the loss window, fp16's skipped steps, the profiled step, the stop agreed by all ranks."""
+    due, off the step's clock (the instruments: StepWatch)."""
     args, budget, train_step = setup.args, setup.budget, setup.train_step
     batches = batch_stream(setup.blocks["train"], train_step.accelerator, budget.micro_batch, args.global_batch,
                            args.seed, state.micro_batches)
@@ -152,8 +149,8 @@ def save_checkpoint(setup, state, watch):
 # ----------------------------------------------------------------------------- the phases
 
 def set_up(args, argv, stack, phases):
-    """Device decisions, the run directory and inputs (checked before any work), the data, the model
-    and its step; a resume's state. Returns (Setup, TrainState, corpus statistics)."""
+    """Device decisions, the run folder and inputs (checked before any work), the data, the model and its
+    step, a resume's state -> (Setup, TrainState, corpus statistics)."""
     decisions = device.decide(args.precision, args.compile)
     if decisions.compile_mode != "off":
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
@@ -193,8 +190,7 @@ def set_up(args, argv, stack, phases):
 
 
 def build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt):
-    """The model made on its device, the micro-batch that fits it, the token budget, the TrainStep (a resume's
-    weights and optimizer state restored into it)."""
+    """The model made on its device, the micro-batch that fits, the token budget, the TrainStep (restored)."""
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
     with accelerator.device:  # weights made where they train: on a GPU no CPU init and no 0.5 GB host-to-device copy
@@ -222,24 +218,6 @@ def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state
     return SummaryWriter(out_dir, purge_step=state.step if ckpt else None)  # a resume: later points redone
 
 
-def train(args, argv, stop, phases):
-    """The phases: set-up, the loop; a run a signal stopped exits 3 (checkpointed), a finished one is
-    finished (finish())."""
-    with contextlib.ExitStack() as stack:
-        setup, state, stats = set_up(args, argv, stack, phases)
-        phases.switch("loop")
-        try:
-            watch = train_loop(setup, state, stop)
-        except OSError as e:  # TensorBoard's writer on a full disk (a checkpoint's failure says its own line)
-            raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({files.reason(e)}) after "
-                            f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
-        if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed
-            if setup.train_step.accelerator.is_main_process:
-                checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
-            raise SystemExit(metrics.STOP_EXIT_CODE)
-        return finish(setup, state, stats, watch, stop)
-
-
 def finish(setup, state, stats, watch, stop):
     """The final validation; then the metrics first (a full disk at final/ keeps them), final/, the samples,
     and the metrics again with the whole process's time."""
@@ -255,7 +233,7 @@ def finish(setup, state, stats, watch, stop):
     results = {**metrics.final_metrics(state, val_loss, stats["validation"], watch.perf.tokens_per_second(),
                                        setup.info), **info, "profile": profile}
     if main:
-        write_metrics(args, setup.out_dir, with_clock(results, setup, watch))
+        write_metrics(setup, results, watch)
     save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer, metrics_kept=True)
     phases.switch("sampling")
     if main and args.sample_tokens:
@@ -267,26 +245,23 @@ def finish(setup, state, stats, watch, stop):
     if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
         checkpoints.remove_checkpoints(train_step.accelerator, setup.out_dir)
     if main:
-        results = with_clock(results, setup, watch)
-        write_metrics(args, setup.out_dir, results)  # the last output: the process's time is taken just before
+        results = write_metrics(setup, results, watch)  # the last output: the process's time is taken just before
         print(metrics.summary_line(results))
     return results
 
 
-def with_clock(results, setup, watch):
-    """The metrics with the job's clock: this process's seconds, the run's over all its processes, and where
-    they went (a compiled run's first-step compile split out of the loop)."""
+def write_metrics(setup, results, watch):
+    """metrics.json and --metrics-out, with the job's clock: this process's seconds, the run's over all its
+    processes, and where they went (a compiled run's first-step compile split out of the loop)."""
     spent, now = setup.phases.record()
     compiled = watch.perf.compile_seconds_here
     if setup.info["compile"] != "off" and compiled:
         spent = {**spent, "loop": round(spent["loop"] - compiled, 3), "compile": round(compiled, 3)}
-    return {**results, "process_seconds": now, "process_seconds_total": round(setup.earlier_seconds + now, 3),
-            "phases": spent}
-
-
-def write_metrics(args, out_dir, results):
-    for path in [out_dir / "metrics.json"] + ([args.metrics_out] if args.metrics_out else []):
+    results = {**results, "process_seconds": now, "process_seconds_total": round(setup.earlier_seconds + now, 3),
+               "phases": spent}
+    for path in [setup.out_dir / "metrics.json"] + ([setup.args.metrics_out] if setup.args.metrics_out else []):
         files.write_json(path, results)
+    return results
 
 
 def close_writer(setup, at_step, profile):
@@ -306,8 +281,20 @@ def main(argv=None):
     phases = lifecycle.phases()
     argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
     args = parse_args(argv)
-    with lifecycle.one_line_errors(), StopFlag() as stop:  # from the start: a signal in set-up must not kill the job
-        return train(args, argv, stop, phases)
+    # the StopFlag from the start: a signal in set-up must not kill the job
+    with lifecycle.one_line_errors(), StopFlag() as stop, contextlib.ExitStack() as stack:
+        setup, state, stats = set_up(args, argv, stack, phases)
+        phases.switch("loop")
+        try:
+            watch = train_loop(setup, state, stop)
+        except OSError as e:  # TensorBoard's writer on a full disk (a checkpoint's failure says its own line)
+            raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({files.reason(e)}) after "
+                            f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
+        if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed: exit 3
+            if setup.train_step.accelerator.is_main_process:
+                checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
+            raise SystemExit(metrics.STOP_EXIT_CODE)
+        return finish(setup, state, stats, watch, stop)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,4 @@
-"""Batches for the loop and the evaluation: sharded across processes by accelerate, a position of
-two integers (epoch, batch) so that a resume sees what an uninterrupted run would, and on a GPU
-pinned host memory with non-blocking copies; evaluate(): the validation loss."""
+"""The loop's batches (sharded by accelerate, their position two integers) and evaluate(): the validation loss."""
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
@@ -10,12 +8,9 @@ from training.device import eager_mode
 
 
 def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed):
-    """This process's micro-batches, epoch after epoch, starting after the first `consumed`.
-
-    Each epoch's order is fixed by (seed, epoch) (data/blocks.epoch_loader), so the position is two integers
-    and a resumed run sees exactly the batches an uninterrupted one would have. Each epoch is cut to
-    whole global batches: N processes then see what one process sees, across epoch ends too.
-    """
+    """This process's micro-batches, epoch after epoch, after the first `consumed`. Each epoch's order is
+    fixed by (seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would; each epoch
+    is cut to whole global batches, so N processes see what one sees, across epoch ends too."""
     cuda = accelerator.device.type == "cuda"
 
     def loader(epoch):  # sharded across processes by accelerate; pinned memory, non-blocking copies
@@ -24,7 +19,6 @@ def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed)
                                    process_index=accelerator.process_index, put_on_device=True,
                                    rng_types=[], non_blocking=cuda)
 
-    check_enough(blocks, global_batch)
     per_epoch = len(loader(0))
     epoch, skip = divmod(consumed, per_epoch)
     while True:
@@ -33,8 +27,7 @@ def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed)
 
 
 def check_enough(blocks, global_batch):
-    """An epoch is cut to whole global batches: the training blocks must hold one (said before a run
-    writes anything)."""
+    """An epoch is whole global batches: the training blocks must hold one (said before any output)."""
     if len(blocks) < global_batch:
         raise UserError(f"{len(blocks)} training blocks are fewer than one global batch ({global_batch} sequences): "
                         f"give a larger --text, or a smaller --global-batch or --seq-len")
@@ -42,9 +35,8 @@ def check_enough(blocks, global_batch):
 
 @torch.no_grad()
 def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
-    """Mean validation loss per token over the first max_batches x `unit` sequences (default: micro-
-    batches) of each process's shard, in micro-batches of micro_batch (a resume with another micro-batch
-    measures the same sequences), with the eager modules: evaluation must not trigger compilations."""
+    """Mean loss per token over the first max_batches x `unit` sequences (default micro_batch) of each
+    process's shard (a resume with another micro-batch measures the same ones); eager: no recompiles."""
     left = max_batches * (unit or micro_batch)
     model.eval()
     loader = prepare_data_loader(epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
@@ -63,4 +55,3 @@ def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
     total = accelerator.reduce(total, reduction="sum")
     model.train()
     return (total[0] / total[1]).item() if total[1] else float("nan")
-

@@ -1,8 +1,9 @@
-"""What this device can do, decided once per process: precision, torch.compile, the compile cache,
-and the peak FLOP/s that MFU is measured against. gpt_train.py applies the decisions in its
-accelerations block; the reasons for each `auto` choice are here."""
+"""What this device can do, decided once per process: precision, torch.compile and its cache, the peak
+FLOP/s that MFU is measured against; the reason for each `auto` choice is here."""
 import contextlib
 import os
+import platform
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +23,6 @@ PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (f
 @dataclass(frozen=True)
 class Device:
     """The decisions for this process's device, logged in the start-up line and the metrics."""
-    cuda: bool
     name: str
     precision: str
     compile_mode: str
@@ -34,34 +34,33 @@ class Device:
 def decide(precision_flag, compile_flag):
     """Set this process's GPU (before any CUDA context exists on GPU 0), then decide."""
     cuda = torch.cuda.is_available()
-    capability = (0, 0)
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        capability = torch.cuda.get_device_capability()
+    capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     device_type = "cuda" if cuda else "cpu"
     return decisions_for(device_type, capability, precision_flag, compile_flag, device_name(torch.device(device_type)))
 
 
 def decisions_for(device_type, capability, precision_flag, compile_flag, name=""):
-    """The Device a process on `device_type` of `capability` decides (no device touched: the ladder asks
-    for other GPUs' rows too)."""
+    """The Device such a process decides, no device touched (the ladder asks for other GPUs' rows too)."""
     cuda = device_type == "cuda"
     precision = resolve_precision(precision_flag, device_type, capability, not cuda and cpu_has_bf16())
     compile_mode, note = resolve_compile(compile_flag, device_type, capability)
     tf32 = tf32_applies(device_type, capability)
-    return Device(cuda, name, precision, compile_mode, peak_flops(name, precision, tf32) if cuda else None, note, tf32)
+    return Device(name, precision, compile_mode, peak_flops(name, precision, tf32) if cuda else None, note, tf32)
+
+
+def cpuinfo():
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 def cpu_name():
-    """The processor's model name (from /proc/cpuinfo), else what the platform module says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
+    """The processor's model name, else what the platform module says."""
+    found = re.search(r"^model name\s*:(.*)$", cpuinfo(), re.MULTILINE)
+    return found.group(1).strip() if found else platform.processor() or platform.machine()
 
 
 def device_name(device):
@@ -73,9 +72,8 @@ def device_name(device):
 
 
 def resolve_precision(requested, device_type, capability, cpu_bf16=False):
-    """auto: bf16 on sm80+ GPUs (Ampere and newer have bf16 tensor cores) and on CPUs with native
-    bf16 (AVX512-BF16/AMX); fp16 + GradScaler on older GPUs — on a 2080Ti (sm75) torch would
-    *emulate* bf16, without tensor cores; fp32 on other CPUs, where bf16 is emulated too."""
+    """auto: bf16 where it is native (sm80+ tensor cores, AVX512-BF16/AMX CPUs); else fp16 + GradScaler on
+    a GPU (a 2080 Ti would emulate bf16) and fp32 on a CPU."""
     gpu_bf16 = device_type == "cuda" and capability >= (8, 0)
     if requested == "auto":
         if device_type == "cuda":
@@ -89,20 +87,14 @@ def resolve_precision(requested, device_type, capability, cpu_bf16=False):
 
 
 def cpu_has_bf16():
-    """Native bf16 math (AVX512-BF16 or AMX, from /proc/cpuinfo); elsewhere bf16 autocast is emulated."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    """Native bf16 math (AVX512-BF16 or AMX); elsewhere bf16 autocast is emulated."""
+    flags = cpuinfo()
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def resolve_compile(requested, device_type, capability):
-    """(mode, note). auto: off, on every device. In the lab's 12M-token run a cold compile costs
-    seconds that the compiled steps, a few percent faster, do not win back (the measured figures:
-    report/results/README.md); `regional` (each transformer block compiled on its own, so the twelve
-    identical blocks share one graph) is for longer runs and the ladder. Inductor's Triton backend
-    needs sm70+: asked for below that, compile is one line, not an error deep in the first step."""
+    """(mode, note). auto: off everywhere: in 12M tokens a cold compile costs seconds that the compiled
+    steps, a few percent faster, do not win back (report/results/README.md). Below sm70: one line."""
     if requested == "auto":
         return "off", "torch.compile off (a 12M-token run does not repay a cold compile; --compile regional)"
     if requested != "off" and not compile_supported(device_type, capability):
@@ -111,19 +103,18 @@ def resolve_compile(requested, device_type, capability):
 
 
 def tf32_applies(device_type, capability):
-    """TF32 tensor cores exist from Ampere (sm80) on: on a 2080 Ti (sm75) the flag would change nothing,
-    and a "tf32 on" start-up line or a "+ TF32" ladder rung would measure nothing."""
+    """TF32 tensor cores exist from sm80 on: elsewhere a "tf32 on" line or ladder rung would measure nothing."""
     return device_type == "cuda" and capability >= (8, 0)
 
 
 def compile_supported(device_type, capability):
-    """Whether inductor can compile for this device (its Triton GPU backend needs sm70+)."""
+    """Inductor's Triton GPU backend needs sm70+."""
     return device_type == "cpu" or capability >= (7, 0)
 
 
 def compile_model(model, mode, backend="inductor"):
-    """The module the training steps call. regional: the blocks compiled in place (parameter names,
-    checkpoints and DDP unchanged); whole: one graph of the whole model (compare them in the ladder)."""
+    """The module the steps call. regional: each block compiled in place (the twelve share one graph;
+    names, checkpoints and DDP unchanged); whole: one graph of the model."""
     if mode == "regional":
         for block in getattr(model, "module", model).h:  # under DDP: the wrapped model's blocks
             block.compile(backend=backend)
@@ -132,11 +123,8 @@ def compile_model(model, mode, backend="inductor"):
 
 
 def use_compile_cache(directory):
-    """Keep inductor's and Triton's caches in `directory` (default ~/.cache/lab5/torch-compile: the
-    home file system, shared by a cluster's nodes, unlike inductor's default /tmp), so that a
-    second run, or a requeued job on another node, finds its kernels compiled. User settings win.
-    Called before any work: a folder that cannot be written (a read-only HOME) is one line, not a
-    traceback from inside the first compiled step."""
+    """Inductor's and Triton's caches in `directory` (on the home file system, shared by the nodes, unlike
+    /tmp: a requeued job finds its kernels); user settings win. Unwritable: one line before any work."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(directory) / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path(directory) / "triton"))
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
@@ -151,10 +139,8 @@ PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)  # a lost node fails the job in min
 
 
 def ddp_handlers(precision):
-    """accelerate's kwargs for several processes. Gradients all-reduced in 16 bits where training is
-    (half the bytes between nodes, at half the gradients' precision: the averaged result is cast back
-    to fp32 before the optimizer sees it); gradients kept in DDP's buckets (no second gradient-sized
-    copy); a process-group timeout of minutes."""
+    """accelerate's kwargs for several processes: gradients all-reduced in 16 bits where training is (half
+    the bytes; cast back to fp32 for the optimizer), kept in DDP's buckets (no second copy)."""
     from accelerate.utils import DDPCommunicationHookType as Hook
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
     hook = {"bf16": Hook.BF16, "fp16": Hook.FP16}.get(precision, Hook.NO)
@@ -163,8 +149,7 @@ def ddp_handlers(precision):
 
 
 def eager_mode():
-    """Run compiled modules eagerly (evaluation: no_grad and a partial last batch would each
-    recompile; torch >= 2.6). Older torch: a no-op, and those recompiles happen."""
+    """Compiled modules run eagerly (evaluation's no_grad and partial batch would recompile); torch >= 2.6."""
     set_stance = getattr(torch.compiler, "set_stance", None)
     return set_stance("force_eager") if set_stance else contextlib.nullcontext()
 
@@ -175,8 +160,7 @@ def flops_per_token(cfg, seq_len, params):
 
 
 def peak_flops(device_name, precision, tf32=True):
-    """The datasheet FLOP/s of this math on this GPU (None for an unknown one): 16-bit tensor cores,
-    TF32 tensor cores, or plain fp32 where TF32 is off."""
+    """The datasheet FLOP/s of this math on this GPU; None for an unknown one."""
     found = [name for name in PEAK_TFLOPS if name.lower() in device_name.lower().replace("-", " ")]
     if not found:
         return None
@@ -190,10 +174,8 @@ def mfu(tokens_per_second, flops_per_tok, peak, world):
 
 
 def sdpa_backend(cfg, precision, device):
-    """Which kernel scaled_dot_product_attention runs for this model's heads in this precision on this
-    device ("flash_attention", "efficient_attention", "cudnn_attention", "math"): the dispatcher picks
-    by dtype, head size and GPU, and torch._fused_sdp_choice is its own choice, asked with one causal
-    call's inputs (with gradients, as in training). None where this torch cannot say."""
+    """The kernel SDPA runs for this model's heads ("flash_attention", "math", ...): the dispatcher's own
+    choice (torch._fused_sdp_choice) for one causal training call; None where this torch cannot say."""
     from torch.nn.attention import SDPBackend
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     q = torch.zeros(1, cfg.n_head, cfg.n_positions, cfg.n_embd // cfg.n_head, device=device, dtype=dtype,

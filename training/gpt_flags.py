@@ -1,5 +1,4 @@
-"""gpt_train.py's presets and flags: the lab's model and batch shape, and every flag with its default
-(`python gpt_train.py --help` prints them grouped)."""
+"""gpt_train.py's presets and flags (`python gpt_train.py --help` prints them grouped, with defaults)."""
 import argparse
 
 from data.tokenizer import default_tokenizer
@@ -13,71 +12,55 @@ PRESETS = {  # model shape, batch and peak learning rate; everything else is a f
 MAX_SAMPLE_TOKENS = 1024  # the final samples: without a KV cache each token is a forward pass
 
 
-DESCRIPTION = "Train GPT-2 (124M structure, random init) on Web of Science abstracts for 12M tokens."
-
-
 def build_parser():
-    p = Parser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    data_and_shape_flags(p.add_argument_group("data, model and batch").add_argument)
-    training_flags(p.add_argument_group("optimisation and accelerations").add_argument)
-    outputs = p.add_argument_group("evaluation, checkpoints and outputs")
-    run_flags(outputs.add_argument)
-    add_output_flags(outputs)
-    return p
-
-
-def data_and_shape_flags(add):
+    p = Parser(description="Train GPT-2 (124M structure, random init) on Web of Science abstracts for 12M tokens.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     lab, tiny = PRESETS["lab"], PRESETS["tiny"]
+    add = p.add_argument_group("data, model and batch").add_argument
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
     add("--text", type=path_flag, default=None,
         help="X.txt, one document per line; None: data/WebOfScience/WOS46985/X.txt, downloaded if missing")
     add("--tokenizer", type=path_or_name_flag, default=default_tokenizer(),
-        help="tokenizer.json or 'gpt2'; the default is data/tokenizer/tokenizer.json once tokenizer_train.py made it")
+        help="tokenizer.json, a folder or 'gpt2'; default: tokenizer_train.py's once it ran")
     add("--tokens", type=number(int, 1, 10**13), default=12_000_000, help="training budget in tokens, all processes")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
         add(f"--{name.replace('_', '-')}", type=number(int, 1), default=lab[name], help=f"(tiny preset: {tiny[name]})")
-    add("--micro-batch", type=int_or_auto(), default="auto",
-        help="sequences per process per forward pass, or auto: on a GPU the largest that fits (probed once per "
-             f"GPU), on CPU the preset's (lab: {lab['micro_batch']}, tiny: {tiny['micro_batch']}); gradients are "
-             "accumulated to --global-batch; a resume may change it (the same global batch is the same run)")
+    add("--micro-batch", type=int_or_auto(), default="auto", help="sequences per process per forward pass; auto: "
+        f"on a GPU the largest that fits, on CPU the preset's (lab {lab['micro_batch']}, tiny {tiny['micro_batch']})")
     add("--seed", type=seed_flag, default=0, help="weights, data order, split")
     add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
-    add("--cache-dir", type=path_flag, default=None,
-        help="tokenised-data cache; None: the repository's data/cache (LAB5_DATA or not)")
+    add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
 
-
-def training_flags(add):
-    add("--lr", type=number(float, 0, low_open=True), default=PRESETS["lab"]["lr"],
-        help=f"peak learning rate (tiny preset: {PRESETS['tiny']['lr']})")
+    add = p.add_argument_group("optimisation and accelerations").add_argument
+    add("--lr", type=number(float, 0, low_open=True), default=lab["lr"], help=f"peak learning rate (tiny {tiny['lr']})")
     add("--warmup", type=number(float, 0, 1, high_open=True), default=0.1, help="warm-up, fraction of the steps")
     add("--weight-decay", type=number(float, 0), default=0.1, help="on matrices only")
     add("--grad-clip", type=number(float, 0, low_open=True, why=" (0 clips every gradient to nothing)"), default=1.0,
         help="gradient norm clipped to this")
     add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
-        help="torch.compile each transformer block (regional) or the whole model (sm70+ GPUs, CPU); auto: off, "
-             "since a 12M-token run does not repay a cold compile (training/device.py)")
-    add("--compile-cache", type=path_flag, default=CACHE_HOME / "torch-compile",
-        help="inductor/Triton cache, kept across runs and nodes")
+        help="torch.compile each block (regional) or the whole model; auto: off (training/device.py)")
+    add("--compile-cache", type=path_flag, default=CACHE_HOME / "torch-compile", help="inductor/Triton cache")
     add("--fused-adamw", choices=["on", "off"], default="on", help="the whole AdamW update in one kernel")
     add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
 
-
-def run_flags(add):
-    add("--out-dir", type=path_flag, default=None, help="checkpoints, TensorBoard, metrics of this run: a "
-        "new or empty folder, or one of gpt_train.py's (with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
+    outputs = p.add_argument_group("evaluation, checkpoints and outputs")
+    add = outputs.add_argument
+    add("--out-dir", type=path_flag, default=None, help="the run's folder: new, empty, or one of gpt_train.py's "
+        "(with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
     add("--eval-every", type=number(int, 1), default=50, help="steps between validation losses")
     add("--val-batches", type=number(int, 1), default=20, help="micro-batches per validation")
     add("--log-every", type=number(int, 1), default=10, help="steps between logged points")
     add("--sample-tokens", type=number(int, 0, MAX_SAMPLE_TOKENS), default=48,
-        help="continuing fixed validation prompts once training is done (TensorBoard text, the metrics); 0: none")
+        help="tokens continuing fixed validation prompts after training; 0: none")
     add("--ckpt-every", type=number(int, 0, why=" (0: only on signals)"), default=100,
-        help="steps between checkpoints; 0 = only on signals")
-    add("--keep-checkpoints", action="store_true", help="keep the optimizer checkpoints of a finished run, and "
-        "write one after its last step (else only final/ stays: a transformers model folder)")
-    add("--profile", action="store_true", help="record one steady step with torch.profiler: profile.json (time "
-        "by matmul, attention, elementwise, loss, optimizer, ...), the metrics' `profile`, TensorBoard's profiler")
+        help="steps between checkpoints; 0: only on signals")
+    add("--keep-checkpoints", action="store_true",
+        help="keep a finished run's checkpoints, one after its last step too (else only final/ stays)")
+    add("--profile", action="store_true", help="one steady step under torch.profiler: profile.json, TensorBoard")
+    add_output_flags(outputs)
+    return p
 
 
 def parse_args(argv):

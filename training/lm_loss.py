@@ -1,12 +1,9 @@
 """The language-model loss without the full logits (`gpt_train.py --loss chunked`, a speed candidate).
 
-The plain loss materialises (tokens, vocabulary) logits in fp32 and keeps them for the backward:
-64 x 1024 x 16,384 x 4 bytes = 4 GiB per global batch on the lab shape, written and read again
-several times per step. `chunked_cross_entropy` walks the tokens in chunks, and for each chunk
-computes the logits, the loss and, at once, the gradient of the loss with respect to the logits
-(softmax - one-hot) / tokens, which it turns straight into the gradients of the hidden states and of
-the LM head's weight (as Liger-Kernel's fused linear cross-entropy does). Only one chunk's logits
-exist at a time, and the backward is a scaling of gradients already computed: no recomputation.
+The plain loss keeps (tokens, vocabulary) fp32 logits for the backward: 4 GiB per global batch on the lab
+shape. Here each chunk of tokens gets its logits, its loss and at once the logits' gradient (softmax -
+one-hot) / tokens, turned straight into the hidden states' and LM head's gradients (as Liger-Kernel's
+fused linear cross-entropy): one chunk's logits at a time, and a backward that only scales.
 """
 import torch
 import torch.nn.functional as F
@@ -45,9 +42,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def chunked_cross_entropy(hidden, weight, targets, chunk=CHUNK_TOKENS):
-    """Mean cross-entropy of the logits hidden @ weight.T against targets, equal to
-    F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1)) and its gradients
-    (tested), never holding more than `chunk` tokens' logits. hidden (B, T, C), targets (B, T)."""
+    """F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1)) and its gradients,
+    never holding more than `chunk` tokens' logits. hidden (B, T, C), targets (B, T)."""
     hidden, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _ChunkedCrossEntropy.apply(hidden, weight, targets, chunk)

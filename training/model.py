@@ -1,14 +1,6 @@
-"""GPT-2's architecture as GPT2Config describes it (hidden 768, 12 heads, 12 layers, 1024 positions
-for the lab): pre-LayerNorm blocks, tanh-GELU, tied embeddings, no dropout, and
-attention as one scaled_dot_product_attention call. gpt_train.py trains it; training/sample.py and
-benchmarks/gpt_bench.py use it; its parameter names are transformers' GPT2LMHeadModel's without the
-`transformer.` prefix, so a state_dict maps onto that class one to one.
-
-    GPTConfig / model_config(vocab_size, eot_id, **shape)   GPT2Config's fields and names, for a vocabulary
-    GPT(cfg, attention, loss)                   idx (B, T) -> mean loss, or the next token's logits
-                                                (with a KV cache for sampling: keys and values kept)
-    to_transformers / from_transformers         its state_dict as GPT2LMHeadModel's, and back
-"""
+"""GPT-2 as GPT2Config describes it: pre-LayerNorm blocks, tanh-GELU, tied embeddings, no dropout,
+attention as one scaled_dot_product_attention call. Parameter names are transformers' GPT2LMHeadModel's
+without its `transformer.` prefix, so a state_dict maps onto that class one to one (to_transformers)."""
 import math
 from dataclasses import asdict, dataclass
 
@@ -21,9 +13,8 @@ from training import lm_loss
 
 @dataclass
 class GPTConfig:
-    """The fields of transformers' GPT2Config that this model reads, by their names and with its defaults
-    (GPT-2 small), so that final/config.json is a GPT2Config's and the weights map 1:1. Not the class
-    itself: importing transformers costs a job a second or more of start-up for a config object."""
+    """GPT2Config's fields this model reads, with its defaults (GPT-2 small): final/config.json is a
+    GPT2Config's. Not the class itself: importing transformers costs a second of start-up."""
     vocab_size: int
     n_positions: int = 1024
     n_embd: int = 768
@@ -45,8 +36,7 @@ class GPTConfig:
 
 
 def model_config(vocab_size, eot_id, **shape):
-    """GPT-2 small (12 layers, 12 heads, 768 wide, 1024 positions) unless `shape` says otherwise; no dropout;
-    the vocabulary padded to a multiple of 64 (tensor-core friendly)."""
+    """GPT-2 small unless `shape` says otherwise; the vocabulary padded to a multiple of 64 (tensor cores)."""
     return GPTConfig(vocab_size=(vocab_size + 63) // 64 * 64, bos_token_id=eot_id, eos_token_id=eot_id, **shape)
 
 
@@ -98,9 +88,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 as its config describes it (pre-LayerNorm, tanh-GELU, tied embeddings), no dropout.
-    Parameter names follow transformers' GPT2LMHeadModel without its `transformer.` prefix.
-    attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
+    """attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
 
     def __init__(self, cfg: GPTConfig, attention="sdpa", loss="plain"):
         super().__init__()
@@ -123,15 +111,14 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None, cache=None):
-        """The mean loss; without targets the next token's logits (B, V). cache: sampling's KV cache, a list
-        of one [keys, values] per block (empty lists at first), extended in place; idx then holds only the
-        tokens after those cached (training/sample.py)."""
+        """The mean loss; without targets the next token's logits (B, V). cache: sampling's [keys, values]
+        per block (empty lists at first), extended in place; idx then holds only the tokens after them."""
         past = cache[0][0].size(2) if cache and cache[0] else 0
         x = self.wte(idx) + self.wpe(torch.arange(past, past + idx.size(1), device=idx.device))  # (B, T, C)
         for i, block in enumerate(self.h):
             x = block(x, None if cache is None else cache[i])
         x = self.ln_f(x)
-        if targets is None:  # sampling (training/sample.py)
+        if targets is None:  # sampling
             return self.lm_head(x[:, -1])
         if self.loss == "chunked":  # never all the fp32 logits at once (training/lm_loss.py)
             return lm_loss.chunked_cross_entropy(x, self.lm_head.weight, targets)

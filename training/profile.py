@@ -1,14 +1,7 @@
-"""One training step under torch.profiler, its time split by what the hardware was doing, so that an
-acceleration can be shown removing a part of the step (`gpt_train.py --profile`, the ladder's rows).
-
-    scope(name)           marks a part of the step ("data", "optimizer") while a profile is taken; free otherwise
-    profiled(step, ...)   runs step() once under the profiler -> {"step_seconds", "groups": {group: seconds}}
-    GROUPS                matmul | attention | elementwise | loss | optimizer | communication | data | idle
-
-Each operator's own time (on a GPU its kernels' time, on a CPU its own CPU time) goes to one group: the
-optimizer's and data's by the scope they ran in, the others by the operator's name (group_of). `idle` is
-the rest of the step's wall time: on a GPU the device waiting for work (launch overhead, syncs), on a CPU
-the Python and framework time between operators.
+"""One training step under torch.profiler, its time split into GROUPS by what the hardware was doing, so
+that an acceleration can be shown removing a part of the step (`gpt_train.py --profile`, the ladder).
+Each operator's own time (a GPU's kernels, a CPU's own time) goes to the scope() it ran in, else to a group
+by its name (group_of); `idle` is the rest of the wall time (launch overhead, syncs, Python).
 """
 import contextlib
 import time
@@ -30,7 +23,7 @@ _active = [False]  # whether a profile is being taken (scope() marks only then)
 
 
 def scope(name):
-    """A named part of the step in the profile (torch.profiler.record_function), only while one is taken."""
+    """A named part of the step in the profile, only while one is taken."""
     if not _active[0]:
         return contextlib.nullcontext()
     import torch
@@ -46,8 +39,7 @@ def group_of(name):
 
 
 def profiled(step, device, trace_dir=None):
-    """step() once under torch.profiler (after the caller's warm-up steps). Returns the step's wall seconds
-    and its grouped time; with `trace_dir`, the trace also goes there for TensorBoard's profiler plugin."""
+    """(step()'s result, {"step_seconds", "groups", "top_ops"}); the trace into `trace_dir` for TensorBoard."""
     import torch
     from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
     cuda = device.type == "cuda"
@@ -69,8 +61,7 @@ def profiled(step, device, trace_dir=None):
 
 
 def grouped(events, wall, cuda):
-    """{"groups": {group: seconds} summing to `wall`, "top_ops": [[operator, group, seconds]...]} of one step's
-    profiler events (FunctionEvents)."""
+    """{"groups": {group: seconds} summing to `wall`, "top_ops": [[operator, group, seconds]...]}."""
     from torch.autograd import DeviceType
     seconds, ops = dict.fromkeys(GROUPS, 0.0), {}
     for event in events:
@@ -86,7 +77,6 @@ def grouped(events, wall, cuda):
 
 
 def own_time_us(event, cuda):
-    """An event's own time: its kernels' on a GPU (self device time), its own CPU time on a CPU."""
     if cuda:
         return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
     return event.self_cpu_time_total

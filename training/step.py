@@ -1,26 +1,13 @@
-"""The training step and its accelerations, built in one place: gpt_train.py's loop and every row of the
-acceleration ladder (benchmarks/gpt_bench.py) get their step from here, so the ladder measures the step
-that trains, and adding an acceleration is one field of `Accelerations`, one place below, one ladder row.
+"""The training step, built in one place: gpt_train.py's loop and every row of the acceleration ladder
+(benchmarks/gpt_bench.py) get it from build(), so the ladder measures the step that trains.
 
-    Accelerations     how the step runs (each a switch of the ladder); from gpt_train's flags: resolve()
-    Recipe            what it computes (learning rate, decay, betas, clipping): the same in every row
-    build()           accelerate's Accelerator, the AdamW, the model prepared and compiled -> a TrainStep
-    train_step(...)   one optimizer step: micro-batches accumulated (all-reduced once), backward, clip, update
-    .describe()       what was built, read back from the objects (the ladder's JSON, the agreement test)
-
-The accelerations, one line of why each (where `auto` decides, training/device.py says how, per device):
-  precision      16-bit matmuls run on tensor cores (~4x fp32 on a 2080Ti) and move half the bytes;
-                 bf16 keeps fp32's exponent range, fp16 needs loss scaling (GradScaler, from 2^12: 2^16
-                 overflows in the first steps)
-  TF32           what stays in fp32 runs on tensor cores too, with a 10-bit mantissa (sm80+)
-  SDPA           attention in one fused kernel, no T x T matrix in memory (flash or cuDNN attention in 16
-                 bits on sm80+, memory-efficient otherwise; the metrics name the one that ran)
-  torch.compile  fuses the elementwise work around the matmuls, cuts Python overhead; off by default
-                 (--compile regional): in 12M tokens the cold compile costs more than it saves
-  fused AdamW    the whole update (moments, bias correction, step) in one kernel that reads each
-                 parameter once, where the default multi-tensor (foreach) path makes several passes
-  accumulation   micro-batches as large as fit (training/budget.py), gradients accumulated to the global
-                 batch and all-reduced once per optimizer step (no_sync on all but the last)
+Why each acceleration (where `auto` decides, per device: training/device.py):
+  precision      16-bit matmuls on tensor cores, half the bytes; fp16 needs loss scaling (GradScaler)
+  TF32           what stays fp32 runs on tensor cores too, with a 10-bit mantissa (sm80+)
+  SDPA           attention in one fused kernel, no T x T matrix in memory (the metrics name the kernel)
+  torch.compile  fuses the elementwise work around the matmuls; off by default: 12M tokens do not repay it
+  fused AdamW    the whole update in one kernel reading each parameter once (foreach makes several passes)
+  accumulation   micro-batches as large as fit, gradients all-reduced once per optimizer step (no_sync)
 """
 import contextlib
 from dataclasses import asdict, dataclass
@@ -57,15 +44,14 @@ class Recipe:
 
 
 def resolve(args, decisions):
-    """gpt_train.py's flags and this device's decisions (training/device.py) -> (Accelerations, Recipe)."""
+    """gpt_train.py's flags and this device's decisions -> (Accelerations, Recipe)."""
     accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32,
                                   compile=decisions.compile_mode, fused_adamw=args.fused_adamw == "on", loss=args.loss)
     return accelerations, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
 
 
 def make_accelerator(accelerations, fresh=False):
-    """accelerate's Accelerator for `accelerations`: autocast in its precision, fp16's GradScaler, DDP's hooks, TF32.
-    fresh: forget an earlier Accelerator of this process (the ladder builds one per row)."""
+    """accelerate's Accelerator: autocast, fp16's GradScaler, DDP's hooks, TF32. fresh: one per ladder row."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import GradScalerKwargs
@@ -82,19 +68,13 @@ def make_accelerator(accelerations, fresh=False):
     return accelerator
 
 
-def make_optimizer(model, recipe, fused):
-    """AdamW that decays matrices and embeddings only (biases and LayerNorms do not decay)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=recipe.betas,
-                             eps=recipe.eps, fused=fused or None)  # None: torch's default (foreach) path
-
-
 def build(model, accelerations, recipe, accelerator):
-    """The TrainStep for `model` (already on the accelerator's device): its optimizer, prepared by accelerate
-    (DDP with several processes), then compiled as `accelerations` says."""
-    optimizer = make_optimizer(model, recipe, accelerations.fused_adamw)
+    """The TrainStep for `model` (on the accelerator's device): AdamW, accelerate's prepare (DDP), compile."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings; biases and norms do not
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=recipe.betas,
+                                  eps=recipe.eps, fused=accelerations.fused_adamw or None)  # None: foreach
     model, optimizer = accelerator.prepare(model, optimizer)
     compiled = device.compile_model(model, accelerations.compile)
     return TrainStep(accelerator, model, compiled, optimizer, accelerations, recipe)
@@ -111,9 +91,8 @@ class TrainStep:
     recipe: Recipe
 
     def __call__(self, batches, n_micro, lr, add_loss):
-        """One optimizer step over the next `n_micro` micro-batches of `batches`, at learning rate `lr`.
-        add_loss(loss / n_micro) for each, on the device (no sync). Returns the gradient norm before
-        clipping (a device tensor: reading it is a sync point)."""
+        """One optimizer step over the next `n_micro` micro-batches; add_loss(loss / n_micro) on the device.
+        Returns the gradient norm before clipping (a device tensor: reading it is a sync point)."""
         accelerator, model = self.accelerator, self.model
         for i in range(n_micro):  # gradients accumulate; DDP all-reduces them after the last one only
             with scope("data"):
@@ -132,8 +111,7 @@ class TrainStep:
         return grad_norm
 
     def describe(self):
-        """What was built, read from the objects themselves: the optimizer's groups and defaults, the
-        scaler, the clipping, the precision, compile mode and attention kernel."""
+        """What was built, read back from the objects themselves (not what was asked for)."""
         opt = self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer
         keys = ("lr", "betas", "eps", "weight_decay", "fused", "foreach", "amsgrad", "maximize")
         scaler = self.accelerator.scaler
@@ -159,8 +137,7 @@ def attention_kernel(net, accelerations):
 
 
 def sdpa_context(forced):
-    """SDPA restricted to the `forced` backend (the ladder's backend rows), else torch's own choice. A
-    backend this torch does not have (CUDNN_ATTENTION before 2.5) is an error of that row, not of the run."""
+    """SDPA restricted to the `forced` backend (the ladder's rows); one this torch lacks fails that row only."""
     if not forced:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,16 +1,8 @@
-"""The training loop's instruments, behind one object, so that gpt_train.py's loop shows only training:
-
-    StepWatch         what the loop calls around each optimizer step: starts and stops the step's clock,
-                      runs the step (one of them under the profiler), sums its loss, notices an fp16 step
-                      the scaler skipped, and says whether every process stops after it
-    Throughput        the timed loop's seconds and tokens: tokens/s of the steady steps, the first step's
-                      extra time (compilation, warm-up) as compile_seconds
-    LossWindow        the training loss summed on the device between log points (no sync per step)
-    SkippedSteps      fp16: whether GradScaler skipped the step just taken
-
-Sync points are named where they happen: a log point reads the loss; a step followed by an evaluation or a
-checkpoint, and a process's first step, wait for the GPU before the clock stops, so that the untimed work
-after them does not absorb the step's kernels.
+"""The training loop's instruments behind one object, StepWatch, so that gpt_train.py's loop shows only
+training: the step's clock (Throughput), the loss summed between log points (LossWindow), fp16's skipped
+steps (SkippedSteps), the profiled step (training/profile.py), the stop every process agrees on.
+Sync points are named where they happen: the first step and one followed by untimed work (an evaluation,
+a checkpoint) wait for the GPU before the clock stops, so that work does not absorb the step's kernels.
 """
 import functools
 import time
@@ -33,8 +25,7 @@ class StepWatch:
         self.t0 = self.profiling = None
 
     def run(self, train_step, batches, n_micro, lr):
-        """The step's clock starts; train_step runs (under the profiler at --profile's step). Returns the
-        gradient norm (a device tensor)."""
+        """The step's clock starts; train_step runs (under the profiler at --profile's step)."""
         self.t0, self.profiling = time.perf_counter(), self.state.step == self.profile_at
         one_step = functools.partial(train_step, batches, n_micro, lr, self.losses.add)
         if self.profiling:
@@ -46,7 +37,7 @@ class StepWatch:
         return grad_norm
 
     def skipped(self):
-        """fp16: the scaler skipped this step (the gradients overflowed); one host read, fp16 only."""
+        """fp16: the scaler skipped this step (the gradients overflowed)."""
         return self.skips.last_skipped()
 
     def mean_loss(self):
@@ -67,10 +58,8 @@ class StepWatch:
 
 
 class Throughput:
-    """Wall-clock bookkeeping of the timed loop. A process's first step pays for compilation and warm-up:
-    its extra time over the mean steady step is `compile_seconds`; tokens/s and MFU count only the steps
-    after it (and not a step taken under the profiler). Evaluation and checkpoints count in neither (they
-    are phases of the process: training/clock.py)."""
+    """The timed loop's seconds. A process's first step pays for compilation and warm-up: its extra time
+    over the mean steady step is `compile_seconds`; tokens/s and MFU count only the later, unprofiled steps."""
 
     def __init__(self, state):
         self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
@@ -84,15 +73,13 @@ class Throughput:
         self.state.train_seconds += seconds
         if self.first_step_seconds is None:
             self.first_step_seconds = seconds
-            return
-        if not steady:
-            return
-        self.steady_steps += 1
-        self.steady_seconds_here += seconds
-        self.state.steady_seconds += seconds
-        self.state.steady_tokens += tokens
-        self.window[0] += seconds
-        self.window[1] += tokens
+        elif steady:
+            self.steady_steps += 1
+            self.steady_seconds_here += seconds
+            self.state.steady_seconds += seconds
+            self.state.steady_tokens += tokens
+            self.window[0] += seconds
+            self.window[1] += tokens
 
     def window_tokens_per_second(self):
         seconds, tokens = self.window
@@ -100,7 +87,6 @@ class Throughput:
         return tokens / seconds if seconds else None
 
     def close(self):
-        """At the end of this process's part of the run: add its compile seconds."""
         if self.first_step_seconds is not None and self.steady_steps:
             mean_step = self.steady_seconds_here / self.steady_steps
             self.compile_seconds_here = max(0.0, self.first_step_seconds - mean_step)
@@ -108,15 +94,14 @@ class Throughput:
 
     def tokens_per_second(self):
         """Steady state; a run of one step has no steady steps, and then that step counts."""
-        state = self.state
-        if state.steady_seconds:
-            return state.steady_tokens / state.steady_seconds
-        return state.tokens_seen / state.train_seconds
+        if self.state.steady_seconds:
+            return self.state.steady_tokens / self.state.steady_seconds
+        return self.state.tokens_seen / self.state.train_seconds
 
 
 class LossWindow:
-    """The training loss summed on the device since the last log point (no sync per step); saved in
-    checkpoints, so a resumed run's first point averages the same steps as an uninterrupted one's."""
+    """The training loss summed on the device since the last log point (no sync per step); checkpointed,
+    so a resumed run's first point averages the same steps as an uninterrupted one's."""
 
     def __init__(self, saved, device):
         total, self.steps = saved
@@ -133,17 +118,13 @@ class LossWindow:
         return mean
 
     def saved(self, accelerator):
-        """[the sum, its steps] for a checkpoint. Every process restores the one saved value: the processes'
-        mean, so that the first log point after a resume averages as an uninterrupted run's (a collective:
-        every process calls it)."""
+        """[the sum, its steps] for a checkpoint: the processes' mean, as every one restores it (a collective)."""
         return [accelerator.reduce(self.total.clone(), reduction="mean").item(), self.steps]
 
 
 class SkippedSteps:
-    """fp16: whether GradScaler skipped the optimizer step just taken, read from its scale, which
-    update() lowers exactly when the gradients held inf/NaN. accelerate's optimizer_step_was_skipped
-    cannot tell with a fused AdamW: it supports amp scaling, so GradScaler always calls its step (the
-    kernel itself skips), and accelerate always sees a step taken. One host read per step, fp16 only."""
+    """fp16: whether GradScaler skipped the step just taken, read from its scale, lowered exactly on inf/NaN
+    (with a fused AdamW accelerate's optimizer_step_was_skipped cannot tell: the kernel itself skips)."""
 
     def __init__(self, scaler):
         self.scaler = scaler
