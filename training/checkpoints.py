@@ -21,7 +21,6 @@ MANIFEST = files.MANIFEST  # written last: a checkpoint without a matching one i
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
 FINAL_WEIGHTS = "final/model.safetensors"  # what a finished run keeps: a transformers folder (training/final.py)
-FINAL_CONFIG = "final/config.json"
 
 
 @dataclass
@@ -212,7 +211,7 @@ def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None, force=Fa
     ckpt = None
     if accelerator.is_main_process:
         outputs = {"--out-dir": out_dir}
-        for name in ("metrics.json", "args.json", "final", "final.tmp", FINAL_WEIGHTS, FINAL_CONFIG):
+        for name in ("metrics.json", "args.json", "final", "final.tmp", FINAL_WEIGHTS, "final/config.json"):
             # --metrics-out may be the run's own metrics.json: counted once
             if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
                 outputs[f"--out-dir's {name}"] = out_dir / name

@@ -1,8 +1,6 @@
-"""final/: a finished run's weights as a transformers model folder (GPT2LMHeadModel's model.safetensors, config.json,
-generation_config.json, the run's own tokenizer), written once after a successful run and read back by
-training.sample and the tests. Nothing read is trusted unchecked: config.json against the hash the weights
-record, the tokenizer against config.json's, every tensor's name and shape; an unfinished run's newest verified
-checkpoint stands in for a missing final/."""
+"""final/: a finished run's weights as a transformers model folder, written once after a successful run and read
+back (load_run: an unfinished run's newest verified checkpoint stands in) with nothing trusted unchecked: config.json
+against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape."""
 import hashlib
 import json
 import os
