@@ -6,13 +6,12 @@
     sbatch slurm/lenet.sh --act python             # on the cluster (extra flags are forwarded)
     tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
 
-This file: the model, the training loop, the command. MNIST (data/mnist.py) lives as one tensor on the device;
---engine lightning (training/lenet_lightning.py) drives the same model, data and schedule; what both engines share
-is training/lenet.py. Metrics: `process_seconds` split into `phases`; `train_seconds` the epochs' training part.
+MNIST (data/mnist.py) lives as one tensor on the device. The plain loop below and --engine lightning
+(training/lenet_lightning.py) share training/lenet.py. `train_seconds`: the epochs' training part.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
-lifecycle.start(__name__)  # the imports' start; a Ctrl-C while starting is one line, not a traceback
+lifecycle.start(__name__)  # a Ctrl-C while torch imports is one line, not a traceback
 
 import contextlib
 import sys
@@ -33,20 +32,16 @@ from training.flags import Parser, add_output_flags, number, path_flag, seed_fla
 REPO = Path(__file__).resolve().parent
 
 
-# ----------------------------------------------------------------------------- model
-
 def make_gelu(act, device):
     """The GELU (tanh approximation) of --act."""
     if act == "torch":
         return nn.GELU(approximate="tanh")
     try:
         import gelu_ext
-        if act == "python":
-            return gelu_ext.PythonGELU()
-        module = gelu_ext.GELU()  # raises ExtensionNotBuilt, with the build command, if needed
+        module = gelu_ext.PythonGELU() if act == "python" else gelu_ext.GELU()  # not built: the build command
     except ImportError as e:
         raise UserError(f"--act {act}: {e}") from e
-    if device.type == "cuda" and not gelu_ext.built_with_cuda():
+    if act == "cpp" and device.type == "cuda" and not gelu_ext.built_with_cuda():
         raise UserError("--act cpp on a GPU: gelu_ext was built without its CUDA kernel; rebuild it where "
                         "nvcc is found (see gelu_ext/README.md)")
     return module
@@ -76,11 +71,8 @@ class LeNet5(nn.Module):
         return self.fc3(x)
 
 
-# ----------------------------------------------------------------------------- training (--engine plain)
-
 def fit_plain(run):
-    """The training loop: AdamW with warm-up + cosine, a log point every step, a test pass after every epoch
-    (training/lenet.py: what both engines share); `run` (training.lenet.LeNetRun) records it all as it goes."""
+    """Train `run` (training.lenet.LeNetRun): AdamW, warm-up + cosine, log points, a test pass every epoch."""
     optimizer, scheduler = lenet.optimizer_and_schedule(run)
     step = 0
     for epoch in range(1, run.args.epochs + 1):
@@ -97,19 +89,15 @@ def fit_plain(run):
         lenet.end_epoch(run, epoch, step, t0)
 
 
-# ----------------------------------------------------------------------------- the command
-
 def parse_args(argv):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=path_flag, default=data_root(),
-                   help="folder with the MNIST IDX files (or MNIST/raw/ below it); env LAB5_DATA "
-                        "(default: %(default)s)")
+                   help="folder with the MNIST IDX files (or MNIST/raw/ below it) (default: $LAB5_DATA or data/)")
     p.add_argument("--no-download", action="store_true", help="never try to download missing files")
     p.add_argument("--act", choices=["torch", "python", "cpp"], default="torch",
                    help="GELU: F.gelu(tanh) | the Python autograd.Function | the C++/CUDA op (default: %(default)s)")
     p.add_argument("--engine", choices=["plain", "lightning"], default="plain",
-                   help="the training loop above, or the same model, data and schedule driven by PyTorch "
-                        "Lightning's Trainer (default: %(default)s)")
+                   help="this loop, or Lightning's Trainer on the same model, data and schedule (default: %(default)s)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto = cuda if available, else cpu (default: %(default)s)")
     # the default recipe: the shortest measured to clear 99.0% on seeds 0, 1, 2 (benchmarks/lenet_bench.py)
@@ -119,8 +107,7 @@ def parse_args(argv):
                    help="peak AdamW learning rate of the warm-up + cosine schedule (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0, help="weights and shuffling (default: %(default)s)")
     p.add_argument("--out-dir", type=path_flag, default=None,
-                   help="this run's TensorBoard logs and outputs "
-                        "(default: a new runs/lenet5/<time>-<act>[-lightning]/)")
+                   help="this run's TensorBoard logs and outputs (default: runs/lenet5/<time>-<act>[-lightning]/)")
     p.add_argument("--log-every", type=number(int, 1), default=50,
                    help="steps between training loss and accuracy points (default: %(default)s)")
     p.add_argument("--save", type=path_flag, default=None, help="write the trained state_dict here")
@@ -154,11 +141,10 @@ def run(args, stack, phases):
     device = pick_device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest conv
-    check_outputs(args)
     fit = fit_plain
     if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
         from training.lenet_lightning import fit_lightning as fit
-    out_dir = args.run_dir = open_run_dir(args, stack)
+    out_dir = args.run_dir = open_outputs(args, stack)
     phases.switch("data")
     train_set, test_set = (ds.to(device) for ds in load_train_test(find_mnist(args.data_dir, not args.no_download)))
     phases.switch("model")
@@ -168,7 +154,7 @@ def run(args, stack, phases):
           f"logs in {out_dir}")
     digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
     run = lenet.LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
-                   Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)  # filled as it goes
+                         Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)
     try:
         write_json(out_dir / "args.json", vars(args))
         lenet.open_writer(run)
@@ -183,22 +169,15 @@ def run(args, stack, phases):
     return metrics
 
 
-# ----------------------------------------------------------------------------- outputs
-
-def check_outputs(args):
-    """Before any training: no output overwrites an input or lands in another run's folder; an existing one is
-    replaced only with --force, and only a file of its kind (a JSON object, a torch.save archive)."""
+def open_outputs(args, stack):
+    """Before any training: no output is an input or in another run's folder, an existing file is replaced only
+    with --force; then --out-dir or a new runs/lenet5/<time>-<act>[-lightning]/, locked until `stack` closes (an
+    unfinished run's files set aside, a LeNet run is never resumed; a finished run refused)."""
     runfiles.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
                                        "--save": args.save}, {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
         if path:
             runfiles.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
-
-
-def open_run_dir(args, stack):
-    """--out-dir, or a new runs/lenet5/<time>-<act>[-lightning]/, locked until `stack` closes: new, empty or
-    an unfinished run's (no metrics.json: its files set aside, a LeNet run is never resumed); a finished one
-    is never overwritten, and a start that fails leaves no folder."""
     suffix = f"-{args.engine}" if args.engine != "plain" else ""
     out_dir = args.out_dir or REPO / "runs" / "lenet5" / f"{runfiles.new_run_name()}-{args.act}{suffix}"
     if runfiles.open_run(out_dir, "lenet5.py", stack):
@@ -207,20 +186,18 @@ def open_run_dir(args, stack):
 
 
 def finish(run, failed=None):
-    """The metrics with the clock; the weights (--save), --metrics-out (often on another disk), and last the run
-    folder's metrics.json, which marks it finished. After `failed` (the run folder's disk), what can be kept
-    elsewhere is, and the line that stops the run says what."""
+    """The metrics with the clock, written: --save, --metrics-out, last the run folder's metrics.json (the mark
+    of a finished run). After `failed` (the run folder's disk), what can be kept elsewhere is, then one line."""
     args, kept = run.args, []
     last = run.history[-1] if run.history else {"test_accuracy": None, "test_loss": None}
-    metrics = {"test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
-               "steps": run.steps, "train_seconds": round(run.train_seconds, 3), "device": str(run.device),
-               "device_name": device_name(run.device), "act": args.act, "engine": args.engine,
-               "params": sum(p.numel() for p in run.model.parameters()), "batch_size": args.batch_size,
-               "lr": args.lr, "seed": args.seed, "torch": torch.__version__,
-               "command": "python lenet5.py " + " ".join(args.argv), "history": run.history,
-               "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
-               "test_accuracy_curve": run.test_accuracy, "out_dir": str(run.out_dir)}
-    metrics = run.phases.stamp(metrics | ({"stopped": failed} if failed else {}))
+    metrics = run.phases.stamp({
+        "test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
+        "steps": run.steps, "train_seconds": round(run.train_seconds, 3), "device": str(run.device),
+        "device_name": device_name(run.device), "act": args.act, "engine": args.engine, "out_dir": str(run.out_dir),
+        "params": sum(p.numel() for p in run.model.parameters()), "batch_size": args.batch_size, "lr": args.lr,
+        "seed": args.seed, "torch": torch.__version__, "command": "python lenet5.py " + " ".join(args.argv),
+        "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
+        "test_accuracy_curve": run.test_accuracy, **({"stopped": failed} if failed else {})})
     for what, path, write in (
             ("weights", args.save, lambda p: write_atomic(p, lambda f: torch.save(run.model.state_dict(), f))),
             ("metrics", args.metrics_out, lambda p: write_json(p, metrics)),

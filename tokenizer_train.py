@@ -6,14 +6,13 @@
     sbatch slurm/tokenizer.sh --text ../shared/data/wos-standin/X.txt    # the same under Slurm (CPU only)
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
 
-Trained on the training split only, saved as one tokenizer.json that
-`transformers.PreTrainedTokenizerFast(tokenizer_file=...)` loads. Reports bytes per token on the validation split
-(and GPT-2's, where its tokenizer can be loaded), checks decode(encode(text)) == text, and tokenises the corpus
-into the cache gpt_train.py reads. Metrics: `process_seconds` split into `phases`; `train_seconds` the BPE's.
+Trained on the training split only, saved as one tokenizer.json (PreTrainedTokenizerFast loads it); reports
+bytes per token on the validation split (and --compare's), checks decode(encode(text)) == text, and tokenises
+the corpus into the cache gpt_train.py reads.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
-lifecycle.start(__name__)  # the imports' start; a Ctrl-C while starting is one line, not a traceback
+lifecycle.start(__name__)  # a Ctrl-C while torch imports is one line, not a traceback
 
 import os
 import statistics
@@ -61,9 +60,8 @@ def load_comparison(spec):
 
 
 def measures(tokenizer, docs, spec="none", other=None):
-    """Bytes per token on the validation documents, and how many do not decode to themselves; with --compare's
-    tokenizer (`other`), its bytes per token and document by document the own tokenizer's token count over its
-    (the spread says how firm the total is)."""
+    """Bytes per token on `docs` and how many do not decode to themselves; with --compare's tokenizer (`other`),
+    its bytes per token and, document by document, the own token count over its (how firm the total is)."""
     own = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
     decoded = tokenizer.decode_batch(own, skip_special_tokens=False)
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
@@ -84,9 +82,8 @@ def measures(tokenizer, docs, spec="none", other=None):
 
 
 def token_cache(splits, tokenizer, args, text, sha256):
-    """The blocks gpt_train.py --seq-len reads, packed into the cache (data/blocks.py); their counts and speed. It
-    only saves gpt_train.py the work: where it fails (too few tokens, a disk), the saved tokenizer stays and the
-    failure is a warning naming what to change."""
+    """The blocks gpt_train.py --seq-len reads, packed into the cache (data/blocks.py). It only saves gpt_train.py
+    the work: a failure (too few tokens, a disk) is a warning, the saved tokenizer stays."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # datasets' forked workers are the parallelism from here on
     t0 = time.perf_counter()
     try:
@@ -106,7 +103,7 @@ def token_cache(splits, tokenizer, args, text, sha256):
 
 
 def save_atomic(tokenizer, path):
-    """tokenizer.json as Tokenizer.save writes it, through a temporary name of its own renamed into place."""
+    """tokenizer.json as Tokenizer.save writes it, but atomically."""
     files.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
 
 
@@ -124,12 +121,10 @@ def parse_args(argv):
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
     p.add_argument("--min-frequency", type=number(int, 0, 2**32, high_open=True), default=2,
                    help="merges seen fewer times are not learned (default: %(default)s)")
-    p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER,
-                   help="where tokenizer.json goes (default: %(default)s)")
+    p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER, help="tokenizer.json (default: %(default)s)")
     p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
                    help="held-out documents (default: %(default)s)")
-    p.add_argument("--seed", type=seed_flag, default=0,
-                   help="of the train/validation split (default: %(default)s)")
+    p.add_argument("--seed", type=seed_flag, default=0, help="of the train/validation split (default: %(default)s)")
     p.add_argument("--seq-len", type=number(int, 0), default=1024,
                    help="gpt_train.py's --seq-len: also tokenise the corpus into the blocks of seq_len + 1 tokens it "
                         "reads from the cache; 0 = skip (default: %(default)s)")
@@ -154,8 +149,7 @@ def main(argv=None):
 
 
 def check_outputs(args):
-    """Before any work: the outputs may be written (runfiles.check_output's rule), the cache folder too, and no
-    output is an input (--text, a --compare file or folder)."""
+    """Before any work: the outputs and the cache folder may be written, and none is an input."""
     outputs = {"--out": args.out, "--metrics-out": args.metrics_out}
     compare = Path(args.compare) if Path(args.compare).exists() else None
     runfiles.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
@@ -183,11 +177,9 @@ def run(args, phases):
     tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
     train_seconds = time.perf_counter() - t0
     phases.switch("evaluation")
-
     metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
-               "train_seconds": round(train_seconds, 3),
-               "num_train_docs": len(train_docs), "num_val_docs": len(val_docs),
-               "text": str(text), "corpus": corpus, "out": str(args.out),
+               "train_seconds": round(train_seconds, 3), "num_train_docs": len(train_docs),
+               "num_val_docs": len(val_docs), "text": str(text), "corpus": corpus, "out": str(args.out),
                "cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
     metrics.update(measures(tokenizer, val_docs, args.compare, other))

@@ -1,15 +1,9 @@
-"""The job's clock: what `time` and Slurm's Elapsed show, and where its seconds went.
-
-    process_seconds()   seconds since this process started, as the operating system records it: the
-                        interpreter's start-up and the imports count (a clock started in main() misses them)
-    Phases              those seconds split into named phases ("startup", "data", "loop", ...): every
-                        interval belongs to exactly one phase, so the phases sum to process_seconds()
-
-Every script's metrics carry both (`process_seconds`, `phases`). The standard library only: imported before torch.
-"""
+"""The job's clock: what `time` and Slurm's Elapsed show, and where its seconds went. process_seconds() counts
+from the process's start as the OS records it (the interpreter's start-up and the imports count; a clock started
+in main() misses them); Phases splits those seconds into named phases that sum to it. Every script's metrics
+carry both (`process_seconds`, `phases`). The standard library only: imported before torch."""
 import contextlib
 import os
-import sys
 import time
 
 
@@ -32,9 +26,9 @@ def process_seconds():
 
 
 class Phases:
-    """`switch(name)` ends the current phase and starts `name`; `with phases.of(name):` runs a nested phase (an
-    evaluation inside the loop) and returns to the one it interrupted. `imports`: (start, end) of a script's
-    imports in process_seconds(): "startup" (the interpreter's own) ends at the start, "imports" at the end."""
+    """`switch(name)` ends the current phase and starts `name`; `with phases.of(name):` runs a nested phase and
+    returns to the one it interrupted. `imports`: (start, end) of a script's imports in process_seconds():
+    "startup" (the interpreter's own) ends at the start, "imports" at the end, then "inputs" runs."""
 
     def __init__(self, imports=None):
         started, done = imports or (0.0, 0.0)
@@ -70,17 +64,6 @@ class Phases:
         return {**metrics, "process_seconds": now, "phases": spent}
 
     def record(self):
-        """{phase: seconds} up to now, in the order the phases first ran, and the process's seconds."""
+        """({phase: seconds} up to now, in the order the phases first ran; the process's seconds)."""
         self.switch(self.current)
         return {k: round(v, 3) for k, v in self.seconds.items()}, round(self.since, 3)
-
-
-def exit_quickly(code=0):
-    """Out at once, without the interpreter's teardown (torch's objects collected and its modules unloaded: ~0.3-0.7
-    s of a 2-core VM's process time, for memory the exit frees anyway); `code` as sys.exit takes it."""
-    if isinstance(code, str):
-        print(code, file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)

@@ -1,13 +1,6 @@
 """The one way the scripts check a flag: an argparse `type` stating the rule where the flag is declared, so a
 bad value is one line (`error: argument --lr: must be > 0, got -1`) before any work. Rules that join two flags
-stay in the script, through Parser.error.
-
-    Parser         every script's ArgumentParser: errors in one line, no abbreviated flags
-    number(...)    an int or float in a range (and a multiple of a step);  int_or_auto()  a positive integer or "auto"
-    path_flag      a path: not empty, no name over the limit, no dangling or looping link (data.files.path_problem)
-    path_or_name_flag  the same, for a flag that also takes a name (--tokenizer gpt2)
-    add_output_flags   --metrics-out and --force, alike in every script (training/runfiles.check_output's rule)
-"""
+stay in the script, through Parser.error."""
 import argparse
 import math
 import os
@@ -27,7 +20,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
-def number(kind, low=None, high=None, low_open=False, high_open=False, why="", multiple=None):
+def number(kind, low, high=None, low_open=False, high_open=False, why="", multiple=None):
     """An int or float flag in [low, high] (an open end with `*_open`): finite, in range, a multiple of `multiple`."""
     def parse(text):
         try:
@@ -36,10 +29,12 @@ def number(kind, low=None, high=None, low_open=False, high_open=False, why="", m
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
         if kind is float and not math.isfinite(value):  # nan compares False with everything: refuse it first
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-        if (low is not None and (value <= low if low_open else value < low)) or \
+        if (value <= low if low_open else value < low) or \
                 (high is not None and (value >= high if high_open else value > high)):
             shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
-            raise argparse.ArgumentTypeError(f"must be {describe(low, high, low_open, high_open)}{why}, got {shown}")
+            bounds = (f"{'>' if low_open else '>='} {low}" if high is None else
+                      f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+            raise argparse.ArgumentTypeError(f"must be {bounds}{why}, got {shown}")
         if multiple and value % multiple:
             raise argparse.ArgumentTypeError(f"must be a multiple of {multiple}{why}, got {text}")
         return value
@@ -47,16 +42,8 @@ def number(kind, low=None, high=None, low_open=False, high_open=False, why="", m
     return parse
 
 
-def describe(low, high, low_open, high_open):
-    if high is None:
-        return f"{'>' if low_open else '>='} {low}"
-    if low is None:
-        return f"{'<' if high_open else '<='} {high}"
-    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-
-
 def path_flag(text):
-    """A path flag's value: refused if empty (it would mean the current folder) or path_problem() finds it unusable."""
+    """A path: refused if empty (it would mean the current folder) or if path_problem() finds it unusable."""
     text = os.fspath(text)  # main(argv) called with Path objects
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path; give a folder or file name (an empty value would mean "
@@ -68,6 +55,7 @@ def path_flag(text):
 
 
 def path_or_name_flag(text):
+    """path_flag's rule for a flag that also takes a name (--tokenizer gpt2)."""
     path_flag(text)
     return os.fspath(text)  # as typed: "./x.json" must still look like a path, not a hub name
 
@@ -78,13 +66,11 @@ seed_flag = number(int, 0, 2**32, high_open=True)  # the range every generator h
 def int_or_auto():
     """A positive integer or the word auto."""
     as_int = number(int, 1)
-
-    def parse(text):
-        return text if text == "auto" else as_int(text)
-    return parse
+    return lambda text: text if text == "auto" else as_int(text)
 
 
 def add_output_flags(parser, metrics_help="write the final metrics here as JSON"):
+    """--metrics-out and --force, alike in every script (training/runfiles.check_output's rule)."""
     parser.add_argument("--metrics-out", type=path_flag, default=None, help=metrics_help)
     parser.add_argument("--force", action="store_true", help="replace existing output files, if they are of the kind "
                         "this script writes (a JSON object; --save: a torch.save archive): never any other file")

@@ -1,6 +1,5 @@
-"""What lenet5.py's two engines share (the plain loop in lenet5.py, Lightning in lenet_lightning.py): the run
-they fill in (LeNetRun), the optimizer and its schedule, TensorBoard's writer, what follows every step (the log
-points) and every epoch (the test pass, its record, filters and feature maps, GPU use, one line)."""
+"""What lenet5.py's two engines (its plain loop, lenet_lightning.py) share: the LeNetRun they fill in, the
+optimizer and schedule, TensorBoard's writer, what follows every step (log points) and every epoch (test pass)."""
 import math
 import time
 import warnings
@@ -17,8 +16,7 @@ from training.device import gpu_stats
 
 @dataclass
 class LeNetRun:
-    """One LeNet-5 run: what an engine is handed (args ... phases), and what it records as it goes, so that
-    a run that fails half-way still reports its finished epochs."""
+    """What an engine is handed (args ... phases) and records as it goes: a failed run reports its epochs."""
     args: object  # the parsed flags
     model: nn.Module
     train_loader: object  # data.mnist.Batches of the images on the device
@@ -39,8 +37,7 @@ class LeNetRun:
 
 
 def optimizer_and_schedule(run):
-    """AdamW, its LR warmed up linearly over 20% of the steps, then annealed to 0 along a cosine: a high peak
-    rate that way converges in a few epochs."""
+    """AdamW, warmed up linearly over 20% of the steps, then a cosine to 0: a high peak LR, a few epochs."""
     total = run.args.epochs * len(run.train_loader)
     warmup = max(1, int(total * 0.2))
 
@@ -53,8 +50,7 @@ def optimizer_and_schedule(run):
 
 
 def open_writer(run):
-    """TensorBoard's SummaryWriter with the model's graph, imported here: a second of start-up that --help and
-    the error paths need not pay."""
+    """TensorBoard's writer and the model's graph (imported here: a second --help need not pay)."""
     from torch.utils.tensorboard import SummaryWriter
     run.phases.switch("logging")
     run.writer = SummaryWriter(run.out_dir)
@@ -69,8 +65,7 @@ def close_writer(run):
     run.writer.close()
 
 
-def check_finite(value, what):
-    """A diverged run stops with one line (and a non-zero exit), not with 10% accuracy and exit 0."""
+def check_finite(value, what):  # a diverged run stops with one line, not with 10% accuracy and exit 0
     if not math.isfinite(value):
         raise UserError(f"{what} is {value}: training diverged; try a lower --lr")
 
@@ -94,9 +89,8 @@ def start_epoch(run):
 
 
 def log_point(run, step, logits, y, loss, lr):
-    """After every step (the optimizer's and the LR's), in both engines: the batch's right predictions added up
-    on the device (no sync). Every --log-every steps: training loss, the training accuracy of the batches since
-    the last point, the LR, and, where it is cheap, the test figures; the one .tolist() is the CPU-GPU sync."""
+    """After every optimizer step: right predictions summed on the device (no sync). Every --log-every steps:
+    loss, accuracy since the last point, LR and, on a GPU, the test figures; .tolist() is the CPU-GPU sync."""
     hits = (logits.detach().argmax(1) == y).sum()
     run.correct, run.seen = hits if run.correct is None else run.correct + hits, run.seen + len(y)
     if step % run.args.log_every:
@@ -117,8 +111,7 @@ def log_point(run, step, logits, y, loss, lr):
 
 
 def tests_between_epochs(device):
-    """A test pass at every log point only on a GPU, where it costs 10 batches against 50 training steps. On a
-    CPU it costs ~60 training steps (measured on the 2-core VM): there it comes once per epoch."""
+    """A test pass at every log point only on a GPU: 10 batches against 50 steps (a CPU: ~60 steps' worth)."""
     return device.type == "cuda"
 
 
@@ -129,8 +122,7 @@ def log_test(run, step, test_loss, test_acc):
 
 
 def end_epoch(run, epoch, step, t0):
-    """After an epoch (started at `t0`), in both engines: its training time, the test pass, the record, the test
-    figures in TensorBoard, images, GPU use, one line."""
+    """After an epoch started at `t0`: its training time, the test pass, its record, images, GPU use, one line."""
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
     run.train_seconds += time.perf_counter() - t0
@@ -161,8 +153,8 @@ def log_images(writer, model, digits, epoch):
 
 
 def grid(images, nrow, scale_each=True, pad=2):
-    """(N, 1, H, W) images (N a multiple of nrow) tiled `nrow` to a row on white, each scaled to [0, 1] on its own
-    (or all together), as one (1, H', W') image: torchvision's make_grid without its second of import."""
+    """(N, 1, H, W) images, `nrow` to a row on white, scaled to [0, 1] (each or all): torchvision's make_grid
+    without its second of import."""
     x = images.float()
     dims = (1, 2, 3) if scale_each else (0, 1, 2, 3)
     low, high = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)

@@ -1,7 +1,5 @@
-"""lenet5.py --engine lightning (the handout's bonus): the same model, batches, optimizer, schedule, log points
-and test passes as lenet5.py's plain loop (training/lenet.py), driven by lightning.Trainer, which runs the loop
-and steps the optimizer and the scheduler. The data already lives on the device, so Lightning moves nothing.
-Imported only for --engine lightning: lightning's import takes ~4 s the plain loop need not pay."""
+"""lenet5.py --engine lightning (the handout's bonus): the plain loop's model, batches, schedule, log points and
+test passes (training/lenet.py), driven by lightning.Trainer. Imported only for it: lightning's import takes ~4 s."""
 import logging
 import warnings
 
@@ -17,7 +15,7 @@ except ImportError as e:  # checked before the run folder is made
 
 
 def fit_lightning(run):
-    """Train `run` (training.lenet.LeNetRun) as lenet5.fit_plain does, filling it in the same way."""
+    """Train `run` (training.lenet.LeNetRun) as lenet5.fit_plain does."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "TPU available: ..."
     warnings.filterwarnings("ignore", message=".*(srun. command is available|LeafSpec)")  # hints not for us
     trainer = L.Trainer(accelerator=run.device.type, devices=1, max_epochs=run.args.epochs, logger=False,

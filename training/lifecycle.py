@@ -1,18 +1,6 @@
-"""A script's life, the same in lenet5.py, tokenizer_train.py, gpt_train.py and training.sample:
-
-    from training import lifecycle          # first, before the slow imports (the standard library only)
-    lifecycle.start(__name__)               # the imports' start; a Ctrl-C while starting: one line, 130
-    import torch ...                        # (gpt_train.py: start(__name__, stops=True): USR1/TERM remembered)
-
-    def main(argv=None):
-        phases = lifecycle.phases()         # the process's seconds from its start: startup, imports, then "inputs"
-        args = parse_args(argv)
-        with lifecycle.one_line_errors(lambda: "what is kept"):   # UserError: one line, 1; Ctrl-C: one line, 130
-            ... metrics = phases.stamp(metrics) just before the last output ...
-
-    if __name__ == "__main__":
-        lifecycle.run(main)                 # leaves without the interpreter's teardown
-"""
+"""A script's life, the same in lenet5.py, tokenizer_train.py, gpt_train.py and training.sample: `start(__name__)`
+on its first lines, before the slow imports; in main(), `phases()` (the process's clock, training/clock.py) and
+`with one_line_errors(...)` around the work; under `__main__`, `run(main)`. The standard library only."""
 import contextlib
 import os
 import signal
@@ -26,10 +14,9 @@ IMPORTS = [None, None]  # (start, end) of the first script's imports, in process
 
 
 def start(name, stops=False):
-    """Before the slow imports. Run as a program: with `stops`, USR1/TERM during start-up are remembered for the
-    StopFlag (training/signals.py), not fatal; a Ctrl-C before main() is one line and 130, not an import
-    traceback (a background job's ignored SIGINT stays ignored). The first script's start counts (gpt_train.py
-    imports training.sample)."""
+    """Before the slow imports; the first script's start counts (gpt_train.py imports training.sample). Run as a
+    program: a Ctrl-C before main() is one line and 130, not an import traceback (a background job's ignored
+    SIGINT stays ignored); with `stops`, USR1/TERM are remembered for the StopFlag (training/signals.py)."""
     if IMPORTS[0] is None:
         IMPORTS[0] = process_seconds()
     if name != "__main__":
@@ -46,7 +33,7 @@ def _while_starting(signum, frame):
 
 
 def phases():
-    """The process's Phases (training/clock.py): start-up, the imports (up to main()'s first line), "inputs"."""
+    """The process's Phases: start-up, the imports (up to main()'s first line), then "inputs"."""
     if IMPORTS[1] is None:
         IMPORTS[1] = process_seconds()
     return Phases(IMPORTS if IMPORTS[0] is not None else None)
@@ -54,9 +41,9 @@ def phases():
 
 @contextlib.contextmanager
 def one_line_errors(interrupted=None):
-    """Around main()'s work: a UserError is `error: ...` on one line and exit 1; a Ctrl-C is one line ending in
-    interrupted() (what is kept) and exit 130 (None: gpt_train's StopFlag handles it). TensorBoard's writer
-    thread re-raises the failed write the main thread stops on: not printed a second time, as a traceback."""
+    """A UserError is `error: ...` on one line and exit 1; a Ctrl-C is one line ending in interrupted() (what is
+    kept) and exit 130 (None: gpt_train's StopFlag handles it). The failed write that TensorBoard's writer thread
+    re-raises is the main thread's one line: not printed a second time, as a traceback."""
     from data.files import UserError
     if signal.getsignal(signal.SIGINT) is _while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, the line below says it

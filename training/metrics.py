@@ -10,11 +10,10 @@ SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_repor
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
 
 
-def final_metrics(state, val_loss, val_stats, tokens_per_second, info):
-    """What the run measured; `info` (flops_per_token, peak, world_size) gives the MFU."""
+def final_metrics(state, val_loss, v, tokens_per_second, info):
+    """What the run measured (`v`: the validation split's counts); `info` gives the MFU."""
     tail = [loss for _, loss in state.losses[-5:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
-    v = val_stats
     return {
         "tokens_seen": state.tokens_seen, "steps": state.step, "final_train_loss": final_train_loss,
         "final_val_loss": val_loss,
@@ -31,8 +30,7 @@ def final_metrics(state, val_loss, val_stats, tokens_per_second, info):
 
 
 def scalars(info, budget, loss, grad_norm, lr, tps, dev):
-    """A log point's TensorBoard scalars: the loss, gradient norm and LR; throughput and MFU once there is
-    a steady window; a GPU's utilisation and memory."""
+    """A log point's TensorBoard scalars: loss, gradient norm, LR; throughput and MFU once steady; GPU use."""
     out = {"train/loss": loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
     if tps:
         out["perf/tokens_per_second"] = tps
@@ -73,17 +71,15 @@ def summary_line(m):
 
 
 def describe_run(args, argv, decisions, model, text, corpus, budget, world):
-    """The run as the metrics record it (and the start-up line shows it). `corpus`: what the text is,
-    from its content (stand-in, WOS46985 or other; wos.corpus_identity), so that the report never
-    labels a run by its path."""
+    """The run as the metrics record it. `corpus`: what the text is from its content (wos.corpus_identity), so
+    that the report never labels a run by its path."""
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
     return {"precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
             "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
                              if model.attention == "sdpa" else None),
             "tf32": "on" if decisions.tf32 else "off", "fused_adamw": args.fused_adamw, "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
-            "text": str(text), "corpus": corpus, "preset": args.preset,
-            "global_batch": args.global_batch,
+            "text": str(text), "corpus": corpus, "preset": args.preset, "global_batch": args.global_batch,
             "micro_batch": budget.micro_batch, "seq_len": args.seq_len,
             "command": "python gpt_train.py " + " ".join(argv), "peak": decisions.peak,
             "flops_per_token": flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)}

@@ -2,6 +2,7 @@
 import (lifecycle.start(stops=True)); the StopFlag for the run, its agreement across ranks; the exit."""
 import atexit
 import contextlib
+import os
 import signal
 import sys
 
@@ -26,19 +27,24 @@ def no_teardown_after_collectives(agreed=(0,)):
     """Around a script's main(): leave with main()'s exit code without the interpreter's teardown. In a
     multi-process run the backend's worker thread can hold the last reference to a finished collective; dropped
     while Python finalizes, the process aborts (exit -6) and torchrun calls a finished run failed, whatever
-    destroy_process_group does (benchmarks/exit_bench.py). One process: the teardown is time for nothing.
-    `agreed`: the exit codes every rank reaches together (0; gpt_train's STOP_EXIT_CODE), after a last barrier."""
+    destroy_process_group does (benchmarks/exit_bench.py). One process: torch's teardown costs ~0.3-0.7 s of a
+    2-core VM's process time for nothing. `agreed`: the exit codes every rank reaches together (0; gpt_train's
+    STOP_EXIT_CODE), after a last barrier."""
     code = 0
     try:
         yield
     except SystemExit as e:
         code = e.code
-    from training.clock import exit_quickly
     dist = sys.modules.get("torch.distributed")  # not loaded: no process group to wait for
     several = dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if several and (code or 0) in agreed:
         dist.barrier()  # not after an error: the other ranks may never come (torchrun ends them)
-    exit_quickly(code)  # sys.exit("error: ...")'s message printed, status 1
+    if isinstance(code, str):  # sys.exit("error: ...") as Python would: the message, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 class StopFlag:
@@ -64,10 +70,10 @@ class StopFlag:
 
 
 class StopAgreement:
-    """Whether every process stops after this step (called once per step by all of them). One process: its own
-    flag. Several: the flag's all-reduce is enqueued every step, copied to pinned memory behind an event, and
-    read the next step, which waits for the previous step's GPU work only (not a drained pipeline every step):
-    all stop one step after the signal reached any. At a sync point (a log, a checkpoint) it is read at once."""
+    """Whether every process stops after this step (called once per step by all). Several processes: the flag's
+    all-reduce is enqueued every step, copied to pinned memory behind an event and read the next step, which
+    waits for that step's GPU work only: all stop one step after the signal reached any; at a sync point (a log,
+    a checkpoint) it is read at once."""
 
     def __init__(self, accelerator, stop):
         self.accelerator, self.stop, self.pending = accelerator, stop, None
