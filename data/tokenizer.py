@@ -47,8 +47,7 @@ def open_tokenizer(spec):
         tokenizer, source = tokenizer_from_path(path), str(path)
     else:
         tokenizer, source = tokenizer_from_hub_name(spec)
-    eot = tokenizer.token_to_id(EOT)
-    if eot is None:
+    if (eot := tokenizer.token_to_id(EOT)) is None:
         raise TokenizerError(f"tokenizer {spec} has no {EOT} token")
     size = tokenizer.get_vocab_size()
     top = max(tokenizer.get_vocab().values(), default=-1)

@@ -15,6 +15,7 @@ cache is keyed by the text's content (corpus-<sha256>), not datasets' (path, mti
 import hashlib
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import urllib.request
@@ -126,8 +127,7 @@ def corpus_identity(path):
     raw = Path(path).read_bytes()
     docs = [line for line in raw.splitlines() if line.strip()]
     sha = hashlib.sha256(raw).hexdigest()
-    words = sorted(len(d.split()) for d in docs)
-    median_words = words[len(words) // 2] if words else 0
+    median_words = statistics.median_high([len(d.split()) for d in docs] or [0])
     if sha == STANDIN_SHA256:
         name, basis = "stand-in", "its sha256 is the known one"
     elif len(docs) == WOS46985_DOCUMENTS and 50 <= median_words <= 1000:
@@ -169,10 +169,8 @@ def read_splits(path, val_fraction, seed, cache_dir, fresh):
         raw = datasets.load_dataset("text", data_files={"documents": str(Path(path).resolve())}, split="documents",
                                     cache_dir=str(cache_dir), encoding_errors="replace",
                                     download_mode="force_redownload" if fresh else None)
-        docs = raw.map(lambda b: {"text": [t.strip() for t in b["text"]]}, batched=True, desc="strip",
-                       load_from_cache_file=not fresh)
-        docs = docs.filter(lambda b: [bool(t) for t in b["text"]], batched=True, desc="drop blank lines",
-                           load_from_cache_file=not fresh)
+        docs = raw.map(lambda b: {"text": [t.strip() for t in b["text"] if t.strip()]}, batched=True,
+                       desc="strip, drop blank lines", load_from_cache_file=not fresh)
         n_val = max(1, round(len(docs) * val_fraction))
         if n_val >= len(docs):
             raise TextError(f"{path}: {len(docs)} documents are too few for a validation split of {val_fraction}")
@@ -185,13 +183,11 @@ def read_splits(path, val_fraction, seed, cache_dir, fresh):
 
 
 def tokens_per_block(seq_len):
-    """The inputs and, shifted by one, the targets."""
-    return seq_len + 1
+    return seq_len + 1  # the inputs and, shifted by one, the targets
 
 
 def check_blocks_fit(splits, block_size):
-    """Before a tokenizer is trained: can each split fill one block whatever the tokenizer (a token is at
-    least one byte, plus one <|endoftext|> a document)?"""
+    """Before a tokenizer is trained: a token is at least one byte, plus one <|endoftext|> a document."""
     for name, split in splits.items():
         room = sum(len(text.encode("utf-8")) + 1 for text in split["text"])
         if room < block_size:

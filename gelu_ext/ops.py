@@ -1,10 +1,8 @@
 """The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward (C++ on CPU, CUDA on GPU).
 
-The C++ side defines the two ops, their CPU/CUDA kernels and their autograd (csrc/autograd.cpp:
-backward, double backward and forward-mode AD, without Python). What is left for Python:
-  - register_fake: output shape/dtype without running a kernel, so torch.compile can trace it;
-  - register_vmap: elementwise ops map over a batch dimension as they are (torch.vmap, and the
-    jacfwd/jacrev/hessian built on it), instead of functorch's slow per-sample loop.
+csrc/ defines the ops, their kernels and their autograd (csrc/autograd.cpp: no Python per call). Left here:
+register_fake (shape and dtype without a kernel, so torch.compile can trace it) and register_vmap (an
+elementwise op maps over a batch as it is, instead of functorch's slow per-sample loop).
 """
 import torch
 import torch.nn as nn
@@ -26,12 +24,10 @@ def is_built():
 
 
 def built_with_cuda():
-    """Whether the CUDA kernels were compiled in (a build without nvcc is CPU-only)."""
     return _C is not None and bool(_C.with_cuda)
 
 
 def build_info():
-    """One line for logs: what was built, against which torch."""
     if _C is None:
         return f"gelu_ext: not built ({_IMPORT_ERROR})"
     kernels = "CPU + CUDA kernels" if built_with_cuda() else "CPU kernels only (built without nvcc)"
@@ -77,10 +73,7 @@ if _C is not None and hasattr(torch.library, "register_vmap"):  # older torch: f
 
 
 class GELU(nn.Module):
-    """nn.Module around the compiled op; raises ExtensionNotBuilt (with the build command) if needed.
-
-    Scriptable (torch.jit.script): forward calls the registered op itself, which TorchScript knows.
-    """
+    """nn.Module around the compiled op, scriptable: forward calls the registered op, which TorchScript knows."""
 
     def __init__(self):
         super().__init__()
