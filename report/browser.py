@@ -56,37 +56,36 @@ def find_browser():
     return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 
 
-def wait_for_tensorboard(base, timeout=90):
-    """Until the server lists at least one run with scalars: its HTTP API answered with data."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=5) as response:
-                if json.loads(response.read()):
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return False
-
-
 @contextlib.contextmanager
 def serve_tensorboard(logdir):
-    """A real TensorBoard server on logdir (127.0.0.1 only); yields its base URL, or None if it never answered."""
+    """A real TensorBoard server on logdir (127.0.0.1 only); its base URL once it lists a run with scalars, else
+    (after 90 s) None."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
                                "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base, deadline = f"http://127.0.0.1:{port}", time.time() + 90
     try:
-        yield f"http://127.0.0.1:{port}" if wait_for_tensorboard(f"http://127.0.0.1:{port}") else None
+        while time.time() < deadline:
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{base}/data/plugin/scalars/tags",
+                                                                      timeout=5) as answer:
+                if json.loads(answer.read()):
+                    break
+            time.sleep(0.5)
+        else:
+            base = None
+        yield base
     finally:
         server.terminate()
         server.wait(timeout=30)
 
 
-def front_handler(base, items):
-    """/lab5-storage?next=PATH: a page storing `items` in localStorage, then opening PATH; all else passed to base."""
+@contextlib.contextmanager
+def storage_front(base, items):
+    """A front for the server at base on another port: /lab5-storage?next=PATH stores `items` in localStorage, then
+    opens PATH; all else is passed to base. TensorBoard reads "ignore outliers in chart scaling"
+    (`_ignoreYOutliers`, on by default) from localStorage only, never from the URL."""
     script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in items.items())
 
     class Front(http.server.BaseHTTPRequestHandler):
@@ -118,15 +117,7 @@ def front_handler(base, items):
 
         def log_message(self, *args):  # quiet: the report's own output is what matters
             pass
-    return Front
-
-
-@contextlib.contextmanager
-def storage_front(base, items):
-    """A front for the server at base on another port, so Chromium's localStorage for it is written before the
-    page loads: TensorBoard reads "ignore outliers in chart scaling" (`_ignoreYOutliers`, on by default) from
-    localStorage only, never from the URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), front_handler(base, items))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Front)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -286,9 +277,8 @@ def report_html(markdown_text):
 
 
 def write_pdf(markdown_path, pdf_path, text=None):
-    """report.md (or `text`, its filled copy) printed by Chromium to pdf_path, under a short temporary name
-    renamed over it once whole; the HTML sits beside report.md so figure links resolve. Chinese text in Noto CJK
-    (Debian's fonts-noto-cjk). A failure is a BrowserError, one line."""
+    """report.md (or `text`, its filled copy) printed by Chromium to a short temporary name renamed over pdf_path
+    once whole; the HTML sits beside report.md so figure links resolve. A failure is a BrowserError, one line."""
     if not find_browser():
         raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
     text = markdown_path.read_text() if text is None else text

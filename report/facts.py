@@ -36,8 +36,7 @@ def first_result(results, name):
 
 
 def role_runs(folders, results, scratch):
-    """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer; a run's
-    events from beside its JSON or from runs.tar.gz (gpu_check.sh's, into scratch)."""
+    """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer."""
     roles = {}
     for role, (pattern, older, fallback) in ROLES.items():
         found, stem = answer(folders, pattern, older, results=True)
@@ -88,8 +87,7 @@ def process_seconds(metrics, gpu=None, stem=None):
 
 
 def clock_facts(run):
-    """`{{<alias>_clock.…}}`: process_text always (the process time, or why there is none), process_seconds
-    where measured."""
+    """`{{<alias>_clock.…}}`: process_text always (the time, or why there is none), process_seconds if measured."""
     seconds, how = process_seconds(run.metrics, run.gpu, run.stem)
     facts = {"how": how, "process_text": f"{seconds:.0f} s" if seconds is not None else how}
     return facts | ({"process_seconds": seconds} if seconds is not None else {})
@@ -133,8 +131,7 @@ def gpu_sources(folders, roles):
 
 
 def derived_sources(results, shown, roles, folders, by_kind):
-    """Every source report.md may name: each results file by its figure name, the aliases and GPU roles (with
-    `where`), <name>_clock, <alias>_tb, gpt_goal, lenet_curve, gpu_sources, ladder, lenet_lightning, gpu_nvml."""
+    """Every source report.md may name: the results files by figure name, the aliases, GPU roles and derived facts."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
         where = run.gpu.label if run.gpu else run.metrics.get("device_name") or run.metrics.get("device")
@@ -168,8 +165,7 @@ def derived_sources(results, shown, roles, folders, by_kind):
 
 
 def select_blocks(text, present):
-    """report.md with each `<!-- if NAME -->` block kept only where NAME is in `present` (`unless`: where not),
-    inner blocks first; then the figures left numbered in order (`图 #`)."""
+    """report.md's `<!-- if/unless NAME -->` blocks kept or dropped by `present`; the figures left numbered (`图 #`)."""
     while (kept := BLOCK.sub(lambda m: "\n" + m.group(3).strip("\n") + "\n\n"  # a paragraph of its own
                              if (m.group(2) in present) == (m.group(1) == "if") else "", text)) != text:
         text = kept
@@ -198,8 +194,7 @@ def look_up(sources, key):
 
 
 def fill(text, sources):
-    """(text with each placeholder replaced, [problem], [(placeholder, value, source)]); one that cannot be
-    filled stays as written, so a PDF is never made with a silent blank."""
+    """(text filled, [problem], [(placeholder, value, source)]); one that cannot be filled stays as written."""
     problems, used = [], []
 
     def one(match):

@@ -29,8 +29,7 @@ def save(fig, path, **options):
 
 
 def plot_lines(path, panels, title, hline=None, ymin0=None):
-    """panels: [(ylabel, {label: [(x, y)]}, xlabel)] side by side; hline = (panel, y, label) a dashed reference
-    line; ymin0 = a panel whose y axis starts at zero."""
+    """panels [(ylabel, {label: [(x, y)]}, xlabel)] side by side; hline (panel, y, label); ymin0: a panel from 0."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for i, (ax, (ylabel, series, xlabel)) in enumerate(zip(axes[0], panels)):
         if hline and hline[0] == i:
@@ -70,8 +69,7 @@ def lenet_curves(s, m, path):
 
 
 def lenet_images(where, images, out, problems):
-    """A LeNet-5 run's layer images, enlarged without smoothing and titled; one that is not a picture (damaged
-    events) is a problem line, not a figure."""
+    """A LeNet-5 run's layer images, enlarged without smoothing and titled; one not a picture: a problem line."""
     from PIL import Image
     lines = []
     for tag, file, title in LAYER_IMAGES:
@@ -136,9 +134,8 @@ def gpu_name(files):
 
 
 def busy_window(text):
-    """What a caption states of an nvidia-smi CSV: its sampling interval and, from the first to the last sample
-    at >= BUSY % (the training, not the start-up), utilisation's median and range, the median power; {} if
-    never busy."""
+    """An nvidia-smi CSV's sampling interval and, from its first to last sample at >= BUSY % (the training, not the
+    start-up), utilisation's median and range and the median power; {} if never busy."""
     series = smi_series(text)
     util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
     steps = sorted(b[0] - a[0] for a, b in zip(util, util[1:]))
@@ -198,8 +195,7 @@ def gpu_figure(runs, out):
 
 
 def ladder_figure(name, bench, out):
-    """Bars with each row's range over its repeats; the rungs in blue, the alternatives (leave-one-out,
-    candidates) in grey below a line; a failed row is left out."""
+    """Bars with each row's range: the rungs in blue, the alternatives in grey below a line, failed rows left out."""
     rungs = [r for r in bench["rungs"] if r.get("tokens_per_second")]
     speeds = [r["tokens_per_second"] for r in rungs]
     spans = [r.get("tokens_per_second_range") or [v, v] for r, v in zip(rungs, speeds)]

@@ -61,8 +61,7 @@ class GpuFolder:
 
 
 def packed_logs(path):
-    """{name: bytes} of a tarball, read whole now (a cut archive fails here); a member larger than a log can be
-    is refused from its header, before inflating."""
+    """{name: bytes} of a tarball read whole (a cut one fails here); an oversized member refused from its header."""
     files, total = {}, 0
     with tarfile.open(path) as tar:
         while (member := tar.next()) is not None:  # one header at a time: never a skip over a huge member
@@ -114,9 +113,8 @@ def read_gpu_folder(folder):
 
 
 def gpu_folders(gpu, results_dir, problems):
-    """The folders that may answer: --gpu, then those under results_dir (None: none), newest first (gpu_check.sh's
-    started_utc; an older layout by name, before any). A bare logs folder (gpu_check.sh's own report step) answers
-    with results_dir's JSON beside its logs."""
+    """The folders that may answer: --gpu, then those under results_dir (None: none), newest first; a bare logs
+    folder (gpu_check.sh's own report step) answers with results_dir's JSON beside its logs."""
     found = [read_gpu_folder(gpu)] if gpu else []
     if found and found[0].older and results_dir and not gpu.resolve().is_relative_to(results_dir.resolve()):
         for p in sorted(results_dir.glob("*.json")):
@@ -150,10 +148,8 @@ def answer(folders, pattern, older=True, results=False):
 
 
 def logged_process_seconds(found, stem):
-    """A run's process time from its folder's step log (results.json's ok steps, or the first folder's
-    steps_call*.log: `[25s] gpt-12M-cold: start` ... `[81s] gpt-12M-cold: rc=0`, a step without a start line
-    begun at the line before): the step whose name, less its kind, is the longest in the run's own name part
-    (gpt_run_12M-cold_standin_h200: gpt-12M-cold); None if none, or for a _callN run (its call was not logged)."""
+    """A run's process time from its folder's step log (results.json's steps, or steps_call*.log's `[25s] X: start`
+    ... `[81s] X: rc=0`): the longest step name inside the run's own (gpt_run_12M-cold_...: gpt-12M-cold)."""
     parts = stem.split("_")
     if found is None or len(parts) < 3 or re.search(r"_call\d+$", stem):
         return None
@@ -179,8 +175,7 @@ def logged_process_seconds(found, stem):
 
 
 def runs_archive_events(found, stem, into):
-    """A run's events in gpu_check.sh's runs.tar.gz (runs/<kind>/<GPU>-<name>/ for the stem
-    <kind>_run_<name>_<GPU>), extracted into `into`; None where the folder holds none."""
+    """The events of <kind>_run_<name>_<GPU> in runs.tar.gz's runs/<kind>/<GPU>-<name>/, extracted into `into`."""
     gpu = found.facts.get("gpu")
     prefix = re.match(r"(gpt|lenet)_run_(.+)_" + re.escape(str(gpu)) + "$", stem) if gpu else None
     if not prefix or not (found.folder / "runs.tar.gz").is_file():
@@ -210,8 +205,7 @@ def draw_slot(slot, folders, name, found, out):
 
 
 def slot_lines(folders, results_dir, out, wanted, todo, problems):
-    """Each slot in `wanted` (None: all) drawn from the first folder that answers it, a line with its image and
-    source; else a line (also in `todo`) saying what is missing and the command that fills it."""
+    """Each slot wanted (None: all) drawn from the first folder answering it, or (also in `todo`) what fills it."""
     lines = [f"GPU folders, first answering first: {', '.join(f'`{rel(f.folder)}`' for f in folders)}."
              if folders else f"No GPU results folder under `{rel(results_dir)}`.", ""]
     for slot, (what, pattern, steps) in SLOTS.items():

@@ -1,13 +1,14 @@
 """The inputs of a report, read without trusting them: run folders (metrics.json, event files) and every JSON
 under the results folder. What cannot be used becomes one line in `problems`, never an exception."""
+import contextlib
 import json
 import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+from tensorboard.compat.tensorflow_stub import errors
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
 
 from data import files
 
@@ -39,8 +40,7 @@ class RunFolder:
 
 @dataclass
 class Run:
-    """The run a section shows: a named run folder or a committed JSON (`path`, `stem`), its events folder and
-    their stable name, and the gpu.GpuFolder it came from."""
+    """The run a section shows: a named run folder or a committed JSON (`path`, `stem`), and its events."""
     alias: str
     kind: str
     metrics: dict
@@ -60,28 +60,23 @@ def rel(path):
         return str(path)
 
 
-def finite(text):
+def number(text):
+    """A JSON number a table can print: NaN, Infinity, 1e999 or a 400-digit integer is a ValueError."""
+    if text in ("NaN", "Infinity", "-Infinity"):
+        raise ValueError(f"{text} is not a number a table can print (a strict writer writes null)")
+    if text.lstrip("-").isdigit():
+        if len(text.lstrip("-")) > 300:  # beyond a float's range, `.1f` raises OverflowError
+            raise ValueError(f"the number {text[:12]}… ({len(text)} digits) does not fit a float")
+        return int(text)
     if not math.isfinite(value := float(text)):
         raise ValueError(f"the number {text} does not fit a float")
     return value
 
 
-def refuse_constant(name):
-    raise ValueError(f"{name} is not a number a table can print (a strict writer writes null)")
-
-
-def finite_int(text):
-    """An integer a table can print (beyond a float's range, `.1f` raises OverflowError)."""
-    if len(text.lstrip("-")) > 300:
-        raise ValueError(f"the number {text[:12]}… ({len(text)} digits) does not fit a float")
-    return int(text)
-
-
 def load_json(text):
-    """json.loads refusing NaN/Infinity, integers beyond a float and nesting deeper than MAX_DEPTH (measured
-    level by level, without recursion), each a ValueError."""
+    """json.loads, with NaN, integers beyond a float and nesting deeper than MAX_DEPTH each a ValueError."""
     try:
-        value = json.loads(text, parse_constant=refuse_constant, parse_float=finite, parse_int=finite_int)
+        value = json.loads(text, parse_constant=number, parse_float=number, parse_int=number)
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
     depth, level = 0, [value]
@@ -132,18 +127,12 @@ def newest_run(root, problems):
 
 
 def check_event_file(path):
-    """Walk the TFRecord framing (length, CRC, payload, CRC): tensorboard's reader stops silently at
-    corruption, which would make a broken file look like a short run."""
-    data, pos = path.read_bytes(), 0
-    while pos < len(data):
-        header, crc = data[pos:pos + 8], data[pos + 8:pos + 12]
-        if len(crc) < 4 or struct.pack("<I", masked_crc32c(header)) != crc:
-            raise ValueError(f"bad record header at byte {pos}")
-        end = pos + 12 + struct.unpack("<Q", header)[0]
-        payload, crc = data[pos + 12:end], data[end:end + 4]
-        if len(crc) < 4 or struct.pack("<I", masked_crc32c(payload)) != crc:
-            raise ValueError(f"bad or truncated record at byte {pos}")
-        pos = end + 4
+    """Read every record, its CRCs checked: tensorboard's loader stops silently at corruption (a broken file would
+    look like a short run)."""
+    reader = PyRecordReader_New(str(path))
+    with contextlib.suppress(errors.OutOfRangeError):  # the end of the file
+        while True:
+            reader.GetNext()
 
 
 def load_events(run_dir, problems):
@@ -179,8 +168,7 @@ def find_runs(runs, runs_root, problems):
 
 
 def load_results(results_dir, problems, prefix=""):
-    """{prefix + path under results_dir: (its JSON, where from)} for every JSON there that parses; each entry of
-    gpu_check.sh's results.json as if a file beside it (a damaged results.json: gpu.py names it)."""
+    """{prefix + path: (its JSON, where from)} of each JSON under results_dir (results.json's entries: each one)."""
     out = {}
     for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
         key = prefix + path.relative_to(results_dir).as_posix()

@@ -102,8 +102,7 @@ def tokenizer_table(t):
 # ----------------------------------------------------------------------------- tables the report's text shows
 
 def gpu_runs_table(runs, headline):
-    """A GPU folder's GPT runs [(stem, metrics, process seconds or None, how)], the headline in bold, each number
-    rounded as the report's text quotes it."""
+    """A GPU folder's GPT runs [(stem, metrics, seconds, how)], the headline bold, rounded as the text quotes."""
     rows = ["| 运行 | 词表 | 编译 | 进程时间 | 训练循环（其中编译） | token/s | MFU | 训练 / 验证损失 | bits/byte |",
             "|---|---|---|---|---|---|---|---|---|"]
     for stem, m, seconds, how in runs:
@@ -155,8 +154,7 @@ def ladder_cells(bench):
 
 
 def ladder_compare(gpu, cpu, where, then=None):
-    """The ladder on the GPU beside the CPU's, row by row; `then`: what the GPU column's last rung was when older
-    code measured it (that code's default, not today's)."""
+    """The ladder on the GPU beside the CPU's; `then`: what older code's last rung was (its default, not today's)."""
     columns = [(f"{where}，{gpu.get('repeats', 1)} 次", ladder_cells(gpu))] if gpu else []
     if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
         columns[0][1][last] += f"：{then}"
