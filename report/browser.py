@@ -227,22 +227,7 @@ def kept_screenshots(out, shown):
     return keep + [SOURCES] if keep else []
 
 
-PDF_CSS = """
-body { font-family: "Noto Sans CJK SC", "Noto Sans", sans-serif; font-size: 10pt; line-height: 1.45; margin: 0; }
-h1 { font-size: 18pt; } h2 { font-size: 14pt; border-bottom: 1px solid #999; } h3 { font-size: 12pt; }
-h1, h2, h3, h4 { break-after: avoid; }
-img { max-width: 100%; max-height: 72mm; display: block; margin: 4px auto; }
-img[src$="lenet_tensorboard_layers.png"] { max-height: 105mm; }  /* tall (4 cards): its digits readable */
-img[src*="nvidia_smi_"] { max-height: 62mm; }  /* a terminal's text: legible smaller */
-figure { margin: 0; break-inside: avoid; } figure p { margin: 4px 0; }
-figure.half { display: inline-block; width: 49%; vertical-align: top; }
-table { border-collapse: collapse; font-size: 8.5pt; margin: 6px 0; }
-td, th { border: 1px solid #bbb; padding: 2px 5px; }
-tr { break-inside: avoid; } thead { display: table-header-group; }
-code, pre { font-family: "Noto Sans Mono CJK SC", monospace; font-size: 8.5pt; } pre { white-space: pre-wrap; }
-blockquote { color: #444; border-left: 3px solid #bbb; margin-left: 0; padding-left: 10px; }
-@page { size: A4; margin: 14mm 14mm; }
-"""
+PDF_CSS = Path(__file__).with_name("pdf.css")  # the printed report's style
 # Chinese text needs no space where a source line was broken; beside full-width punctuation never. Inline tags
 # (<strong>, <code>) beside the break are looked through: "。\n<strong>语" is "。<strong>语", not "。 语"
 CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
@@ -273,7 +258,7 @@ def report_html(markdown_text):
     h1 = re.search(r"<h1[^>]*>(.*?)</h1>", body, re.S)
     title = html_lib.escape(html_lib.unescape(re.sub(r"<[^>]+>", "", h1.group(1))).strip()) if h1 else "report"
     return (f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><title>{title}</title>'
-            f"<style>{PDF_CSS}</style></head><body>{body}</body></html>")
+            f"<style>{PDF_CSS.read_text()}</style></head><body>{body}</body></html>")
 
 
 def write_pdf(markdown_path, pdf_path, text=None):
