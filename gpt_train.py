@@ -8,9 +8,8 @@
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
     python gpt_train.py --profile ...                         # + one steady step under torch.profiler
 
-Reading order: training/model.py (GPT-2 with HF's names) -> training/step.py (one optimizer step, a why per
-acceleration) -> train_loop() below, then set_up() and finish(). Flags: training/gpt_flags.py; the loop's
-instruments: training/watch.py. `process_seconds` counts from the process's start, split into `phases`.
+Reading order: training/model.py -> training/step.py (one optimizer step, a why per acceleration) ->
+train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/watch.py.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -34,9 +33,9 @@ from data.tokenizer import open_tokenizer
 from training import checkpoints, device, metrics, runfiles, sample, step
 from training.batches import batch_stream, check_enough, evaluate
 from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
-from training.clock import Phases, process_seconds
 from training.final import save_final
 from training.gpt_flags import PRESETS, parse_args
+from training.lifecycle import Phases, process_seconds
 from training.model import GPT, model_config
 from training.signals import StopFlag
 from training.watch import StepWatch
@@ -64,8 +63,7 @@ class Setup:
 
 
 def train_loop(setup, state, stop):
-    """Optimizer steps until the budget is spent or a signal stops the run; evaluation and checkpoints as
-    due, off the step's clock (the instruments: StepWatch)."""
+    """Optimizer steps until the budget is spent or a signal stops the run; evaluations, checkpoints as due."""
     args, budget, train_step = setup.args, setup.budget, setup.train_step
     batches = batch_stream(setup.blocks["train"], train_step.accelerator, budget.micro_batch, args.global_batch,
                            args.seed, state.micro_batches)
@@ -80,7 +78,7 @@ def train_loop(setup, state, stop):
             grad_norm = watch.run(train_step, batches, n_micro, lr)  # forward, backward, clip, AdamW
             tokens = n_micro * budget.tokens_per_micro
             state.step += 1
-            state.lr_step += not watch.skipped()  # an fp16 step skipped by the scaler does not advance the LR
+            state.lr_step += not watch.skipped  # an fp16 step skipped by the scaler does not advance the LR
             state.micro_batches += n_micro
             state.tokens_seen += tokens
             when = due(state.step, args, budget.total_steps)
@@ -98,7 +96,7 @@ def train_loop(setup, state, stop):
                 train_step.accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; "
                                              f"run again with --out-dir {setup.out_dir} to resume", file=sys.stderr)
                 break
-    watch.close()
+    watch.perf.close()  # this process's compile seconds into the run's
     return watch
 
 
@@ -113,7 +111,8 @@ def lr_at(step, peak, total, warmup_fraction):
 
 def log_point(setup, state, watch, grad_norm, lr, bar):
     """Every --log-every steps and at the end: the loss curve, throughput, TensorBoard, the bar."""
-    mean_loss, tps = watch.mean_loss(), watch.perf.window_tokens_per_second()
+    mean_loss = watch.losses.mean(setup.train_step.accelerator)  # over all processes: a sync point
+    tps = watch.perf.window_tokens_per_second()
     if not math.isfinite(mean_loss):
         ckpt, _ = checkpoints.latest_checkpoint(setup.out_dir)
         raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
@@ -122,9 +121,8 @@ def log_point(setup, state, watch, grad_norm, lr, bar):
     if tps:
         state.throughput.append([state.step, tps])
     if setup.writer:
-        scalars = metrics.scalars(setup.info, setup.budget, mean_loss, grad_norm, lr, tps,
-                                  setup.train_step.accelerator.device)
-        for k, v in scalars.items():
+        for k, v in metrics.scalars(setup.info, setup.budget, mean_loss, grad_norm, lr, tps,
+                                    setup.train_step.accelerator.device).items():
             setup.writer.add_scalar(k, v, state.step)
     bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()
 
@@ -149,8 +147,7 @@ def save_checkpoint(setup, state, watch):
 # ----------------------------------------------------------------------------- the phases
 
 def set_up(args, argv, stack, phases):
-    """Device decisions, the run folder and inputs (checked before any work), the data, the model and its
-    step, a resume's state -> (Setup, TrainState, corpus statistics)."""
+    """Devices, the run folder and inputs (checked before any work), data, model -> (Setup, TrainState, stats)."""
     decisions = device.decide(args.precision, args.compile)
     if decisions.compile_mode != "off":
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
@@ -219,8 +216,7 @@ def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state
 
 
 def finish(setup, state, stats, watch, stop):
-    """The final validation; then the metrics first (a full disk at final/ keeps them), final/, the samples,
-    and the metrics again with the whole process's time."""
+    """Validation; the metrics (first: a full disk at final/ keeps them), final/, samples, the metrics again."""
     args, phases, train_step = setup.args, setup.phases, setup.train_step
     main = train_step.accelerator.is_main_process
     profile = watch.profile and {**watch.profile, "device_name": setup.info["device_name"]}
@@ -251,8 +247,7 @@ def finish(setup, state, stats, watch, stop):
 
 
 def write_metrics(setup, results, watch):
-    """metrics.json and --metrics-out, with the job's clock: this process's seconds, the run's over all its
-    processes, and where they went (a compiled run's first-step compile split out of the loop)."""
+    """metrics.json and --metrics-out with the job's clock (a first step's compile split out of the loop)."""
     spent, now = setup.phases.record()
     compiled = watch.perf.compile_seconds_here
     if setup.info["compile"] != "off" and compiled:
@@ -265,8 +260,7 @@ def write_metrics(setup, results, watch):
 
 
 def close_writer(setup, at_step, profile):
-    """The phases into TensorBoard, then its file closed; the run is saved by now, so a failing disk here
-    costs the last events only, said in a warning."""
+    """The phases into TensorBoard, closed; the run is saved by now: a failing disk here is a warning."""
     try:
         setup.phases.log(setup.writer, at_step)
         for name, seconds in (profile or {}).get("groups", {}).items():

@@ -8,9 +8,8 @@ from training.device import eager_mode
 
 
 def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed):
-    """This process's micro-batches, epoch after epoch, after the first `consumed`. Each epoch's order is
-    fixed by (seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would; each epoch
-    is cut to whole global batches, so N processes see what one sees, across epoch ends too."""
+    """This process's micro-batches after the first `consumed`. Each epoch's order is fixed by (seed, epoch):
+    a resume sees what an uninterrupted run would; whole global batches: N processes see what one sees."""
     cuda = accelerator.device.type == "cuda"
 
     def loader(epoch):  # sharded across processes by accelerate; pinned memory, non-blocking copies
@@ -35,8 +34,7 @@ def check_enough(blocks, global_batch):
 
 @torch.no_grad()
 def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
-    """Mean loss per token over the first max_batches x `unit` sequences (default micro_batch) of each
-    process's shard (a resume with another micro-batch measures the same ones); eager: no recompiles."""
+    """Mean loss per token of max_batches x `unit` sequences (the same for any micro_batch); eager: no compiles."""
     left = max_batches * (unit or micro_batch)
     model.eval()
     loader = prepare_data_loader(epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),

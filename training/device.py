@@ -1,5 +1,4 @@
-"""What this device can do, decided once per process: precision, torch.compile and its cache, the peak
-FLOP/s that MFU is measured against; the reason for each `auto` choice is here."""
+"""What this device can do, decided once per process (precision, compile, MFU's peak); why each `auto` is here."""
 import contextlib
 import os
 import platform
@@ -28,7 +27,7 @@ class Device:
     compile_mode: str
     peak: float | None  # the GPU's tensor-core FLOP/s, for MFU
     note: str  # why an `auto` choice went the way it did
-    tf32: bool = False  # fp32 matmuls on TF32 tensor cores (tf32_applies)
+    tf32: bool = False  # fp32 matmuls on TF32 tensor cores (sm80+)
 
 
 def decide(precision_flag, compile_flag):
@@ -46,7 +45,7 @@ def decisions_for(device_type, capability, precision_flag, compile_flag, name=""
     cuda = device_type == "cuda"
     precision = resolve_precision(precision_flag, device_type, capability, not cuda and cpu_has_bf16())
     compile_mode, note = resolve_compile(compile_flag, device_type, capability)
-    tf32 = tf32_applies(device_type, capability)
+    tf32 = cuda and capability >= (8, 0)  # TF32 tensor cores: elsewhere "tf32 on" would measure nothing
     return Device(name, precision, compile_mode, peak_flops(name, precision, tf32) if cuda else None, note, tf32)
 
 
@@ -58,7 +57,6 @@ def cpuinfo():
 
 
 def cpu_name():
-    """The processor's model name, else what the platform module says."""
     found = re.search(r"^model name\s*:(.*)$", cpuinfo(), re.MULTILINE)
     return found.group(1).strip() if found else platform.processor() or platform.machine()
 
@@ -72,8 +70,7 @@ def device_name(device):
 
 
 def resolve_precision(requested, device_type, capability, cpu_bf16=False):
-    """auto: bf16 where it is native (sm80+ tensor cores, AVX512-BF16/AMX CPUs); else fp16 + GradScaler on
-    a GPU (a 2080 Ti would emulate bf16) and fp32 on a CPU."""
+    """auto: bf16 where native (sm80+, AVX512-BF16/AMX), else fp16 on a GPU (a 2080 Ti emulates bf16), fp32."""
     gpu_bf16 = device_type == "cuda" and capability >= (8, 0)
     if requested == "auto":
         if device_type == "cuda":
@@ -93,18 +90,12 @@ def cpu_has_bf16():
 
 
 def resolve_compile(requested, device_type, capability):
-    """(mode, note). auto: off everywhere: in 12M tokens a cold compile costs seconds that the compiled
-    steps, a few percent faster, do not win back (report/results/README.md). Below sm70: one line."""
+    """auto: off, as in 12M tokens the faster steps do not win a cold compile back (report/results/README.md)."""
     if requested == "auto":
         return "off", "torch.compile off (a 12M-token run does not repay a cold compile; --compile regional)"
     if requested != "off" and not compile_supported(device_type, capability):
         raise UserError(f"--compile {requested}: inductor needs sm70+, this GPU is sm{capability[0]}{capability[1]}")
     return requested, ""
-
-
-def tf32_applies(device_type, capability):
-    """TF32 tensor cores exist from sm80 on: elsewhere a "tf32 on" line or ladder rung would measure nothing."""
-    return device_type == "cuda" and capability >= (8, 0)
 
 
 def compile_supported(device_type, capability):
@@ -113,8 +104,7 @@ def compile_supported(device_type, capability):
 
 
 def compile_model(model, mode, backend="inductor"):
-    """The module the steps call. regional: each block compiled in place (the twelve share one graph;
-    names, checkpoints and DDP unchanged); whole: one graph of the model."""
+    """regional: each block compiled in place (one graph for all twelve; names, DDP unchanged); whole: one."""
     if mode == "regional":
         for block in getattr(model, "module", model).h:  # under DDP: the wrapped model's blocks
             block.compile(backend=backend)
@@ -123,11 +113,9 @@ def compile_model(model, mode, backend="inductor"):
 
 
 def use_compile_cache(directory):
-    """Inductor's and Triton's caches in `directory` (on the home file system, shared by the nodes, unlike
-    /tmp: a requeued job finds its kernels); user settings win. Unwritable: one line before any work."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(directory) / "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(Path(directory) / "triton"))
-    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+    """Compile caches on the home file system, shared by the nodes (a requeued job finds its kernels)."""
+    for variable, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        os.environ.setdefault(variable, str(Path(directory) / sub))  # the user's setting wins
         named = "--compile-cache" if os.environ[variable].startswith(str(directory)) else variable
         try:
             files.check_output_dir(os.environ[variable], named)
@@ -135,17 +123,13 @@ def use_compile_cache(directory):
             raise UserError(f"{e}; give a writable --compile-cache or --compile off") from None
 
 
-PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)  # a lost node fails the job in minutes, not NCCL's 30
-
-
 def ddp_handlers(precision):
-    """accelerate's kwargs for several processes: gradients all-reduced in 16 bits where training is (half
-    the bytes; cast back to fp32 for the optimizer), kept in DDP's buckets (no second copy)."""
+    """DDP's gradients all-reduced in 16 bits where training is (half the bytes), in its buckets (no copy)."""
     from accelerate.utils import DDPCommunicationHookType as Hook
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
     hook = {"bf16": Hook.BF16, "fp16": Hook.FP16}.get(precision, Hook.NO)
     return [DistributedDataParallelKwargs(comm_hook=hook, gradient_as_bucket_view=True),
-            InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)]
+            InitProcessGroupKwargs(timeout=timedelta(minutes=5))]  # a lost node: minutes, not NCCL's 30
 
 
 def eager_mode():
@@ -174,8 +158,7 @@ def mfu(tokens_per_second, flops_per_tok, peak, world):
 
 
 def sdpa_backend(cfg, precision, device):
-    """The kernel SDPA runs for this model's heads ("flash_attention", "math", ...): the dispatcher's own
-    choice (torch._fused_sdp_choice) for one causal training call; None where this torch cannot say."""
+    """The SDPA kernel the dispatcher picks for this model's causal training call; None if torch cannot say."""
     from torch.nn.attention import SDPBackend
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     q = torch.zeros(1, cfg.n_head, cfg.n_positions, cfg.n_embd // cfg.n_head, device=device, dtype=dtype,
@@ -189,9 +172,7 @@ def sdpa_backend(cfg, precision, device):
 def gpu_stats(device):
     stats = {"gpu/memory_allocated_GiB": torch.cuda.memory_allocated(device) / 2**30,
              "gpu/max_memory_allocated_GiB": torch.cuda.max_memory_allocated(device) / 2**30}
-    try:  # NVML (nvidia-ml-py); without it only the allocator's numbers
+    with contextlib.suppress(Exception):  # NVML (nvidia-ml-py); without it only the allocator's numbers
         stats["gpu/utilization_percent"] = torch.cuda.utilization(device)
         stats["gpu/memory_used_GiB"] = torch.cuda.device_memory_used(device) / 2**30
-    except Exception:
-        pass
     return stats

@@ -31,7 +31,6 @@ def build_parser():
     add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
     add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
-
     add = p.add_argument_group("optimisation and accelerations").add_argument
     add("--lr", type=number(float, 0, low_open=True), default=lab["lr"], help=f"peak learning rate (tiny {tiny['lr']})")
     add("--warmup", type=number(float, 0, 1, high_open=True), default=0.1, help="warm-up, fraction of the steps")
@@ -44,7 +43,6 @@ def build_parser():
     add("--compile-cache", type=path_flag, default=CACHE_HOME / "torch-compile", help="inductor/Triton cache")
     add("--fused-adamw", choices=["on", "off"], default="on", help="the whole AdamW update in one kernel")
     add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
-
     outputs = p.add_argument_group("evaluation, checkpoints and outputs")
     add = outputs.add_argument
     add("--out-dir", type=path_flag, default=None, help="the run's folder: new, empty, or one of gpt_train.py's "

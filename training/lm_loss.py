@@ -1,10 +1,6 @@
-"""The language-model loss without the full logits (`gpt_train.py --loss chunked`, a speed candidate).
-
-The plain loss keeps (tokens, vocabulary) fp32 logits for the backward: 4 GiB per global batch on the lab
-shape. Here each chunk of tokens gets its logits, its loss and at once the logits' gradient (softmax -
-one-hot) / tokens, turned straight into the hidden states' and LM head's gradients (as Liger-Kernel's
-fused linear cross-entropy): one chunk's logits at a time, and a backward that only scales.
-"""
+"""The LM loss without the full fp32 logits (4 GiB per lab batch; `--loss chunked`, a speed candidate): each
+chunk of tokens gets its logits, loss and at once the logits' gradient (softmax - one-hot) / tokens, turned
+into the hidden states' and LM head's gradients (as Liger-Kernel's fused linear cross-entropy)."""
 import torch
 import torch.nn.functional as F
 

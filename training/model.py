@@ -13,8 +13,7 @@ from training import lm_loss
 
 @dataclass
 class GPTConfig:
-    """GPT2Config's fields this model reads, with its defaults (GPT-2 small): final/config.json is a
-    GPT2Config's. Not the class itself: importing transformers costs a second of start-up."""
+    """GPT2Config's fields and defaults (GPT-2 small), not the class: importing transformers costs a second."""
     vocab_size: int
     n_positions: int = 1024
     n_embd: int = 768
@@ -30,7 +29,7 @@ class GPTConfig:
     eos_token_id: int | None = None
 
     def to_transformers(self):
-        """As GPT2Config's config.json holds it: transformers' Auto* classes open it by its model_type."""
+        """As GPT2Config's config.json holds it (transformers' Auto* classes open it by model_type)."""
         return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "tie_word_embeddings": True,
                 **asdict(self)}
 
@@ -111,8 +110,8 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None, cache=None):
-        """The mean loss; without targets the next token's logits (B, V). cache: sampling's [keys, values]
-        per block (empty lists at first), extended in place; idx then holds only the tokens after them."""
+        """The mean loss; without targets the next token's logits (B, V). cache: sampling's [keys, values] per
+        block, extended in place; idx then holds only the tokens after those cached."""
         past = cache[0][0].size(2) if cache and cache[0] else 0
         x = self.wte(idx) + self.wpe(torch.arange(past, past + idx.size(1), device=idx.device))  # (B, T, C)
         for i, block in enumerate(self.h):
@@ -130,8 +129,7 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 
 
 def to_transformers(state_dict):
-    """The project's state_dict -> GPT2LMHeadModel's: the `transformer.` prefix, Conv1D's transposed
-    weights, and no lm_head.weight (tied to wte: one copy on disk, as safetensors requires)."""
+    """-> GPT2LMHeadModel's: Conv1D's weights transposed; no lm_head.weight (tied: safetensors wants one copy)."""
     return {f"transformer.{k}": (v.t() if k.endswith(CONV1D) else v).detach().cpu().contiguous()
             for k, v in state_dict.items() if k != "lm_head.weight"}
 

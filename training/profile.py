@@ -1,8 +1,7 @@
-"""One training step under torch.profiler, its time split into GROUPS by what the hardware was doing, so
-that an acceleration can be shown removing a part of the step (`gpt_train.py --profile`, the ladder).
-Each operator's own time (a GPU's kernels, a CPU's own time) goes to the scope() it ran in, else to a group
-by its name (group_of); `idle` is the rest of the wall time (launch overhead, syncs, Python).
-"""
+"""One step under torch.profiler, its time split into GROUPS, so that an acceleration can be shown removing
+a part of it: each operator's own time goes to its scope(), else to a group by its name (group_of); `idle`
+is the rest of the wall time (launch overhead, syncs, Python)."""
+import collections
 import contextlib
 import time
 
@@ -63,17 +62,16 @@ def profiled(step, device, trace_dir=None):
 def grouped(events, wall, cuda):
     """{"groups": {group: seconds} summing to `wall`, "top_ops": [[operator, group, seconds]...]}."""
     from torch.autograd import DeviceType
-    seconds, ops = dict.fromkeys(GROUPS, 0.0), {}
+    seconds, ops = dict.fromkeys(GROUPS, 0.0), collections.Counter()
     for event in events:
         own = own_time_us(event, cuda) if event.device_type == DeviceType.CPU else 0  # kernels: via their op
         if own > 0:
             group = enclosing_scope(event) or group_of(event.name)
             seconds[group] += own / 1e6
-            ops[(event.name, group)] = ops.get((event.name, group), 0.0) + own / 1e6
+            ops[(event.name, group)] += own / 1e6
     seconds["idle"] = max(0.0, wall - sum(seconds.values()))
-    top = sorted(ops.items(), key=lambda item: -item[1])[:TOP_OPS]
     return {"groups": {k: round(v, 6) for k, v in seconds.items()},
-            "top_ops": [[name, group, round(s, 6)] for (name, group), s in top]}
+            "top_ops": [[name, group, round(s, 6)] for (name, group), s in ops.most_common(TOP_OPS)]}
 
 
 def own_time_us(event, cuda):
@@ -84,9 +82,6 @@ def own_time_us(event, cuda):
 
 def enclosing_scope(event):
     """The group of the innermost scope() around `event`, or None."""
-    parent = event
-    while parent is not None:
-        if parent.name in SCOPES:
-            return SCOPES[parent.name]
-        parent = parent.cpu_parent
-    return None
+    while event is not None and event.name not in SCOPES:
+        event = event.cpu_parent
+    return SCOPES[event.name] if event else None

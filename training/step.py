@@ -1,7 +1,5 @@
-"""The training step, built in one place: gpt_train.py's loop and every row of the acceleration ladder
-(benchmarks/gpt_bench.py) get it from build(), so the ladder measures the step that trains.
-
-Why each acceleration (where `auto` decides, per device: training/device.py):
+"""The training step, built in one place (build()) for gpt_train.py and every ladder row, so the ladder
+measures the step that trains. Why each acceleration (where `auto` decides: training/device.py):
   precision      16-bit matmuls on tensor cores, half the bytes; fp16 needs loss scaling (GradScaler)
   TF32           what stays fp32 runs on tensor cores too, with a 10-bit mantissa (sm80+)
   SDPA           attention in one fused kernel, no T x T matrix in memory (the metrics name the kernel)
@@ -44,7 +42,6 @@ class Recipe:
 
 
 def resolve(args, decisions):
-    """gpt_train.py's flags and this device's decisions -> (Accelerations, Recipe)."""
     accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32,
                                   compile=decisions.compile_mode, fused_adamw=args.fused_adamw == "on", loss=args.loss)
     return accelerations, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
@@ -82,7 +79,6 @@ def build(model, accelerations, recipe, accelerator):
 
 @dataclass
 class TrainStep:
-    """One optimizer step, called as train_step(batches, n_micro, lr, add_loss); what it trains is its fields."""
     accelerator: object
     model: torch.nn.Module  # DDP-wrapped with several processes: checkpoints and evaluation use it
     train_model: torch.nn.Module  # the same module, compiled: the training steps call it
@@ -91,8 +87,7 @@ class TrainStep:
     recipe: Recipe
 
     def __call__(self, batches, n_micro, lr, add_loss):
-        """One optimizer step over the next `n_micro` micro-batches; add_loss(loss / n_micro) on the device.
-        Returns the gradient norm before clipping (a device tensor: reading it is a sync point)."""
+        """One optimizer step over `n_micro` micro-batches -> the gradient norm (reading it: a sync point)."""
         accelerator, model = self.accelerator, self.model
         for i in range(n_micro):  # gradients accumulate; DDP all-reduces them after the last one only
             with scope("data"):
@@ -115,7 +110,6 @@ class TrainStep:
         opt = self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer
         keys = ("lr", "betas", "eps", "weight_decay", "fused", "foreach", "amsgrad", "maximize")
         scaler = self.accelerator.scaler
-        net = self.accelerator.unwrap_model(self.model)
         return {**asdict(self.accelerations), "recipe": asdict(self.recipe), "optimizer": type(opt).__name__,
                 "param_groups": [{**{k: g.get(k) for k in keys}, "params": sum(p.numel() for p in g["params"])}
                                  for g in opt.param_groups],
@@ -123,7 +117,7 @@ class TrainStep:
                 "mixed_precision": self.accelerator.mixed_precision,
                 "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                 "compiled": self.train_model is not self.model or self.accelerations.compile == "regional",
-                "attention_kernel": attention_kernel(net, self.accelerations)}
+                "attention_kernel": attention_kernel(self.accelerator.unwrap_model(self.model), self.accelerations)}
 
 
 def attention_kernel(net, accelerations):

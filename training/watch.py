@@ -1,9 +1,6 @@
 """The training loop's instruments behind one object, StepWatch, so that gpt_train.py's loop shows only
-training: the step's clock (Throughput), the loss summed between log points (LossWindow), fp16's skipped
-steps (SkippedSteps), the profiled step (training/profile.py), the stop every process agrees on.
-Sync points are named where they happen: the first step and one followed by untimed work (an evaluation,
-a checkpoint) wait for the GPU before the clock stops, so that work does not absorb the step's kernels.
-"""
+training: the step's clock (Throughput), the loss between log points (LossWindow), fp16's skipped steps,
+the profiled step (training/profile.py) and the stop every process agrees on."""
 import functools
 import time
 
@@ -22,7 +19,7 @@ class StepWatch:
         # --profile: a steady step (not a process's first), never the run's last
         self.profile_at = min(state.step + 1, total_steps - 1) if profile_dir else -1
         self.profile_dir, self.profile, self.state = profile_dir, None, state
-        self.t0 = self.profiling = None
+        self.t0 = self.profiling = self.skipped = None
 
     def run(self, train_step, batches, n_micro, lr):
         """The step's clock starts; train_step runs (under the profiler at --profile's step)."""
@@ -34,38 +31,26 @@ class StepWatch:
         else:
             grad_norm = one_step()
         self.losses.steps += 1
+        self.skipped = self.skips.last_skipped()  # fp16: the gradients overflowed, the scaler skipped the step
         return grad_norm
-
-    def skipped(self):
-        """fp16: the scaler skipped this step (the gradients overflowed)."""
-        return self.skips.last_skipped()
-
-    def mean_loss(self):
-        """The mean training loss since the last log point, over all processes: a sync point."""
-        return self.losses.mean(self.accelerator)
 
     def step_done(self, tokens, synced, untimed_work_follows):
         """The step's clock stops; returns whether every process stops after this step (a signal)."""
         first = self.perf.first_step_seconds is None
         if self.cuda and not synced and (first or untimed_work_follows):
-            torch.cuda.synchronize()  # sync point: the step's GPU work is done before the clock stops
+            torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
         stopping = self.agreement(at_sync_point=synced or first or untimed_work_follows)
         self.perf.step_done(time.perf_counter() - self.t0, tokens, steady=not self.profiling)  # profiler: overhead
         return stopping
 
-    def close(self):
-        self.perf.close()
-
 
 class Throughput:
-    """The timed loop's seconds. A process's first step pays for compilation and warm-up: its extra time
-    over the mean steady step is `compile_seconds`; tokens/s and MFU count only the later, unprofiled steps."""
+    """The timed loop's seconds: tokens/s of the steady steps; the first step's extra time is compile_seconds."""
 
     def __init__(self, state):
         self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
         self.first_step_seconds = None
-        self.steady_steps = 0  # this process's, since it started
-        self.steady_seconds_here = 0.0
+        self.steady_steps, self.steady_seconds_here = 0, 0.0  # this process's, since it started
         self.compile_seconds_here = 0.0  # this process's part of compile_seconds (its phases split it out)
         self.window = [0.0, 0]  # steady seconds, tokens since the last log point
 
@@ -100,8 +85,7 @@ class Throughput:
 
 
 class LossWindow:
-    """The training loss summed on the device since the last log point (no sync per step); checkpointed,
-    so a resumed run's first point averages the same steps as an uninterrupted one's."""
+    """The loss summed on the device since the last log point (no sync per step); checkpointed (resumes)."""
 
     def __init__(self, saved, device):
         total, self.steps = saved
@@ -123,8 +107,7 @@ class LossWindow:
 
 
 class SkippedSteps:
-    """fp16: whether GradScaler skipped the step just taken, read from its scale, lowered exactly on inf/NaN
-    (with a fused AdamW accelerate's optimizer_step_was_skipped cannot tell: the kernel itself skips)."""
+    """GradScaler skipped the last step if it lowered its scale (fused AdamW: accelerate cannot tell)."""
 
     def __init__(self, scaler):
         self.scaler = scaler
