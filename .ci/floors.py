@@ -1,6 +1,5 @@
-"""Print requirements.txt with each floor made exact (name>=X -> name==X) for CI's floors environment:
-generated, so the pins never drift from the declared floors. Usage: python .ci/floors.py requirements.txt
-"""
+"""`python .ci/floors.py requirements.txt`: each floor made exact (name>=X -> name==X) for CI's floors
+environment; generated, so the pins never drift from the declared floors."""
 import re
 import sys
 from pathlib import Path

@@ -18,8 +18,7 @@ SPLITS = ("train", "validation")
 
 
 def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None):
-    """({split: tensor}, wos.tokenize_blocks' stats) of `text` (content `sha256`): from the cache where it
-    verifies, else made from the text (or the caller's `splits`) and cached if the cache can be written."""
+    """({split: tensor}, stats) of `text` (content `sha256`): the verified cache, else made and cached."""
     folder = packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed)
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
@@ -48,8 +47,7 @@ def packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed):
 
 
 def read_packed(folder, block_size, vocab_size):
-    """The packed blocks and their stats; ValueError where a file is not its manifest's or holds ids outside
-    the vocabulary."""
+    """The packed blocks and their stats; ValueError where a file is not its manifest's or not a vocabulary's."""
     if problem := files.manifest_problem(folder, [f"{name}.npy" for name in SPLITS]):
         raise ValueError(problem)
     blocks = {}

@@ -1,13 +1,11 @@
-"""MNIST for lenet5.py: its IDX files parsed here (every header field checked), the whole set held as one
-uint8 tensor on the training device. A batch is one gather + normalise there instead of one PIL image and
-ToTensor per sample, which is what makes an epoch take seconds.
+"""MNIST for lenet5.py: the IDX files parsed here (every header field checked), the whole set one uint8 tensor
+on the training device; a batch is one gather + normalise there, not a PIL image and ToTensor per sample.
 """
 import gzip
 import math
 import struct
 import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,7 +29,6 @@ class MNISTError(UserError):
 def read_idx(path):
     """One IDX file (magic 0, 0, dtype, ndim; ndim big-endian uint32 sizes; the bytes) as a uint8 tensor. The
     read is bounded by the header: a .gz that inflates to gigabytes stops one byte past what it promises."""
-    path = Path(path)
     try:
         with (gzip.open(path) if path.suffix == ".gz" else open(path, "rb")) as f:
             raw = f.read(4)
@@ -61,8 +58,7 @@ def _lookup(roots, name):
 
 
 def find_mnist(data_dir, download):
-    """{split: (images, labels)} under data_dir or data_dir/MNIST/raw, downloaded (torchvision: md5-checked)
-    if missing and allowed."""
+    """{split: (images, labels)} under data_dir or data_dir/MNIST/raw, downloaded if missing and allowed."""
     roots = [data_dir / "MNIST" / "raw", data_dir]
     names = [name for pair in FILES.values() for name in pair]
     if download and any(_lookup(roots, n) is None for n in names):
@@ -72,8 +68,7 @@ def find_mnist(data_dir, download):
                 TorchvisionMNIST(root=data_dir, train=train, download=True)
         except Exception as e:  # offline, proxy, full disk
             print(f"warning: MNIST download failed ({type(e).__name__}: {reason(e)})", file=sys.stderr)
-    missing = [n for n in names if _lookup(roots, n) is None]
-    if missing:
+    if missing := [n for n in names if _lookup(roots, n) is None]:
         raise MNISTError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "
                          f"(from https://ossci-datasets.s3.amazonaws.com/mnist/), or pass --data-dir")
     return {split: tuple(_lookup(roots, n) for n in pair) for split, pair in FILES.items()}
@@ -122,8 +117,7 @@ class MNIST(Dataset):
 
 
 class Batches:
-    """One pass over `dataset` a batch at a time: a seeded permutation, drawn on the CPU, copied to the
-    device once per pass and sliced there (a GPU batch needs no copy of its indices)."""
+    """One pass over `dataset`: a seeded permutation, drawn on the CPU, copied to the device once and sliced."""
 
     def __init__(self, dataset, batch_size, shuffle, seed=0):
         self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle

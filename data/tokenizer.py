@@ -31,7 +31,6 @@ def default_tokenizer():
 
 @dataclass(frozen=True)
 class LoadedTokenizer:
-    """A tokenizer and what the scripts need to know about it."""
     tokenizer: Tokenizer
     source: str             # the file or folder it was read from
     sha256: str             # of its canonical JSON (Tokenizer.to_str()): keys the token cache, names the tokenizer

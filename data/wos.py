@@ -1,5 +1,4 @@
-"""The Web of Science text pipeline, shared by tokenizer_train.py and gpt_train.py (the tokenizer
-they read it with: data/tokenizer.py).
+"""The Web of Science text pipeline of tokenizer_train.py and gpt_train.py (their tokenizer: data/tokenizer.py).
 
     X.txt (one abstract per line)
       -> what it is, by content (stand-in, WOS46985, other) corpus_identity()
@@ -169,7 +168,7 @@ def read_splits(path, val_fraction, seed, cache_dir, fresh):
         raw = datasets.load_dataset("text", data_files={"documents": str(Path(path).resolve())}, split="documents",
                                     cache_dir=str(cache_dir), encoding_errors="replace",
                                     download_mode="force_redownload" if fresh else None)
-        docs = raw.map(lambda b: {"text": [t.strip() for t in b["text"] if t.strip()]}, batched=True,
+        docs = raw.map(lambda b: {"text": [s for t in b["text"] if (s := t.strip())]}, batched=True,
                        desc="strip, drop blank lines", load_from_cache_file=not fresh)
         n_val = max(1, round(len(docs) * val_fraction))
         if n_val >= len(docs):
@@ -196,14 +195,13 @@ def check_blocks_fit(splits, block_size):
                             f"smaller --seq-len, --seq-len 0 (no token cache), or more text")
 
 
-def tokenize_blocks(splits, tokenizer, block_size, num_proc=None):
+def tokenize_blocks(splits, tokenizer, block_size):
     """(DatasetDict of {"input_ids": block_size ids}, {split: {docs, tokens, bytes, from_cache}}). As in HF's
     run_clm, each map batch of 1000 documents drops its last partial block (< 0.5% of the tokens)."""
     if (eot := tokenizer.token_to_id(EOT)) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
     datasets = need_datasets()
-    if num_proc is None:  # worker processes pay off only on a large corpus
-        num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None
+    num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None  # workers: a large corpus
 
     def tokenize(batch):
         ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]

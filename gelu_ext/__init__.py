@@ -1,5 +1,4 @@
-"""GELU, tanh approximation, three ways: `gelu_python` (a Python autograd.Function, needs no build) and
-`gelu` / the module `GELU` (the compiled op: C++ on the CPU, CUDA on a GPU)."""
+"""GELU (tanh): `gelu_python` (an autograd.Function, needs no build); `gelu`, `GELU` (the C++/CUDA op)."""
 from .function import GELUFunction, PythonGELU, gelu_python
 from .ops import BUILD_HINT, GELU, ExtensionNotBuilt, build_info, built_with_cuda, gelu, is_built
 

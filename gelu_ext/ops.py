@@ -1,8 +1,6 @@
-"""The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward (C++ on CPU, CUDA on GPU).
-
-csrc/ defines the ops, their kernels and their autograd (csrc/autograd.cpp: no Python per call). Left here:
-register_fake (shape and dtype without a kernel, so torch.compile can trace it) and register_vmap (an
-elementwise op maps over a batch as it is, instead of functorch's slow per-sample loop).
+"""The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward (C++ on CPU, CUDA on GPU), whose kernels
+and autograd are csrc/'s (no Python per call). Here: register_fake (shape and dtype without a kernel, so
+torch.compile can trace it) and register_vmap (an elementwise op maps over a batch as it is).
 """
 import torch
 import torch.nn as nn
