@@ -159,8 +159,7 @@ def latest_checkpoint(out_dir):
     """(the newest checkpoint that verifies, [(name, why skipped) for newer ones that did not])."""
     skipped = []
     for path in sorted(Path(out_dir).glob("ckpt-*[0-9]"), reverse=True):  # complete renames only
-        problem = manifest_problem(path)
-        if problem is None:
+        if (problem := manifest_problem(path)) is None:
             return path, skipped
         skipped.append((path.name, problem))
     return None, skipped

@@ -22,8 +22,7 @@ from training.device import eager_mode
 from training.final import load_run
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag
 
-PROMPT_TOKENS = 16  # of each fixed validation prompt
-N_PROMPTS = 2
+N_PROMPTS, PROMPT_TOKENS = 2, 16  # the fixed validation prompts: how many, tokens each
 TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations at the end of training
 GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and dividing by less can overflow
 MAX_TOKENS = 100_000  # past n_positions each token is a whole pass: hours at the lab shape on a CPU; a typo
