@@ -230,7 +230,7 @@ def finish(setup, state, stats, watch, stop):
                                        setup.info), **info, "profile": profile}
     if main:
         write_metrics(setup, results, watch)
-    save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer, metrics_kept=True)
+    save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer)
     phases.switch("sampling")
     if main and args.sample_tokens:
         results["samples"] = sample.final_samples(train_step, setup.tokenizer, setup.blocks["validation"],

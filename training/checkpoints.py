@@ -71,7 +71,7 @@ def load_state(ckpt):
     return TrainState(**{**saved, "resumed": True}), identity
 
 
-def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
+def save_checkpoint(accelerator, out_dir, state, identity):
     """accelerate's save_state into ckpt-N.tmp, a manifest, then a rename: a killed write leaves no ckpt-N."""
     final = out_dir / f"ckpt-{state.step:07d}"
     tmp = final.with_name(final.name + ".tmp")
@@ -89,7 +89,7 @@ def save_checkpoint(accelerator, out_dir, state, identity, keep=2):
     if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)  # the same step saved before (a resumed run stopped again at once)
         os.replace(tmp, final)
-        for old in sorted(out_dir.glob("ckpt-*[0-9]"))[:-keep]:
+        for old in sorted(out_dir.glob("ckpt-*[0-9]"))[:-2]:  # the newest two: one may be damaged later
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
@@ -204,7 +204,7 @@ def continue_position(state, saved, micro):
     return saved.get("budget_micro_batch") or old or micro
 
 
-def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None, force=False):
+def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs, force):
     """(out_dir, checkpoint or None): the outputs checked, the folder opened (runfiles.open_run), an attempt
     without a checkpoint set aside; the main process's answer."""
     ckpt = None
@@ -215,7 +215,7 @@ def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs=None, force=Fa
             if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
                 outputs[f"--out-dir's {name}"] = out_dir / name
         runfiles.check_outputs_not_inputs({**outputs, "--metrics-out": metrics_out},  # last: a clash names it first
-                                          {k: v for k, v in (inputs or {}).items() if v and Path(v).exists()})
+                                          {k: v for k, v in inputs.items() if v and Path(v).exists()})
         if metrics_out:
             runfiles.check_output(metrics_out, "--metrics-out", force, own_run=out_dir)
         if runfiles.open_run(out_dir, PROGRAM, stack):

@@ -19,15 +19,14 @@ HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
-def save_final(accelerator, model, out_dir, tokenizer, metrics_kept=False):
-    """After a successful run, outside the timed loop: final/ written into final.tmp and renamed. metrics_kept:
-    the metrics were written first, which a failure says."""
+def save_final(accelerator, model, out_dir, tokenizer):
+    """After a successful run and its metrics, outside the timed loop: final/ written into final.tmp and renamed."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final = out_dir / Path(FINAL_WEIGHTS).parent
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        with failed_write_explained(tmp, "the final weights", lambda folder: final_remains(folder, metrics_kept)):
+        with failed_write_explained(tmp, "the final weights", final_remains):
             tmp.mkdir()
             write_final(accelerator.unwrap_model(model), tokenizer, tmp)
         shutil.rmtree(final, ignore_errors=True)
@@ -35,12 +34,11 @@ def save_final(accelerator, model, out_dir, tokenizer, metrics_kept=False):
     accelerator.wait_for_everyone()
 
 
-def final_remains(out_dir, metrics_kept):
+def final_remains(out_dir):
     ckpt, _ = checkpoints.latest_checkpoint(out_dir)
-    kept = [f"the metrics are in {out_dir / 'metrics.json'}"] if metrics_kept else []
-    kept.append(f"the newest weights are in the optimizer checkpoint {ckpt}" if ckpt else
-                "no checkpoint holds the weights (--ckpt-every 0, or the run ended before the first one)")
-    return "; ".join(kept)
+    weights = (f"the newest weights are in the optimizer checkpoint {ckpt}" if ckpt else
+               "no checkpoint holds the weights (--ckpt-every 0, or the run ended before the first one)")
+    return f"the metrics are in {out_dir / 'metrics.json'}; {weights}"
 
 
 def config_sha256(config):
