@@ -34,7 +34,6 @@ from training.flags import Parser, add_output_flags, number, path_flag, path_or_
 def train_bpe(docs, vocab_size, min_frequency=2):
     """Byte-level BPE, GPT-2 style: any byte sequence encodes, nothing is ever unknown."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -46,8 +45,8 @@ def train_bpe(docs, vocab_size, min_frequency=2):
 
 
 def load_comparison(spec):
-    """--compare's tokenizer (data/tokenizer.py), before any training. A hub name not to be had offline is a note
-    (None); a path that is not a tokenizer is the user's mistake: one line, before the work."""
+    """--compare's tokenizer, or None: a hub name not to be had offline is a note, a path that is not a tokenizer
+    the user's mistake (one line, before the work)."""
     if spec == "none":
         return None
     try:
@@ -73,12 +72,10 @@ def measures(tokenizer, docs, spec="none", other=None):
                                        "val_token_ratio_per_doc"])
     theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)]
     ratios = sorted(len(a) / len(b) for a, b in zip(own, theirs))
-    return result | {"compare_source": other.source, "compare_sha256": other.sha256,
-                     "compare_vocab_size": other.vocab_size,
-                     "gpt2_val_bytes_per_token": n_bytes / sum(map(len, theirs)),
-                     "val_docs_own_fewer_tokens": sum(r < 1 for r in ratios),
-                     "val_token_ratio_per_doc": {"median": statistics.median(ratios), "min": ratios[0],
-                                                 "max": ratios[-1]}}
+    spread = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+    return result | {"compare_source": other.source, "compare_sha256": other.sha256, "compare_vocab_size":
+                     other.vocab_size, "gpt2_val_bytes_per_token": n_bytes / sum(map(len, theirs)),
+                     "val_docs_own_fewer_tokens": sum(r < 1 for r in ratios), "val_token_ratio_per_doc": spread}
 
 
 def token_cache(splits, tokenizer, args, text, sha256):

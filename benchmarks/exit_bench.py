@@ -8,7 +8,7 @@ Each run is `torchrun --nproc_per_node 2` of one small job (gloo on CPU, acceler
 
     plain        return from the script (what gpt_train.py did before)
     destroy      accelerator.end_training(), i.e. destroy_process_group(), then return
-    no_teardown  training.signals.no_teardown_after_collectives (what gpt_train.py does now)
+    no_teardown  training.lifecycle.no_teardown_after_collectives (what gpt_train.py does now)
 
 A run counts as aborted when a rank printed "terminate called" (a gloo worker thread dropped a
 finished collective's last reference while Python was finalizing: exit -6, a failed torchrun).
@@ -36,7 +36,7 @@ import contextlib
 import sys
 import torch
 from accelerate import Accelerator
-from training.signals import no_teardown_after_collectives
+from training.lifecycle import no_teardown_after_collectives
 
 def job(mode):
     accelerator = Accelerator(cpu=True)

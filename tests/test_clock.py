@@ -1,4 +1,4 @@
-"""training/clock.py and every script's clock: `process_seconds` is the process as `time` sees it (from its
+"""training/lifecycle.py's clock and every script's: `process_seconds` is the process as `time` sees it (from its
 start as the OS records it, imports included), its `phases` sum to it, and a slow phase shows in its own slot."""
 import json
 import signal
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import REPO, run_script, tiny_args, wait_for
-from training import clock
+from training import lifecycle
 
 SUM_TOLERANCE = 0.02  # the phases sum to the process time within 2% (rounding to the millisecond aside)
 TICK = 0.02  # the OS records a process's start in clock ticks (10 ms): it may read up to a tick early
@@ -33,7 +33,7 @@ def assert_clock(metrics, wall, names):
 
 
 def test_phases_give_every_second_to_one_phase_and_nest():
-    phases = clock.Phases(imports=(0.01, 0.02))
+    phases = lifecycle.Phases(imports=(0.01, 0.02))
     phases.switch("data")
     with phases.of("evaluation"):
         time.sleep(0.05)
@@ -46,7 +46,7 @@ def test_phases_give_every_second_to_one_phase_and_nest():
 
 
 def test_process_seconds_count_from_the_process_start_not_from_the_import():
-    code = "import time; time.sleep(0.6); from training.clock import process_seconds; print(process_seconds())"
+    code = "import time; time.sleep(0.6); from training.lifecycle import process_seconds; print(process_seconds())"
     done, wall = timed([sys.executable, "-c", code], cwd=REPO)
     assert 0.6 <= float(done.stdout) <= wall + TICK
 

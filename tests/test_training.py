@@ -18,7 +18,7 @@ from conftest import REPO, free_port, tmpfs
 from data import wos
 from data.blocks import pack
 from data.tokenizer import open_tokenizer
-from training import UserError, batches, budget, device, metrics, signals, watch
+from training import UserError, batches, budget, device, lifecycle, metrics, signals, watch
 from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
 from training.model import GPT, model_config
 
@@ -188,7 +188,7 @@ def leave_without_teardown():
     """The end of a spawned test rank, as gpt_train's ranks end (test_ranks_leave_with_their_code...):
     a last barrier, then out without the interpreter's teardown, where a gloo worker could abort a
     finished rank and fail a test whose values were all written."""
-    with signals.no_teardown_after_collectives():
+    with lifecycle.no_teardown_after_collectives():
         pass
 
 
@@ -216,7 +216,7 @@ def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
 EXITING_RANK = """
 import atexit, pathlib, sys
 from accelerate import Accelerator
-from training.signals import no_teardown_after_collectives
+from training.lifecycle import no_teardown_after_collectives
 
 def main():
     accelerator = Accelerator(cpu=True)  # gloo ranks when RANK/WORLD_SIZE say so

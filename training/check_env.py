@@ -1,12 +1,11 @@
 """Is this environment ready? One line a check, `ok` or what to do; run it on the login node before queueing.
 
-    python -m training.check_env                      # for everything: lenet5.py and the GPT scripts
-    python -m training.check_env --for lenet5         # only what lenet5.py needs (--data-dir as lenet5.py's)
-    python -m training.check_env --for lenet5 --act cpp   # ... with the own GELU op, which must then be built
+    python -m training.check_env                          # for lenet5.py and the GPT scripts
+    python -m training.check_env --for lenet5 --act cpp   # only what lenet5.py needs, with the own GELU op
     python -m training.check_env --for gpt --text ../shared/data/wos-standin/X.txt --metrics-out env.json
 
-Nothing is downloaded, built or written (but --metrics-out); each package is imported, not only looked up.
-A node without a GPU is fine (a login node: the jobs get one); a line with `todo` would stop a job: exit 1.
+Nothing is downloaded, built or written (but --metrics-out); each package is imported, not only looked up. No
+GPU is fine (a login node: the jobs get one); a line with `todo` would stop a job: exit 1.
 """
 import importlib.metadata
 import re
@@ -19,7 +18,6 @@ from pathlib import Path
 from data import data_root, files
 from data.files import UserError
 from training import lifecycle, runfiles
-from training.clock import Phases
 from training.flags import Parser, add_output_flags
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,11 +50,11 @@ def package_problem(name, floor):
 
 
 def check_python_and_packages(requirements=REPO / "requirements.txt"):
-    version, lines = sys.version.split()[0], requirements.read_text().splitlines()
-    python = ok("python", f"{version} ({sys.executable})")
-    if sys.version_info[:2] < PYTHON_FLOOR:
-        python = todo("python", f"{version} is older than %d.%d: use a newer conda/Python" % PYTHON_FLOOR)
-    floors = (re.match(r"^\s*([A-Za-z0-9._-]+)\s*>=\s*([^\s#,;]+)", line) for line in lines)  # `name>=X` lines
+    version = sys.version.split()[0]
+    python = (ok("python", f"{version} ({sys.executable})") if sys.version_info[:2] >= PYTHON_FLOOR else
+              todo("python", f"{version} is older than %d.%d: use a newer conda/Python" % PYTHON_FLOOR))
+    floors = (re.match(r"^\s*([A-Za-z0-9._-]+)\s*>=\s*([^\s#,;]+)", line)  # `name>=X` lines
+              for line in requirements.read_text().splitlines())
     problems = [p for p in (package_problem(m[1], m[2]) for m in floors if m) if p]
     if not problems:
         return [python, ok("packages", "requirements.txt's floors met; each imports")]
@@ -100,8 +98,7 @@ def check_torch_driver_gpu(torch, driver):
 
 
 def check_gelu_ext(torch, act):
-    """The compiled GELU op: a todo only where it will be used (`--act cpp`; the CPU try-out never builds it). nvcc
-    is gelu_ext/setup.py's to judge."""
+    """The compiled GELU op: a todo only where it will be used (`--act cpp`; the CPU try-out never builds it)."""
     import gelu_ext
     cuda = torch.version.cuda
     build = ((f"module load cuda/{cuda} (nvcc's CUDA major must be torch's), then " if cuda else "")
@@ -132,12 +129,12 @@ def check_data(args, needed):
     except UserError as e:
         checks.append(todo("corpus", str(e)))
     spec, local = args.tokenizer, tokenizer.repository_copy(args.tokenizer)
+    problem = (f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where the node has "
+               f"internet; else put its folder at {local}")
     try:  # local_copy looks a hub name up without the network (and refuses what is no hub name)
         if Path(spec).expanduser().exists() or tokenizer.looks_like_a_path(spec) or tokenizer.local_copy(spec):
             loaded = tokenizer.open_tokenizer(spec)
             return checks + [ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")]
-        problem = (f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where the node has "
-                   f"internet; else put its folder at {local}")
     except UserError as e:
         problem = str(e)
     return checks + [todo("tokenizer", f"{problem} (or python tokenizer_train.py to make "
@@ -156,7 +153,7 @@ def run_checks(args):
 
 
 def main(argv=None):
-    phases = Phases().switch("inputs")  # "startup": the interpreter's start-up and this module's imports
+    phases = lifecycle.Phases().switch("inputs")  # "startup": the interpreter's start-up and this module's imports
     from data import tokenizer
     p = Parser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
     p.add_argument("--for", dest="use", choices=sorted(USES), default="all",

@@ -24,7 +24,7 @@ class LeNetRun:
     digits: torch.Tensor  # a fixed set of test digits for the feature-map images
     out_dir: Path
     device: torch.device
-    phases: object  # training.clock.Phases: where the process's seconds go (loop, evaluation, logging)
+    phases: object  # training.lifecycle.Phases: where the process's seconds go (loop, evaluation, logging)
     writer: object = None  # TensorBoard's SummaryWriter (open_writer)
     history: list = field(default_factory=list)  # per epoch: test loss and accuracy
     curve: list = field(default_factory=list)  # [step, training loss] every --log-every steps

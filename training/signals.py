@@ -1,8 +1,6 @@
-"""Stop signals: USR1/TERM (Slurm's warning, a scancel) remembered from gpt_train.py's first line, before torch's
-import (lifecycle.start(stops=True)); the StopFlag for the run, its agreement across ranks; the exit."""
+"""gpt_train.py's stop signals: USR1/TERM (Slurm's warning, a scancel) remembered from its first line, before
+torch's import (lifecycle.start(stops=True)); the StopFlag for the run, its agreement across ranks."""
 import atexit
-import contextlib
-import os
 import signal
 import sys
 
@@ -20,31 +18,6 @@ def ignore_stops():
     after USR1) would turn a checkpointed run's 3 (gpt.sh requeues on it) into 143. SIG_IGN survives the reset."""
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def no_teardown_after_collectives(agreed=(0,)):
-    """Around a script's main(): leave with main()'s exit code without the interpreter's teardown. In a
-    multi-process run the backend's worker thread can hold the last reference to a finished collective; dropped
-    while Python finalizes, the process aborts (exit -6) and torchrun calls a finished run failed, whatever
-    destroy_process_group does (benchmarks/exit_bench.py). One process: torch's teardown costs ~0.3-0.7 s of a
-    2-core VM's process time for nothing. `agreed`: the exit codes every rank reaches together (0; gpt_train's
-    STOP_EXIT_CODE), after a last barrier."""
-    code = 0
-    try:
-        yield
-    except SystemExit as e:
-        code = e.code
-    dist = sys.modules.get("torch.distributed")  # not loaded: no process group to wait for
-    several = dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    if several and (code or 0) in agreed:
-        dist.barrier()  # not after an error: the other ranks may never come (torchrun ends them)
-    if isinstance(code, str):  # sys.exit("error: ...") as Python would: the message, status 1
-        print(code, file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
 
 
 class StopFlag:
