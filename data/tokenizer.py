@@ -40,7 +40,6 @@ class LoadedTokenizer:
 
 
 def open_tokenizer(spec):
-    """`spec`: a tokenizer.json, a folder, or a hub name (see the module docstring)."""
     spec, path = str(spec), Path(spec).expanduser()
     if path.exists() or looks_like_a_path(spec):
         tokenizer, source = tokenizer_from_path(path), str(path)
