@@ -34,11 +34,7 @@ def printed(args):
 
 def writable(path, flag):
     """Its nearest existing folder is a writable folder on a disk with room, said in one line before any work."""
-    parent = path.resolve()
-    while not parent.exists():
-        parent = parent.parent
-    if parent == path.resolve():
-        parent = parent.parent
+    parent = next(p for p in path.resolve().parents if p.exists())
     if not parent.is_dir():
         raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK) or os.statvfs(parent).f_flag & os.ST_RDONLY:
