@@ -58,8 +58,7 @@ def find_browser():
 
 @contextlib.contextmanager
 def serve_tensorboard(logdir):
-    """A real TensorBoard server on logdir (127.0.0.1 only); its base URL once it lists a run with scalars, else
-    (after 90 s) None."""
+    """A real TensorBoard server on logdir (127.0.0.1); its URL once it lists scalars, None if not within 90 s."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -193,8 +192,7 @@ def tensorboard_screenshots(runs, out, problems):
 
 
 def run_screenshots(run, base, out, lines, problems, taken):
-    """The SHOTS of one run through the front (outlier-ignoring off: every curve's full range); False after
-    Chromium failed."""
+    """One run's SHOTS through the front (outlier-ignoring off: each curve's full range); False if Chromium failed."""
     with storage_front(base, TENSORBOARD_SETTINGS) as front:
         for file, page, height in SHOTS.get(run.kind, []):
             path, target = out / file, urllib.parse.quote(f"/?darkMode=false#{page}", safe="")

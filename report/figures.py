@@ -134,8 +134,7 @@ def gpu_name(files):
 
 
 def busy_window(text):
-    """An nvidia-smi CSV's sampling interval and, from its first to last sample at >= BUSY % (the training, not the
-    start-up), utilisation's median and range and the median power; {} if never busy."""
+    """An nvidia-smi CSV's interval and, while training (first to last sample >= BUSY %), utilisation and power."""
     series = smi_series(text)
     util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
     steps = sorted(b[0] - a[0] for a, b in zip(util, util[1:]))

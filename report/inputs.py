@@ -127,8 +127,7 @@ def newest_run(root, problems):
 
 
 def check_event_file(path):
-    """Read every record, its CRCs checked: tensorboard's loader stops silently at corruption (a broken file would
-    look like a short run)."""
+    """Every record read, CRCs checked: tensorboard's loader stops silently at corruption (a seeming short run)."""
     reader = PyRecordReader_New(str(path))
     with contextlib.suppress(errors.OutOfRangeError):  # the end of the file
         while True:

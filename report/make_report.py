@@ -171,8 +171,7 @@ def committed(args):
 
 
 def check_args(args):
-    """The user's mistakes, before any work, one line each; returns report.md's text. No output overlaps an
-    input, neither lands in a run, --pdf-out replaces a PDF only."""
+    """The user's mistakes, before any work, one line each (no output over an input or in a run); report.md's text."""
     out, pdf = out_dir(args), args.pdf_out
     inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
@@ -213,8 +212,7 @@ def check_args(args):
 
 
 def imported_gpu(args):
-    """--gpu, except a gpu_check.sh OUT outside report/results for the committed report: its small files copied
-    first into report/results/<GPU>-<date>/."""
+    """--gpu; for the committed report, a gpu_check.sh OUT first copied into report/results/<GPU>-<date>/."""
     if not args.gpu or not committed(args) or args.runs or args.runs_root or not (args.gpu / "results.json").is_file() \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
         return args.gpu
@@ -234,9 +232,8 @@ def imported_gpu(args):
 # ----------------------------------------------------------------------------- inputs and output
 
 def gather(args, report_text, scratch, gpu_folder=None):
-    """Every input, read once, and report.md's blocks they can fill. A student's runs named: none of the team's
-    runs or GPU folders stands in for one missing (a named run that cannot be read is "no run found"), unless
-    --gpu names one."""
+    """Every input, read once, and report.md's blocks they can fill. A student's runs named: none of the team's runs
+    or GPU folders stands in for one missing (an unreadable one is "no run found"), unless --gpu names one."""
     r = Report([], {}, args.results, named=bool(args.runs or args.runs_root))
     r.by_kind = find_runs(args.runs, args.runs_root, r.problems)
     r.results = load_results(args.results, r.problems)
