@@ -1,6 +1,6 @@
-"""What every benchmark does alike: --metrics-out refused before the long part (an existing file replaced only
-with --force), the facts a result is read with later (command, commit, torch), median and range of a few noisy
-repeats, the strict JSON written."""
+"""What every benchmark does alike: --metrics-out checked before the long part (an existing file replaced only
+with --force) and rewritten atomically, the facts a result is read with later (command, commit, torch), the
+median and range of a few interleaved repeats."""
 import statistics
 import subprocess
 import sys
@@ -21,7 +21,7 @@ def parser(doc, metrics_help="write the results here as JSON", **kw):
 
 
 def check_metrics_out(args):
-    """A --metrics-out that may not be written is one line and exit 1, before any measuring."""
+    """A --metrics-out that may not be written: one line and exit 1, before any measuring."""
     if args.metrics_out:
         try:
             runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
@@ -30,7 +30,7 @@ def check_metrics_out(args):
 
 
 def write(args, result):
-    """`result` into --metrics-out, if given (rewritten whole, atomically: a cut run leaves the last version)."""
+    """`result` into --metrics-out, if given (whole, atomically: a cut run leaves the last version)."""
     if args.metrics_out:
         try:
             write_json(args.metrics_out, result)
@@ -44,16 +44,16 @@ def git(*cmd):
 
 
 def run_facts(script, argv):
-    """The command as typed, the commit measured ("+ uncommitted changes" where the code differs from it; the
-    results folder, where the JSON goes, is not code) and torch's version."""
+    """The command as typed, the commit measured (+ uncommitted changes to the code, the results folder aside)
+    and torch's version."""
     import torch
     args = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    commit = git("rev-parse", "HEAD")
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!report/results")
+    commit = git("rev-parse", "HEAD")
     return {"command": " ".join(["python", f"benchmarks/{Path(script).name}", *args]),
             "commit": commit and commit + (" + uncommitted changes" if changed else ""), "torch": torch.__version__}
 
 
 def median_range(key, values):
-    """{key: median, key_range: [min, max]}: how every benchmark here reports a few interleaved repeats."""
+    """{key: median, key_range: [min, max]}."""
     return {key: statistics.median(values), f"{key}_range": [min(values), max(values)]}

@@ -1,19 +1,12 @@
 """How often does a finished 2-rank job abort at exit? Three ways to end it, interleaved.
 
     python benchmarks/exit_bench.py --runs 20 --hogs 1 --metrics-out exit_bench_cpu.json
-    (the committed report/results/ file of that name was made so; writing there replaces it)
 
-Each run is `torchrun --nproc_per_node 2` of one small job (gloo on CPU, accelerate, a DDP Linear,
-5 AdamW steps, a last barrier), ended one of three ways:
-
-    plain        return from the script (what gpt_train.py did before)
-    destroy      accelerator.end_training(), i.e. destroy_process_group(), then return
-    no_teardown  training.lifecycle.no_teardown_after_collectives (what gpt_train.py does now)
-
-A run counts as aborted when a rank printed "terminate called" (a gloo worker thread dropped a
-finished collective's last reference while Python was finalizing: exit -6, a failed torchrun).
-The abort needs a busy machine: --hogs starts that many CPU-bound processes beside the runs, and the
-load average is recorded. The modes alternate, so the machine's drift hits all of them alike.
+Each run is `torchrun --nproc_per_node 2` of JOB (gloo on CPU, accelerate, a DDP Linear, 5 AdamW steps, a last
+barrier), ended by returning (plain), by accelerator.end_training() (destroy), or inside
+training.lifecycle.no_teardown_after_collectives (gpt_train.py's way). A run counts as aborted when a rank
+printed "terminate called" (a gloo thread dropped a finished collective's last reference while Python was
+finalizing). The abort needs a busy machine: --hogs CPU-bound processes run beside, the load is recorded.
 """
 import argparse
 import os
@@ -23,11 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 import common
 from common import REPO
 from training import device
+from training.flags import number
 
 MODES = ("plain", "destroy", "no_teardown")
 
@@ -57,29 +49,25 @@ with no_teardown_after_collectives() if sys.argv[1] == "no_teardown" else contex
 
 def parse_args(argv=None):
     p = common.parser(__doc__, "write the counts here (JSON)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--runs", type=int, default=20, help="runs of each mode")
+    p.add_argument("--runs", type=number(int, 1), default=20, help="runs of each mode")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--hogs", type=int, default=1, help="CPU-bound processes beside the runs")
-    p.add_argument("--timeout", type=float, default=300, help="seconds for one run")
-    args = p.parse_args(argv)
-    if args.runs < 1 or args.hogs < 0:
-        p.error("--runs must be at least 1 and --hogs at least 0")
-    return args
+    p.add_argument("--hogs", type=number(int, 0), default=1, help="CPU-bound processes beside the runs")
+    return p.parse_args(argv)
 
 
-def one_run(script, mode, timeout):
-    """(outcome, last lines of output): "ok", "aborted" (terminate called) or "failed" (anything else)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+def one_run(script, mode):
+    """"ok", "aborted" (terminate called) or "failed" (anything else), and the output's end."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), mode]
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     except subprocess.TimeoutExpired:
-        return "failed", f"no end after {timeout} s"
-    output = result.stdout + result.stderr
+        return "failed", "no end after 300 s"
+    output = done.stdout + done.stderr
     if "terminate called" in output:
         return "aborted", output[-1500:]
-    return ("ok" if result.returncode == 0 else "failed"), output[-1500:]
+    return ("failed" if done.returncode else "ok"), output[-1500:]
 
 
 def main(argv=None):
@@ -92,13 +80,14 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmp:
             script = Path(tmp) / "job.py"
             script.write_text(JOB)
-            for _ in tqdm(range(args.runs), desc="rounds"):
+            for r in range(args.runs):  # the modes alternate: the machine's drift hits all alike
                 for mode in args.modes:
-                    outcome, tail = one_run(script, mode, args.timeout)
+                    outcome, tail = one_run(script, mode)
                     counts[mode]["runs"] += 1
                     counts[mode][outcome] += 1
                     if outcome == "failed":
                         print(f"\n{mode}: failed without an abort:\n{tail}", file=sys.stderr)
+                print(f"round {r + 1} of {args.runs}", flush=True)
     finally:
         for hog in hogs:
             hog.kill()

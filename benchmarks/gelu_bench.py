@@ -1,16 +1,12 @@
 """GELU forward+backward: ATen, the lab's composite formula, the Python Function, the C++/CUDA op.
 
     python benchmarks/gelu_bench.py --metrics-out gelu_bench_cpu.json
-    (the committed report/results/ file of that name was made so; writing there replaces it)
     python benchmarks/gelu_bench.py --device cuda --metrics-out gelu_bench_gpu.json   # adds a device copy
 
-One process, the same inputs; the implementations take turns in a random order, --repeats rounds, each sample
---calls back-to-back forward+backward calls (per-call time reported: on a GPU the host's launch
-work overlaps the kernels, as in a training loop). Per size: the median and range of each, and
-ext/ATen both as a ratio of medians and per round. Bytes moved per element and pass: forward reads
-x and writes y, backward reads grad and x and writes dx: 5 x itemsize. Where the op cannot run
-(not built; on a GPU, built without its CUDA kernel) the others are still measured, and the JSON
-says why the op is missing.
+The implementations take turns in a random order, --repeats rounds of back-to-back forward+backward calls
+each (per-call time: on a GPU the launches overlap the kernels, as in training); per size the median and
+range of each, ext/ATen per round. Bytes per element: forward reads x, writes y; backward reads grad and x,
+writes dx (5 x itemsize).
 """
 import json
 import os
@@ -43,12 +39,8 @@ class SeedGELU(torch.autograd.Function):
         return grad * (0.5 * x * ((1 - t * t) * (0.797885 + 0.107032 * x * x)) + 0.5 * (1 + t))
 
 
-IMPLS = {
-    "aten": lambda x: F.gelu(x, approximate="tanh"),
-    "seed": SeedGELU.apply,
-    "python": gelu_ext.gelu_python,
-    "ext": gelu_ext.gelu,
-}
+IMPLS = {"aten": lambda x: F.gelu(x, approximate="tanh"), "seed": SeedGELU.apply, "python": gelu_ext.gelu_python,
+         "ext": gelu_ext.gelu}
 RATIOS = {"ext_vs_aten": ("aten", "ext"), "ext_vs_seed": ("seed", "ext"), "ext_vs_copy": ("copy", "ext"),
           "aten_vs_copy": ("copy", "aten")}  # the first one's time over the second's: above 1, the second is faster
 
@@ -76,9 +68,8 @@ def time_once(fn, device):
 
 
 def timed_round_robin(fns, device, repeats):
-    """Seconds of each fn in each round. Each round runs the fns in a new random order (seeded), so
-    drift on a noisy machine hits them alike and none always runs right after the same neighbour
-    (on a GPU at its power cap, whatever follows the heavy composite formulas runs at lower clocks)."""
+    """Seconds of each fn in each round, each round in a new random (seeded) order: drift hits all alike and
+    none always follows the same neighbour (on a GPU at its power cap, what follows the composites is slower)."""
     names, order = list(fns), random.Random(0)
     times = {name: [] for name in names}
     for r in range(repeats + 1):  # round 0 warms up caches and the allocator
@@ -87,15 +78,6 @@ def timed_round_robin(fns, device, repeats):
             if r:
                 times[name].append(seconds)
     return times
-
-
-def default_calls(n, device):
-    """Back-to-back calls per sample: enough that a sample is not one call's launch latency or a
-    timer tick. On a GPU at least 10 (with 2-4, a sample's first launch latency left 2^24-2^26
-    rounds ranging 0.4-1.9x on an H200, while 20-call runs of ext and ATen agreed within 1-2%)."""
-    if device.type == "cuda":
-        return max(10, min(100, 2**28 // n))
-    return max(1, min(1000, 2**20 // n))
 
 
 def ext_missing_reason(device):
@@ -134,12 +116,10 @@ def measure_size(n, impls, device, dtype, repeats, calls):
 
 
 def kernel_times(n, impls, dtype, runs=5):
-    """The CUDA kernels' own time (torch.profiler), per kernel, for `runs` forward+backward calls of
-    each implementation at n elements: the device side alone, with no host time in it."""
+    """The CUDA kernels' own time (torch.profiler) per kernel, `runs` calls of ATen and the op at n elements."""
     from torch.profiler import ProfilerActivity, profile
     x = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
-    grad = torch.randn_like(x)
-    calls = [forward_backward(impls[name], x, grad, runs) for name in ("aten", "ext")]
+    calls = [forward_backward(impls[name], x, torch.randn_like(x), runs) for name in ("aten", "ext")]
     for call in calls:  # warm-up
         call()
     torch.cuda.synchronize()
@@ -152,8 +132,7 @@ def kernel_times(n, impls, dtype, runs=5):
 
 
 def max_backward_error(n=1_000_000):
-    """Largest |dx - exact| over n float32 inputs, the exact value computed in float64: the ext's
-    and ATen's (the accuracy claim in gelu_ext/README.md)."""
+    """Largest |dx - exact| of the op's and ATen's over n float32 inputs, exact in float64 (gelu_ext/README)."""
     x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
     grad = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     errors = {}
@@ -166,69 +145,50 @@ def max_backward_error(n=1_000_000):
 
 def parse_args(argv):
     p = common.parser(__doc__, "write the table here as JSON")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="(default: %(default)s)")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
-                   help="(default: %(default)s)")
-    p.add_argument("--log2", type=number(int, 0, 32), nargs="+", default=None,
-                   help="sizes as powers of two (default: 10 13 16 20 24 on CPU, LeNet-5's activations among "
-                        "them; 16 18 ... 28 on GPU, where only the largest are bandwidth-bound)")
-    p.add_argument("--repeats", type=number(int, 0), default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
-    p.add_argument("--calls", type=number(int, 0), default=0,
-                   help="calls per sample (default: by size, from 1000 at 2^10 down to 1 on CPU, "
-                        "100 down to 10 on GPU)")
-    p.add_argument("--threads", type=number(int, 0), default=0,
-                   help="CPU threads for torch and the op (default: torch's own choice, one per core)")
-    p.add_argument("--kernel-times", action="store_true",
-                   help="on a GPU, also profile the kernels of ATen and the op at the largest size")
-    p.add_argument("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"],
-                   help="implementations to leave out (ATen, the baseline, stays)")
+    add = p.add_argument
+    add("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+        help="(default: %(default)s)")
+    add("--dtype", choices=["float32", "float16", "bfloat16", "float64"], default="float32",
+        help="(default: %(default)s)")
+    add("--log2", type=number(int, 0, 32), nargs="+", help="sizes as powers of two (default: 10 13 16 20 24 on "
+        "CPU, LeNet-5's activations among them; 16 18 ... 28 on GPU, where only the largest are bandwidth-bound)")
+    add("--repeats", type=number(int, 0), default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
+    add("--threads", type=number(int, 0), default=0, help="CPU threads (default: torch's own, one per core)")
+    add("--kernel-times", action="store_true", help="on a GPU, also profile ATen's and the op's kernels at the "
+        "largest size")
     return p.parse_args(argv)
-
-
-def measure_all(args, impls, device, dtype, repeats):
-    """The rows, smallest size first; a size the GPU has no memory for ends the table there."""
-    cols = list(impls) + (["copy"] if device.type == "cuda" else [])
-    with_ext = "ext" in impls
-    print(f"{'n':>10} {'calls':>5} " + " ".join(f"{name + ' ms':>10}" for name in cols)
-          + (f" {'ext GB/s':>9} {'ext/aten':>8} {'per round':>15}" if with_ext else ""))
-    rows, stopped = [], None
-    for log2 in args.log2:
-        n = 2**log2
-        try:
-            row = measure_size(n, impls, device, dtype, repeats, args.calls or default_calls(n, device))
-        except torch.cuda.OutOfMemoryError:
-            stopped = f"2^{log2}: out of GPU memory; the table ends before it"
-            print(f"note: {stopped}", flush=True)
-            torch.cuda.empty_cache()
-            break
-        rows.append(row)
-        line = f"{row['n']:>10} {row['calls']:>5} " + " ".join(f"{row[name + '_ms']:>10.4f}" for name in cols)
-        if with_ext:
-            lo, _, hi = row["ext_vs_aten_per_round"]
-            line += f" {row['ext_GBps']:>9.1f} {row['ext_vs_aten']:>8.2f} {lo:>7.2f}-{hi:.2f}"
-        print(line, flush=True)
-    return rows, stopped
 
 
 def main(argv=None):
     args = parse_args(argv)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    device, dtype, cuda = torch.device(args.device), getattr(torch, args.dtype), args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
     common.check_metrics_out(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    repeats = args.repeats or (20 if device.type == "cuda" else 7)
-    args.log2 = args.log2 or (list(range(16, 29, 2)) if device.type == "cuda" else [10, 13, 16, 20, 24])
+    repeats = args.repeats or (20 if cuda else 7)
     device_name = training.device.device_name(device)
     missing = ext_missing_reason(device)
-    impls = {k: v for k, v in IMPLS.items() if k not in args.skip and not (k == "ext" and missing)}
+    impls = {k: v for k, v in IMPLS.items() if not (k == "ext" and missing)}
     if missing:
         print(f"note: the ext op is not measured: {missing}", flush=True)
     print(f"{device_name}, {args.dtype}, forward+backward, ms per call, median of {repeats} rounds")
     load_before = os.getloadavg()  # on a shared machine, how busy it was is part of the result
-    rows, stopped = measure_all(args, impls, device, dtype, repeats)
+    rows, stopped = [], None
+    for log2 in args.log2 or (range(16, 29, 2) if cuda else [10, 13, 16, 20, 24]):
+        # back-to-back calls per sample: more than one call's launch latency or a timer tick; on a GPU at least 10
+        # (with 2-4, 2^24-2^26 rounds ranged 0.4-1.9x on an H200; 20-call runs of ext and ATen agreed to 1-2%)
+        calls = max(10, min(100, 2**28 >> log2)) if cuda else max(1, min(1000, 2**20 >> log2))
+        try:
+            rows.append(measure_size(2**log2, impls, device, dtype, repeats, calls))
+        except torch.cuda.OutOfMemoryError:  # a 2080 Ti at 2^28: the sizes before it stay
+            torch.cuda.empty_cache()
+            stopped = f"2^{log2}: out of GPU memory; the table ends before it"
+            print(f"note: {stopped}", flush=True)
+            break
+        print(f"2^{log2}, {calls} calls: " + ", ".join(f"{k} {v:.4g}" for k, v in rows[-1].items()
+                                                     if k.endswith(("_ms", "_aten", "GBps"))), flush=True)
     if not rows:
         sys.exit(f"error: {stopped}")
     last = rows[-1]
@@ -236,11 +196,11 @@ def main(argv=None):
               "build": gelu_ext.build_info(), "ext_measured": "ext" in impls, "ext_missing_reason": missing,
               "stopped": stopped, "dtype": args.dtype, "repeats": repeats,
               "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]],
-              "float32_max_backward_error": None if not gelu_ext.is_built() else max_backward_error(),
+              "float32_max_backward_error": max_backward_error() if gelu_ext.is_built() else None,
               "n": last["n"], **{k: last[k] for k in ("aten_ms", "seed_ms", "ext_ms", "ext_vs_aten", "ext_vs_seed",
                                                         "copy_ms", "ext_vs_copy") if k in last},
               "rows": rows}
-    if args.kernel_times and device.type == "cuda" and "ext" in impls:
+    if args.kernel_times and cuda and "ext" in impls:
         result["kernel_times"] = kernel_times(last["n"], impls, dtype)
         for k in result["kernel_times"]:
             print(f"{k['ms']:8.3f} ms  x{k['count']:<3} {k['kernel'][:110]}")

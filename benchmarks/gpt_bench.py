@@ -3,32 +3,26 @@
     python benchmarks/gpt_bench.py --metrics-out gpt_bench_cpu.json                     # CPU: ~30 min
     python benchmarks/gpt_bench.py --seq-len 128 --micro-batch 4 --metrics-out gpt_bench_cpu_short.json  # ~15 min
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out gpt_bench_h200.json
-    python benchmarks/gpt_bench.py --compile-cost --seq-len 128 --micro-batch 1 --text X.txt --tokenizer tok.json
 
-The rows (benchmarks/ladder_rows.py) climb from the naive baseline to gpt_train.py's default step, then vary
-it. Same shapes and random batch, one process, steady-state steps after warm-up (compilation included there);
-every row --repeats times, interleaved, so that drift on the machine hits all rows alike (--order unmeasured:
-the key rows first, for a run that may be cut); written after every row (a row that fails or runs out of
-memory says so; the others go on). Against what: on a GPU, MFU against the datasheet's peak for the row's
-math; everywhere, the fraction of a matmul's rate measured just before the row in its precision
-((micro_batch x seq_len) x 768 x 3,072, the MLP's first).
+Rows (ladder_rows.py) from the naive baseline to gpt_train.py's default step, each built by training/step.py;
+one process, one random batch, steady steps after warm-up, --repeats interleaved; the JSON rewritten after every
+row. Each row is read against a matmul of its shape measured just before it in its precision, and on a GPU
+against the datasheet's peak (MFU). --compile-cost: gpt_train.py's compile seconds, each run a fresh process.
 """
-import argparse
 import gc
 import itertools
 import os
 import statistics
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.benchmark as benchmark
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import common
 import training.device
-from data.files import UserError
 from ladder_rows import accelerations, default_step, ladder, unmeasured_first
 from training import step
 from training.flags import number
@@ -37,8 +31,7 @@ from training.profile import profiled
 
 
 class HFLoss(torch.nn.Module):
-    """transformers' GPT2LMHeadModel as the ladder's "hf" rows train it: (inputs, targets) -> the mean loss,
-    the logits in fp32 as the own model's loss has them."""
+    """transformers' GPT2LMHeadModel as the "hf" rows train it: (inputs, targets) -> the mean loss (fp32 logits)."""
 
     def __init__(self, cfg, dropout, attention):
         super().__init__()
@@ -63,8 +56,7 @@ def timed(fn, cuda):
 
 
 def build(settings, vocab_size, seq_len, recipe):
-    """A row's training step, built by training/step.py as gpt_train.py builds its own: the Accelerator
-    (precision, GradScaler, TF32), the AdamW with gpt_train's recipe, the model prepared and compiled."""
+    """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own."""
     acc = accelerations(settings)
     accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
     cfg = model_config(settings.get("vocab_size", vocab_size), 0, n_positions=seq_len)  # the lab shape: GPT-2 small
@@ -75,8 +67,7 @@ def build(settings, vocab_size, seq_len, recipe):
 
 
 def timed_steps(args, run, vocab_size):
-    """(seconds of each timed step, the first step's extra seconds, the last loss): warm-up, then timed steps
-    of gpt_train's step (TrainStep.__call__) on one fixed random batch."""
+    """(seconds of each timed step, the first step's extra seconds, the last loss) on one fixed random batch."""
     batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
     batches, losses = itertools.repeat(batch), []
     times = [timed(lambda: run(batches, 1, run.recipe.lr, losses.append), run.accelerator.device.type == "cuda")
@@ -85,11 +76,11 @@ def timed_steps(args, run, vocab_size):
 
 
 def measure(settings, args, device, profile=False):
-    """One row once: tokens/s, FLOPs per token, MFU against the datasheet (GPU), peak memory (GPU), what the
-    step was built with; with `profile`, one more step under torch.profiler."""
+    """One row once: tokens/s, FLOPs per token, MFU and peak memory (GPU), what the step was built with; with
+    `profile`, one more step under torch.profiler."""
     cuda = device.type == "cuda"
     torch.manual_seed(0)
-    torch._dynamo.reset()  # each rung compiles from scratch (inductor's cache may still help)
+    torch._dynamo.reset()  # each row compiles from scratch (inductor's cache may still help)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     cfg, run = build(settings, args.vocab_size, args.seq_len, args.recipe)
@@ -133,8 +124,6 @@ def try_measure(settings, args, device, profile=False):
     return out
 
 
-# ----------------------------------------------------------------------------- what the hardware does
-
 def matmul_kind(settings, cuda):
     """The matmul a row's linear layers run: bf16/fp16 under autocast, TF32 where on, else fp32."""
     if settings["precision"] in ("bf16", "fp16"):
@@ -143,130 +132,87 @@ def matmul_kind(settings, cuda):
 
 
 def matmul_rate(kind, m, device, k=768, n=3072):
-    """FLOP/s of an (m x k) @ (k x n) matmul in `kind` (the MLP's first at the ladder's shape): the
-    median of 3 timings of back-to-back calls (~0.2 s each), after a warm-up call."""
+    """FLOP/s of an (m x k) @ (k x n) matmul in `kind`: torch's benchmark Timer (a warm-up, then the median of
+    blocks of calls, synchronised on a GPU) on this process's threads."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind, torch.float32)
     torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
     g = torch.Generator(device).manual_seed(0)
     a = torch.randn(m, k, device=device, dtype=dtype, generator=g)
     b = torch.randn(k, n, device=device, dtype=dtype, generator=g)
+    timer = benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads())
+    return 2 * m * k * n / timer.blocked_autorange(min_run_time=0.6).median
 
-    def per_call(calls):
-        def back_to_back():
-            for _ in range(calls):
-                a @ b
-        return timed(back_to_back, device.type == "cuda") / calls
-    calls = max(1, min(1000, int(0.2 / max(per_call(1), 1e-6))))  # the first call warms up and sizes the rest
-    return 2 * m * k * n / statistics.median(per_call(calls) for _ in range(3))
-
-
-# ----------------------------------------------------------------------------- the run
 
 def build_parser():
     p = common.parser(__doc__, "write the results here as JSON (after every row)")
     cuda = torch.cuda.is_available()
     add, positive = p.add_argument, number(int, 0, low_open=True)
-    add("--micro-batch", type=positive, default=16 if cuda else 2,
-        help="sequences per step (default: 16 on GPU, 2 on CPU)")
+    add("--micro-batch", type=positive, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, "
+        "2 on CPU)")
     add("--seq-len", type=positive, default=1024, help="(default: %(default)s)")
     add("--vocab-size", type=positive, default=16384, help="own tokenizer's (default: %(default)s)")
     add("--warmup", type=number(int, 0), default=3 if cuda else 2, help="untimed steps, compilation included "
-                                                             "(default: 3 on GPU, 2 on CPU)")
+        "(default: 3 on GPU, 2 on CPU)")
     add("--steps", type=positive, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
-    add("--only", type=str, default=None, help="comma-separated row numbers to run (1 = naive)")
-    add("--with-compile", action="store_true", help="add the compile rungs where auto leaves them out (CPU)")
-    add("--fit-max", type=int, default=128, help="GPU: the largest micro-batch tried for the default row and "
-        "the GPT-2-vocabulary row (then halved until one fits; 0: not measured) (default: %(default)s)")
-    add("--compile-cost", action="store_true", help="instead of the ladder: cold and warm compile seconds "
-        "of gpt_train.py, regional vs whole model, each in a fresh process with a fresh cache")
-    add("--text", type=Path, default=None, help="--compile-cost: corpus (default: gpt_train.py's)")
-    add("--tokenizer", default=None, help="--compile-cost: tokenizer.json (default: gpt_train.py's)")
-    add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: what the GPU results "
-        "lack first, group by group (repeats interleaved within a group), for a run that may be cut")
     add("--repeats", type=positive, default=3, help="interleaved repeats of every row (default: %(default)s)")
+    add("--only", help="comma-separated row numbers to run (1 = naive)")
+    add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: the rows the report's "
+        "conclusions rest on first, group by group, for a run that may be cut (default: %(default)s)")
     return p
 
 
 def main(argv=None):
+    """Group by group, every row of the group once per repeat, each just after a matmul in its precision; the
+    naive and default rows' first repeat with one profiled step; the JSON after every row."""
     p = build_parser()
     args = p.parse_args(argv)
-    cuda = torch.cuda.is_available()
     common.check_metrics_out(args)
-    if args.compile_cost:
-        from compile_cost import compile_cost
-        return compile_cost(args, argv)
+    cuda = torch.cuda.is_available()
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
-    rows = ladder(cuda, capability, args.with_compile, args.vocab_size)
+    rows = ladder(cuda, capability, vocab_size=args.vocab_size)
     try:
         wanted = {int(x) for x in args.only.split(",")} if args.only else set(range(1, len(rows) + 1))
     except ValueError:
         p.error(f"--only takes row numbers 1..{len(rows)}, got {args.only!r}")
     if not wanted <= set(range(1, len(rows) + 1)):
         p.error(f"--only: the ladder has rows 1..{len(rows)} here, got {args.only!r}")
-    chosen = {i: row for i, row in enumerate(rows, 1) if i in wanted}
-    rungs = [i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" ")]
-    # the default (the last rung) and the GPT-2-vocabulary row: their largest micro-batch is measured
-    fit = {rungs[-1]} | {i for i, (_, s) in enumerate(rows, 1) if "vocab_size" in s} if cuda and args.fit_max else set()
     groups = unmeasured_first(rows) if args.order == "unmeasured" else [list(range(1, len(rows) + 1))]
-    return run_ladder(args, argv, torch.device("cuda" if cuda else "cpu"), chosen, fit,
-                      [[i for i in g if i in wanted] for g in groups])
-
-
-def run_ladder(args, argv, device, chosen, fit, groups):
-    """Group by group, every row of the group once per repeat, each just after a matmul in its precision (its
-    fraction of that rate is read against what the machine did at that moment); the JSON after every row."""
-    cuda = device.type == "cuda"
+    chosen = {i: row for i, row in enumerate(rows, 1) if i in wanted}
+    device = torch.device("cuda" if cuda else "cpu")
     device_name = training.device.device_name(device)
     print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
           f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
     m = args.micro_batch * args.seq_len
-    runs, rates, fits = {i: [] for i in chosen}, {}, {}
+    runs, rates = {i: [] for i in chosen}, {}
     head = {"device_name": device_name, **common.run_facts(__file__, argv), "recipe": vars(args.recipe),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
             "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg()[0],  # other work on the machine: read the ranges with it
             "order": args.order, "rows_planned": len(chosen)}
     rungs = [i for i, (name, _) in chosen.items() if not name.startswith(" ")]
-    profile = {min(rungs), max(rungs)} if rungs else set()  # the naive and the default row: one profiled step each
-    for r, i in ((r, i) for group in groups for r in range(args.repeats) for i in group):
+    profile = {min(rungs), max(rungs)} if rungs else set()
+    for r, i in ((r, i) for group in groups for r in range(args.repeats) for i in group if i in wanted):
         name, settings = chosen[i]
         kind = matmul_kind(settings, cuda)
         rates.setdefault(kind, []).append(rate := matmul_rate(kind, m, device))
         runs[i].append(got := try_measure(settings, args, device, profile=r == 0 and i in profile))
         if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
             got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rate
-        if r == 0 and i in fit:
-            fits[i] = largest_micro_batch(settings, args, device)
         print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s, "
               f"{got['fraction_of_matmul_rate']:6.1%} of {kind} matmul {rate / 1e12:.3f} TFLOP/s"
               if "error" not in got else got["error"]), flush=True)
         matmul = {"shape": [m, 768, 3072], "flops_per_second": {k: statistics.median(v) for k, v in rates.items()},
                   "flops_per_second_range": {k: [min(v), max(v)] for k, v in rates.items()}}
         out = common.write(args, {**head, "load_average_now": os.getloadavg()[0], "matmul": matmul,
-                                  "rungs": summarise(chosen, runs, fits)})
+                                  "rungs": summarise(chosen, runs)})
     return out
 
 
-def largest_micro_batch(settings, args, device):
-    """GPU: the largest micro-batch (of --fit-max, halved) whose training step fits, or why none does."""
-    from training.budget import find_micro_batch
-
-    def try_step(micro):
-        measure(settings, argparse.Namespace(**{**vars(args), "micro_batch": micro, "warmup": 1, "steps": 1}),
-                device)
-    try:
-        return find_micro_batch(try_step, args.fit_max)
-    except UserError as e:
-        return str(e)
-    finally:
-        gc.collect()
-        torch.cuda.empty_cache()
-
-
-def summarise(chosen, runs, fits):
-    """Per row measured so far: summarise_row; its speed-up against the first row, and whether a rung is within
-    the noise of the one before it (their ranges overlap). A row whose every repeat failed keeps its error."""
+def summarise(chosen, runs):
+    """Per row measured so far, over its repeats: medians (peak memory the largest), the speed-up against the
+    first row, whether a rung is within the noise of the one before (their ranges overlap); what the step was
+    built with and its profile, once. A row whose every repeat failed keeps its error."""
     results, base, previous = [], None, None
     for i, (name, settings) in ((i, chosen[i]) for i in chosen if runs[i]):
         good = [m for m in runs[i] if "error" not in m]
@@ -274,8 +220,19 @@ def summarise(chosen, runs, fits):
         if not good:
             results.append({"name": name, "error": errors[0], "repeats": runs[i]})
             continue
-        results.append(row := summarise_row(name, settings, good))
-        row |= ({"errors": errors} if errors else {}) | ({"largest_micro_batch": fits[i]} if i in fits else {})
+        extras = {k: m[k] for m in good for k in ("built", "profile") if k in m}
+        good = [{k: v for k, v in m.items() if k not in extras} for m in good]
+        first, fractions = good[0], [m["fraction_of_matmul_rate"] for m in good if "fraction_of_matmul_rate" in m]
+        row = {"name": name, "settings": settings, **extras,
+               **common.median_range("tokens_per_second", [m["tokens_per_second"] for m in good]),
+               **{k: statistics.median(m[k] for m in good) for k in ("ms_per_step", "first_step_extra_seconds")},
+               **{k: first[k] for k in ("flops_per_token", "vocab_size", "matmul_kind")},
+               "mfu": statistics.median(m["mfu"] for m in good) if first["mfu"] else None,
+               "sdpa_backend": first.get("sdpa_backend"), "repeats": good,
+               "fraction_of_matmul_rate": statistics.median(fractions) if fractions else None}
+        if "peak_memory_GiB" in first:
+            row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
+        row |= {"errors": errors} if errors else {}
         base = base or row["tokens_per_second"]
         row["speedup"] = row["tokens_per_second"] / base
         if not name.startswith(" "):
@@ -283,26 +240,8 @@ def summarise(chosen, runs, fits):
                 lo, hi = row["tokens_per_second_range"]
                 row["within_noise_of_previous"] = lo <= previous[1] and previous[0] <= hi
             previous = row["tokens_per_second_range"]
+        results.append(row)
     return results
-
-
-def summarise_row(name, settings, good):
-    """One row over its repeats (medians; peak memory the largest); what the step was built with and the
-    profiled step of a naive or default row, once."""
-    extras = {k: m[k] for m in good for k in ("built", "profile") if k in m}  # once a row, not once a repeat
-    good = [{k: v for k, v in m.items() if k not in extras} for m in good]
-    first, fractions = good[0], [m["fraction_of_matmul_rate"] for m in good if "fraction_of_matmul_rate" in m]
-    row = {"name": name, "settings": settings, **extras,
-           **common.median_range("tokens_per_second", [m["tokens_per_second"] for m in good]),
-           **{k: statistics.median(m[k] for m in good) for k in ("ms_per_step", "first_step_extra_seconds")},
-           **{k: first[k] for k in ("flops_per_token", "vocab_size", "matmul_kind")},
-           "mfu": statistics.median(m["mfu"] for m in good) if first["mfu"] else None,
-           "sdpa_backend": first.get("sdpa_backend"), "repeats": good,
-           # the row's FLOP/s over what this device's matmul did in the same math just before it
-           "fraction_of_matmul_rate": statistics.median(fractions) if fractions else None}
-    if "peak_memory_GiB" in first:
-        row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
-    return row
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@
 # 540 s; 900 s rehearsed) starts at once; each step runs under `timeout` in its own process group at the
 # smaller of its cap and what the budget leaves (less the report's reserve). The plan line first says
 # what fits (each step's seconds on the 2026-11-30 H200; ~: estimated) and what is cut; the last line is
-# the `--only` second call for what was cut or failed, sized to what a warm machine has left. OUT is
+# the `--only` second call for what was cut or failed, at the budget a warm machine has left. OUT is
 # locked (a second call into it refuses); Ctrl-C or TERM stops the running steps' process groups,
 # records the interruption and exits.
 #
@@ -34,24 +34,25 @@
 # and platform the wheels are for (--from on another one stops at once). There, the whole folder is
 # checked (every gzip, every wheel's zip, the corpus source line) before anything runs; only the
 # wheels of packages the machine lacks are installed, with --no-deps into a folder of the run's own
-# (PYTHONPATH), never over the image's packages; then requirements and every step's imports are
-# checked in one go, and a step whose imports fail is skipped with the reason. The datasets version is
-# pinned to one whose requirements the lent image satisfies (pyarrow >= 24, huggingface-hub >= 1.31,
-# fsspec <= 2026.9). DIR gets a .gitignore of its own, so it is never committed wherever it is made.
+# (PYTHONPATH), never over the image's packages, then their requirements checked (pip check); every
+# step's imports are checked in one go, and a step whose imports fail is skipped with the reason. The
+# datasets version is pinned to one whose requirements the lent image satisfies (pyarrow >= 24,
+# huggingface-hub >= 1.31, fsspec <= 2026.9). DIR gets a .gitignore of its own, so it is never
+# committed wherever it is made.
 #
 # --rehearse runs every step on the CPU at the smallest sizes (1,000 documents, vocabulary 1,024,
-# tiny GPT preset for 4,096 tokens, fp32 where the GPU runs fp16, LeNet-5 for one epoch of 1,024
-# images, GELU at 2^10 and 2^12, the ladder at sequence 16, the warm compile pair alone), with python3 a
-# venv's first on PATH as the image has it (made once under ~/.cache/lab5: torch only through its
-# pyvenv.cfg): the install, the checks, the build (with its CUDA kernels where nvcc is, for
-# TORCH_CUDA_ARCH_LIST or sm90, checked compiled in: no device needed), each command line, the cuts and
-# the results written as they come, before any GPU time is spent.
+# tiny GPT preset for 4,096 tokens, fp32 where the GPU runs fp16, LeNet-5 for one epoch, GELU at 2^10
+# and 2^12, the ladder at sequence 16, the warm compile pair alone), with python3 a venv's first on PATH
+# as the image has it (made once under ~/.cache/lab5: torch only through its pyvenv.cfg): the install,
+# the checks, the build (with its CUDA kernels where nvcc is, for TORCH_CUDA_ARCH_LIST or sm90, checked
+# compiled in: no device needed), each command line, the cuts and the results written as they come,
+# before any GPU time is spent.
 set -uo pipefail
 START=$(date +%s)  # the budget's clock: install, unpacking and build count
 CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-TOOLS="$REPO/benchmarks/gpu_check_tools.py" PREPARE="$REPO/benchmarks/gpu_check_prep.py"
+TOOLS="$REPO/benchmarks/gpu_check_tools.py"
 SHARED="$REPO/../shared/data"
 ARGS="$*"
 DATASETS=datasets==5.2.0
@@ -149,20 +150,23 @@ if [ "$REHEARSE" = 0 ]; then
     [ $rc -eq 0 ] || die "no NVIDIA GPU here (nvidia-smi -L failed; --rehearse runs on a CPU)"
 fi
 [ ! -e "$OUT" ] || [ -z "$(ls -A "$OUT")" ] || die "$OUT is not empty: give a new or empty folder"
-# the interpreter that holds torch: python3 on the lent image, else python
+# the interpreter that holds torch: python3 on the lent image, else python (found, not imported: an import
+# takes seconds; torch is imported once, below, where its versions are read)
 PY=""
 for p in python3 python; do
-    command -v "$p" >/dev/null && timeout -k 2 "$PRE" "$p" -c 'import torch' 2>/dev/null && { PY=$(command -v "$p"); break; }
+    command -v "$p" >/dev/null && timeout -k 2 "$PRE" "$p" -c \
+        'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null \
+        && { PY=$(command -v "$p"); break; }
 done
-[ -n "$PY" ] || die "neither python3 nor python imports torch here (in $PRE s)"
+[ -n "$PY" ] || die "neither python3 nor python has torch here (in $PRE s)"
 if [ "$REHEARSE" = 1 ]; then  # python3 as the lent image has it: a venv's, first on PATH
-    { read -r VENV; read -r VENV_NOTE; } < <(timeout -k 2 $(( PRE * 4 )) "$PY" "$PREPARE" rehearsal-venv \
+    { read -r VENV; read -r VENV_NOTE; } < <(timeout -k 2 $(( PRE * 4 )) "$PY" "$TOOLS" rehearsal-venv \
         "${XDG_CACHE_HOME:-$HOME/.cache}/lab5" 2>&1)
     [ -x "${VENV:-}/python3" ] || die "no rehearsal venv: ${VENV:-} ${VENV_NOTE:-}"
     PATH="$VENV:$PATH" PY="$VENV/python3"
 fi
 if [ -n "$PREP" ]; then  # every file of DIR whole, and made for this Python: one line, not a late traceback
-    why=$(timeout -k 2 $(( PRE * 2 )) "$PY" "$PREPARE" check-prep "$PREP" 2>&1) \
+    why=$(timeout -k 2 $(( PRE * 2 )) "$PY" "$TOOLS" check-prep "$PREP" 2>&1) \
         || die "${why:-checking $PREP took over $(( PRE * 2 )) s}"
 else
     [ -f "$TEXT" ] || die "corpus $TEXT not found (--text)"
@@ -338,11 +342,14 @@ pre "$PRE" "$PY" "$TOOLS" facts "$WORK" "$GPU" "$NVCC" "$CORPUS_SOURCE" "$CORPUS
 publish
 
 if [ -n "$PREP" ]; then  # a bare machine: the carried packages it lacks, the data unpacked
-    mapfile -t wheels < <(pre "$PRE" "$PY" "$PREPARE" missing-wheels "$PREP/wheels")
+    mapfile -t wheels < <(pre "$PRE" "$PY" "$TOOLS" missing-wheels "$PREP/wheels")
     if [ ${#wheels[@]} -gt 0 ]; then
         say "installing into $WORK/site (--no-deps): ${wheels[*]##*/}"
         pre 120 "$PY" -m pip install -q --no-index --no-deps --target "$WORK/site" "${wheels[@]}" > "$LOGS/pip.log" 2>&1 \
             || say "pip install failed: $(tail -n 1 "$LOGS/pip.log")"
+        # --no-deps: what the installed wheels need, checked by pip against the image and the run's folder
+        pre 120 "$PY" -m pip check > "$LOGS/requirements.log" 2>&1 \
+            || say "requirements not met (pip check): $(paste -sd ';' "$LOGS/requirements.log" | cut -c1-600)"
     fi
     MNIST="$PREP"  # lenet5.py looks in DIR and DIR/MNIST/raw
     # keep the source's folder name: the report tells the stand-in from WOS by it
@@ -353,13 +360,11 @@ if [ -n "$PREP" ]; then  # a bare machine: the carried packages it lacks, the da
 else
     [ -n "$GPT2TOK" ] || [ ! -f "$SHARED/gpt2-tokenizer/tokenizer.json" ] || GPT2TOK="$SHARED/gpt2-tokenizer/tokenizer.json"
 fi
-if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents, 1,024 images
+if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents
     small="$WORK/corpus-small/$(basename "$(dirname "$TEXT")")/X.txt"
     mkdir -p "$(dirname "$small")"
     head -n 1000 "$TEXT" > "$small"
     TEXT=$small
-    pre "$PRE" "$PY" "$PREPARE" mnist-subset "$MNIST" "$WORK/mnist-small" 1024 256 || die "MNIST files missing under $MNIST"
-    MNIST="$WORK/mnist-small"
 fi
 
 # The extension, built in a copy of its sources (a package of its own under $WORK/build), its CUDA
@@ -376,7 +381,7 @@ build() {
     else
         (cd "$WORK/build/gelu_ext" && unset TORCH_CUDA_ARCH_LIST && "$PY" setup.py -q build_ext --inplace) || return 1
     fi
-    PYTHONPATH="$WORK/build" "$PY" "$PREPARE" cuda-ready "$REHEARSE" || return 1
+    PYTHONPATH="$WORK/build" "$PY" "$TOOLS" cuda-ready "$REHEARSE" || return 1
     [ "$BUILD_AT" = first ] || { echo "rehearsal: built and checked in $WORK/build; gelu_ext/ left as it is"; return 0; }
     so=$(ls "$WORK"/build/gelu_ext/_C.*.so) || return 1
     cp "$so" "gelu_ext/.${so##*/}.tmp" && mv -f "gelu_ext/.${so##*/}.tmp" "gelu_ext/${so##*/}"
@@ -384,7 +389,7 @@ build() {
 # The CUDA tests, on a GPU only where the kernels are there: without them every CUDA test would skip
 # and pytest pass.
 cuda_tests() {
-    [ "$REHEARSE" = 1 ] || "$PY" "$PREPARE" cuda-ready 0 || return 1
+    [ "$REHEARSE" = 1 ] || "$PY" "$TOOLS" cuda-ready 0 || return 1
     "$PY" -m pytest -q -p no:cacheprovider tests/test_gelu_ext.py "${TESTS[@]}"
 }
 clocked() {  # clocked METRICS CMD...: CMD, and its wall time from this shell beside the metrics' own clock
@@ -449,16 +454,14 @@ else
     AB_RUNS="off-warm-1 regional-warm-1 off-cold-2 regional-cold-2 off-warm-2 regional-warm-2"
 fi
 export -f build cuda_tests clocked lenet gpt fp16 compile_ab report
-export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS PREPARE PY REHEARSE TOKENS AB_RUNS BUILD_AT
+export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS PY REHEARSE TOKENS AB_RUNS BUILD_AT
 # arrays do not cross `bash -c`: pass them as strings the functions split again
 export SMALL_LENET_S="${SMALL_LENET[*]}" SMALL_GPT_S="${SMALL_GPT[*]}" FP16_S="${FP16[*]}" TESTS_S="${TESTS[*]}"
 ARRAYS='SMALL_LENET=($SMALL_LENET_S) SMALL_GPT=($SMALL_GPT_S) FP16=($FP16_S) TESTS=($TESTS_S);'
 
 # Every step's imports, checked once before the first step: a step that cannot import is skipped
 # with the reason, the others run. Modules imported inside functions are named here too.
-say "checking requirements and imports"
-pre 60 "$PY" "$PREPARE" requirements datasets > "$LOGS/requirements.log" 2>&1 \
-    || say "datasets' requirements not met: $(paste -sd ';' "$LOGS/requirements.log")"
+say "checking imports"
 imports=(build=torch,setuptools cuda-tests=pytest,torch gelu-bench=gelu_bench lenet-torch=lenet5 lenet-cpp=lenet5
          lenet-lightning=lenet5,lightning tokenizer=tokenizer_train,datasets gpt-own-vocab=gpt_train,datasets
          gpt-own-vocab-regional-compile=gpt_train,datasets gpt-gpt2-vocab=gpt_train,datasets
@@ -466,7 +469,7 @@ imports=(build=torch,setuptools cuda-tests=pytest,torch gelu-bench=gelu_bench le
          report=make_report,matplotlib)
 asked=()
 for i in "${imports[@]}"; do [[ " $ONLY " == *" ${i%%=*} "* ]] && asked+=("$i"); done
-SKIP=$(pre 120 "$PY" "$PREPARE" imports "${asked[@]}" 2> "$LOGS/imports.log" | grep -v $'\tok$')
+SKIP=$(pre 120 "$PY" "$TOOLS" imports "${asked[@]}" 2> "$LOGS/imports.log" | grep -v $'\tok$')
 [ -z "$SKIP" ] && say "imports: all steps ok" || say "imports missing: $(cut -f2 <<< "$SKIP" | sort -u | paste -sd ';')"
 [ -n "$GPT2TOK" ] || SKIP+=$'\n'"gpt-gpt2-vocab"$'\t'"no GPT-2 tokenizer (--gpt2-tokenizer or --from DIR)"
 publish
@@ -502,7 +505,5 @@ for n in gpt-own-vocab gpt-own-vocab-regional-compile lenet-torch; do  # the rep
 done
 step report 60 bash -c report
 
-# exit 0 when every step asked for is ok (a ladder cut by the budget included: that is its design)
-say "$("$PY" "$TOOLS" summary "$WORK" "$OUT")"
-"$PY" "$TOOLS" second-call "$WORK" "$PLAN" "$(now)" "${PREP:+--from $PREP}" "$REHEARSE" "$OUT-2"
-"$PY" "$TOOLS" all-ok "$WORK"
+# the summary, the second call for what was cut or failed; exit 0 when every step asked for is ok
+"$PY" "$TOOLS" end "$WORK" "$OUT" "$PLAN" "$(now)" "${PREP:+--from $PREP}" "$REHEARSE"

@@ -1,12 +1,8 @@
-"""The acceleration ladder's rows for benchmarks/gpt_bench.py: (name, settings) each, and the order in
-which a run whose time may be cut measures them.
-
-A row's settings are training/step.py's Accelerations (precision, tf32, attention, sdpa_backend, compile,
-fused_adamw, loss) plus the model it trains ("hf": transformers' GPT2LMHeadModel, or "own":
-training/model.py), its dropout (hf only) and, for one row, the vocabulary. The last rung is gpt_train.py's
-own default step on the device, taken from gpt_train's flags through step.resolve(): the ladder cannot
-describe another step than the one that trains.
-"""
+"""The acceleration ladder's rows for gpt_bench.py, (name, settings) each, and the order a run that may be cut
+measures them in. Settings are training/step.py's Accelerations plus the model ("hf": transformers'
+GPT2LMHeadModel, "own": training/model.py), its dropout and, for one row, the vocabulary. The last rung is
+gpt_train.py's own default step, taken from its flags: the ladder cannot describe another step than the one
+that trains."""
 from dataclasses import asdict, replace
 
 import gpt_train
@@ -18,15 +14,14 @@ GPT2_VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64
 def default_step(cuda, capability):
     """(Accelerations, Recipe) of `python gpt_train.py` with its defaults on such a device (lab preset)."""
     args = gpt_train.parse_args([])
-    decisions = device.decisions_for("cuda" if cuda else "cpu", capability, args.precision, args.compile)
-    return step.resolve(args, decisions)
+    return step.resolve(args, device.decisions_for("cuda" if cuda else "cpu", capability, args.precision,
+                                                   args.compile))
 
 
-def ladder(cuda, capability, with_compile=False, vocab_size=16384):
-    """The rungs from the naive baseline, each adding one acceleration, up to gpt_train.py's default on this
-    device; then, indented, the alternatives: the default minus each acceleration (leave-one-out), with
-    SDPA forced to each backend, with a chunked loss, with GPT-2's vocabulary, and compiled (regional,
-    whole model) where inductor can compile for the device."""
+def ladder(cuda, capability, vocab_size=16384):
+    """The rungs from the naive baseline, each adding one acceleration, up to the default on this device; then,
+    indented: the default without each acceleration, with SDPA forced to each backend, with a chunked loss, with
+    GPT-2's vocabulary, and compiled (regional, whole model) where inductor compiles for the device."""
     default, _ = default_step(cuda, capability)
     naive = replace(default, precision="fp32", tf32=False, attention="eager", compile="off", fused_adamw=False)
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
@@ -46,17 +41,16 @@ def ladder(cuda, capability, with_compile=False, vocab_size=16384):
         out.append((name, dict(settings)))
     assert settings == dict(model="own", dropout=0.0, **asdict(default)), "the last rung must be gpt_train's step"
     first = out[0][1]
-    for name, change in rungs[1:]:  # leave-one-out: the default minus one acceleration
-        if set(change) == {"dropout"}:
-            continue  # the own module has no dropout: rung 2 measures it
-        what = name.removeprefix("+ ").split(" (")[0].split(",")[0]
-        out.append((f"  default without {what}", {**settings, **{k: first[k] for k in change}}))
+    for name, change in rungs[1:]:
+        if set(change) != {"dropout"}:  # the own module has no dropout: rung 2 measures it
+            what = name.removeprefix("+ ").split(" (")[0].split(",")[0]
+            out.append((f"  default without {what}", {**settings, **{k: first[k] for k in change}}))
     out += [(f"  default, SDPA forced to its {b} backend", {**settings, "sdpa_backend": b}) for b in step.SDPA_BACKENDS]
     out.append(("  candidate: chunked loss, no full fp32 logits (--loss chunked)", {**settings, "loss": "chunked"}))
     if vocab_size != GPT2_VOCAB:
         out.append((f"  default with GPT-2's vocabulary ({GPT2_VOCAB:,} instead of {vocab_size:,})",
                      {**settings, "vocab_size": GPT2_VOCAB}))
-    if (cuda and device.compile_supported("cuda", capability)) or with_compile:
+    if cuda and device.compile_supported("cuda", capability):
         out.append(("  default + torch.compile, each block on its own (regional)", {**settings, "compile": "regional"}))
         out.append(("  default + whole-model torch.compile", {**settings, "compile": "whole"}))
     return out
@@ -68,10 +62,9 @@ def accelerations(settings):
 
 
 def unmeasured_first(rows):
-    """Groups of row numbers (1-based), for a run that may be cut: first the rows the report's conclusions
-    rest on, so that these get all their repeats before any other gets one — the naive baseline, the default
-    and the default without each acceleration (bf16 against fp32 among them); then the rungs between and the
-    SDPA backends; then the chunked loss, GPT-2's vocabulary, the compiled rows last (each pays a compile)."""
+    """Groups of row numbers (1-based), each measured with all its repeats before the next: the rows the
+    report's conclusions rest on (naive, default, the default without each acceleration); the rungs between
+    and the SDPA backends; the chunked loss; GPT-2's vocabulary; the compiled rows (each pays a compile)."""
     rungs = [i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" ")]
 
     def kind(i, name, settings):

@@ -3,17 +3,11 @@
     OMP_NUM_THREADS=1 python benchmarks/lenet_bench.py --data-dir data --device cpu --metrics-out lenet_bench.json
     python benchmarks/lenet_bench.py --data-dir data --act-pair --metrics-out lenet_bench_act.json
 
-(One thread on a CPU that other jobs share: two threads there wait on each other's time slices.)
-
-Recipe (the default mode): for each seed (0, 1, 2), --baseline-epochs epochs of the handout's recipe
-(batch 64, Adam 1e-3, torchvision's MNIST with ToTensor: one PIL image per sample), then
-`lenet5.py` with its default flags on the same seed (with --lightning, also `--engine lightning`).
-The runs alternate, so drift on a shared machine hits all alike; reported are every seed's test
-accuracy, median and range of the times, and each seed's ratio to the baseline epoch timed next to it.
-
---act-pair: `lenet5.py --act torch` and `--act cpp` (the own C++/CUDA GELU, gelu_ext) with the
-default recipe, per seed, alternating which goes first; median and range of each, and the paired
-ratios cpp / torch (below 1: the own op is faster).
+(One thread on a CPU that other jobs share: two threads there wait on each other's time slices.) Per seed, the
+runs alternate, so drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3,
+torchvision's MNIST with ToTensor), then `lenet5.py` with its defaults,
+each seed's time as a ratio to the original epoch timed next to it; or, --act-pair, `--act torch` and `--act cpp`
+(gelu_ext), alternating which goes first, with the paired ratios cpp / torch (below 1: the own op is faster).
 """
 import argparse
 import os
@@ -40,22 +34,19 @@ RECIPE = ("epochs", "batch_size", "lr", "steps")  # what lenet5.py's metrics say
 
 
 def original_recipe(data_dir, device, epochs, seed):
-    """The lab handout's loop, timed per epoch; returns (seconds per epoch, accuracy after each epoch)."""
+    """The lab handout's loop: (seconds of each epoch, accuracy after each epoch)."""
     torch.manual_seed(seed)
-    to_tensor = transforms.ToTensor()
-    train = datasets.MNIST(data_dir, train=True, transform=to_tensor)
-    test = datasets.MNIST(data_dir, train=False, transform=to_tensor)
-    train_loader = DataLoader(train, batch_size=64, shuffle=True)
-    test_loader = DataLoader(test, batch_size=1000)
+    train = datasets.MNIST(data_dir, train=True, transform=transforms.ToTensor())
+    test = datasets.MNIST(data_dir, train=False, transform=transforms.ToTensor())
     model = lenet5.LeNet5(lenet5.make_gelu("torch", device)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train_loader, test_loader = DataLoader(train, batch_size=64, shuffle=True), DataLoader(test, batch_size=1000)
     seconds, accuracies = [], []
     for _ in range(epochs):
         model.train()
         t0 = time.perf_counter()
         for x, y in train_loader:
-            x, y = x.to(device), y.to(device)
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -63,10 +54,9 @@ def original_recipe(data_dir, device, epochs, seed):
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - t0)
         model.eval()
-        correct = 0
         with torch.no_grad():
-            for x, y in test_loader:
-                correct += (model(x.to(device)).argmax(1) == y.to(device)).sum().item()
+            correct = sum((model(x.to(device)).argmax(1) == y.to(device)).sum().item()
+                          for x, y in test_loader)
         accuracies.append(correct / len(test))
     return seconds, accuracies
 
@@ -79,13 +69,11 @@ def default_run(args, seed, *flags):
 
 
 def spread(values):
-    """Median and [min, max] of a few noisy measurements."""
     return {"median": statistics.median(values), "range": [min(values), max(values)]}
 
 
 def recipe(args, device):
-    """Per seed: the original recipe's epochs, then the default run (and Lightning), each seed's ratio to the
-    original epoch timed next to it; over the seeds, medians and ranges in the keys make_report reads."""
+    """Per seed the original recipe's epochs, then the default run; over the seeds, medians and ranges."""
     per_seed = []
     for seed in args.seeds:
         base_seconds, base_acc = original_recipe(args.data_dir, device, args.baseline_epochs, seed)
@@ -93,10 +81,6 @@ def recipe(args, device):
         row = {"seed": seed, "baseline_epoch_seconds": base_seconds, "baseline_accuracy": base_acc,
                "default_train_seconds": ours["train_seconds"], "default_accuracy": ours["test_accuracy"],
                "ratio_to_baseline_epoch": ours["train_seconds"] / base_seconds[0]}
-        if args.lightning:
-            lit = default_run(args, seed, "--engine", "lightning")
-            row |= {"lightning_train_seconds": lit["train_seconds"], "lightning_accuracy": lit["test_accuracy"],
-                    "lightning_to_plain": lit["train_seconds"] / ours["train_seconds"]}
         per_seed.append(row)
     base = [statistics.median(epoch) for epoch in zip(*(r["baseline_epoch_seconds"] for r in per_seed))]
     result = {"mode": "recipe", "per_seed": per_seed, "repeats": len(per_seed), "recipe": {k: ours[k] for k in RECIPE},
@@ -107,11 +91,6 @@ def recipe(args, device):
               "default_accuracy": min(r["default_accuracy"] for r in per_seed),
               "paired_ratios": spread([r["ratio_to_baseline_epoch"] for r in per_seed])}
     result["ratio_to_one_baseline_epoch"] = result["default_train_seconds"] / base[0]
-    if args.lightning:
-        ratios = [r["lightning_to_plain"] for r in per_seed]
-        result |= {"lightning_train_seconds": statistics.median(r["lightning_train_seconds"] for r in per_seed),
-                   "lightning_accuracy": min(r["lightning_accuracy"] for r in per_seed),
-                   "all_lightning_to_plain": ratios, "lightning_to_plain": statistics.median(ratios)}
     return result
 
 
@@ -127,20 +106,17 @@ def act_pair(args, device):
                          "cpp_to_torch": runs["cpp"]["train_seconds"] / runs["torch"]["train_seconds"]})
     return {"mode": "act_pair", "per_seed": per_seed, "repeats": len(per_seed),
             "recipe": {k: runs["torch"][k] for k in RECIPE},
-            "torch_train_seconds": spread([r["torch_train_seconds"] for r in per_seed]),
-            "cpp_train_seconds": spread([r["cpp_train_seconds"] for r in per_seed]),
-            "cpp_to_torch": spread([r["cpp_to_torch"] for r in per_seed])}
+            **{key: spread([r[key] for r in per_seed]) for key in ("torch_train_seconds", "cpp_train_seconds",
+                                                                   "cpp_to_torch")}}
 
 
 def parse_args(argv):
     p = common.parser(__doc__, "write the comparison here as JSON",
                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=data_root(),
-                   help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
+    p.add_argument("--data-dir", type=Path, default=data_root(), help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--seeds", type=seed_flag, nargs="+", default=[0, 1, 2], help="one interleaved repeat per seed")
     p.add_argument("--baseline-epochs", type=number(int, 1), default=1, help="epochs of the original recipe per seed")
-    p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
     p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
     return p.parse_args(argv)
 

@@ -1,10 +1,14 @@
 """benchmarks/exit_bench.py: each mode's runs counted and written as strict JSON; bad values and an existing
 --metrics-out without --force refused before any run."""
 import json
+import sys
 
 import pytest
 
-from conftest import run_script
+from conftest import REPO, run_script
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import exit_bench
 
 
 @pytest.mark.slow
@@ -18,14 +22,17 @@ def test_one_round_of_the_gpt_train_way_out_is_counted(tmp_path):
     assert metrics["hogs"] == 0 and "--runs 1" in metrics["command"]
 
 
-def test_bad_values_are_one_line_before_any_run(tmp_path):
-    result = run_script("benchmarks/exit_bench.py", "--runs", "0")
-    assert result.returncode == 2 and "--runs must be at least 1" in result.stderr
+def test_bad_values_are_one_line_before_any_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(exit_bench, "one_run", lambda *a: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as e:
+        exit_bench.main(["--runs", "0"])
+    assert e.value.code == 2 and "argument --runs: must be >= 1, got 0" in capsys.readouterr().err
     (tmp_path / "folder").mkdir()
-    result = run_script("benchmarks/exit_bench.py", "--metrics-out", tmp_path / "folder")
-    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
-        f"error: --metrics-out {tmp_path / 'folder'} is a folder; give a file name"]
+    with pytest.raises(SystemExit) as e:
+        exit_bench.main(["--metrics-out", str(tmp_path / "folder")])
+    assert e.value.code == f"error: --metrics-out {tmp_path / 'folder'} is a folder; give a file name"
     (tmp_path / "old.json").write_text('{"modes": {}}')  # an earlier result: replaced only with --force
-    result = run_script("benchmarks/exit_bench.py", "--metrics-out", tmp_path / "old.json")
-    assert result.returncode == 1 and "exists; pass --force to replace it" in result.stderr
+    with pytest.raises(SystemExit) as e:
+        exit_bench.main(["--metrics-out", str(tmp_path / "old.json")])
+    assert "exists; pass --force to replace it" in e.value.code
     assert (tmp_path / "old.json").read_text() == '{"modes": {}}'

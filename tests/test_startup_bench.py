@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, wait_for
+from conftest import REPO, wait_for, write_tiny_mnist
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import startup_bench
@@ -27,10 +27,10 @@ def test_the_summary_gives_median_range_and_the_ratio_of_the_seconds_outside_the
 
 
 @pytest.mark.slow
-def test_a_case_runs_beside_the_baseline_commit_and_writes_its_json(tmp_path, tiny_mnist):
-    out = tmp_path / "b.json"
+def test_a_case_runs_beside_the_baseline_commit_and_writes_its_json(tmp_path):
+    out, mnist = tmp_path / "b.json", write_tiny_mnist(tmp_path / "mnist", n_train=128, n_test=32)  # one step
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "startup_bench.py"), "--cases", "lenet-1-epoch",
-                           "--repeats", "1", "--mnist", str(tiny_mnist), "--metrics-out", str(out)],
+                           "--repeats", "1", "--mnist", str(mnist), "--metrics-out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
