@@ -35,9 +35,8 @@ from training.batches import batch_stream, check_enough, evaluate
 from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
 from training.final import save_final
 from training.gpt_flags import PRESETS, parse_args
-from training.lifecycle import Phases, process_seconds
+from training.lifecycle import Phases, StopFlag, process_seconds
 from training.model import GPT, model_config
-from training.signals import StopFlag
 from training.watch import StepWatch
 
 REPO = Path(__file__).resolve().parent

@@ -6,8 +6,7 @@
     sbatch slurm/lenet.sh --act python             # on the cluster (extra flags are forwarded)
     tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
 
-MNIST (data/mnist.py) lives as one tensor on the device. The plain loop below and --engine lightning
-(training/lenet_lightning.py) share training/lenet.py. `train_seconds`: the epochs' training part.
+MNIST lives as one tensor on the device; the loop below and --engine lightning share training/lenet.py.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -120,6 +119,7 @@ def pick_device(name):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda, but torch sees no CUDA GPU")
+    torch.backends.cudnn.benchmark = name == "cuda"  # fixed input shapes: let cuDNN pick its fastest conv
     return torch.device(name)
 
 
@@ -132,47 +132,41 @@ def main(argv=None):
         return "run the command again to start over" + (
             f"; the same --out-dir sets {args.run_dir}'s files aside" if args.run_dir else "")
     with lifecycle.one_line_errors(interrupted), contextlib.ExitStack() as stack:  # stack: the run lock
-        return run(args, stack, phases)
-
-
-def run(args, stack, phases):
-    torch.manual_seed(args.seed)
-    torch.set_flush_denormal(True)  # tiny activations late in training would otherwise hit slow denormal math on CPU
-    device = pick_device(args.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its fastest conv
-    fit = fit_plain
-    if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
-        from training.lenet_lightning import fit_lightning as fit
-    out_dir = args.run_dir = open_outputs(args, stack)
-    phases.switch("data")
-    train_set, test_set = (ds.to(device) for ds in load_train_test(find_mnist(args.data_dir, not args.no_download)))
-    phases.switch("model")
-    model = LeNet5(make_gelu(args.act, device)).to(device)
-    print(f"LeNet-5 ({sum(p.numel() for p in model.parameters()):,} parameters), act={args.act}, "
-          f"engine={args.engine}, device={device}, {len(train_set):,} train / {len(test_set):,} test images, "
-          f"logs in {out_dir}")
-    digits = test_set[torch.arange(8, device=device)][0]  # a fixed set of test digits for the feature-map images
-    run = lenet.LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
-                         Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)
-    try:
-        write_json(out_dir / "args.json", vars(args))
-        lenet.open_writer(run)
-        fit(run)
-        lenet.close_writer(run)
-    except (OSError, OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
-        finish(run, failed=f"writing the run's logs in {out_dir} failed ({reason(e)})")
-    phases.switch("teardown")
-    metrics = finish(run)
-    print(f"test accuracy {metrics['test_accuracy']:.2%}, test loss {metrics['test_loss']:.4f}, "
-          f"{metrics['train_seconds']:.1f} s training on {device}")
-    return metrics
+        torch.manual_seed(args.seed)
+        torch.set_flush_denormal(True)  # tiny activations late in training would hit slow denormal math on CPU
+        device = pick_device(args.device)
+        fit = fit_plain
+        if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
+            from training.lenet_lightning import fit_lightning as fit
+        out_dir = args.run_dir = open_outputs(args, stack)
+        phases.switch("data")
+        files = find_mnist(args.data_dir, not args.no_download)
+        train_set, test_set = (ds.to(device) for ds in load_train_test(files))
+        phases.switch("model")
+        model = LeNet5(make_gelu(args.act, device)).to(device)
+        print(f"LeNet-5 ({sum(p.numel() for p in model.parameters()):,} parameters), act={args.act}, "
+              f"engine={args.engine}, device={device}, {len(train_set):,} train / {len(test_set):,} test images, "
+              f"logs in {out_dir}")
+        digits = test_set[torch.arange(8, device=device)][0]  # fixed test digits for the feature-map images
+        run = lenet.LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
+                             Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)
+        try:
+            write_json(out_dir / "args.json", vars(args))
+            lenet.open_writer(run)
+            fit(run)
+            lenet.close_writer(run)
+        except (OSError, OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
+            finish(run, failed=f"writing the run's logs in {out_dir} failed ({reason(e)})")
+        phases.switch("teardown")
+        metrics = finish(run)
+        print(f"test accuracy {metrics['test_accuracy']:.2%}, test loss {metrics['test_loss']:.4f}, "
+              f"{metrics['train_seconds']:.1f} s training on {device}")
+        return metrics
 
 
 def open_outputs(args, stack):
-    """Before any training: no output is an input or in another run's folder, an existing file is replaced only
-    with --force; then --out-dir or a new runs/lenet5/<time>-<act>[-lightning]/, locked until `stack` closes (an
-    unfinished run's files set aside, a LeNet run is never resumed; a finished run refused)."""
+    """Outputs checked before any training (runfiles' rule); the run folder locked until `stack` closes, an
+    unfinished run's files set aside (a LeNet run is never resumed), a finished run refused."""
     runfiles.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
                                        "--save": args.save}, {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):

@@ -6,9 +6,8 @@
     sbatch slurm/tokenizer.sh --text ../shared/data/wos-standin/X.txt    # the same under Slurm (CPU only)
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
 
-Trained on the training split only, saved as one tokenizer.json (PreTrainedTokenizerFast loads it); reports
-bytes per token on the validation split (and --compare's), checks decode(encode(text)) == text, and tokenises
-the corpus into the cache gpt_train.py reads.
+Trained on the training split only; reports bytes per token on the validation split (and --compare's), checks
+decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 
@@ -45,8 +44,7 @@ def train_bpe(docs, vocab_size, min_frequency=2):
 
 
 def load_comparison(spec):
-    """--compare's tokenizer, or None: a hub name not to be had offline is a note, a path that is not a tokenizer
-    the user's mistake (one line, before the work)."""
+    """--compare's tokenizer, or None: a hub name not to be had offline is a note, a bad path a one-line error."""
     if spec == "none":
         return None
     try:
@@ -135,16 +133,6 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    phases = lifecycle.phases()
-    args = parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    with lifecycle.one_line_errors(lambda: f"{args.out} is saved, the token cache unfinished (gpt_train.py makes it)"
-                                   if getattr(args, "saved", False) else
-                                   f"{args.out} is written only when training ends; run the command again"):
-        return run(args, phases)
-
-
 def check_outputs(args):
     """Before any work: the outputs and the cache folder may be written, and none is an input."""
     outputs = {"--out": args.out, "--metrics-out": args.metrics_out}
@@ -157,45 +145,51 @@ def check_outputs(args):
     files.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
-def run(args, phases):
-    check_outputs(args)
-    text = wos.resolve_text(args.text, download=not args.no_download)
-    other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
-    phases.switch("data")
-    corpus = wos.corpus_identity(text)  # hashed once: the metrics' record and the cache's key
-    splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
-    if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
-        wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
-    train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
-    print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
+def main(argv=None):
+    phases = lifecycle.phases()
+    args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    with lifecycle.one_line_errors(lambda: f"{args.out} is saved, the token cache unfinished (gpt_train.py makes it)"
+                                   if getattr(args, "saved", False) else
+                                   f"{args.out} is written only when training ends; run the command again"):
+        check_outputs(args)
+        text = wos.resolve_text(args.text, download=not args.no_download)
+        other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
+        phases.switch("data")
+        corpus = wos.corpus_identity(text)  # hashed once: the metrics' record and the cache's key
+        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
+        if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
+            wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
+        train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
+        print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
 
-    phases.switch("loop")
-    t0 = time.perf_counter()
-    tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
-    train_seconds = time.perf_counter() - t0
-    phases.switch("evaluation")
-    metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
-               "train_seconds": round(train_seconds, 3), "num_train_docs": len(train_docs),
-               "num_val_docs": len(val_docs), "text": str(text), "corpus": corpus, "out": str(args.out),
-               "cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-               "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
-    metrics.update(measures(tokenizer, val_docs, args.compare, other))
-    phases.switch("final_save")
+        phases.switch("loop")
+        t0 = time.perf_counter()
+        tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
+        train_seconds = time.perf_counter() - t0
+        phases.switch("evaluation")
+        metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
+                   "train_seconds": round(train_seconds, 3), "num_train_docs": len(train_docs),
+                   "num_val_docs": len(val_docs), "text": str(text), "corpus": corpus, "out": str(args.out),
+                   "cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                   "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
+        metrics.update(measures(tokenizer, val_docs, args.compare, other))
+        phases.switch("final_save")
 
-    save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does
-    args.saved = True
-    print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
-    print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
-          + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")
-          + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
-    if args.seq_len:
-        phases.switch("cache")
-        metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"]))
-    phases.switch("teardown")
-    metrics = phases.stamp(metrics)  # just before the last output is written
-    if args.metrics_out:
-        files.write_json(args.metrics_out, metrics)
-    return metrics
+        save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does
+        args.saved = True
+        print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
+        print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
+              + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")
+              + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
+        if args.seq_len:
+            phases.switch("cache")
+            metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"]))
+        phases.switch("teardown")
+        metrics = phases.stamp(metrics)  # just before the last output is written
+        if args.metrics_out:
+            files.write_json(args.metrics_out, metrics)
+        return metrics
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from conftest import REPO, free_port, tmpfs
 from data import wos
 from data.blocks import pack
 from data.tokenizer import open_tokenizer
-from training import UserError, batches, budget, device, lifecycle, metrics, signals, watch
+from training import UserError, batches, budget, device, lifecycle, metrics, watch
 from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
 from training.model import GPT, model_config
 
@@ -258,7 +258,7 @@ def test_ranks_leave_with_their_code_and_without_teardown(tmp_path, code, rc):
 
 def test_a_second_ctrl_c_aborts_at_once():
     previous = signal.getsignal(signal.SIGINT)
-    with signals.StopFlag() as stop:
+    with lifecycle.StopFlag() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)  # the handler runs between bytecodes
         assert stop.signal == "SIGINT"
@@ -363,14 +363,14 @@ def _ddp_rank(rank, port, out_dir):
               "timeout_s": group._get_backend(torch.device("cpu")).options._timeout.total_seconds(),
               "grad_finite": bool(torch.isfinite(model.module.weight.grad).all())}
     stop = SimpleNamespace(signal=None)
-    agree, stopped = signals.StopAgreement(accelerator, stop), {}
+    agree, stopped = lifecycle.StopAgreement(accelerator, stop), {}
     for step in range(1, 9):
         if rank == 1 and step == 3:
             stop.signal = "SIGTERM"  # one process gets the signal during step 3
         if agree(at_sync_point=step == 6) and "lagged" not in stopped:
             stopped["lagged"] = step
     stop.signal = None
-    agree = signals.StopAgreement(accelerator, stop)
+    agree = lifecycle.StopAgreement(accelerator, stop)
     stop.signal = "SIGTERM" if rank == 0 else None
     stopped["at_sync_point"] = agree(at_sync_point=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({**report, **stopped}))

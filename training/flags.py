@@ -1,6 +1,5 @@
-"""The one way the scripts check a flag: an argparse `type` stating the rule where the flag is declared, so a
-bad value is one line (`error: argument --lr: must be > 0, got -1`) before any work. Rules that join two flags
-stay in the script, through Parser.error."""
+"""Flag checks as argparse `type`s, stated where the flag is declared: a bad value is one line
+(`error: argument --lr: must be > 0, got -1`) before any work. Rules joining two flags: Parser.error."""
 import argparse
 import math
 import os
@@ -10,8 +9,8 @@ from data.files import path_problem
 
 
 class Parser(argparse.ArgumentParser):
-    """Every script's parser: no abbreviated flags (`--out` taken for `--out-dir`: a Slurm log named one
-    folder, the run wrote another), and a flag error in one line, as every user error (usage: --help)."""
+    """No abbreviated flags (`--out` taken for `--out-dir`: the log named one folder, the run wrote another);
+    a flag error in one line, as every user error."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})

@@ -1,5 +1,4 @@
-"""What lenet5.py's two engines (its plain loop, lenet_lightning.py) share: the LeNetRun they fill in, the
-optimizer and schedule, TensorBoard's writer, what follows every step (log points) and every epoch (test pass)."""
+"""What lenet5.py's two engines share: the run they fill in, the schedule, the logging after steps and epochs."""
 import math
 import time
 import warnings
@@ -89,8 +88,7 @@ def start_epoch(run):
 
 
 def log_point(run, step, logits, y, loss, lr):
-    """After every optimizer step: right predictions summed on the device (no sync). Every --log-every steps:
-    loss, accuracy since the last point, LR and, on a GPU, the test figures; .tolist() is the CPU-GPU sync."""
+    """After every optimizer step; every --log-every steps the curves (.tolist(): the one CPU-GPU sync)."""
     hits = (logits.detach().argmax(1) == y).sum()
     run.correct, run.seen = hits if run.correct is None else run.correct + hits, run.seen + len(y)
     if step % run.args.log_every:
@@ -153,8 +151,7 @@ def log_images(writer, model, digits, epoch):
 
 
 def grid(images, nrow, scale_each=True, pad=2):
-    """(N, 1, H, W) images, `nrow` to a row on white, scaled to [0, 1] (each or all): torchvision's make_grid
-    without its second of import."""
+    """(N, 1, H, W) images, `nrow` a row on white: torchvision's make_grid without its second of import."""
     x = images.float()
     dims = (1, 2, 3) if scale_each else (0, 1, 2, 3)
     low, high = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)

@@ -1,5 +1,5 @@
-"""lenet5.py --engine lightning (the handout's bonus): the plain loop's model, batches, schedule, log points and
-test passes (training/lenet.py), driven by lightning.Trainer. Imported only for it: lightning's import takes ~4 s."""
+"""lenet5.py --engine lightning: the plain loop's model, data, schedule and logging (training/lenet.py), driven
+by lightning.Trainer. Imported only for it: lightning's import takes ~4 s."""
 import logging
 import warnings
 

@@ -1,10 +1,9 @@
-"""A script's life and its clock, the same in lenet5.py, tokenizer_train.py, gpt_train.py and training.sample:
-`start(__name__)` on its first lines, before the slow imports; in main(), `phases()` and `with one_line_errors(...)`
-around the work; under `__main__`, `run(main)`. The standard library only: imported before torch.
-
-The clock is what `time` and Slurm's Elapsed show: process_seconds() counts from the process's start as the OS
-records it (the interpreter's start-up and the imports count; a clock started in main() misses them), and Phases
-splits those seconds into named phases that sum to it. Every script's metrics carry both."""
+"""A script's life and its clock, the same in every script: `start(__name__)` on its first lines, before the slow
+imports; in main(), `phases()` and `with one_line_errors(...)` around the work; under `__main__`, `run(main)`.
+The clock is what `time` and Slurm's Elapsed show: process_seconds() from the process's start as the OS records
+it, split by Phases into named phases that sum to it. gpt_train.py's stop signals (USR1/TERM/Ctrl-C): the
+StopFlag and its agreement across ranks. The standard library only: imported before torch."""
+import atexit
 import contextlib
 import os
 import signal
@@ -12,12 +11,10 @@ import sys
 import threading
 import time
 
-from training import signals
-
 
 def _started():
-    """(a clock, this process's start on it): Linux records the start in clock ticks since boot (/proc/self/stat,
-    field 22) on CLOCK_BOOTTIME. Elsewhere (macOS): this module's import, which misses the interpreter's start-up."""
+    """(a clock, this process's start on it): Linux's /proc/self/stat field 22, in ticks since boot; elsewhere
+    (macOS) this module's import, which misses the interpreter's start-up."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
@@ -28,6 +25,7 @@ def _started():
 
 CLOCK, START = _started()
 IMPORTS = [None, None]  # (start, end) of the first script's imports, in process_seconds()
+PENDING = []  # stop signals that arrived before the StopFlag existed
 
 
 def process_seconds():
@@ -35,9 +33,8 @@ def process_seconds():
 
 
 class Phases:
-    """`switch(name)` ends the current phase and starts `name`; `with phases.of(name):` runs a nested phase and
-    returns to the one it interrupted. `imports`: (start, end) of a script's imports in process_seconds():
-    "startup" (the interpreter's own) ends at the start, "imports" at the end, then "inputs" runs."""
+    """`switch(name)` ends the current phase and starts `name`; `with phases.of(name):` a nested one. `imports`:
+    (start, end) of a script's imports: "startup" ends at the start, "imports" at the end, then "inputs" runs."""
 
     def __init__(self, imports=None):
         started, done = imports or (0.0, 0.0)
@@ -79,15 +76,15 @@ class Phases:
 
 
 def start(name, stops=False):
-    """Before the slow imports; the first script's start counts (gpt_train.py imports training.sample). Run as a
-    program: a Ctrl-C before main() is one line and 130, not an import traceback (a background job's ignored
-    SIGINT stays ignored); with `stops`, USR1/TERM are remembered for the StopFlag (training/signals.py)."""
+    """As a program, a Ctrl-C before main() is one line and 130, not a traceback; `stops`: USR1/TERM kept."""
     if IMPORTS[0] is None:
         IMPORTS[0] = process_seconds()
     if name != "__main__":
         return
-    if stops:
-        signals.catch_early()
+    if stops:  # Slurm's warning or a scancel before the StopFlag exists: kept for it
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: PENDING.append(signum))
+        atexit.register(ignore_stops)  # registered first, so it runs last of the exit functions
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _while_starting)
 
@@ -95,6 +92,13 @@ def start(name, stops=False):
 def _while_starting(signum, frame):
     print("\ninterrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr, flush=True)
     os._exit(130)
+
+
+def ignore_stops():
+    """At exit Python resets its handlers before torch's teardown: a TERM then (Slurm's, 0.3 s after USR1) would
+    turn a checkpointed run's 3 (gpt.sh requeues on it) into 143. SIG_IGN survives the reset."""
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def phases():
@@ -106,9 +110,8 @@ def phases():
 
 @contextlib.contextmanager
 def one_line_errors(interrupted=None):
-    """A UserError is `error: ...` on one line and exit 1; a Ctrl-C is one line ending in interrupted() (what is
-    kept) and exit 130 (None: gpt_train's StopFlag handles it). The failed write that TensorBoard's writer thread
-    re-raises is the main thread's one line: not printed a second time, as a traceback."""
+    """A UserError is `error: ...` on one line and exit 1; a Ctrl-C one line ending in interrupted() (what is kept)
+    and exit 130 (None: the StopFlag's). TensorBoard's writer thread's failed write: the main thread's line only."""
     from data.files import UserError
     if signal.getsignal(signal.SIGINT) is _while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, the line below says it
@@ -131,13 +134,64 @@ def one_line_errors(interrupted=None):
         threading.excepthook = previous
 
 
+class StopFlag:
+    """USR1/TERM/Ctrl-C: finish the step, checkpoint, exit STOP_EXIT_CODE; a second Ctrl-C aborts at once."""
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+    def __enter__(self):
+        self.signal = signal.Signals(PENDING[0]).name if PENDING else None
+        self.previous = {sig: signal.signal(sig, self._set) for sig in self.SIGNALS}
+        return self
+
+    def _set(self, signum, frame):
+        if signum == signal.SIGINT:
+            if self.signal == "SIGINT":
+                raise KeyboardInterrupt
+            print("\nCtrl-C: checkpointing after this step (Ctrl-C again aborts without saving)", file=sys.stderr)
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+class StopAgreement:
+    """Whether every process stops after this step. The flag's all-reduce is read one step late (no drained
+    pipeline every step): all stop one step after the signal reached any; at a sync point, at once."""
+
+    def __init__(self, accelerator, stop):
+        self.accelerator, self.stop, self.pending = accelerator, stop, None
+
+    def __call__(self, at_sync_point):
+        import torch  # here, not at the top: this module is imported before torch
+        flag = self.stop.signal is not None
+        if self.accelerator.num_processes == 1:
+            return flag
+        device = self.accelerator.device
+        # torch.full: a fill kernel; torch.tensor([...], device=cuda) would copy from the host and sync
+        reduced = self.accelerator.reduce(torch.full((1,), float(flag), device=device), reduction="sum")
+        if at_sync_point:
+            self.pending = None
+            return reduced.item() > 0
+        previous, self.pending = self.pending, (reduced, None)
+        if device.type == "cuda":
+            host = torch.empty(1, pin_memory=True)
+            host.copy_(reduced, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.pending = (host, event)
+        if previous is None:
+            return False
+        value, event = previous
+        if event is not None:
+            event.synchronize()  # the previous step's work: done, or nearly
+        return value.item() > 0
+
+
 @contextlib.contextmanager
 def no_teardown_after_collectives(agreed=(0,)):
-    """Leave with the block's exit code without the interpreter's teardown. In a multi-process run the backend's
-    worker thread can hold the last reference to a finished collective; dropped while Python finalizes, the process
-    aborts (exit -6) and torchrun calls a finished run failed, whatever destroy_process_group does
-    (benchmarks/exit_bench.py). One process: torch's teardown costs ~0.3-0.7 s of a 2-core VM's process time for
-    nothing. `agreed`: the exit codes every rank reaches together (0; gpt_train's STOP_EXIT_CODE), after a barrier."""
+    """Exit with the block's code, without the interpreter's teardown: a collective released by a worker thread
+    then aborts a finished rank (exit -6; benchmarks/exit_bench.py). `agreed`: codes all ranks reach together."""
     code = 0
     try:
         yield

@@ -1,5 +1,4 @@
-"""What a run reports: its TensorBoard scalars, the final metrics, the start-up and summary lines, the
-lab's success threshold and the exit code of a run stopped by a signal."""
+"""What a GPT run reports: TensorBoard scalars, the final metrics, the start-up and summary lines."""
 import math
 
 import torch
@@ -14,19 +13,16 @@ def final_metrics(state, val_loss, v, tokens_per_second, info):
     """What the run measured (`v`: the validation split's counts); `info` gives the MFU."""
     tail = [loss for _, loss in state.losses[-5:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
+    bits_per_byte = val_loss / math.log(2) * (v["tokens"] + v["docs"]) / v["bytes"]  # comparable across vocabularies
     return {
         "tokens_seen": state.tokens_seen, "steps": state.step, "final_train_loss": final_train_loss,
-        "final_val_loss": val_loss,
-        "val_bits_per_byte": val_loss / math.log(2) * (v["tokens"] + v["docs"]) / v["bytes"],
-        "success": final_train_loss < SUCCESS_LOSS, "train_seconds": round(state.train_seconds, 3),
+        "final_val_loss": val_loss, "val_bits_per_byte": bits_per_byte, "success": final_train_loss < SUCCESS_LOSS,
+        "train_seconds": round(state.train_seconds, 3), "tokens_per_second": tokens_per_second,
         "compile_seconds": round(state.compile_seconds, 3) if state.steady_seconds > 0 else None,
-        "tokens_per_second": tokens_per_second,
         "mfu": mfu(tokens_per_second, info["flops_per_token"], info["peak"], info["world_size"]),
         "skipped_steps": state.step - state.lr_step,  # fp16: steps GradScaler skipped (overflow); else 0
-        "resumed": state.resumed, "torch": torch.__version__,
-        "loss_curve": state.losses, "val_curve": state.val_losses + [[state.step, val_loss]],
-        "throughput_curve": state.throughput,
-    }
+        "resumed": state.resumed, "torch": torch.__version__, "loss_curve": state.losses,
+        "val_curve": state.val_losses + [[state.step, val_loss]], "throughput_curve": state.throughput}
 
 
 def scalars(info, budget, loss, grad_norm, lr, tps, dev):
@@ -71,8 +67,7 @@ def summary_line(m):
 
 
 def describe_run(args, argv, decisions, model, text, corpus, budget, world):
-    """The run as the metrics record it. `corpus`: what the text is from its content (wos.corpus_identity), so
-    that the report never labels a run by its path."""
+    """The run as the metrics record it; `corpus`: the text's identity by content, never by its path."""
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
     return {"precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
             "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)

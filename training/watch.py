@@ -6,8 +6,8 @@ import time
 
 import torch
 
+from training.lifecycle import StopAgreement
 from training.profile import profiled
-from training.signals import StopAgreement
 
 
 class StepWatch:
