@@ -31,8 +31,13 @@ BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unl
                    r"<!--\s*/\1\s*-->\n?", re.S)
 
 
-def first_result(results, name):
-    return next((k for k in results if result_name(k) == name), None)
+def results_run(alias, results, name, kind=None):
+    """The Run of the results file `name` (its events beside it), or None where there is none."""
+    if (key := next((k for k in results if result_name(k) == name), None)) is None:
+        return None
+    data, path = results[key]
+    events = events_beside(path)
+    return Run(alias, kind or run_kind(data), data, rel(path), path, name, events, rel(events) if events else None)
 
 
 def role_runs(folders, results, scratch):
@@ -40,16 +45,13 @@ def role_runs(folders, results, scratch):
     roles = {}
     for role, (pattern, older, fallback) in ROLES.items():
         found, stem = answer(folders, pattern, older, results=True)
-        key = first_result(results, fallback) if not found and fallback else None
-        if found:
-            loose = found.folder / f"{stem}.json"
-            data, path = found.results[stem], loose if loose.is_file() else None
-            source = rel(loose) if path else f"{rel(found.folder / 'results.json')}: results.{stem}"
-        elif key:
-            (data, path), stem = results[key], fallback
-            source = rel(path)
-        else:
+        if not found:
+            if fallback and (run := results_run(role, results, fallback)):
+                roles[role] = run
             continue
+        loose, data = found.folder / f"{stem}.json", found.results[stem]
+        path = loose if loose.is_file() else None
+        source = rel(loose) if path else f"{rel(found.folder / 'results.json')}: results.{stem}"
         events = events_beside(path) if path else runs_archive_events(found, stem, scratch) if scratch else None
         where = (rel(events) if path else f"{rel(found.folder)}/runs.tar.gz: {events.name}") if events else None
         roles[role] = Run(role, run_kind(data), data, source, path, stem, events, where, found)
@@ -63,12 +65,9 @@ def shown_runs(by_kind, results, roles, committed=True):
         if run := by_kind.get(kind):
             shown[kind] = Run(alias, kind, run.metrics, f"{rel(run.dir)}/metrics.json", events=run.dir,
                               events_source=rel(run.dir))
-        elif committed and default in roles:
-            shown[kind] = replace(roles[default], alias=alias)
-        elif committed and (key := first_result(results, default)):
-            data, path = results[key]
-            events = events_beside(path)
-            shown[kind] = Run(alias, kind, data, rel(path), path, default, events, rel(events) if events else None)
+        elif committed and (run := replace(roles[default], alias=alias) if default in roles
+                            else results_run(alias, results, default, kind)):
+            shown[kind] = run
     return shown
 
 
