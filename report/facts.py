@@ -37,7 +37,7 @@ def results_run(alias, results, name, kind=None):
         return None
     data, path = results[key]
     events = events_beside(path)
-    return Run(alias, kind or run_kind(data), data, rel(path), path, name, events, rel(events) if events else None)
+    return Run(alias, kind or run_kind(data), data, rel(path), name, events, rel(events) if events else None)
 
 
 def role_runs(folders, results, scratch):
@@ -54,7 +54,7 @@ def role_runs(folders, results, scratch):
         source = rel(loose) if path else f"{rel(found.folder / 'results.json')}: results.{stem}"
         events = events_beside(path) if path else runs_archive_events(found, stem, scratch) if scratch else None
         where = (rel(events) if path else f"{rel(found.folder)}/runs.tar.gz: {events.name}") if events else None
-        roles[role] = Run(role, run_kind(data), data, source, path, stem, events, where, found)
+        roles[role] = Run(role, run_kind(data), data, source, stem, events, where, found)
     return roles
 
 

@@ -40,12 +40,11 @@ class RunFolder:
 
 @dataclass
 class Run:
-    """The run a section shows: a named run folder or a committed JSON (`path`, `stem`), and its events."""
+    """The run a section shows: a named run folder or a committed JSON (its `stem`), and its events."""
     alias: str
     kind: str
     metrics: dict
     source: str
-    path: Path | None = None
     stem: str | None = None
     events: Path | None = None
     events_source: str | None = None
