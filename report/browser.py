@@ -235,21 +235,17 @@ SOFT_BREAK = re.compile(r"([^\s>]?)((?:<[^>]+>)*)[ \t]*\n[ \t]*((?:<[^>]+>)*)([^
 FIGURE = re.compile(r"(<p><img [^>]*></p>)\s*(<p><em>(?:(?!</p>).)*</p>)", re.S)  # (never past its </p>)
 
 
-def join_cjk_lines(html):
-    """Soft line breaks between Chinese characters or beside Chinese punctuation removed (a browser renders
-    them as spaces: "硬件、 PyTorch"); <pre> blocks left as they are."""
-    def join(m):
-        left, right = m.group(1), m.group(4)
-        cjk = CJK.match(left) and CJK.match(right) or CJK_PUNCT.match(left) or CJK_PUNCT.match(right)
-        return "".join(m.group(1, 2)) + ("" if cjk else "\n") + "".join(m.group(3, 4))
-    parts = re.split(r"(<pre[\s>].*?</pre>)", html, flags=re.S)
-    return "".join(part if part.startswith("<pre") else SOFT_BREAK.sub(join, part) for part in parts)
-
-
 def report_html(markdown_text):
     """report.md as the HTML Chromium prints: titled by its first H1, lines joined, figures kept whole."""
     import markdown
-    body = join_cjk_lines(markdown.markdown(markdown_text, extensions=["tables", "fenced_code"]))
+
+    def join(m):  # a soft break between Chinese characters or beside Chinese punctuation: none (a browser's space)
+        left, right = m.group(1), m.group(4)
+        cjk = CJK.match(left) and CJK.match(right) or CJK_PUNCT.match(left) or CJK_PUNCT.match(right)
+        return "".join(m.group(1, 2)) + ("" if cjk else "\n") + "".join(m.group(3, 4))
+    parts = re.split(r"(<pre[\s>].*?</pre>)", markdown.markdown(markdown_text, extensions=["tables", "fenced_code"]),
+                     flags=re.S)  # <pre> blocks left as they are
+    body = "".join(part if part.startswith("<pre") else SOFT_BREAK.sub(join, part) for part in parts)
     half = body.count("nvidia_smi_") > 1  # two terminal snapshots: side by side, each a PNG to zoom into
     body = FIGURE.sub(lambda m: ('<figure class="half">' if half and "nvidia_smi_" in m.group(1) else "<figure>")
                       + m.group(1) + m.group(2) + "</figure>", body)

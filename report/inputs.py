@@ -114,31 +114,15 @@ def read_metrics(run_dir):
     return metrics, None
 
 
-def newest_run(root, problems):
-    """The newest run under root whose metrics can be tabled; each newer one passed over is a problem line."""
-    runs = sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
-                  key=lambda d: (d / "args.json").stat().st_mtime, reverse=True)
-    for run_dir in runs:
-        if (problem := read_metrics(run_dir)[1]) is None:
-            return run_dir
-        problems.append(f"skipped the newer run {run_dir}: {problem}")
-    return None
-
-
-def check_event_file(path):
-    """Every record read, CRCs checked: tensorboard's loader stops silently at corruption (a seeming short run)."""
-    reader = PyRecordReader_New(str(path))
-    with contextlib.suppress(errors.OutOfRangeError):  # the end of the file
-        while True:
-            reader.GetNext()
-
-
 def load_events(run_dir, problems):
     """{tag: [(step, value)]} and {image tag: last PNG bytes}; a corrupt file becomes a problem line."""
     scalars, images = {}, {}
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
-        try:
-            check_event_file(path)
+        try:  # every record read first, CRCs checked: tensorboard's loader stops silently at corruption
+            reader = PyRecordReader_New(str(path))
+            with contextlib.suppress(errors.OutOfRangeError):  # the end of the file
+                while True:
+                    reader.GetNext()
             events = EventAccumulator(str(path), size_guidance={"scalars": 0, "images": 0})
             events.Reload()
             for tag in events.Tags()["scalars"]:
@@ -151,9 +135,16 @@ def load_events(run_dir, problems):
 
 
 def find_runs(runs, runs_root, problems):
-    """{kind: RunFolder}: the first run of each kind named, or the newest of each under runs_root; none unasked."""
-    dirs = list(runs) + ([d for d in (newest_run(runs_root / k, problems) for k in ("lenet5", "gpt")) if d]
-                         if runs_root else [])
+    """{kind: RunFolder}: the first run of each kind named, or the newest readable one of each under runs_root (a
+    newer one passed over: a problem line); none unasked."""
+    dirs = list(runs)
+    for root in [runs_root / k for k in ("lenet5", "gpt")] if runs_root else []:
+        for run_dir in sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
+                              key=lambda d: (d / "args.json").stat().st_mtime, reverse=True):
+            if (problem := read_metrics(run_dir)[1]) is None:
+                dirs.append(run_dir)
+                break
+            problems.append(f"skipped the newer run {run_dir}: {problem}")
     by_kind = {}
     for run_dir in dirs:
         metrics, problem = read_metrics(run_dir)
