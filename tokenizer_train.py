@@ -162,7 +162,6 @@ def main(argv=None):
             wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
         train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
         print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
-
         phases.switch("loop")
         t0 = time.perf_counter()
         tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
@@ -175,7 +174,6 @@ def main(argv=None):
                    "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
         metrics.update(measures(tokenizer, val_docs, args.compare, other))
         phases.switch("final_save")
-
         save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does
         args.saved = True
         print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")

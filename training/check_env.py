@@ -160,12 +160,10 @@ def main(argv=None):
                    help="what to check for: lenet5.py, the GPT scripts, or all (default: %(default)s)")
     p.add_argument("--act", choices=("torch", "python", "cpp"), default="torch",
                    help="the GELU lenet5.py will use: only cpp needs the compiled gelu_ext (default: %(default)s)")
-    p.add_argument("--data-dir", type=Path, default=data_root(),
-                   help="MNIST's folder, as lenet5.py --data-dir (default: $LAB5_DATA or data/)")
+    p.add_argument("--data-dir", type=Path, default=data_root(), help="as lenet5.py's (default: $LAB5_DATA or data/)")
     p.add_argument("--text", type=Path, default=None,
                    help="the corpus, as gpt_train.py --text (default: data/WebOfScience/WOS46985/X.txt)")
-    p.add_argument("--tokenizer", default=tokenizer.default_tokenizer(),
-                   help="as gpt_train.py --tokenizer (default: %(default)s)")
+    p.add_argument("--tokenizer", default=tokenizer.default_tokenizer(), help="as gpt_train's (default: %(default)s)")
     add_output_flags(p, "write the checks here as JSON")
     args = p.parse_args(argv)
     with lifecycle.one_line_errors(lambda: "nothing was written"):  # the checks only read

@@ -70,15 +70,18 @@ def check_finite(value, what):  # a diverged run stops with one line, not with 1
 
 
 @torch.no_grad()
-def evaluate(model, loader):
-    """Mean cross-entropy and accuracy (fraction) over the whole loader; the model is left in eval mode."""
-    model.eval()
-    sums = torch.zeros(2, device=loader.dataset.labels.device)  # summed loss, right predictions
-    for x, y in loader:
-        logits = model(x)
+def test_pass(run, step):
+    """Mean test loss and accuracy, into TensorBoard and the accuracy curve; the model is left in eval mode."""
+    run.model.eval()
+    sums = torch.zeros(2, device=run.device)  # summed loss, right predictions
+    for x, y in run.test_loader:
+        logits = run.model(x)
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum()])
-    loss_sum, correct = sums.tolist()
-    return loss_sum / len(loader.dataset), correct / len(loader.dataset)
+    test_loss, test_acc = (v / len(run.test_loader.dataset) for v in sums.tolist())
+    run.test_accuracy.append([step, test_acc])
+    run.writer.add_scalar("test/loss", test_loss, step)
+    run.writer.add_scalar("test/accuracy", test_acc, step)
+    return test_loss, test_acc
 
 
 def start_epoch(run):
@@ -103,7 +106,7 @@ def log_point(run, step, logits, y, loss, lr):
     if tests_between_epochs(run.device) and step % len(run.train_loader):  # (the epoch's last step has its own)
         t0 = time.perf_counter()
         with run.phases.of("evaluation"):
-            log_test(run, step, *evaluate(run.model, run.test_loader))
+            test_pass(run, step)
         run.model.train()
         run.train_seconds -= time.perf_counter() - t0  # the epoch's timer runs on: this pass is not training
 
@@ -113,24 +116,17 @@ def tests_between_epochs(device):
     return device.type == "cuda"
 
 
-def log_test(run, step, test_loss, test_acc):
-    run.test_accuracy.append([step, test_acc])
-    run.writer.add_scalar("test/loss", test_loss, step)
-    run.writer.add_scalar("test/accuracy", test_acc, step)
-
-
 def end_epoch(run, epoch, step, t0):
     """After an epoch started at `t0`: its training time, the test pass, its record, images, GPU use, one line."""
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
     run.train_seconds += time.perf_counter() - t0
     run.phases.switch("evaluation")
-    test_loss, test_acc = evaluate(run.model, run.test_loader)
+    test_loss, test_acc = test_pass(run, step)
     run.phases.switch("logging")
     check_finite(test_loss, f"test loss after epoch {epoch}")
     run.history.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
     run.steps = step
-    log_test(run, step, test_loss, test_acc)
     log_images(run.writer, run.model, run.digits, epoch)
     for tag, value in (gpu_stats(run.device) if run.device.type == "cuda" else {}).items():  # NVML, where installed
         run.writer.add_scalar(tag, value, step)

@@ -173,19 +173,15 @@ class StopAgreement:
         if at_sync_point:
             self.pending = None
             return reduced.item() > 0
-        previous, self.pending = self.pending, (reduced, None)
-        if device.type == "cuda":
-            host = torch.empty(1, pin_memory=True)
-            host.copy_(reduced, non_blocking=True)
-            event = torch.cuda.Event()
+        previous, event = self.pending, torch.cuda.Event() if device.type == "cuda" else None
+        self.pending = (reduced.to("cpu", non_blocking=True), event)  # from a GPU: into pinned memory, no sync
+        if event:
             event.record()
-            self.pending = (host, event)
         if previous is None:
             return False
-        value, event = previous
-        if event is not None:
-            event.synchronize()  # the previous step's work: done, or nearly
-        return value.item() > 0
+        if previous[1]:
+            previous[1].synchronize()  # the previous step's work: done, or nearly
+        return previous[0].item() > 0
 
 
 @contextlib.contextmanager

@@ -54,8 +54,6 @@ def summary_line(m):
     """The run in one line: the loop's time and the process's (end to end), throughput, losses, verdict."""
     compile_part = f", compile {m['compile_seconds']:.1f} s" if m["compile"] != "off" and m["compile_seconds"] else ""
     mfu_part = f", MFU {m['mfu']:.1%}" if m["mfu"] else ""
-    # the handout's goal is a loss, which depends on the vocabulary (ln 512 = 6.2 at the start, ln 50304 = 10.8):
-    # bits/byte beside the verdict is the number that compares runs with different tokenizers
     verdict = "success: train loss < " if m["success"] else "NOT a success: train loss >= "
     total = m.get("process_seconds_total", m["process_seconds"])  # a resumed run: all its processes, as its loop
     here = f" over all its processes, this one {m['process_seconds']:.1f} s" if total > m["process_seconds"] else ""
