@@ -6,8 +6,7 @@
     sbatch slurm/tokenizer.sh --text ../shared/data/wos-standin/X.txt    # the same under Slurm (CPU only)
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
 
-Trained on the training split only; reports bytes per token on the validation split (and --compare's), checks
-decode(encode(text)) == text, and tokenises the corpus into the cache gpt_train.py reads.
+Trained on the training split; bytes per token and decode(encode(text)) == text checked on the validation split.
 """
 from training import lifecycle  # first, before the slow imports: the standard library only
 

@@ -271,7 +271,7 @@ def test_test_passes_between_epochs_agree_across_engines(tiny_mnist, tmp_path, m
     """Where a test pass between epochs is cheap (a GPU; forced here on the CPU), both engines log the test figures
     at every log point, after that step's update: the same steps and values; history stays one row per epoch."""
     from training import lenet
-    monkeypatch.setattr(lenet, "tests_between_epochs", lambda device: True)
+    monkeypatch.setattr(lenet, "TESTS_BETWEEN_EPOCHS", {"cpu", "cuda"})
     common = ["--data-dir", str(tiny_mnist), "--no-download", "--epochs", "2", "--batch-size", "50", "--device", "cpu",
               "--log-every", "5"]  # 12 steps an epoch: points at 5, 10, 12 (the epoch's own), 15, 20, 24
     plain = lenet5.main([*common, "--out-dir", str(tmp_path / "plain")])

@@ -4,8 +4,8 @@
     python -m training.check_env --for lenet5 --act cpp   # only what lenet5.py needs, with the own GELU op
     python -m training.check_env --for gpt --text ../shared/data/wos-standin/X.txt --metrics-out env.json
 
-Nothing is downloaded, built or written (but --metrics-out); each package is imported, not only looked up. No
-GPU is fine (a login node: the jobs get one); a line with `todo` would stop a job: exit 1.
+Nothing is downloaded, built or written (but --metrics-out); each package is imported, not only looked up. A
+login node without a GPU is fine; a `todo` would stop a job: exit 1.
 """
 import importlib.metadata
 import re
@@ -141,17 +141,6 @@ def check_data(args, needed):
                                        f"{tokenizer.OWN_TOKENIZER.relative_to(REPO)})")]
 
 
-def run_checks(args):
-    """The checks `args.use` needs: the packages first (a torch too old says so there), then torch's own."""
-    checks = check_python_and_packages()
-    try:
-        import torch
-    except Exception:  # whatever the import raises: the packages line says what
-        return checks + [todo("torch", "not importable (see packages): pip install -r requirements.txt")]
-    gelu = [check_gelu_ext(torch, args.act)] if "gelu_ext" in USES[args.use] else []
-    return checks + check_torch_driver_gpu(torch, driver_cuda()) + gelu + check_data(args, USES[args.use])
-
-
 def main(argv=None):
     phases = lifecycle.Phases().switch("inputs")  # "startup": the interpreter's start-up and this module's imports
     from data import tokenizer
@@ -170,7 +159,14 @@ def main(argv=None):
         if args.metrics_out:
             runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
         phases.switch("checks")
-        checks = run_checks(args)
+        checks = check_python_and_packages()  # first: a torch too old or broken says so there
+        try:
+            import torch
+        except Exception:  # whatever the import raises: the packages line says what
+            checks.append(todo("torch", "not importable (see packages): pip install -r requirements.txt"))
+        else:
+            gelu = [check_gelu_ext(torch, args.act)] if "gelu_ext" in USES[args.use] else []
+            checks += check_torch_driver_gpu(torch, driver_cuda()) + gelu + check_data(args, USES[args.use])
         for check in checks:
             print(f"{check.name:<10} {check.status:<4}  {check.detail}")
         missing = [c.name for c in checks if c.status == "todo"]

@@ -1,8 +1,6 @@
-"""A script's life and its clock, the same in every script: `start(__name__)` on its first lines, before the slow
-imports; in main(), `phases()` and `with one_line_errors(...)` around the work; under `__main__`, `run(main)`.
-The clock is what `time` and Slurm's Elapsed show: process_seconds() from the process's start as the OS records
-it, split by Phases into named phases that sum to it. gpt_train.py's stop signals (USR1/TERM/Ctrl-C): the
-StopFlag and its agreement across ranks. The standard library only: imported before torch."""
+"""A script's life and its clock: `start(__name__)` before the slow imports, `phases()` and `one_line_errors()` in
+main(), `run(main)` under `__main__`; process_seconds() counts from the process's start as the OS records it (what
+`time` and Slurm show); gpt_train's stop signals (StopFlag, StopAgreement). The standard library only."""
 import atexit
 import contextlib
 import os
