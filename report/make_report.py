@@ -6,9 +6,9 @@
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
 The inputs: every JSON under --results, its GPU folders (report/gpu.py) and only the runs named (a run under runs/
-is never picked up unasked). --out gets results.md (tables, sources, problems), placeholders.md and the figures
-report.md links; --pdf prints report.md filled from the same inputs. A placeholder that cannot be filled or a
-broken image is an error or a problem line, never a blank.
+is never picked up unasked). --out gets results.md (the runs shown, every source, problems), placeholders.md and
+the figures report.md links; --pdf prints report.md filled from the same inputs. A placeholder that cannot be
+filled or a broken image is an error or a problem line, never a blank.
 """
 import errno
 import json
@@ -32,7 +32,7 @@ from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, scalars_from_metrics
 from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_events, load_results, rel, result_name
 from report.outputs import BUILT, building, built_lines, out_dir, printed, writable
-from report.tables import gelu_table, gpt_table, ladder_table, lenet_bench_table, lenet_table, tokenizer_table
+from report.tables import gpt_table, lenet_table
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
@@ -86,23 +86,23 @@ def alias_section(r, kind, table, curves):
     return [f"The run `{shown.alias}` (placeholders `{{{{{shown.alias}.…}}}}`, `{file}`): `{rel(where)}`", ""] + section
 
 
-def result_sections(r, head, prefix, table, what, figure=None):
-    """One table per <prefix>*.json of the results (and its figure where wanted), or the line saying there is none."""
+def result_lines(r):
+    """Each results file: where it is and its placeholders' name (a ladder: its figure, where wanted)."""
     lines = []
-    for key in sorted(k for k in r.results if result_name(k).startswith(prefix)):
+    for key in sorted(r.results):
         data, path = r.results[key]
         name = figure_name(key, r.results)
+        lines.append(f"- `{rel(path)}`: placeholders `{{{{{name}.…}}}}`")
         try:
-            section = table(data) + [""] + (figure(name, data, r.out) if figure and r.wanted(f"{name}.png") else [])
+            if result_name(key).startswith("gpt_bench") and r.wanted(f"{name}.png"):
+                lines += ["", *ladder_figure(name, data, r.out), ""]
         except FIELD_ERRORS as e:
             r.left_out(path, e)
-            continue
-        lines += [f"`{rel(path)}` (placeholders `{{{{{name}.…}}}}`):", ""] + section + [""]
-    return ["", head, ""] + (lines or [f"- no {what} found in {r.results_dir}"])
+    return ["", "## Results files", ""] + (lines or [f"- no results files found in {r.results_dir}"])
 
 
 def run_lines(r):
-    """LeNet-5 (its run, layers, kept runs, benchmarks), GELU, the tokenizer, GPT-2 and the ladder."""
+    """The LeNet-5 run shown (its table, curves and layers), the GPT-2 run shown, and the results files."""
     lines = ["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table, lenet_curves)
     if (shown := r.shown.get("lenet5")) and shown.events:  # the layers of the very run shown, never another's
         images = r.by_kind["lenet5"].images if "lenet5" in r.by_kind else load_events(shown.events, r.problems)[1]
@@ -111,16 +111,7 @@ def run_lines(r):
     elif shown:
         lines += ["", f"- no TensorBoard events kept for `{shown.source}`: no layer images (name a run folder "
                       "of `python lenet5.py`, or keep its events beside its JSON, in a folder of the same name)"]
-    kept = "Runs whose metrics were kept in the results:"
-    lines += result_sections(r, kept, "lenet_run", lenet_table, "LeNet-5 run metrics")
-    lines += result_sections(r, "Speed against the lab's original recipe:", "lenet_bench", lenet_bench_table,
-                             "LeNet-5 benchmark")
-    lines += result_sections(r, "## GELU operator", "gelu_bench", gelu_table, "GELU benchmark")
-    lines += result_sections(r, "## Tokenizer", "tokenizer", tokenizer_table, "tokenizer metrics")
-    lines += ["", "## GPT-2", ""] + alias_section(r, "gpt", gpt_table, gpt_curves)
-    lines += result_sections(r, kept, "gpt_run", gpt_table, "GPT run metrics")
-    return lines + result_sections(r, "## Acceleration ladder", "gpt_bench", ladder_table, "acceleration ladder",
-                                   ladder_figure)
+    return lines + ["", "## GPT-2", ""] + alias_section(r, "gpt", gpt_table, gpt_curves) + result_lines(r)
 
 
 def gpu_lines(r, screenshots):

@@ -1,5 +1,5 @@
-"""The Markdown tables: results.md's, one per kind of JSON (a missing or mistyped field raises: the caller names
-the file in one problem line), and the two the report's text shows."""
+"""The Markdown tables: results.md's of the runs shown (a missing or mistyped field raises: the caller names the
+file in one problem line), and the two the report's text shows."""
 from report.inputs import NUMBER, corpus_name, rel
 
 
@@ -33,70 +33,6 @@ def gpt_table(m):
             f"{m['world_size']} | {m['device_name']} |",
             "", f"Text: `{rel(m.get('text'))}`{corpus_label(m)}; tokenizer: `{rel(m.get('tokenizer'))}`, "
                 f"vocabulary {m['vocab_size']:,}, {m['params']:,} parameters, preset `{m.get('preset')}`."]
-
-
-def ladder_table(bench):
-    repeats = bench.get("repeats", 1)
-    rows = [f"{bench['device_name']}, batch {bench['micro_batch']} x {bench['seq_len']}, vocabulary "
-            f"{bench['vocab_size']:,}, " + (f"median of {repeats} interleaved repeats (range in brackets):"
-                                             if repeats > 1 else "one measurement per rung:"), "",
-            "| # | rung | tokens/s | ms/step | MFU | speed-up |", "|---|---|---|---|---|---|"]
-    for i, r in enumerate(bench["rungs"], 1):
-        if "error" in r:  # out of memory, or an SDPA backend this GPU does not have: said, not measured
-            why = " ".join(str(r["error"]).split())[:160]
-            rows.append(f"| {i} | {r['name'].strip()} | not measured: {why} | | | |")
-            continue
-        spread = " [{:,.0f}–{:,.0f}]".format(*r["tokens_per_second_range"]) if "tokens_per_second_range" in r else ""
-        noise = " (within noise of the rung above)" if r.get("within_noise_of_previous") else ""
-        rows.append(f"| {i} | {r['name'].strip()} | {r['tokens_per_second']:,.0f}{spread} | {r['ms_per_step']:,.1f} | "
-                    f"{fmt(r['mfu'], '.1%')} | {r['speedup']:.2f}×{noise} |")
-    return rows
-
-
-def gelu_table(bench):
-    """gelu_bench.py's rows; without the op's kernels (`ext_measured` false) "not measured" and the reason."""
-    measured = bench.get("ext_measured", True)
-    rows = [f"{bench['device_name']}, {bench['dtype']}, forward + backward (ms, median):", "",
-            "| n | ATen | lab's composite | Python Function | ext | ext vs ATen |", "|---|---|---|---|---|---|"]
-    for r in bench["rows"]:
-        ext = f"{r['ext_ms']:.3f} | {r['ext_vs_aten']:.2f}×" if measured else "not measured | not measured"
-        rows.append(f"| 2^{r['n'].bit_length() - 1} | {r['aten_ms']:.3f} | {fmt(r.get('seed_ms'), '.3f')} | "
-                    f"{fmt(r.get('python_ms'), '.3f')} | {ext} |")
-    if not measured:
-        rows += ["", f"ext not measured: {bench.get('ext_missing_reason') or 'no reason recorded'}."]
-    return rows
-
-
-def lenet_bench_table(b):
-    """lenet_bench.py's recipes side by side (a row per seed where it has them), or mode act_pair's torch / cpp."""
-    if b.get("mode") == "act_pair":
-        rows = ["| seed | `--act torch` s | `--act cpp` s | cpp / torch | accuracy torch / cpp |",
-                "|---|---|---|---|---|"]
-        rows += [f"| {r['seed']} | {r['torch_train_seconds']:.2f} | {r['cpp_train_seconds']:.2f} | "
-                 f"{r['cpp_to_torch']:.3f} | {r['torch_accuracy']:.2%} / {r['cpp_accuracy']:.2%} |"
-                 for r in b["per_seed"]]
-        return [f"{b['device_name']}, one interleaved pair per seed:", ""] + rows + [
-            "", "cpp / torch: median **{:.3f}** [{:.3f}–{:.3f}].".format(b["cpp_to_torch"]["median"],
-                                                                        *b["cpp_to_torch"]["range"])]
-    default = f"default `lenet5.py`, {b['default_epochs']} epochs"
-    rows = [f"| original recipe (batch 64, Adam 1e-3, ToTensor), epoch {i} | {s:.2f} | {a:.2%} |"
-            for i, (s, a) in enumerate(zip(b["baseline_epoch_seconds"], b["baseline_accuracy"]), 1)]
-    rows += [f"| {default}, seed {r['seed']} | {r['default_train_seconds']:.2f} | {r['default_accuracy']:.2%} |"
-             for r in b.get("per_seed") or [{**b, "seed": b.get("seed", 0)}]]
-    if "lightning_train_seconds" in b:
-        rows.append(f"| `lenet5.py --engine lightning`, {b['default_epochs']} epochs | "
-                    f"{b['lightning_train_seconds']:.2f} | {b['lightning_accuracy']:.2%} (Lightning / plain "
-                    f"**{b['lightning_to_plain']:.2f}×**) |")
-    return [f"{b['device_name']}:", "", "| run | training s | test accuracy |", "|---|---|---|", *rows, "",
-            f"Default training time = **{b['ratio_to_one_baseline_epoch']:.2f}×** one original epoch."]
-
-
-def tokenizer_table(t):
-    return ["| vocabulary | training s | val bytes/token | GPT-2's val bytes/token | round-trip failures | "
-            "train docs | val docs | text |", "|---|---|---|---|---|---|---|---|",
-            f"| {t['vocab_size']:,} | {t['train_seconds']:.1f} | {t['val_bytes_per_token']:.3f} | "
-            f"{fmt(t.get('gpt2_val_bytes_per_token'), '.3f')} | {t['val_round_trip_failures']} | "
-            f"{t['num_train_docs']:,} | {t['num_val_docs']:,} | `{rel(t.get('text'))}`{corpus_label(t)} |"]
 
 
 # ----------------------------------------------------------------------------- tables the report's text shows

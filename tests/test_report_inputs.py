@@ -77,7 +77,7 @@ def test_a_named_run_shows_its_numbers_in_tables_figures_and_placeholders(tmp_pa
     before = snapshot(results)
     named = [str(run)] if how == "positional" else ["--runs-root", str(tmp_path / "runs")]
     out, text = build(tmp_path, results, report, *named)
-    alias = text.split("## LeNet-5")[1].split("Runs whose metrics")[0]
+    alias = text.split("## LeNet-5")[1].split("## GPT-2")[0]
     assert f"`{run}`" in alias and "| 43.21% |" in alias and "98.76%" not in alias
     assert "Accuracy 43.21% after 2 epochs." in (out / "report_filled.md").read_text()
     assert f"-> 43.21% -> `{run}/metrics.json`" in text
