@@ -2,7 +2,6 @@
 its figure was written."""
 import re
 from datetime import datetime
-from io import BytesIO
 
 import matplotlib
 
@@ -13,13 +12,6 @@ from report.inputs import corpus_name
 from training.metrics import SUCCESS_LOSS
 
 BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
-
-LAYER_IMAGES = (  # TensorBoard image tag -> the figure drawn from it, what it shows
-    ("layers/conv1_filters", "lenet_conv1_filters.png", "conv1: the 6 learned 5x5 filters"),
-    ("layers/conv1_feature_maps", "lenet_conv1_feature_maps.png",
-     "conv1 feature maps: one row per test digit, one column per channel (6, 24x24)"),
-    ("layers/conv2_feature_maps", "lenet_conv2_feature_maps.png",
-     "conv2 feature maps: one row per test digit, one column per channel (16, 8x8)"))
 
 
 def save(fig, path, **options):
@@ -66,31 +58,6 @@ def lenet_curves(s, m, path):
     plot_lines(path, [(what, {k: s.get(f"{k}/{what}", []) for k in ("train", "test")}, "step")
                       for what in ("loss", "accuracy")], name)
     return [f"![LeNet-5 curves]({path.name})"]
-
-
-def lenet_images(where, images, out, problems):
-    """A LeNet-5 run's layer images, enlarged without smoothing and titled; one not a picture: a problem line."""
-    from PIL import Image
-    lines = []
-    for tag, file, title in LAYER_IMAGES:
-        if tag not in images:
-            lines.append(f"- no `{tag}` image in {where}")
-            continue
-        try:
-            image = Image.open(BytesIO(images[tag]))
-            scale = max(1.0, 900 / image.width)
-            fig = plt.figure(figsize=(image.width * scale / 100, image.height * scale / 100 + 0.5), dpi=100)
-            fig.add_axes([0, 0, 1, image.height * scale / (image.height * scale + 50)]).imshow(
-                image, interpolation="nearest", cmap="gray")
-            fig.axes[0].axis("off")
-            fig.suptitle(f"{title}, after the last epoch", fontsize=10)
-            fig.savefig(out / file)
-            plt.close(fig)
-        except (OSError, ValueError) as e:  # PIL's UnidentifiedImageError is an OSError
-            problems.append(f"the `{tag}` image of {where} is not a picture ({type(e).__name__}); no {file}")
-            continue
-        lines.append(f"![{tag}]({file})")
-    return lines
 
 
 def gpt_curves(s, m, path):

@@ -35,7 +35,6 @@ class RunFolder:
     metrics: dict
     kind: str
     scalars: dict = field(default_factory=dict)
-    images: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -115,23 +114,21 @@ def read_metrics(run_dir):
 
 
 def load_events(run_dir, problems):
-    """{tag: [(step, value)]} and {image tag: last PNG bytes}; a corrupt file becomes a problem line."""
-    scalars, images = {}, {}
+    """{tag: [(step, value)]} of a run's scalars; a corrupt file becomes a problem line."""
+    scalars = {}
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
         try:  # every record read first, CRCs checked: tensorboard's loader stops silently at corruption
             reader = PyRecordReader_New(str(path))
             with contextlib.suppress(errors.OutOfRangeError):  # the end of the file
                 while True:
                     reader.GetNext()
-            events = EventAccumulator(str(path), size_guidance={"scalars": 0, "images": 0})
+            events = EventAccumulator(str(path), size_guidance={"scalars": 0})
             events.Reload()
             for tag in events.Tags()["scalars"]:
                 scalars.setdefault(tag, []).extend((e.step, e.value) for e in events.Scalars(tag))
-            for tag in events.Tags()["images"]:
-                images[tag] = events.Images(tag)[-1].encoded_image_string
         except Exception as e:  # truncated or foreign file: say so, keep going
             problems.append(f"corrupt event file {path}: {type(e).__name__}: {e}")
-    return {tag: sorted(points) for tag, points in scalars.items()}, images
+    return {tag: sorted(points) for tag, points in scalars.items()}
 
 
 def find_runs(runs, runs_root, problems):
@@ -151,7 +148,7 @@ def find_runs(runs, runs_root, problems):
         if metrics is None:
             problems.append(f"left out {run_dir}: {problem}")
         else:
-            run = RunFolder(run_dir, metrics, run_kind(metrics), *load_events(run_dir, problems))
+            run = RunFolder(run_dir, metrics, run_kind(metrics), load_events(run_dir, problems))
             by_kind.setdefault(run.kind, run)
     return by_kind
 

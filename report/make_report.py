@@ -29,8 +29,8 @@ lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a tracebac
 
 from data.files import UserError, inside_another_run
 from report import browser, facts, gpu
-from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, lenet_images, scalars_from_metrics
-from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_events, load_results, rel, result_name
+from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, scalars_from_metrics
+from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_results, rel, result_name
 from report.outputs import BUILT, building, built_lines, out_dir, printed, writable
 from report.tables import gpt_table, lenet_table
 from training.flags import Parser, path_flag
@@ -102,16 +102,9 @@ def result_lines(r):
 
 
 def run_lines(r):
-    """The LeNet-5 run shown (its table, curves and layers), the GPT-2 run shown, and the results files."""
-    lines = ["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table, lenet_curves)
-    if (shown := r.shown.get("lenet5")) and shown.events:  # the layers of the very run shown, never another's
-        images = r.by_kind["lenet5"].images if "lenet5" in r.by_kind else load_events(shown.events, r.problems)[1]
-        lines += ["", f"Intermediate layers of `{rel(shown.events)}`:", ""]
-        lines += lenet_images(shown.events, images, r.out, r.problems)
-    elif shown:
-        lines += ["", f"- no TensorBoard events kept for `{shown.source}`: no layer images (name a run folder "
-                      "of `python lenet5.py`, or keep its events beside its JSON, in a folder of the same name)"]
-    return lines + ["", "## GPT-2", ""] + alias_section(r, "gpt", gpt_table, gpt_curves) + result_lines(r)
+    """The LeNet-5 and GPT-2 runs shown (their tables and curves), and the results files."""
+    return (["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table, lenet_curves) + ["", "## GPT-2", ""]
+            + alias_section(r, "gpt", gpt_table, gpt_curves) + result_lines(r))
 
 
 def gpu_lines(r, screenshots):
