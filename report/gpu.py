@@ -141,8 +141,8 @@ def pick(names, pattern):
 def answer(folders, pattern, older=True, results=False):
     """(folder, name) of the first usable folder with a file (`results`: a results stem) matching pattern."""
     for f in folders:
-        if not f.damage and (older or not f.older) and (name := pick(list(f.results if results else f.files),
-                                                                     pattern)):
+        name = None if f.damage or (f.older and not older) else pick(list(f.results if results else f.files), pattern)
+        if name:
             return f, name
     return None, None
 
