@@ -9,8 +9,7 @@
     python gpt_train.py --profile ...                         # + one steady step under torch.profiler
 
 Reading order: training/model.py -> training/step.py (one optimizer step, a why per acceleration) ->
-train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/watch.py.
-"""
+train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/watch.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
 
 lifecycle.start(__name__, stops=True)  # Slurm's warning (USR1) or a scancel (TERM) while starting: remembered

@@ -6,8 +6,7 @@
     sbatch slurm/lenet.sh --act python             # on the cluster (extra flags are forwarded)
     tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
 
-MNIST lives as one tensor on the device; the loop below and --engine lightning share training/lenet.py.
-"""
+MNIST lives as one tensor on the device; the loop below and --engine lightning share training/lenet.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
 
 lifecycle.start(__name__)  # a Ctrl-C while torch imports is one line, not a traceback
@@ -165,8 +164,7 @@ def main(argv=None):
 
 
 def open_outputs(args, stack):
-    """Outputs checked before any training (runfiles' rule); the run folder locked until `stack` closes, an
-    unfinished run's files set aside (a LeNet run is never resumed), a finished run refused."""
+    """Outputs checked before training; the run folder locked until `stack` closes, an unfinished run set aside."""
     runfiles.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
                                        "--save": args.save}, {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
@@ -180,8 +178,7 @@ def open_outputs(args, stack):
 
 
 def finish(run, failed=None):
-    """The metrics with the clock, written: --save, --metrics-out, last the run folder's metrics.json (the mark
-    of a finished run). After `failed` (the run folder's disk), what can be kept elsewhere is, then one line."""
+    """--save, --metrics-out, last metrics.json (a finished run's mark); after `failed`, what can be kept, one line."""
     args, kept = run.args, []
     last = run.history[-1] if run.history else {"test_accuracy": None, "test_loss": None}
     metrics = run.phases.stamp({

@@ -6,8 +6,7 @@
     sbatch slurm/tokenizer.sh --text ../shared/data/wos-standin/X.txt    # the same under Slurm (CPU only)
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
 
-Trained on the training split; bytes per token and decode(encode(text)) == text checked on the validation split.
-"""
+Trained on the training split; bytes per token and decode(encode(text)) == text checked on the validation split."""
 from training import lifecycle  # first, before the slow imports: the standard library only
 
 lifecycle.start(__name__)  # a Ctrl-C while torch imports is one line, not a traceback
@@ -44,10 +43,8 @@ def train_bpe(docs, vocab_size, min_frequency=2):
 
 def load_comparison(spec):
     """--compare's tokenizer, or None: a hub name not to be had offline is a note, a bad path a one-line error."""
-    if spec == "none":
-        return None
     try:
-        return open_tokenizer(spec)
+        return None if spec == "none" else open_tokenizer(spec)
     except TokenizerError as e:
         if Path(spec).exists() or looks_like_a_path(spec):
             raise UserError(f"--compare: {e}") from None
@@ -56,8 +53,7 @@ def load_comparison(spec):
 
 
 def measures(tokenizer, docs, spec="none", other=None):
-    """Bytes per token on `docs` and how many do not decode to themselves; with --compare's tokenizer (`other`),
-    its bytes per token and, document by document, the own token count over its (how firm the total is)."""
+    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token and the per-document ratio."""
     own = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
     decoded = tokenizer.decode_batch(own, skip_special_tokens=False)
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
@@ -76,8 +72,7 @@ def measures(tokenizer, docs, spec="none", other=None):
 
 
 def token_cache(splits, tokenizer, args, text, sha256):
-    """The blocks gpt_train.py --seq-len reads, packed into the cache (data/blocks.py). It only saves gpt_train.py
-    the work: a failure (too few tokens, a disk) is a warning, the saved tokenizer stays."""
+    """The blocks gpt_train.py --seq-len reads, cached; a failure is a warning (gpt_train.py makes them itself)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # datasets' forked workers are the parallelism from here on
     t0 = time.perf_counter()
     try:
@@ -101,9 +96,7 @@ def save_atomic(tokenizer, path):
     files.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
 
 
-# The trainer reserves memory in proportion to vocab_size (2^28: +1 GB on a small corpus; near 2^31 it aborts
-# in Rust); the largest vocabularies in use are ~256K.
-MAX_VOCAB = 2**20
+MAX_VOCAB = 2**20  # the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
 
 
 def parse_args(argv):

@@ -1,7 +1,6 @@
 """The token blocks gpt_train.py trains on: one int32 tensor (blocks, seq_len + 1) per split, cached as .npy
 files in the corpus's cache folder (the one cache of the tokens), verified against their manifest and read
-without `datasets` (its import and bookkeeping cost ~0.6 s of every warm start). A batch is one gather.
-"""
+without `datasets` (its import and bookkeeping cost ~0.6 s of every warm start). A batch is one gather."""
 import hashlib
 import json
 import sys
@@ -19,7 +18,9 @@ SPLITS = ("train", "validation")
 
 def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None):
     """({split: tensor}, stats) of `text` (content `sha256`): the verified cache, else made and cached."""
-    folder = packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed)
+    digest = hashlib.sha256(json.dumps([val_fraction, seed, block_size]).encode()).hexdigest()[:8]
+    folder = wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / \
+        f"packed-v{VERSION}-{tokenizer_sha256(tokenizer)[:16]}-{digest}"  # a corpus, tokenizer, split, block size
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -37,13 +38,6 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
     except (OSError, files.OutputError) as e:
         print(f"warning: the token cache was not written ({e}); the next run packs again", file=sys.stderr)
     return blocks, stats
-
-
-def packed_folder(cache_dir, sha256, tokenizer, block_size, val_fraction, seed):
-    """One folder per corpus, tokenizer, split and block size."""
-    digest = hashlib.sha256(json.dumps([val_fraction, seed, block_size]).encode()).hexdigest()[:8]
-    return wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / \
-        f"packed-v{VERSION}-{tokenizer_sha256(tokenizer)[:16]}-{digest}"
 
 
 def read_packed(folder, block_size, vocab_size):
@@ -81,10 +75,9 @@ class Blocks(Dataset):
 
 
 def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
-    """A DataLoader over one epoch of the blocks tensor, in the order (seed, epoch) fixes.
-    A new loader per epoch, not a sampler with hidden epoch state, makes the position two integers: a resume is
-    `skip_first_batches(loader, batch)`. `whole`: the epoch cut to a multiple of this many sequences (the global
-    batch: every process count splits it alike)."""
+    """One epoch of the blocks in the order (seed, epoch) fixes: a new loader per epoch makes the position two
+    integers (a resume is `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of this many
+    sequences (the global batch: every process count splits it alike)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(blocks), generator=g).tolist()
     order = order[:len(order) - len(order) % whole]

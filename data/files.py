@@ -44,8 +44,8 @@ def write_json(path, obj):
 
 
 def write_atomic(path, data):
-    """`data` (bytes, or a function writing into a binary file) into a new temporary file renamed over `path`
-    (a link there is replaced, not written through). A failure is one OutputError, the old file as it was."""
+    """`data` (bytes, or a function writing a binary file) renamed over `path` (a link there is replaced): one
+    OutputError on failure, the old file as it was."""
     path = Path(path)
     tmp = None
     try:
@@ -92,8 +92,7 @@ def path_problem(path):
 
 
 def inside_another_run(path, what, own_run=None):
-    """Why `path` may not be written: a folder above it, as the file system resolves it (links, `..`), holds a
-    run (OWNER_FILE) and is not `own_run`; else None."""
+    """Why `path` may not be written: a folder above it (links, `..` resolved) holds a run not `own_run`; or None."""
     run = next((f for f in Path(os.path.realpath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
     if run and not (own_run and os.path.realpath(run) == os.path.realpath(own_run)):
         return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
@@ -142,8 +141,7 @@ def write_manifest(folder, paths, **extra):
 
 
 def manifest_problem(folder, names=None):
-    """None if the files `names` (None: all MANIFEST lists) are as it records them, else why not: no readable
-    manifest, a file missing, of another size (a truncated file, said apart) or rewritten in place."""
+    """None if the files `names` (default: all) are as MANIFEST records them (size, then sha256), else why not."""
     try:
         manifest = json.loads(read_small(Path(folder) / MANIFEST, 1 << 20))
         names = names or [n for n, entry in manifest.items() if "sha256" in entry]

@@ -1,6 +1,5 @@
 """MNIST for lenet5.py: the IDX files parsed here (every header field checked), the whole set one uint8 tensor
-on the training device; a batch is one gather + normalise there, not a PIL image and ToTensor per sample.
-"""
+on the training device; a batch is one gather + normalise there, not a PIL image and ToTensor per sample."""
 import gzip
 import math
 import struct
@@ -75,8 +74,7 @@ def find_mnist(data_dir, download):
 
 
 def load_train_test(paths):
-    """(train, test) from find_mnist's paths; files swapped under each other's names (a test accuracy measured
-    on the training images) are refused by their sizes."""
+    """(train, test) from find_mnist's paths; swapped train and test files are refused by their sizes."""
     train, test = (MNIST(*paths[split]) for split in ("train", "test"))
     for split, ds, least in (("train", train, 1), ("test", test, MIN_TEST_IMAGES)):
         if len(ds) < least:

@@ -1,8 +1,7 @@
 """open_tokenizer(spec): the one way every script opens a tokenizer, whether `spec` is a tokenizer.json, a
 folder (tokenizer.json, or GPT-2's vocab.json + merges.txt) or a hub name ("gpt2": the HF cache, then
 data/<name>-tokenizer/, then the hub only if it answers within seconds). A path that does not exist is never
-taken for a hub name, and nothing hangs offline: a failure is one TokenizerError line naming what was tried.
-"""
+taken for a hub name, and nothing hangs offline: a failure is one TokenizerError line naming what was tried."""
 import contextlib
 import hashlib
 import socket
@@ -127,8 +126,7 @@ def tokenizer_from_hub_name(name):
 
 
 def hub_reachable(host="huggingface.co", timeout=3.0):
-    """Whether the hub answers within `timeout` s: offline, its client retries for half a minute or hangs on DNS
-    (a thread, because getaddrinfo has no timeout of its own)."""
+    """Whether the hub answers within `timeout` s (offline its client hangs); a thread: getaddrinfo has no timeout."""
     answer = []
 
     def probe():

@@ -1,15 +1,7 @@
-"""The Web of Science text pipeline of tokenizer_train.py and gpt_train.py (their tokenizer: data/tokenizer.py).
-
-    X.txt (one abstract per line)
-      -> what it is, by content (stand-in, WOS46985, other) corpus_identity()
-      -> documents: UTF-8 checked, blank lines dropped     check_text(), load_splits()
-      -> train / validation split by document, seeded     load_splits()     (datasets, cached)
-      -> token ids, documents joined by <|endoftext|>      tokenize_blocks() (datasets map, in memory)
-      -> fixed blocks of seq_len + 1 tokens                tokens_per_block()
-      -> packed into tensors, cached as .npy (read without datasets), batched in a seeded order: data/blocks.py
-
-`datasets` is imported only where the text is read: a warm start reads data/blocks.py's cache alone. Its
-cache is keyed by the text's content (corpus-<sha256>), not datasets' (path, mtime).
+"""The Web of Science text pipeline of tokenizer_train.py and gpt_train.py: X.txt (one abstract per line) checked,
+split by document, tokenised and grouped into blocks of seq_len + 1 tokens (packed and cached: data/blocks.py).
+`datasets` is imported only where the text is read; its cache is keyed by the text's content (corpus-<sha256>),
+not datasets' (path, mtime).
 """
 import hashlib
 import os
@@ -138,8 +130,7 @@ def corpus_identity(path):
 
 
 def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
-    """DatasetDict(train, validation) of {"text"}, one row per document, split by datasets' seeded
-    `train_test_split`; cached by content (`sha256`, else hashed here). A damaged cache is rebuilt once."""
+    """DatasetDict(train, validation) of {"text"}, split by document (seeded), cached by content; rebuilt if damaged."""
     check_text(path)
     cache_dir = Path(cache_dir or default_cache())
     files.check_output_dir(cache_dir, "--cache-dir")
