@@ -27,7 +27,7 @@ from ladder_rows import accelerations, default_step, ladder, unmeasured_first
 from training import step
 from training.flags import number
 from training.model import GPT, model_config
-from training.profile import profiled
+from training.watch import profiled
 
 
 class HFLoss(torch.nn.Module):
@@ -44,17 +44,6 @@ class HFLoss(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def timed(fn, cuda):
-    """Seconds of fn(), its GPU work included (sync points before and after)."""
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
 def build(settings, vocab_size, seq_len, recipe):
     """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own."""
     acc = accelerations(settings)
@@ -67,17 +56,22 @@ def build(settings, vocab_size, seq_len, recipe):
 
 
 def timed_steps(args, run, vocab_size):
-    """(seconds of each timed step, the first step's extra seconds, the last loss) on one fixed random batch."""
+    """(seconds of each timed step with its GPU work, the first step's extra seconds, the last loss)."""
     batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
-    batches, losses = itertools.repeat(batch), []
-    times = [timed(lambda: run(batches, 1, run.recipe.lr, losses.append), run.accelerator.device.type == "cuda")
-             for _ in range(args.warmup + args.steps)]
+    batches, losses, times, cuda = itertools.repeat(batch), [], [], run.accelerator.device.type == "cuda"
+    for _ in range(args.warmup + args.steps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run(batches, 1, run.recipe.lr, losses.append)
+        if cuda:
+            torch.cuda.synchronize()  # sync point: the step's kernels are in its seconds
+        times.append(time.perf_counter() - t0)
     return times[args.warmup:], times[0] - statistics.median(times[args.warmup:]), losses[-1].item()
 
 
 def measure(settings, args, device, profile=False):
-    """One row once: tokens/s, FLOPs per token, MFU and peak memory (GPU), what the step was built with; with
-    `profile`, one more step under torch.profiler."""
+    """One row once: tokens/s, FLOPs per token, MFU and peak memory (GPU), the step as built; `profile`: one more."""
     cuda = device.type == "cuda"
     torch.manual_seed(0)
     torch._dynamo.reset()  # each row compiles from scratch (inductor's cache may still help)
@@ -132,8 +126,7 @@ def matmul_kind(settings, cuda):
 
 
 def matmul_rate(kind, m, device, k=768, n=3072):
-    """FLOP/s of an (m x k) @ (k x n) matmul in `kind`: torch's benchmark Timer (a warm-up, then the median of
-    blocks of calls, synchronised on a GPU) on this process's threads."""
+    """FLOP/s of an (m x k) @ (k x n) matmul in `kind` (torch's benchmark Timer, on this process's threads)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind, torch.float32)
     torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
     g = torch.Generator(device).manual_seed(0)
@@ -210,9 +203,8 @@ def main(argv=None):
 
 
 def summarise(chosen, runs):
-    """Per row measured so far, over its repeats: medians (peak memory the largest), the speed-up against the
-    first row, whether a rung is within the noise of the one before (their ranges overlap); what the step was
-    built with and its profile, once. A row whose every repeat failed keeps its error."""
+    """Per row so far, over its repeats: medians, the speed-up against the first row, whether a rung is within
+    the noise of the one before (ranges overlap); the step as built and its profile, once; or its error."""
     results, base, previous = [], None, None
     for i, (name, settings) in ((i, chosen[i]) for i in chosen if runs[i]):
         good = [m for m in runs[i] if "error" not in m]

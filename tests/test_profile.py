@@ -1,5 +1,5 @@
-"""training/profile.py: one training step under torch.profiler, its time grouped by what the hardware did;
-gpt_train.py --profile and the ladder's naive and default rows carry it."""
+"""training/watch.py's profiled(): one training step under torch.profiler, its time grouped by what the hardware
+did; gpt_train.py --profile and the ladder's naive and default rows carry it."""
 import json
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 import gpt_train
 from conftest import tiny_args
-from training import profile
+from training import watch
 
 
 @pytest.mark.parametrize("name, group", [
@@ -20,7 +20,7 @@ from training import profile
     ("aten::native_layer_norm", "elementwise"), ("aten::gelu", "elementwise"), ("aten::add_", "elementwise"),
 ])
 def test_an_operator_goes_to_its_group_by_name(name, group):
-    assert profile.group_of(name) == group
+    assert watch.group_of(name) == group
 
 
 def test_a_profiled_step_splits_its_wall_time_into_the_groups():
@@ -29,24 +29,24 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 
     def step():
-        with profile.scope("data"):
+        with watch.scope("data"):
             batch = x.clone()
         loss = torch.nn.functional.cross_entropy(model(batch), y)
         loss.backward()
-        with profile.scope("optimizer"):
+        with watch.scope("optimizer"):
             optimizer.step()
             optimizer.zero_grad()
         return loss
     step()  # warm-up
-    loss, got = profile.profiled(step, torch.device("cpu"))
+    loss, got = watch.profiled(step, torch.device("cpu"))
     groups = got["groups"]
-    assert set(groups) == set(profile.GROUPS) and loss.item() > 0
+    assert set(groups) == set(watch.GROUPS) and loss.item() > 0
     assert sum(groups.values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)  # groups rounded to 1 µs
     assert groups["matmul"] > 0 and groups["optimizer"] > 0 and groups["loss"] > 0 and groups["data"] > 0
     assert groups["communication"] == groups["attention"] == 0
     assert got["top_ops"][0][2] == max(s for _, _, s in got["top_ops"]) and {g for _, g, _ in got["top_ops"]} <= set(
-        profile.GROUPS)
-    assert profile.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
+        watch.GROUPS)
+    assert watch.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
 
 
 @pytest.mark.slow
@@ -56,7 +56,7 @@ def test_gpt_train_profile_records_one_steady_step(corpus, tmp_path):
     got = metrics["profile"]
     assert got == json.loads((run / "profile.json").read_text()) == json.loads((run / "metrics.json").read_text())[
         "profile"]
-    assert got["step"] == 2 and set(got["groups"]) == set(profile.GROUPS)  # the step profiled (the 2nd), not the last
+    assert got["step"] == 2 and set(got["groups"]) == set(watch.GROUPS)  # the step profiled (the 2nd), not the last
     assert sum(got["groups"].values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)
     assert got["groups"]["matmul"] > 0 and got["groups"]["attention"] > 0 and got["groups"]["optimizer"] > 0
     assert list((run / "profile").glob("*.pt.trace.json"))  # for TensorBoard's profiler plugin
