@@ -44,8 +44,7 @@ def git(*cmd):
 
 
 def run_facts(script, argv):
-    """The command as typed, the commit measured (+ uncommitted changes to the code, the results folder aside)
-    and torch's version."""
+    """The command as typed, the commit measured (+ uncommitted changes outside the results) and torch's version."""
     import torch
     args = sys.argv[1:] if argv is None else [str(a) for a in argv]
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!report/results")

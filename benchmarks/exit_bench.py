@@ -2,11 +2,9 @@
 
     python benchmarks/exit_bench.py --runs 20 --hogs 1 --metrics-out exit_bench_cpu.json
 
-Each run is `torchrun --nproc_per_node 2` of JOB (gloo on CPU, accelerate, a DDP Linear, 5 AdamW steps, a last
-barrier), ended by returning (plain), by accelerator.end_training() (destroy), or inside
-training.lifecycle.no_teardown_after_collectives (gpt_train.py's way). A run counts as aborted when a rank
-printed "terminate called" (a gloo thread dropped a finished collective's last reference while Python was
-finalizing). The abort needs a busy machine: --hogs CPU-bound processes run beside, the load is recorded.
+Each run: `torchrun --nproc_per_node 2` of JOB (gloo, a DDP Linear, 5 steps, a barrier) ended by returning, by
+accelerator.end_training() or in training.lifecycle.no_teardown_after_collectives (gpt_train.py's way); aborted:
+a rank printed "terminate called". The abort needs a busy machine: --hogs CPU-bound processes run beside.
 """
 import argparse
 import os

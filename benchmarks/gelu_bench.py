@@ -3,10 +3,9 @@
     python benchmarks/gelu_bench.py --metrics-out gelu_bench_cpu.json
     python benchmarks/gelu_bench.py --device cuda --metrics-out gelu_bench_gpu.json   # adds a device copy
 
-The implementations take turns in a random order, --repeats rounds of back-to-back forward+backward calls
-each (per-call time: on a GPU the launches overlap the kernels, as in training); per size the median and
-range of each, ext/ATen per round. Bytes per element: forward reads x, writes y; backward reads grad and x,
-writes dx (5 x itemsize).
+Per size, --repeats rounds in which the implementations take turns in a random order, each sample many
+back-to-back calls (on a GPU the launches overlap the kernels, as in training): per-call median and range, ext /
+ATen per round. Bytes per element: x read twice, y, grad and dx once (5 x itemsize).
 """
 import json
 import os

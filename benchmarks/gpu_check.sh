@@ -41,12 +41,12 @@
 # committed wherever it is made.
 #
 # --rehearse runs every step on the CPU at the smallest sizes (1,000 documents, vocabulary 1,024,
-# tiny GPT preset for 4,096 tokens, fp32 where the GPU runs fp16, LeNet-5 for one epoch, GELU at 2^10
-# and 2^12, the ladder at sequence 16, the warm compile pair alone), with python3 a venv's first on PATH
-# as the image has it (made once under ~/.cache/lab5: torch only through its pyvenv.cfg): the install,
-# the checks, the build (with its CUDA kernels where nvcc is, for TORCH_CUDA_ARCH_LIST or sm90, checked
-# compiled in: no device needed), each command line, the cuts and the results written as they come,
-# before any GPU time is spent.
+# tiny GPT preset for 4,096 tokens, fp32 where the GPU runs fp16, LeNet-5 for one epoch of 1,024
+# images, GELU at 2^10 and 2^12, the ladder at sequence 16, the warm compile pair alone), with python3 a
+# venv's first on PATH as the image has it (made once under ~/.cache/lab5: torch only through its
+# pyvenv.cfg): the install, the checks, the build (with its CUDA kernels where nvcc is, for
+# TORCH_CUDA_ARCH_LIST or sm90, checked compiled in: no device needed), each command line, the cuts and
+# the results written as they come, before any GPU time is spent.
 set -uo pipefail
 START=$(date +%s)  # the budget's clock: install, unpacking and build count
 CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
@@ -360,11 +360,13 @@ if [ -n "$PREP" ]; then  # a bare machine: the carried packages it lacks, the da
 else
     [ -n "$GPT2TOK" ] || [ ! -f "$SHARED/gpt2-tokenizer/tokenizer.json" ] || GPT2TOK="$SHARED/gpt2-tokenizer/tokenizer.json"
 fi
-if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents
+if [ "$REHEARSE" = 1 ]; then  # the smallest sizes: the first 1,000 documents, 1,024 images
     small="$WORK/corpus-small/$(basename "$(dirname "$TEXT")")/X.txt"
     mkdir -p "$(dirname "$small")"
     head -n 1000 "$TEXT" > "$small"
     TEXT=$small
+    pre "$PRE" "$PY" "$TOOLS" mnist-subset "$MNIST" "$WORK/mnist-small" 1024 256 || die "MNIST files missing under $MNIST"
+    MNIST="$WORK/mnist-small"
 fi
 
 # The extension, built in a copy of its sources (a package of its own under $WORK/build), its CUDA

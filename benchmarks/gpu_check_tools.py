@@ -6,11 +6,13 @@ import hashlib
 import importlib
 import importlib.metadata as metadata
 import json
+import math
 import os
 import platform
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -50,6 +52,25 @@ def missing_wheels(wheel_dir):
             print(wheel)
 
 
+PREP_FILES = ["wheels", "MNIST/raw", "X.txt.gz", "corpus_source.tsv", "gpt2-tokenizer/tokenizer.json", "prep.txt"]
+MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
+
+
+def mnist_subset(src, dst, n_train, n_test):
+    """The first N images and labels of each MNIST IDX file, found where lenet5.py looks (it has no flag for a
+    part of the data): the first dimension in the header rewritten, the rest cut."""
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    for name, n in zip(MNIST_FILES, map(int, (n_train, n_train, n_test, n_test))):
+        path = next(p for d in (Path(src) / "MNIST" / "raw", Path(src)) for p in (d / name, d / f"{name}.gz")
+                    if p.exists())
+        data = (gzip.decompress if path.suffix == ".gz" else bytes)(path.read_bytes())
+        ndim = data[3]
+        dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+        keep = min(n, dims[0])
+        header = data[:4] + struct.pack(f">{ndim}I", keep, *dims[1:])
+        (Path(dst) / name).write_bytes(header + data[4 + 4 * ndim:][:keep * math.prod(dims[1:])])
+
+
 def imports(*specs):
     """STEP=mod,mod...: STEP<TAB>ok, or the first failed import's last line (the scripts' path)."""
     sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "report")]
@@ -65,10 +86,6 @@ def imports(*specs):
                     failed[module] = one_line(f"import {module}: " + traceback.format_exception_only(e)[-1])
             why = why or failed[module]
         print(f"{step}\t{why or 'ok'}", flush=True)
-
-
-PREP_FILES = ["wheels", "MNIST/raw", "X.txt.gz", "corpus_source.tsv", "gpt2-tokenizer/tokenizer.json", "prep.txt"]
-MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
 
 
 def check_prep(prep):
@@ -114,10 +131,9 @@ def prep_problems(prep):
 
 
 def rehearsal_venv(cache):
-    """The lent image's python3 for a rehearsal, made once under CACHE: a venv whose python3 imports torch only
-    through its pyvenv.cfg (a .pth names this interpreter's site-packages), its base a python of this version
-    without torch, so that a link to it from another folder (started as that base) fails as on the image.
-    Prints its bin folder, then what it is."""
+    """Prints the bin folder of the lent image's python3 for a rehearsal, then what it is: a venv (made once
+    under CACHE) whose python3 has torch only through its pyvenv.cfg (a .pth names this interpreter's
+    site-packages), its base a python without torch, so that a link to it fails as on the image."""
     if sys.prefix != sys.base_prefix:
         print(f"{Path(sys.executable).parent}\nrehearsal: python3 is a venv's already ({sys.prefix}), as on the image")
         return 0
@@ -235,8 +251,8 @@ AB_KEYS = ("process_seconds", "compile_seconds", "train_seconds", "tokens_per_se
 
 
 def compile_ab(work, tokens, gpu):
-    """results/compile_ab_GPU.json: every compile off / regional run so far, cold (fresh compile and micro-batch
-    caches) or warm (a cold run's again), in its cell, with the cells' medians: does compile pay?"""
+    """results/compile_ab_GPU.json: each compile off / regional run so far in its cell, cold (fresh compile and
+    micro-batch caches) or warm (a cold run's again), and the cells' medians: does compile pay?"""
     work = Path(work)
     clocks = {c["run"]: c.get("shell_wall_seconds") for c in read_lines(work / "clocks.jsonl", "run")}
     cells = {}

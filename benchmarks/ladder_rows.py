@@ -1,8 +1,6 @@
-"""The acceleration ladder's rows for gpt_bench.py, (name, settings) each, and the order a run that may be cut
-measures them in. Settings are training/step.py's Accelerations plus the model ("hf": transformers'
-GPT2LMHeadModel, "own": training/model.py), its dropout and, for one row, the vocabulary. The last rung is
-gpt_train.py's own default step, taken from its flags: the ladder cannot describe another step than the one
-that trains."""
+"""The acceleration ladder's rows for gpt_bench.py: (name, settings), settings being training/step.py's
+Accelerations plus the model ("hf": transformers' GPT2LMHeadModel, "own": training/model.py), its dropout and
+the vocabulary. The last rung is gpt_train.py's default step, taken from its flags, not described again."""
 from dataclasses import asdict, replace
 
 import gpt_train
@@ -19,9 +17,8 @@ def default_step(cuda, capability):
 
 
 def ladder(cuda, capability, vocab_size=16384):
-    """The rungs from the naive baseline, each adding one acceleration, up to the default on this device; then,
-    indented: the default without each acceleration, with SDPA forced to each backend, with a chunked loss, with
-    GPT-2's vocabulary, and compiled (regional, whole model) where inductor compiles for the device."""
+    """The rungs from the naive baseline, one acceleration each, up to the default on this device; then, indented,
+    the default without each, SDPA forced, a chunked loss, GPT-2's vocabulary, compiled (where inductor can)."""
     default, _ = default_step(cuda, capability)
     naive = replace(default, precision="fp32", tf32=False, attention="eager", compile="off", fused_adamw=False)
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
@@ -62,9 +59,8 @@ def accelerations(settings):
 
 
 def unmeasured_first(rows):
-    """Groups of row numbers (1-based), each measured with all its repeats before the next: the rows the
-    report's conclusions rest on (naive, default, the default without each acceleration); the rungs between
-    and the SDPA backends; the chunked loss; GPT-2's vocabulary; the compiled rows (each pays a compile)."""
+    """Groups of row numbers (1-based) for a run that may be cut, each with all its repeats before the next: the
+    rows the report rests on (naive, default, leave-one-out), then the rest, the compiled rows last."""
     rungs = [i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" ")]
 
     def kind(i, name, settings):

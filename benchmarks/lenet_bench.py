@@ -3,11 +3,10 @@
     OMP_NUM_THREADS=1 python benchmarks/lenet_bench.py --data-dir data --device cpu --metrics-out lenet_bench.json
     python benchmarks/lenet_bench.py --data-dir data --act-pair --metrics-out lenet_bench_act.json
 
-(One thread on a CPU that other jobs share: two threads there wait on each other's time slices.) Per seed, the
-runs alternate, so drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3,
-torchvision's MNIST with ToTensor), then `lenet5.py` with its defaults,
-each seed's time as a ratio to the original epoch timed next to it; or, --act-pair, `--act torch` and `--act cpp`
-(gelu_ext), alternating which goes first, with the paired ratios cpp / torch (below 1: the own op is faster).
+(One thread on a shared CPU: two threads there wait on each other's time slices.) Per seed, alternating so that
+drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3, torchvision's MNIST with
+ToTensor), then `lenet5.py`'s defaults, as a ratio to the original epoch next to it; or, --act-pair, `--act torch`
+and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1: the own op is faster).
 """
 import argparse
 import os

@@ -3,9 +3,9 @@ today's code beside commit 139e3cc's (the code the job-clock issue measured), in
 
     python benchmarks/startup_bench.py --metrics-out startup_bench_cpu.json                  # ~10 min on 2 cores
 
-Per run: the process's wall time from the parent (fork to exit), the loop's own `train_seconds`, their difference;
-the current code's `process_seconds` and `phases`. The baseline is checked out into a temporary git worktree;
-each version has its own token cache, warmed by one untimed run.
+Per run: the wall time from the parent (fork to exit), the loop's `train_seconds`, their difference, the current
+code's `process_seconds` and `phases`. The baseline is a temporary git worktree; each version's token cache is
+warmed by one untimed run.
 """
 import json
 import os
@@ -58,7 +58,8 @@ def main(argv=None):
             print("\ninterrupted (Ctrl-C): nothing written; the baseline's checkout is removed", file=sys.stderr)
             sys.exit(130)
         finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp / "baseline")],
+            # twice --force: a Ctrl-C during `worktree add` leaves it locked
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", "--force", str(tmp / "baseline")],
                            capture_output=True)
 
 
