@@ -484,7 +484,7 @@ def _finished_with_checkpoints(corpus, run_dir):
 def _rehash(ckpt):
     """The manifest rewritten over the damage: a file damaged before it was hashed."""
     from data import files
-    from training.checkpoints import MANIFEST
+    from data.files import MANIFEST
     manifest = {p.name: {"bytes": p.stat().st_size, "sha256": files.sha256_file(p)}
                 for p in sorted(ckpt.iterdir()) if p.is_file() and p.name != MANIFEST}
     files.write_json(ckpt / MANIFEST, manifest)

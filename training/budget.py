@@ -3,9 +3,9 @@ flag, the preset (CPU) or a probe of what fits this GPU; with several processes,
 import gc
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -13,13 +13,13 @@ import torch
 from data import files
 from data.files import UserError
 from training import CACHE_HOME
+from training.device import proc_file
 
 
 @dataclass(frozen=True)
 class Budget:
-    """One optimizer step = `accum` micro-batch rounds; one round = `micro_batch` sequences on each of `world`
-    processes. The budget is rounded up to whole rounds (`total_micro`), so the last step may accumulate fewer
-    rounds; the gradient is then averaged over those it had."""
+    """One optimizer step = `accum` micro-batch rounds of `micro_batch` sequences on each of `world` processes;
+    the budget in whole rounds (`total_micro`, rounded up): the last step may average fewer."""
     micro_batch: int
     world: int
     accum: int
@@ -39,13 +39,11 @@ class Budget:
     def total_steps(self):
         return math.ceil(self.total_micro / self.accum)
 
-    def micro_in_step(self, micro_done):
-        """Rounds in the step that starts after `micro_done` rounds: accum, fewer only at the very end."""
+    def micro_in_step(self, micro_done):  # the step after `micro_done` rounds: accum, fewer only at the end
         return min(self.accum, self.total_micro - micro_done)
 
 
 class Due(NamedTuple):
-    """What is due after an optimizer step."""
     log: bool  # a point of the loss curve (a sync point: the loss is read)
     evaluate: bool  # a validation loss (the final one follows the loop)
     checkpoint: bool
@@ -65,20 +63,15 @@ def check_model_fits(args, vocab_size, device):
     training/model.py's: 12 C^2 + 13 C a block, the embeddings, the last LayerNorm) fit the memory there is."""
     c = args.n_embd
     params = ((vocab_size + 63) // 64 * 64 + args.seq_len) * c + args.n_layer * (12 * c**2 + 13 * c) + 2 * c
-    have = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_memory()
-    if have is not None and 16 * params > have:
+    if device.type == "cuda":
+        have = torch.cuda.mem_get_info(device)[0]
+    else:  # the kernel's MemAvailable (kB), where it says
+        found = re.search(r"^MemAvailable:\s*(\d+)", proc_file("meminfo"), re.MULTILINE)
+        have = found and int(found[1]) * 1024
+    if have and 16 * params > have:
         raise UserError(f"a model of --n-layer {args.n_layer} --n-embd {c} --seq-len {args.seq_len} needs "
                         f"~{16 * params / 2**30:,.1f} GiB for its weights, gradients and AdamW alone; "
                         f"{device.type} has {have / 2**30:,.1f} GiB available")
-
-
-def available_memory():
-    """The kernel's MemAvailable, or None where it cannot say."""
-    try:
-        lines = Path("/proc/meminfo").read_text().splitlines()
-        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def plan_budget(tokens, global_batch, micro_batch, world, seq_len, unit=None):

@@ -16,11 +16,8 @@ from data import files
 from data.files import UserError, manifest_problem
 from training import runfiles
 
-PROGRAM = "gpt_train.py"  # the owner of its run directories (runfiles.OWNER_FILE)
-MANIFEST = files.MANIFEST  # written last: a checkpoint without a matching one is incomplete or damaged
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
-FINAL_WEIGHTS = "final/model.safetensors"  # what a finished run keeps: a transformers folder (training/final.py)
 
 
 @dataclass
@@ -107,7 +104,6 @@ def failed_write_explained(tmp, what, remains=None):
 
 
 def resume_advice(out_dir):
-    """What a stopped run can do next: resume from its newest checkpoint, or start again."""
     ckpt, _ = latest_checkpoint(out_dir)
     if ckpt:
         return f"{ckpt.name} in {out_dir} is intact: free space there, then run the same command to resume from it"
@@ -210,7 +206,7 @@ def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs, force):
     ckpt = None
     if accelerator.is_main_process:
         outputs = {"--out-dir": out_dir}
-        for name in ("metrics.json", "args.json", "final", "final.tmp", FINAL_WEIGHTS, "final/config.json"):
+        for name in ("metrics.json", "args.json", "final", "final.tmp", "final/model.safetensors", "final/config.json"):
             # --metrics-out may be the run's own metrics.json: counted once
             if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
                 outputs[f"--out-dir's {name}"] = out_dir / name
@@ -218,7 +214,7 @@ def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs, force):
                                           {k: v for k, v in inputs.items() if v and Path(v).exists()})
         if metrics_out:
             runfiles.check_output(metrics_out, "--metrics-out", force, own_run=out_dir)
-        if runfiles.open_run(out_dir, PROGRAM, stack):
+        if runfiles.open_run(out_dir, "gpt_train.py", stack):
             ckpt, skipped = latest_checkpoint(out_dir)
             for name, why in skipped:
                 print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)

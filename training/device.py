@@ -49,15 +49,16 @@ def decisions_for(device_type, capability, precision_flag, compile_flag, name=""
     return Device(name, precision, compile_mode, peak_flops(name, precision, tf32) if cuda else None, note, tf32)
 
 
-def cpuinfo():
+def proc_file(name):
+    """/proc/<name>'s text; "" where there is none (macOS)."""
     try:
-        return Path("/proc/cpuinfo").read_text()
+        return Path("/proc", name).read_text()
     except OSError:
         return ""
 
 
 def cpu_name():
-    found = re.search(r"^model name\s*:(.*)$", cpuinfo(), re.MULTILINE)
+    found = re.search(r"^model name\s*:(.*)$", proc_file("cpuinfo"), re.MULTILINE)
     return found.group(1).strip() if found else platform.processor() or platform.machine()
 
 
@@ -85,7 +86,7 @@ def resolve_precision(requested, device_type, capability, cpu_bf16=False):
 
 def cpu_has_bf16():
     """Native bf16 math (AVX512-BF16 or AMX); elsewhere bf16 autocast is emulated."""
-    flags = cpuinfo()
+    flags = proc_file("cpuinfo")
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 

@@ -12,7 +12,7 @@ import torch
 from data.files import UMASK, UserError, read_small, strict, write_json
 from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
 from training import checkpoints
-from training.checkpoints import FINAL_WEIGHTS, failed_write_explained
+from training.checkpoints import failed_write_explained
 from training.model import GPT, from_transformers, model_config, to_transformers
 
 HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
@@ -23,7 +23,7 @@ def save_final(accelerator, model, out_dir, tokenizer):
     """After a successful run and its metrics, outside the timed loop: final/ written into final.tmp and renamed."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        final = out_dir / Path(FINAL_WEIGHTS).parent
+        final = out_dir / "final"
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         with failed_write_explained(tmp, "the final weights", final_remains):
