@@ -41,27 +41,13 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
     save(fig, path)
 
 
-def scalars_from_metrics(m):
-    """The curves a metrics JSON keeps, as the event files' {tag: [(step, value)]}: redrawn from the JSON alone."""
-    if "tokens_seen" in m:  # GPT
-        return {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
-                "perf/tokens_per_second": m.get("throughput_curve", [])}
-    per_epoch = m.get("steps", 0) / m["epochs"]
-    return {"train/loss": m.get("train_loss_curve", []), "train/accuracy": m.get("train_accuracy_curve", []),
-            "test/loss": [(h["epoch"] * per_epoch, h["test_loss"]) for h in m["history"]],
-            "test/accuracy": [(h["epoch"] * per_epoch, h["test_accuracy"]) for h in m["history"]]}
-
-
-def lenet_curves(s, m, path):
-    name = (f"LeNet-5 ({m.get('device_name', m['device'])}, act={m['act']}, engine={m.get('engine', 'plain')}, "
-            f"final test accuracy {m['test_accuracy']:.2%})")
-    plot_lines(path, [(what, {k: s.get(f"{k}/{what}", []) for k in ("train", "test")}, "step")
-                      for what in ("loss", "accuracy")], name)
-    return [f"![LeNet-5 curves]({path.name})"]
-
-
-def gpt_curves(s, m, path):
-    """Loss (train, validation, the lab's goal) and throughput against tokens, for one GPT run."""
+def gpt_curves(m, path, scalars=None):
+    """Loss (train, validation, the lab's goal) and throughput against tokens, for one GPT run: from its event
+    files' `scalars` ({tag: [(step, value)]}), else the curves its metrics JSON keeps. None kept: no figure."""
+    s = scalars or {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
+                    "perf/tokens_per_second": m.get("throughput_curve", [])}
+    if not any(s.values()):
+        return []
     per_step = m["tokens_seen"] / max(1, m["steps"])
     tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
               for tag in ("train/loss", "val/loss", "perf/tokens_per_second")}

@@ -205,11 +205,11 @@ def draw_slot(slot, folders, name, found, out):
 
 
 def slot_lines(folders, results_dir, out, wanted, todo, problems):
-    """Each slot wanted (None: all) drawn from the first folder answering it, or (also in `todo`) what fills it."""
+    """Each slot wanted drawn from the first folder answering it, or (also in `todo`) what fills it."""
     lines = [f"GPU folders, first answering first: {', '.join(f'`{rel(f.folder)}`' for f in folders)}."
              if folders else f"No GPU results folder under `{rel(results_dir)}`.", ""]
     for slot, (what, pattern, steps) in SLOTS.items():
-        if wanted is not None and slot not in wanted:
+        if slot not in wanted:
             continue
         found, name = answer(folders, pattern)
         try:

@@ -29,8 +29,8 @@ lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a tracebac
 
 from data.files import UserError, inside_another_run
 from report import browser, facts, gpu
-from report.figures import gpt_curves, gpu_figure, ladder_figure, lenet_curves, scalars_from_metrics
-from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_results, rel, result_name
+from report.figures import gpt_curves, gpu_figure
+from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_results, rel
 from report.outputs import BUILT, building, built_lines, out_dir, printed, writable
 from report.tables import gpt_table, lenet_table
 from training.flags import Parser, path_flag
@@ -56,55 +56,34 @@ class Report:
     report_text: str = ""  # report.md's blocks these inputs can fill
     out: Path | None = None  # the folder being built
     no_run: dict = field(default_factory=dict)  # kind -> the line saying no run of it was found
-    linked: set | None = None  # the figures report.md links; None: all (--all-figures)
+    linked: set = field(default_factory=set)  # the figures report.md links: the only ones drawn
     todo: list = field(default_factory=list)  # the GPU figures missing, and the command that fills each
-
-    def wanted(self, name):
-        return self.linked is None or name in self.linked
-
-    def left_out(self, where, e):
-        self.problems.append(f"left out {where}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
 
 
 # ----------------------------------------------------------------------------- the sections of results.md
 
-def alias_section(r, kind, table, curves):
-    """The run a section shows (the named run, else the committed one): its table and curves."""
-    file = {"lenet5": "lenet_curves.png", "gpt": "gpt_curves.png"}[kind]
-    if (shown := r.shown.get(kind)) is None:
-        return [f"- {r.no_run[kind]}"]
-    named = r.by_kind.get(kind)
-    where = named.dir if named else shown.source
-    try:
-        scalars = named.scalars if named and named.scalars else scalars_from_metrics(shown.metrics)
-        section = table(shown.metrics) + [""]
-        if r.wanted(file) and any(scalars.values()):
-            section += curves(scalars, shown.metrics, r.out / file)
-    except FIELD_ERRORS as e:
-        r.left_out(where, e)
-        return [f"- {r.no_run[kind]}"]
-    return [f"The run `{shown.alias}` (placeholders `{{{{{shown.alias}.…}}}}`, `{file}`): `{rel(where)}`", ""] + section
-
-
-def result_lines(r):
-    """Each results file: where it is and its placeholders' name (a ladder: its figure, where wanted)."""
-    lines = []
-    for key in sorted(r.results):
-        data, path = r.results[key]
-        name = figure_name(key, r.results)
-        lines.append(f"- `{rel(path)}`: placeholders `{{{{{name}.…}}}}`")
+def alias_section(r, kind, table):
+    """The run a section shows (the named run, else the committed one): its table and, where linked, its curves."""
+    if (shown := r.shown.get(kind)) is not None:
+        named = r.by_kind.get(kind)
+        where = named.dir if named else shown.source
         try:
-            if result_name(key).startswith("gpt_bench") and r.wanted(f"{name}.png"):
-                lines += ["", *ladder_figure(name, data, r.out), ""]
+            section = table(shown.metrics) + [""]
+            if kind == "gpt" and "gpt_curves.png" in r.linked:
+                section += gpt_curves(shown.metrics, r.out / "gpt_curves.png", named and named.scalars)
+            return [f"The run `{shown.alias}` (placeholders `{{{{{shown.alias}.…}}}}`): `{rel(where)}`", ""] + section
         except FIELD_ERRORS as e:
-            r.left_out(path, e)
-    return ["", "## Results files", ""] + (lines or [f"- no results files found in {r.results_dir}"])
+            r.problems.append(f"left out {where}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
+    return [f"- {r.no_run[kind]}"]
 
 
 def run_lines(r):
-    """The LeNet-5 and GPT-2 runs shown (their tables and curves), and the results files."""
-    return (["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table, lenet_curves) + ["", "## GPT-2", ""]
-            + alias_section(r, "gpt", gpt_table, gpt_curves) + result_lines(r))
+    """The LeNet-5 and GPT-2 runs shown (their tables and curves), and where each results file is."""
+    files = [f"- `{rel(path)}`: placeholders `{{{{{figure_name(key, r.results)}.…}}}}`"
+             for key, (_, path) in sorted(r.results.items())]
+    return (["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table) + ["", "## GPT-2", ""]
+            + alias_section(r, "gpt", gpt_table) + ["", "## Results files", ""]
+            + (files or [f"- no results files found in {r.results_dir}"]))
 
 
 def gpu_lines(r, screenshots):
@@ -135,7 +114,6 @@ def parse_args(argv):
     p.add_argument("--out", type=path_flag, default=RESULTS.parent / "generated", help="(default: %(default)s)")
     p.add_argument("--report", type=path_flag, default=REPORT,
                    help="the report whose links and placeholders are filled (default: %(default)s)")
-    p.add_argument("--all-figures", action="store_true", help="draw every figure, not only those the report links")
     p.add_argument("--no-screenshots", action="store_true", help="skip the TensorBoard screenshots (Chromium); "
                    "those already in --out are kept")
     p.add_argument("--gpu", "--gpu-logs", type=path_flag, default=None, dest="gpu",
@@ -251,7 +229,7 @@ def checked_images(text, report, out, built, problems):
 
 def build(args, r, text, used, unfilled):
     """Every section and file into a fresh --out; returns (results.md's lines, the text the PDF prints)."""
-    r.linked = None if args.all_figures else {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
+    r.linked = {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
     r.no_run = {k: f"no {name} run found " + (f"under {rel(args.runs_root / k)}" if args.runs_root else
                                               "among the runs named" if args.runs else "in the results")
                 for k, name in (("lenet5", "LeNet-5"), ("gpt", "GPT"))}

@@ -31,14 +31,23 @@ def runs(tmp_path_factory, request):
     return root
 
 
+GPU_SLOTS = ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png", "gpu_ladder.png")
+
+
+def linking(tmp_path, *figures):
+    """A report.md of the test's own linking `figures`: a build draws only the figures its report links."""
+    report = tmp_path / "links.md"
+    report.write_text("".join(f"![{name}](generated/{name})\n" for name in figures))
+    return str(report)
+
+
 @pytest.mark.slow  # the module's real tiny runs (screenshots: test_tensorboard_screenshots_...)
 def test_figures_and_tables_match_the_runs(runs, tmp_path):
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out),
-                      "--all-figures", "--no-screenshots"])
-    for figure in ("lenet_curves.png", "gpt_curves.png", "gpt_bench_test.png"):
-        data = (out / figure).read_bytes()
-        assert data.startswith(b"\x89PNG") and len(data) > 500, figure
+                      "--report", linking(tmp_path, "gpt_curves.png"), "--no-screenshots"])
+    data = (out / "gpt_curves.png").read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 500
     text = (out / "results.md").read_text()
     lenet = json.loads((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
     gpt = json.loads((runs / "runs" / "gpt" / "b" / "metrics.json").read_text())
@@ -68,11 +77,10 @@ def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     writer.close()
     (run / "events.out.tfevents.0.broken").write_bytes(b"\x00garbage, not a record" * 10)
     out = tmp_path / "out"
-    make_report.main([str(run), "--results", str(tmp_path / "none"), "--out", str(out), "--all-figures",
-                      "--no-screenshots"])
+    make_report.main([str(run), "--results", str(tmp_path / "none"), "--out", str(out), "--no-screenshots"])
     text = (out / "results.md").read_text()
     assert "corrupt event file" in text and "events.out.tfevents.0.broken" in text
-    assert (out / "lenet_curves.png").exists()
+    assert f"): `{run}`" in text  # the run is still reported
     assert "corrupt event file" in capsys.readouterr().err
 
 
@@ -190,15 +198,15 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
                                                     "results": {"gpt_bench_NVIDIA_2080": ladder_json("2080 Ti")}}))
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
-                      "--no-screenshots", "--all-figures"])
+                      "--no-screenshots", "--report", linking(tmp_path, *GPU_SLOTS)])
     text = (out / "results.md").read_text()
     assert f"GPU folders, first answering first: `{newer}`, `{older}`." in text
     assert f"(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv` in `{newer}`" in text  # the newer answers
     assert "(nvidia_smi_gpt.png) from `nvidia-smi-during-gpt-cold.txt`" in text
     assert "(nvidia_smi_lenet.png) from `nvidia-smi-during-lenet-torch.txt`" in text  # --act torch's, not cpp's
     assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_2080.json`" in text
-    assert "![gpt_bench_NVIDIA_2080](gpt_bench_NVIDIA_2080.png)" in text  # results.json's entries are tabled too
-    for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png", "gpu_ladder.png"):
+    assert "placeholders `{{gpt_bench_NVIDIA_2080.…}}`" in text  # results.json's entries are listed too
+    for slot in GPU_SLOTS:
         assert (out / slot).read_bytes().startswith(b"\x89PNG"), slot
     assert f"in `{older}`" not in text  # every question the newer folder answers: never the older's figure
     assert "GPU figure missing" not in capsys.readouterr().out
@@ -207,7 +215,7 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
 def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path, capsys):
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(tmp_path / "none"), "--out", str(out),
-                      "--no-screenshots", "--all-figures"])  # every slot, whichever the report links today
+                      "--no-screenshots", "--report", linking(tmp_path, *GPU_SLOTS)])  # every slot
     text, printed = (out / "results.md").read_text(), capsys.readouterr().out
     for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab,lenet-torch"),
                         ("nvidia_smi_gpt.png", "tokenizer,gpt-own-vocab"),
@@ -228,7 +236,7 @@ def test_gpu_check_logs_folder_and_its_results_fill_the_slots(tmp_path):
     (results / "gpt_bench_NVIDIA_H200.json").write_text(json.dumps(ladder_json("H200")))
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
-                      "--gpu-logs", str(logs), "--no-screenshots", "--all-figures"])
+                      "--gpu-logs", str(logs), "--no-screenshots", "--report", linking(tmp_path, *GPU_SLOTS)])
     text = (out / "results.md").read_text()
     assert "(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv`" in text
     assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_H200.json`" in text
@@ -270,15 +278,14 @@ def test_a_newer_run_with_unusable_metrics_does_not_hide_an_older_good_one(runs,
 def test_a_string_where_a_number_belongs_in_a_results_file_is_one_line(tmp_path, capsys):
     results = tmp_path / "results"
     results.mkdir()
-    bench = ladder_json("cpu")
-    bench["rungs"][0]["tokens_per_second"] = "100.0"
-    (results / "gpt_bench_bad.json").write_text(json.dumps(bench))
+    lenet = {"act": "torch", "test_accuracy": "0.99", "test_loss": 0.05, "epochs": 2, "train_seconds": 1.5,
+             "device": "cpu", "params": 44426}
+    (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet))  # the run the LeNet-5 section shows
     out = tmp_path / "out"
-    make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
-                      "--no-screenshots", "--all-figures"])
+    make_report.main(["--results", str(results), "--out", str(out), "--no-screenshots"])
     text = (out / "results.md").read_text()
-    assert f"left out {results / 'gpt_bench_bad.json'}: a field is missing or of the wrong type" in text
-    assert "](gpt_bench_bad.png)" not in text and not (out / "gpt_bench_bad.png").exists()
+    assert f"left out {results / 'lenet_run_2x128_cpu.json'}: a field is missing or of the wrong type" in text
+    assert "- no LeNet-5 run found in the results" in text
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("warning: left out") and "Traceback" not in err[0]
 
@@ -354,13 +361,11 @@ def test_results_files_with_one_name_in_two_folders_are_both_reported(tmp_path):
         (folder / "gpt_bench_x.json").write_text(json.dumps(ladder_json(device)))
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(tmp_path / "none"), "--results", str(results), "--out", str(out),
-                      "--no-screenshots", "--all-figures"])
+                      "--no-screenshots"])
     text = (out / "results.md").read_text()
-    for path, name in ((results / "gelu_bench_x.json", "gelu_bench_x"), (results / "h200" / "gelu_bench_x.json",
-                                                                         "h200_gelu_bench_x")):
-        assert f"- `{path}`: placeholders `{{{{{name}.…}}}}`" in text
-    assert "![gpt_bench_x](gpt_bench_x.png)" in text and "![h200_gpt_bench_x](h200_gpt_bench_x.png)" in text
-    assert (out / "gpt_bench_x.png").is_file() and (out / "h200_gpt_bench_x.png").is_file()
+    for kind in ("gelu_bench_x", "gpt_bench_x"):
+        for path, name in ((results / f"{kind}.json", kind), (results / "h200" / f"{kind}.json", f"h200_{kind}")):
+            assert f"- `{path}`: placeholders `{{{{{name}.…}}}}`" in text
 
 
 @pytest.mark.parametrize("metrics, name", [

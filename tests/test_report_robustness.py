@@ -189,13 +189,20 @@ def test_a_disk_with_no_room_is_refused_before_and_a_disk_filling_during_the_bui
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen")])
     assert message == f"error: --out {disk / 'gen'}: 1 MiB free on {disk}'s disk, under the 64 MiB a report needs"
     monkeypatch.setattr(outputs, "MIN_FREE", 0)  # past the check: the disk fills while the figures are drawn
-    (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics()))
-    report.write_text("# R\n\n![c](generated/lenet_curves.png)\n")
-    build(results, report, disk / "gen", "--all-figures")  # a first build fits: results.md and a figure
+    run = results.parent / "gpt-run"  # a GPT run whose curves the report links
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({
+        "tokens_seen": 4096, "steps": 4, "final_train_loss": 5.0, "final_val_loss": 5.1, "val_bits_per_byte": 2.0,
+        "success": True, "train_seconds": 1.0, "tokens_per_second": 4096.0, "mfu": None, "precision": "fp32",
+        "world_size": 1, "device_name": "cpu", "params": 1000, "vocab_size": 512, "text": "X.txt",
+        "tokenizer": "tok.json", "loss_curve": [[1, 9.0], [4, 5.0]]}))
+    report.write_text("# R\n\n![c](generated/gpt_curves.png)\n")
+    build(results, report, disk / "gen", str(run))  # a first build fits: results.md and a figure
     before = snapshot(disk)
+    assert (disk / "gen" / "gpt_curves.png").is_file()
     (disk / "ballast").write_bytes(b"\0" * (1024 * 1024 - sum(map(len, before.values())) - 64 * 1024))
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen"),
-                         "--no-screenshots", "--all-figures"])
+                         "--no-screenshots", str(run)])
     assert message.startswith("error: No space left on device: ") and message.endswith(
         f"--out {disk / 'gen'} was left as it was")
     (disk / "ballast").unlink()
