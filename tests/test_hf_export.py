@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -66,7 +67,9 @@ def test_transformers_opens_final_offline_and_computes_the_projects_loss(padded_
     prompt = ids[:1, :8]
     with torch.no_grad():  # greedy: the same next tokens as training.sample's
         hf = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=12)
-    assert hf[0, 8:].tolist() == sample.generate(ours, prompt, 12, vocab_size=VOCAB)[0, :hf.size(1) - 8].tolist()
+    greedy = partial(sample.pick, temperature=0.0, top_k=0, generator=None)
+    ours_ids = torch.cat(list(sample.token_stream(ours, prompt, 12, greedy, VOCAB)), dim=1)
+    assert hf[0, 8:].tolist() == ours_ids[0, :hf.size(1) - 8].tolist()
 
 
 def near_uniform_samples(final):

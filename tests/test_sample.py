@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,12 @@ def test_fixed_prompts_start_after_an_end_of_text_and_have_one_length():
     assert sample.fixed_prompts(blocks, eot=0, length=4) == [[7, 8, 9, 10], [1, 2, 3, 4]]  # 2nd: no room after eot
 
 
+def generate(model, idx, new_tokens, temperature=0.0, top_k=0, generator=None, vocab_size=None):
+    """(B, T) prompt ids -> (B, new_tokens) continuation ids, as training.sample's main() chooses them."""
+    choose = partial(sample.pick, temperature=temperature, top_k=top_k, generator=generator)
+    return torch.cat(list(sample.token_stream(model, idx, new_tokens, choose, vocab_size)), dim=1)
+
+
 def test_greedy_generation_takes_the_most_likely_token_and_skips_padding_rows():
     class Table(torch.nn.Module):  # the next token's logits: a fixed table indexed by the last token
         cfg = type("cfg", (), {"n_positions": 4, "n_layer": 1})
@@ -91,7 +98,7 @@ def test_greedy_generation_takes_the_most_likely_token_and_skips_padding_rows():
             logits[:, 7] = 9.0  # a padding row (vocabulary 6 of the model's 8): never chosen
             logits[torch.arange(idx.size(0)), (idx[:, -1] + 1) % 6] = 1.0
             return logits
-    out = sample.generate(Table(), torch.tensor([[0], [4]]), 3, vocab_size=6)
+    out = generate(Table(), torch.tensor([[0], [4]]), 3, vocab_size=6)
     assert out.tolist() == [[1, 2, 3], [5, 0, 1]]
 
 
@@ -180,8 +187,8 @@ def test_the_printed_text_is_the_prompt_and_its_whole_decoded_continuation(finis
     model, tok = load_run(finished_run, None, torch.device("cpu"))
     assert model.cfg.vocab_size == tok.padded_vocab_size == 512
     ids = torch.tensor([tok.tokenizer.encode("Kalo mi", add_special_tokens=False).ids])
-    whole = sample.generate(model, ids, 30, sample.TEMPERATURE, sample.TOP_K, torch.Generator().manual_seed(3),
-                            tok.vocab_size)
+    whole = generate(model, ids, 30, sample.TEMPERATURE, sample.TOP_K, torch.Generator().manual_seed(3),
+                     tok.vocab_size)
     assert code == 0 and out == "Kalo mi" + tok.tokenizer.decode(whole[0].tolist()) + "\n"
 
 

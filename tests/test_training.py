@@ -166,9 +166,13 @@ def test_a_damaged_probe_cache_is_ignored_and_probed_again(fake_gpu, content):
     assert list(json.loads(cache.read_text()).values()) == [4]
 
 
-def test_the_probe_ballast_counts_ddp_buckets():
-    assert budget.probe_ballast(1000, world=1) == 3000  # AdamW's two moments + the step's temporaries
-    assert budget.probe_ballast(1000, world=8) == 4000  # + DDP's gradient buckets
+def test_the_probe_ballast_counts_ddp_buckets(fake_gpu, monkeypatch):
+    model, _, _ = fake_gpu
+    n, sizes, empty = sum(p.numel() for p in model.parameters()), {}, torch.empty
+    for world in (1, 8):
+        monkeypatch.setattr(torch, "empty", lambda size, **kw: sizes.setdefault(world, size) and empty(size, **kw))
+        budget.probe_micro_batch(model, "fp32", "cpu", share=4, world=world)
+    assert sizes == {1: 3 * n, 8: 4 * n}  # AdamW's two moments + the step's temporaries; + DDP's gradient buckets
 
 
 def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():

@@ -132,8 +132,8 @@ def find_micro_batch(try_step, share):
 
 
 def probe_micro_batch(model, precision, device, share, world=1):
-    """--micro-batch auto on a GPU: a forward + backward per candidate beside a ballast (probe_ballast), remembered
-    in ~/.cache/lab5/micro_batch.json per GPU, shape, loss, process count and share (delete it to probe again)."""
+    """--micro-batch auto on a GPU: a forward + backward per candidate beside a ballast, remembered in
+    ~/.cache/lab5/micro_batch.json per GPU, shape, loss, process count and share (delete it to probe again)."""
     cfg = model.cfg
     key = (f"{torch.cuda.get_device_name(device)}|{cfg.n_layer}x{cfg.n_embd}|seq {cfg.n_positions}|vocab "
            f"{cfg.vocab_size}|{precision}|{model.attention}|loss {model.loss}|world {world}|share {share}")
@@ -144,7 +144,9 @@ def probe_micro_batch(model, precision, device, share, world=1):
         known = {}
     if key in known:
         return fit_micro_batch(share, 1, known[key]), "remembered"
-    ballast_size = probe_ballast(sum(p.numel() for p in model.parameters()), world)
+    # fp32 beside the weights and gradients: AdamW's two moments and one more params' worth for the optimizer
+    # step's temporaries (3x); under DDP one more for its buckets and hook's copies (4x)
+    ballast_size = (4 if world > 1 else 3) * sum(p.numel() for p in model.parameters())
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def try_step(m):
@@ -164,9 +166,3 @@ def probe_micro_batch(model, precision, device, share, world=1):
     except files.OutputError as e:  # a read-only home: probe again next time
         print(f"warning: the probed micro-batch is not remembered: {e}", file=sys.stderr)
     return known[key], "probed"
-
-
-def probe_ballast(n_params, world):
-    """fp32 elements beside the probe's weights and gradients: AdamW's two moments and one more params' worth
-    for the optimizer step's temporaries (3x); under DDP one more for its buckets and hook's copies (4x)."""
-    return (4 if world > 1 else 3) * n_params

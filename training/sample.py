@@ -56,12 +56,6 @@ def pick(logits, temperature, top_k, generator):
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
 
 
-def generate(model, idx, new_tokens, temperature=0.0, top_k=0, generator=None, vocab_size=None):
-    """(B, T) prompt ids -> (B, new_tokens) continuation ids."""
-    choose = partial(pick, temperature=temperature, top_k=top_k, generator=generator)
-    return torch.cat(list(token_stream(model, idx, new_tokens, choose, vocab_size)), dim=1)
-
-
 def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None):
     """The greedy and the sampled (B, n <= new_tokens) continuations of the (B, T) prompts, as one batch of 2B rows."""
     rows, b = torch.cat([idx, idx]), idx.size(0)
