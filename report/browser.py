@@ -174,42 +174,35 @@ def crop_to_cards(path):
 
 
 def tensorboard_screenshots(runs, out, problems):
-    """Each run's SHOTS from a real TensorBoard server, as a student sees it; the lines that show them. Only files
-    Chromium really wrote are linked; after its first failure (an error, or a hang cut off) no more are tried."""
+    """Each run's SHOTS from a real TensorBoard server, through the front (outlier-ignoring off: each curve's full
+    range), as a student sees it; the lines that show them. Only files Chromium really wrote are linked; after its
+    first failure (an error, or a hang cut off) no more are tried."""
     if not find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines, taken = [], {}
-    for run in runs:
-        with serve_tensorboard(run.events) as base:
-            if base is None:
-                problems.append(f"TensorBoard on {run.events_source} did not answer; no screenshots of it")
-                continue
-            if not run_screenshots(run, base, out, lines, problems, taken):
-                break
+    try:
+        for run in runs:
+            with serve_tensorboard(run.events) as base, storage_front(base, TENSORBOARD_SETTINGS) as front:
+                if base is None:
+                    problems.append(f"TensorBoard on {run.events_source} did not answer; no screenshots of it")
+                    continue
+                for file, page, height in SHOTS.get(run.kind, []):
+                    path, target = out / file, urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
+                    path.unlink(missing_ok=True)  # so an old file cannot pass for a new screenshot
+                    browser(f"--window-size={SHOT_WIDTH},{height}", f"--force-device-scale-factor={SHOT_SCALE}",
+                            "--virtual-time-budget=10000", f"--screenshot={path}",
+                            f"{front}/lab5-storage?next={target}")
+                    if not is_png(path):
+                        raise BrowserError(f"Chromium wrote no {'PNG' if path.is_file() else 'file'}")
+                    problems.extend(filter(None, [crop_to_cards(path)]))
+                    taken[file] = run.events_source
+                    lines.append(f"![TensorBoard: {page.split('&')[0]} of {run.events_source}]({file})")
+    except BrowserError as e:  # (raised by a screenshot: `file` and `path` are its)
+        path.unlink(missing_ok=True)
+        problems.append(f"no screenshot {file}: {e}; no further screenshots tried")
     if taken:
         files.write_json(out / SOURCES, taken)
     return lines
-
-
-def run_screenshots(run, base, out, lines, problems, taken):
-    """One run's SHOTS through the front (outlier-ignoring off: each curve's full range); False if Chromium failed."""
-    with storage_front(base, TENSORBOARD_SETTINGS) as front:
-        for file, page, height in SHOTS.get(run.kind, []):
-            path, target = out / file, urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
-            path.unlink(missing_ok=True)  # so an old file cannot pass for a new screenshot
-            try:
-                browser(f"--window-size={SHOT_WIDTH},{height}", f"--force-device-scale-factor={SHOT_SCALE}",
-                        "--virtual-time-budget=10000", f"--screenshot={path}", f"{front}/lab5-storage?next={target}")
-                if not is_png(path):
-                    raise BrowserError(f"Chromium wrote no {'PNG' if path.is_file() else 'file'}")
-            except BrowserError as e:
-                path.unlink(missing_ok=True)
-                problems.append(f"no screenshot {file}: {e}; no further screenshots tried")
-                return False
-            problems.extend(filter(None, [crop_to_cards(path)]))
-            taken[file] = run.events_source
-            lines.append(f"![TensorBoard: {page.split('&')[0]} of {run.events_source}]({file})")
-    return True
 
 
 def kept_screenshots(out, shown):
@@ -255,16 +248,15 @@ def report_html(markdown_text):
             f"<style>{PDF_CSS.read_text()}</style></head><body>{body}</body></html>")
 
 
-def write_pdf(markdown_path, pdf_path, text=None):
-    """report.md (or `text`, its filled copy) printed by Chromium to a short temporary name renamed over pdf_path
-    once whole; the HTML sits beside report.md so figure links resolve. A failure is a BrowserError, one line."""
+def write_pdf(markdown_path, pdf_path, text):
+    """`text` (report.md filled) printed by Chromium to a short temporary name renamed over pdf_path once whole; the
+    HTML sits beside report.md so figure links resolve. A failure is a BrowserError, one line."""
     if not find_browser():
         raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
-    text = markdown_path.read_text() if text is None else text
     with tempfile.NamedTemporaryFile("w", suffix=".html", prefix=".pdf-", dir=markdown_path.parent,
                                      delete=False) as html:
         html.write(report_html(text))
-    html, pdf_path = Path(html.name), Path(pdf_path)
+    html = Path(html.name)
     printed = pdf_path.parent / f".make_report-{os.getpid()}.pdf"
     try:
         browser("--no-pdf-header-footer", f"--print-to-pdf={printed}", html.resolve().as_uri())
@@ -277,4 +269,3 @@ def write_pdf(markdown_path, pdf_path, text=None):
     finally:
         html.unlink()
         printed.unlink(missing_ok=True)
-    return pdf_path

@@ -1,5 +1,4 @@
-"""report.md's placeholders, filled from the same inputs as the tables and figures, and the facts derived for them
-(the runs each section shows, the GPU roles, process times, the generated tables).
+"""report.md's placeholders, filled from results.md's inputs, and what is derived for them (runs shown, GPU roles).
 
 A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}` (`{{lenet.test_accuracy:.2%}}`): SOURCE a results file by
 its figure name, an alias (`lenet`, `gpt`: the run named, else ALIASES), a GPU role or a derived source; FIELD a
@@ -11,8 +10,7 @@ import re
 import statistics
 from dataclasses import replace
 
-from report import tables
-from report.figures import busy_window
+from report.figures import busy_window, gpu_runs_table, ladder_compare
 from report.gpu import LENET_CSV, ROLES, SLOTS, answer, logged_process_seconds, runs_archive_events
 from report.inputs import NUMBER, Run, events_beside, figure_name, rel, result_name, run_kind
 from training.metrics import SUCCESS_LOSS
@@ -93,7 +91,7 @@ def clock_facts(run):
 
 
 def goal_facts(metrics):
-    """When the GPT run's training loss first fell below the lab's goal, as a sentence."""
+    """`{{gpt_goal.…}}`: whether the GPT run reached the lab's goal, and when its training loss first fell below it."""
     per_step = metrics.get("tokens_seen", 0) / max(1, metrics.get("steps") or 1)
     first = next((step for step, loss in metrics.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
     final = metrics.get("final_train_loss")
@@ -124,7 +122,7 @@ def gpu_sources(folders, roles):
     if gpt := roles.get("gpu_gpt"):
         runs = [(s, m, *process_seconds(m, gpt.gpu, s)) for s, m in sorted(gpt.gpu.results.items())
                 if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
-        sources["gpu_runs"] = ({"table": tables.gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label},
+        sources["gpu_runs"] = ({"table": gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label},
                                rel(gpt.gpu.folder))
     return sources
 
@@ -152,7 +150,7 @@ def derived_sources(results, shown, roles, folders, by_kind):
     cpu, gpu = sources.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
     if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
         then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
-        sources["ladder"] = {"table": tables.ladder_compare(gpu and gpu.metrics, cpu,
+        sources["ladder"] = {"table": ladder_compare(gpu and gpu.metrics, cpu,
                                                             gpu.gpu.label if gpu else None, then)}, "ladder"
     if (bench := sources.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat

@@ -165,13 +165,11 @@ def logged_process_seconds(found, stem):
     for entry in found.facts.get("steps") or []:
         if isinstance(entry, dict) and entry.get("status") == "ok" and isinstance(entry.get("seconds"), int):
             steps[str(entry.get("step"))] = entry["seconds"]
-    kind, own, best = parts[0], parts[2], None
-    for step, seconds in steps.items():
-        bare = step.removeprefix(f"{kind}-")
-        other_kind = step.split("-")[0] in ("gpt", "lenet") and not step.startswith(f"{kind}-")
-        if not other_kind and bare in own and (best is None or len(bare) > len(best[0])):
-            best = (bare, seconds)
-    return float(best[1]) if best else None
+    kind, own = parts[0], parts[2]
+    mine = {step.removeprefix(f"{kind}-"): seconds for step, seconds in steps.items()  # not another kind's step
+            if step.startswith(f"{kind}-") or step.split("-")[0] not in ("gpt", "lenet")}
+    best = max((bare for bare in mine if bare in own), key=len, default=None)
+    return float(mine[best]) if best else None
 
 
 def runs_archive_events(found, stem, into):

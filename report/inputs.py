@@ -62,13 +62,10 @@ def number(text):
     """A JSON number a table can print: NaN, Infinity, 1e999 or a 400-digit integer is a ValueError."""
     if text in ("NaN", "Infinity", "-Infinity"):
         raise ValueError(f"{text} is not a number a table can print (a strict writer writes null)")
-    if text.lstrip("-").isdigit():
-        if len(text.lstrip("-")) > 300:  # beyond a float's range, `.1f` raises OverflowError
-            raise ValueError(f"the number {text[:12]}… ({len(text)} digits) does not fit a float")
-        return int(text)
-    if not math.isfinite(value := float(text)):
-        raise ValueError(f"the number {text} does not fit a float")
-    return value
+    if not math.isfinite(float(text)):  # beyond a float's range (an int's `.1f` raises OverflowError)
+        shown = text if len(text) < 20 else f"{text[:12]}… ({len(text)} digits)"
+        raise ValueError(f"the number {shown} does not fit a float")
+    return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
 def load_json(text):

@@ -10,6 +10,7 @@ is never picked up unasked). --out gets results.md (the runs shown, every source
 the figures report.md links; --pdf prints report.md filled from the same inputs. A placeholder that cannot be
 filled or a broken image is an error or a problem line, never a blank.
 """
+import contextlib
 import errno
 import json
 import os
@@ -27,18 +28,21 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UserError, inside_another_run
+from data.files import UMASK, UserError, inside_another_run
 from report import browser, facts, gpu
-from report.figures import gpt_curves, gpu_figure
+from report.figures import gpt_curves, gpt_table, gpu_figure, lenet_table
 from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_results, rel
-from report.outputs import BUILT, building, built_lines, out_dir, printed, writable
-from report.tables import gpt_table, lenet_table
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # what a GPU call's OUT keeps
+MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
+# in --out: the files a build wrote (any other file there is someone else's) and, as ./<path from --out>, the PDFs
+# it printed (a line with a slash is never a file's name)
+BUILT = ".built-by-make_report"
+TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's name
 
 
 @dataclass
@@ -100,6 +104,70 @@ def gpu_lines(r, screenshots):
     lines += [f"- no TensorBoard events kept for `{run.source}`: no screenshot of it"
               for run in r.shown.values() if not run.events]
     return lines + browser.tensorboard_screenshots([run for run in r.shown.values() if run.events], r.out, r.problems)
+
+
+# ----------------------------------------------------------------------------- --out and --pdf-out, written whole
+
+def out_dir(args):
+    """--out; a link to the student's folder: built where it points, the link left as it is."""
+    return args.out.resolve() if args.out.is_symlink() else args.out
+
+
+def built_lines(out):
+    """`out`'s BUILT: the files its last build wrote and the PDFs its builds printed."""
+    marker = out / BUILT
+    return marker.read_text().splitlines() if marker.is_file() and not marker.is_symlink() else []
+
+
+def printed(args):
+    """--pdf-out as BUILT names it: its path from --out after ./ (a line with a slash: never a file's name)."""
+    return "./" + os.path.relpath(os.path.realpath(args.pdf_out), os.path.realpath(out_dir(args)))
+
+
+def writable(path, flag):
+    """Its nearest existing folder is a writable folder on a disk with room, said in one line before any work."""
+    parent = next(p for p in path.resolve().parents if p.exists())
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK) or os.statvfs(parent).f_flag & os.ST_RDONLY:
+        raise UserError(f"{flag} {path}: {parent} is read-only")
+    if (free := shutil.disk_usage(parent).free) < MIN_FREE:
+        raise UserError(f"{flag} {path}: {free >> 20} MiB free on {parent}'s disk, under the {MIN_FREE >> 20} MiB "
+                        "a report needs")
+
+
+@contextlib.contextmanager
+def building(out, keep):
+    """A fresh folder beside `out` with `keep` copied from the old one, renamed into place once built; a file of
+    the old --out no build wrote (a student's) is moved in, and moved back if the build stops before the rename."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=TMP, dir=out.parent))
+    tmp.chmod(0o777 & ~UMASK)  # mkdtemp's 0700 would become --out's: as mkdir makes it
+    old, moved = None, []
+    try:
+        for name in keep:
+            if (out / name).is_file():
+                shutil.copy2(out / name, tmp / name)
+        yield tmp
+        built = built_lines(out)
+        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir()))
+                                 + "".join(f"{line}\n" for line in built if "/" in line))  # the PDFs printed
+        for path in sorted(out.iterdir()) if out.is_dir() else []:
+            if path.name not in built and not (tmp / path.name).exists():
+                path.rename(tmp / path.name)  # someone else's: kept
+                moved.append(path.name)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f"{TMP}old-", dir=out.parent))
+            out.rename(old)  # onto the empty folder mkdtemp made
+        tmp.rename(out)
+    finally:
+        if old and not out.exists():  # stopped between the two renames: the old --out back in place
+            old.rename(out)
+        for name in moved if tmp.exists() else []:  # not renamed into place: someone else's files go back
+            (tmp / name).rename(out / name)
+        for folder in (old, tmp):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -199,7 +267,6 @@ def gather(args, report_text, scratch, gpu_folder=None):
     r = Report([], {}, args.results, named=bool(args.runs or args.runs_root))
     r.by_kind = find_runs(args.runs, args.runs_root, r.problems)
     r.results = load_results(args.results, r.problems)
-    gpu_folder = gpu_folder or args.gpu
     if gpu_folder and not gpu_folder.resolve().is_relative_to(args.results.resolve()):
         r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
     r.team = not (r.named and committed(args))

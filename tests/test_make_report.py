@@ -9,7 +9,7 @@ from torch.utils.tensorboard import SummaryWriter
 import gpt_train
 import lenet5
 from conftest import REPO, tiny_args, write_tiny_mnist
-from report import browser, figures, inputs, make_report, tables
+from report import browser, figures, inputs, make_report
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,8 @@ def test_pdf_has_the_chinese_text_and_the_accuracy(tmp_path):
     inputs = make_report.gather(args, make_report.check_args(args), tmp_path)
     filled, unfilled, used = facts.fill(inputs.report_text, inputs.sources)
     assert unfilled == []
-    pdf = browser.write_pdf(report, tmp_path / "report.pdf", filled)
+    pdf = tmp_path / "report.pdf"
+    browser.write_pdf(report, pdf, filled)
     text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
     assert "实验报告" in text and "神经网络" in text and "{{" not in text
     accuracies = [shown for placeholder, shown, _ in used if "accuracy" in placeholder and shown.endswith("%")]
@@ -376,7 +377,7 @@ def test_results_files_with_one_name_in_two_folders_are_both_reported(tmp_path):
     ({"text": "/d/WebOfScience/WOS46985/X.txt"}, "WOS46985")])
 def test_the_corpus_is_named_from_the_recorded_identity_first(metrics, name):
     assert inputs.corpus_name(metrics) == name
-    label = tables.corpus_label(metrics)
+    label = figures.corpus_label(metrics)
     assert (label == "") == (name == "WOS46985") and ("not WOS" in label) == (name != "WOS46985")
 
 
@@ -408,7 +409,8 @@ def test_pdf_is_titled_by_the_h1_with_no_stray_spaces_and_each_figure_beside_its
         "# 测试报告：GELU 与 `GPT-2`\n\n"
         "第一段的第一行在这里断开\n第二行接着写，硬件、\nPyTorch 版本和命令，\n都记录在 JSON 中。\n\n" + figures
         + "| 列一 | 列二 |\n|---|---|\n" + "".join(f"| 第 {i} 行 | 数值 {i} |\n" for i in range(60)))
-    pdf = browser.write_pdf(tmp_path / "r.md", tmp_path / "r.pdf")
+    pdf = tmp_path / "r.pdf"
+    browser.write_pdf(tmp_path / "r.md", pdf, (tmp_path / "r.md").read_text())
     assert re.search(r"^Title:\s+测试报告：GELU 与 GPT-2$", poppler("pdfinfo", str(pdf)), re.M)
     text = poppler("pdftotext", str(pdf), "-")
     first = "第一段的第一行在这里断开第二行接着写，" "硬件、PyTorch 版本和命令，都记录在 JSON 中。"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from report import make_report, outputs
+from report import make_report
 
 
 def lenet_metrics(**extra):
@@ -188,7 +188,7 @@ def test_a_disk_with_no_room_is_refused_before_and_a_disk_filling_during_the_bui
     disk = small_disk("size=1m")
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen")])
     assert message == f"error: --out {disk / 'gen'}: 1 MiB free on {disk}'s disk, under the 64 MiB a report needs"
-    monkeypatch.setattr(outputs, "MIN_FREE", 0)  # past the check: the disk fills while the figures are drawn
+    monkeypatch.setattr(make_report, "MIN_FREE", 0)  # past the check: the disk fills while the figures are drawn
     run = results.parent / "gpt-run"  # a GPT run whose curves the report links
     run.mkdir()
     (run / "metrics.json").write_text(json.dumps({
