@@ -25,7 +25,7 @@ from accelerate.utils import set_seed
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from data import files, wos
+from data import REPO, files, wos
 from data.blocks import token_blocks
 from data.files import UserError
 from data.tokenizer import open_tokenizer
@@ -38,7 +38,6 @@ from training.lifecycle import Phases, StopFlag, process_seconds
 from training.model import GPT, model_config
 from training.watch import StepWatch
 
-REPO = Path(__file__).resolve().parent
 MIN_LR_RATIO = 0.1  # the cosine ends at 10% of the peak learning rate
 
 
@@ -234,8 +233,15 @@ def finish(setup, state, stats, watch, stop):
         results["samples"] = sample.final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
                                                   args.sample_tokens, setup.writer, state.step, val_loss, stop)
     phases.switch("teardown")
-    if main:
-        close_writer(setup, state.step, profile)
+    if main:  # the phases into TensorBoard; the run is saved by now: a failing disk here is a warning
+        try:
+            phases.log(setup.writer, state.step)
+            for name, seconds in (profile or {}).get("groups", {}).items():
+                setup.writer.add_scalar(f"profile/{name}_seconds", seconds, state.step)
+            setup.writer.close()
+        except OSError as e:
+            print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} "
+                  f"({files.reason(e)}); the metrics and final/ are saved", file=sys.stderr)
     if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
         checkpoints.remove_checkpoints(train_step.accelerator, setup.out_dir)
     if main:
@@ -255,18 +261,6 @@ def write_metrics(setup, results, watch):
     for path in [setup.out_dir / "metrics.json"] + ([setup.args.metrics_out] if setup.args.metrics_out else []):
         files.write_json(path, results)
     return results
-
-
-def close_writer(setup, at_step, profile):
-    """The phases into TensorBoard, closed; the run is saved by now: a failing disk here is a warning."""
-    try:
-        setup.phases.log(setup.writer, at_step)
-        for name, seconds in (profile or {}).get("groups", {}).items():
-            setup.writer.add_scalar(f"profile/{name}_seconds", seconds, at_step)
-        setup.writer.close()
-    except OSError as e:
-        print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} ({files.reason(e)}); "
-              f"the metrics and final/ are saved", file=sys.stderr)
 
 
 def main(argv=None):

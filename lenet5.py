@@ -2,7 +2,6 @@
 
     python lenet5.py                               # GPU if there is one, else CPU; >= 99.0% test accuracy
     python lenet5.py --act cpp                     # the own C++/CUDA GELU (build: see gelu_ext/README.md)
-    python lenet5.py --data-dir ../shared/data --metrics-out lenet.json
     sbatch slurm/lenet.sh --act python             # on the cluster (extra flags are forwarded)
     tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
 
@@ -13,21 +12,18 @@ lifecycle.start(__name__)  # a Ctrl-C while torch imports is one line, not a tra
 
 import contextlib
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from data import data_root
+from data import REPO, data_root
 from data.files import OutputError, UserError, reason, write_atomic, write_json
 from data.mnist import Batches, find_mnist, load_train_test
 from training import lenet, runfiles
 from training.device import device_name
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
-
-REPO = Path(__file__).resolve().parent
 
 
 def make_gelu(act, device):

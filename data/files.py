@@ -107,7 +107,6 @@ def output_problem(path, what, own_run=None):
 
 
 def check_output_dir(path, what):
-    """Fail now, in one line, if folder `path` (a cache the run will fill) cannot be written."""
     if problem := output_problem(path, what):
         raise OutputError(problem)
     probe_folder(path, f"{what} {path}")

@@ -24,7 +24,6 @@ class TokenizerError(UserError):
 
 
 def default_tokenizer():
-    """The own tokenizer once tokenizer_train.py has made it, else GPT-2's."""
     return str(OWN_TOKENIZER) if OWN_TOKENIZER.exists() else "gpt2"
 
 

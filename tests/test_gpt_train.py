@@ -20,6 +20,21 @@ from training import watch
 from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
 
+
+def in_process(capsys, *args):
+    """gpt_train.main(args) in this process, read as its process would end (sys.exit("error: ...") prints the line
+    and exits 1): a CompletedProcess, as run_script's, without a Python start and torch import per case."""
+    try:
+        gpt_train.main([str(a) for a in args])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code or 0
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        code, err = 1, err + code + "\n"
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 # ------------------------------------------------------------------ training runs
 
 def test_tiny_run_learns_and_stops_at_the_budget(corpus, tmp_path, capsys):
@@ -117,25 +132,25 @@ def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, 
 # ------------------------------------------------------------------ errors a user can cause
 
 @pytest.mark.parametrize("args, message", [
-    (["--seq-len", "2048"], "exceeds GPT-2's 1024"),
+    pytest.param(["--seq-len", "2048"], "exceeds GPT-2's 1024", marks=pytest.mark.slow),  # as a user runs it
     (["--tokens", "0"], "--tokens: must be in [1, 10000000000000], got 0"),
     (["--n-embd", "100", "--n-head", "3"], "not divisible"),
     (["--precision", "fp8"], "invalid choice"),
 ])
-@pytest.mark.slow
-def test_bad_flags(args, message):
-    result = run_script("gpt_train.py", *args)
+def test_bad_flags(args, message, capsys):
+    result = run_script("gpt_train.py", *args) if "2048" in args else in_process(capsys, *args)
     assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1
 
 
-@pytest.mark.slow
-def test_user_errors_are_one_line(corpus, tmp_path):
-    proc = start_script("gpt_train.py", *tiny_args(corpus, tmp_path / "x", "--global-batch", "6"))
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err.strip().splitlines()[-1].startswith("error: --global-batch 6")
-    proc = start_script("gpt_train.py", "--text", str(tmp_path / "missing.txt"))
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"
+@pytest.mark.parametrize("case", ["--global-batch", "--text"])  # one a test: each starts its own accelerator
+def test_user_errors_are_one_line(corpus, tmp_path, capsys, case):
+    if case == "--global-batch":
+        result = in_process(capsys, *tiny_args(corpus, tmp_path / "x", "--global-batch", "6"))
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("error: --global-batch 6")
+    else:
+        result = in_process(capsys, "--text", tmp_path / "missing.txt")
+        assert result.returncode == 1
+        assert result.stderr.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"
 
 
 # ------------------------------------------------------------------ the Slurm launcher, without Slurm
@@ -247,7 +262,7 @@ def test_usr1_to_the_launcher_as_python_starts_is_not_lost(corpus, tmp_path):
     assert latest_checkpoint(tmp_path / "run")[0] is not None
 
 
-def unfinished_run(corpus, run_dir, *extra):
+def make_unfinished_run(corpus, run_dir, *extra):
     """A run stopped at its last checkpoint: the finished run minus its metrics (as if cut just before)."""
     common = ["--tokens", str(12 * 8 * 32), "--ckpt-every", "4", "--log-every", "1", "--keep-checkpoints", *extra]
     reference = gpt_train.main(tiny_args(corpus, run_dir, *common))
@@ -255,8 +270,26 @@ def unfinished_run(corpus, run_dir, *extra):
     return reference, common
 
 
-def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(corpus, tmp_path, capsys):
-    reference, common = unfinished_run(corpus, tmp_path / "run")
+@pytest.fixture(scope="module")
+def pristine_unfinished_run(corpus, tmp_path_factory):
+    """make_unfinished_run's run, trained once for the tests that resume it (each resumes its own copy)."""
+    run_dir = tmp_path_factory.mktemp("unfinished") / "run"
+    return run_dir, *make_unfinished_run(corpus, run_dir)
+
+
+@pytest.fixture
+def unfinished_run(pristine_unfinished_run):
+    """A copy of the unfinished run: unfinished_run(run_dir) puts it there -> (the reference metrics, its flags)."""
+    pristine, reference, common = pristine_unfinished_run
+
+    def copy(run_dir):
+        shutil.copytree(pristine, run_dir)
+        return reference, common
+    return copy
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(corpus, tmp_path, capsys, unfinished_run):
+    reference, common = unfinished_run(tmp_path / "run")
     newest, previous = sorted((tmp_path / "run").glob("ckpt-*[0-9]"), reverse=True)
     model_file = next(newest.glob("pytorch_model*.bin"))
     model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated
@@ -268,8 +301,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(corpus, tmp_path,
     assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
 
 
-def test_a_damaged_trainer_state_is_skipped(corpus, tmp_path):
-    reference, common = unfinished_run(corpus, tmp_path / "run")
+def test_a_damaged_trainer_state_is_skipped(corpus, tmp_path, unfinished_run):
+    reference, common = unfinished_run(tmp_path / "run")
     newest = sorted((tmp_path / "run").glob("ckpt-*[0-9]"))[-1]
     (newest / "trainer_state.json").write_text('{"step": 1')
     resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common))
@@ -282,16 +315,16 @@ def test_a_damaged_trainer_state_is_skipped(corpus, tmp_path):
     (["--global-batch", "16"], "global_batch = 8"),
     (["--tokenizer", "OTHER"], "tokenizer = "),
 ])
-@pytest.mark.slow
-def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, change, message):
-    _, common = unfinished_run(corpus, tmp_path / "run")
+def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, change, message, unfinished_run,
+                                                             capsys):
+    _, common = unfinished_run(tmp_path / "run")
     if change[-1] == "OTHER":  # another tokenizer with the same vocabulary size
         import tokenizer_train
         from conftest import generated_docs
         other = tokenizer_train.train_bpe(generated_docs(300, seed=7), vocab_size=512)
         tokenizer_train.save_atomic(other, tmp_path / "other.json")
         change = ["--tokenizer", str(tmp_path / "other.json")]
-    result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run", *common), *change)
+    result = in_process(capsys, *tiny_args(corpus, tmp_path / "run", *common), *change)
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
     assert result.stderr.startswith("error: the checkpoint was made with " + message)
 
@@ -299,7 +332,7 @@ def test_a_resume_with_other_settings_is_refused_in_one_line(corpus, tmp_path, c
 def test_gpt2s_tokenizer_from_its_folder_end_to_end_with_resume(corpus, shared_data, tmp_path):
     from data.tokenizer import open_tokenizer
     gpt2 = shared_data / "gpt2-tokenizer"  # the folder AutoTokenizer.from_pretrained takes
-    reference, common = unfinished_run(corpus, tmp_path / "run", "--tokenizer", str(gpt2))
+    reference, common = make_unfinished_run(corpus, tmp_path / "run", "--tokenizer", str(gpt2))
     assert reference["vocab_size"] == 50304 and math.isfinite(reference["final_val_loss"])  # 50,257 padded
     resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common))
     assert resumed["resumed"] and resumed["vocab_size"] == 50304
@@ -309,21 +342,20 @@ def test_gpt2s_tokenizer_from_its_folder_end_to_end_with_resume(corpus, shared_d
     assert f"packed-v1-{theirs}" in caches and own != theirs
 
 
-def test_the_own_tokenizer_as_a_file_or_its_folder_is_the_same_run(corpus, tmp_path):
-    import shutil
+def test_the_own_tokenizer_as_a_file_or_its_folder_is_the_same_run(corpus, tmp_path, unfinished_run):
     folder = tmp_path / "tokenizer"
     folder.mkdir()
     shutil.copy(corpus / "tok.json", folder / "tokenizer.json")
-    reference, common = unfinished_run(corpus, tmp_path / "run")  # started with the file
+    reference, common = unfinished_run(tmp_path / "run")  # started with the file
     resumed = gpt_train.main(tiny_args(corpus, tmp_path / "run", *common, "--tokenizer", str(folder)))
     assert resumed["resumed"] and resumed["vocab_size"] == 512  # the run identity keys the tokenizer's content
     assert resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
 
 
-def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path):
+def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path, capsys):
     from training.runfiles import RunLock
-    with RunLock(tmp_path / "run"):  # the first run, still going
-        result = run_script("gpt_train.py", *tiny_args(corpus, tmp_path / "run"))
+    with RunLock(tmp_path / "run"):  # the first run, still going (flock: another open file is another holder)
+        result = in_process(capsys, *tiny_args(corpus, tmp_path / "run"))
     assert result.returncode == 1
     assert f"{tmp_path / 'run'} is in use by another run (pid {os.getpid()})" in result.stderr
     assert not list((tmp_path / "run").glob("ckpt-*"))
@@ -334,16 +366,16 @@ def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path):
     ("--metrics-out", lambda p: (p / "folder").mkdir() or p / "folder", "is a folder"),
     ("--out-dir", lambda p: (p / "file").write_text("x") and p / "file", "is a file, not a folder"),
 ])
-def test_unwritable_outputs_fail_before_any_work(corpus, tmp_path, flag, make, message):
+def test_unwritable_outputs_fail_before_any_work(corpus, tmp_path, flag, make, message, capsys):
     target = make(tmp_path)
     args = tiny_args(corpus, tmp_path / "run", "--text", str(tmp_path / "not-read-yet.txt"), flag, str(target))
-    result = run_script("gpt_train.py", *args)
+    result = in_process(capsys, *args)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
-def test_float_flags_reject_non_finite_values(value):
-    result = run_script("gpt_train.py", f"--lr={value}")
+def test_float_flags_reject_non_finite_values(value, capsys):
+    result = in_process(capsys, f"--lr={value}")
     assert result.returncode == 2 and "expected a finite number" in result.stderr
 
 
@@ -376,10 +408,9 @@ def test_a_preset_sets_the_defaults_and_flags_override_them():
     assert lab.micro_batch == "auto"  # the preset's micro-batch is looked up when needed, not stored in args
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--tf32", "--attention", "--min-lr-ratio", "--resume"])
-def test_flags_nobody_used_are_gone(flag):
-    result = run_script("gpt_train.py", flag, "x")
+def test_flags_nobody_used_are_gone(flag, capsys):
+    result = in_process(capsys, flag, "x")
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
 
 
@@ -419,8 +450,8 @@ def test_a_failed_start_leaves_no_run_folder(corpus, tmp_path, monkeypatch):
     assert list((tmp_path / "repo" / "runs" / "gpt").iterdir()) == []
 
 
-def test_a_resume_names_every_flag_that_changes_the_run(corpus, tmp_path):
-    reference, common = unfinished_run(corpus, tmp_path / "run")
+def test_a_resume_names_every_flag_that_changes_the_run(corpus, tmp_path, unfinished_run):
+    reference, common = unfinished_run(tmp_path / "run")
     other = tmp_path / "other.txt"
     other.write_text((corpus / "X.txt").read_text() + "One more document.\n")
     for change, names in [(["--text", str(other)], "corpus = "), (["--val-fraction", "0.2"], "val_fraction = 0.005"),
@@ -439,8 +470,8 @@ def test_a_resume_names_every_flag_that_changes_the_run(corpus, tmp_path):
     assert resumed["resumed"] and resumed["final_train_loss"] == pytest.approx(reference["final_train_loss"], rel=1e-6)
 
 
-def test_a_resume_with_another_micro_batch_continues_the_same_data(corpus, tmp_path, capsys):
-    reference, common = unfinished_run(corpus, tmp_path / "run")  # micro-batch 4, global batch 8: 2 per step
+def test_a_resume_with_another_micro_batch_continues_the_same_data(corpus, tmp_path, capsys, unfinished_run):
+    reference, common = unfinished_run(tmp_path / "run")  # micro-batch 4, global batch 8: 2 per step
     for late in sorted((tmp_path / "run").glob("ckpt-*[0-9]"))[1:]:
         shutil.rmtree(late)  # resumed from step 4: 8 steps in micro-batches of 2 (accumulation 4)
     capsys.readouterr()

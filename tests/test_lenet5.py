@@ -15,6 +15,21 @@ from conftest import REPO, free_port, run_script, wait_for, write_tiny_mnist
 from data import files
 from training import runfiles
 
+
+def in_process(capsys, *args):
+    """lenet5.main(args) in this process, read as its process would end (sys.exit("error: ...") prints the line
+    and exits 1): a CompletedProcess, as run_script's, without a Python start and torch import per case."""
+    try:
+        lenet5.main([str(a) for a in args])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code or 0
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        code, err = 1, err + code + "\n"
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 # --------------------------------------------------------------------- model
 
 def test_model_shapes_and_parameter_count():
@@ -45,6 +60,7 @@ def test_training_on_tiny_set_learns_and_writes_metrics(tiny_mnist, tmp_path):
     assert json.loads((tmp_path / "run" / "args.json").read_text())["epochs"] == 3
 
 
+@pytest.mark.slow
 def test_real_mnist_one_epoch_reaches_98_percent_with_an_accuracy_curve(shared_data, tmp_path):
     """The default recipe, one epoch on the CPU: >= 98%, and TensorBoard draws the accuracy as a curve (the
     training accuracy at every log point: >= 5 in the epoch), as metrics.json does."""
@@ -72,7 +88,7 @@ def test_out_dir_is_never_overwritten(tiny_mnist, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["plain", "lightning"])  # Lightning catches Ctrl-C itself and exits 1, silent
-def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_path, engine):
+def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_path, engine, capsys):
     """Ctrl-C during training: one line, exit 130, no traceback; the same command again starts over in the
     same --out-dir (the unfinished attempt's files set aside, never mixed in); a finished run stays refused."""
     cmd = [sys.executable, str(REPO / "lenet5.py"), "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu",
@@ -96,7 +112,7 @@ def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_pat
     aside = list((tmp_path / "run").glob("earlier-attempt-*"))
     assert len(aside) == 1 and {p.name for p in aside[0].glob("events.out.tfevents.*")} == first_events
     assert not first_events & {p.name for p in (tmp_path / "run").glob("events.out.tfevents.*")}  # this run's only
-    third = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    third = in_process(capsys, *cmd[2:])  # the refusal needs no third process
     assert third.returncode == 1 and "holds a finished run of lenet5.py" in third.stderr
 
 
@@ -160,8 +176,9 @@ def test_tensorboard_serves_scalars_and_images(tiny_mnist, tmp_path):
                                            (["--lr", "nan"], "--lr: expected a finite number"),
                                            (["--lr", "inf"], "--lr: expected a finite number"),
                                            (["--lr", "0"], "--lr: must be > 0, got 0")])
-def test_bad_flags_exit_2_with_message(args, message):
-    result = run_script("lenet5.py", *args)
+def test_bad_flags_exit_2_with_message(args, message, capsys):
+    # the first case as a user runs it; the others in this process (the same parser, the same exit)
+    result = run_script("lenet5.py", *args) if args == ["--epochs", "0"] else in_process(capsys, *args)
     assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1
 
 
@@ -172,16 +189,16 @@ def test_missing_data_is_one_clear_line(tmp_path):
     assert "MNIST files missing" in result.stderr and "train-images-idx3-ubyte" in result.stderr
 
 
-def test_corrupt_data_is_one_clear_line(tiny_mnist, tmp_path):
+def test_corrupt_data_is_one_clear_line(tiny_mnist, tmp_path, capsys):
     labels = tiny_mnist / "t10k-labels-idx1-ubyte"
     labels.write_bytes(labels.read_bytes()[:-5])
-    result = run_script("lenet5.py", "--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(tmp_path / "run"))
+    result = in_process(capsys, "--data-dir", tiny_mnist, "--no-download", "--out-dir", tmp_path / "run")
     assert result.returncode == 1 and result.stderr.startswith("error: ") and "truncated" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_help_shows_defaults():
-    result = run_script("lenet5.py", "--help")
+def test_help_shows_defaults(capsys):
+    result = in_process(capsys, "--help")
     assert result.returncode == 0 and "(default: 2)" in result.stdout and "(default: 128)" in result.stdout
 
 
@@ -204,11 +221,9 @@ def test_sbatch_script_runs_without_slurm_and_forwards_flags(tiny_mnist, tmp_pat
     assert "job none" in result.stdout
 
 
-@pytest.mark.slow
-def test_a_diverging_run_stops_with_one_line(tiny_mnist, tmp_path):
-    result = run_script("lenet5.py", "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--lr", "1e6",
-                        "--log-every", "1", "--out-dir", str(tmp_path / "run"),
-                        "--metrics-out", str(tmp_path / "m.json"))
+def test_a_diverging_run_stops_with_one_line(tiny_mnist, tmp_path, capsys):
+    result = in_process(capsys, "--data-dir", tiny_mnist, "--no-download", "--device", "cpu", "--lr", "1e6",
+                        "--log-every", "1", "--out-dir", tmp_path / "run", "--metrics-out", tmp_path / "m.json")
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("error: training loss at step")
     assert "diverged; try a lower --lr" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "m.json").exists()
@@ -223,20 +238,19 @@ def test_metrics_json_is_strict():
     ("--metrics-out", lambda p: (p / "folder").mkdir() or p / "folder", "is a folder"),
     ("--out-dir", lambda p: (p / "file").write_text("x") and p / "file", "is a file, not a folder"),
 ])
-def test_unwritable_outputs_fail_before_training(tiny_mnist, tmp_path, flag, make, message):
-    args = ["--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu", "--out-dir", str(tmp_path / "run"),
-            flag, str(make(tmp_path))]
-    result = run_script("lenet5.py", *args)
+def test_unwritable_outputs_fail_before_training(tiny_mnist, tmp_path, flag, make, message, capsys):
+    result = in_process(capsys, "--data-dir", tiny_mnist, "--no-download", "--device", "cpu", "--out-dir",
+                        tmp_path / "run", flag, make(tmp_path))
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert "epoch 1" not in result.stdout  # nothing was trained, so nothing is lost
 
 
 
 @pytest.mark.parametrize("flag", ["--metrics-out", "--save"])
-def test_an_output_onto_an_mnist_file_is_refused_and_the_file_kept(tiny_mnist, tmp_path, flag):
+def test_an_output_onto_an_mnist_file_is_refused_and_the_file_kept(tiny_mnist, tmp_path, flag, capsys):
     target = tiny_mnist / "t10k-labels-idx1-ubyte"
     before = target.read_bytes()
-    result = run_script("lenet5.py", "--data-dir", tiny_mnist, "--no-download", "--device", "cpu",
+    result = in_process(capsys, "--data-dir", tiny_mnist, "--no-download", "--device", "cpu",
                         "--out-dir", tmp_path / "run", flag, target)
     assert result.returncode == 1 and "would overwrite --data-dir" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "epoch 1" not in result.stdout
@@ -283,6 +297,7 @@ def test_test_passes_between_epochs_agree_across_engines(tiny_mnist, tmp_path, m
                                                                          abs=0.011))  # 2 of 200 digits at most
 
 
+@pytest.mark.slow
 def test_lightning_real_mnist_one_epoch_reaches_98_percent(shared_data, tmp_path):
     metrics = lenet5.main(["--data-dir", str(shared_data), "--no-download", "--epochs", "1", "--engine", "lightning",
                            "--device", "cpu", "--out-dir", str(tmp_path / "run")])
@@ -363,11 +378,11 @@ def test_lenet_bench_act_pair_alternates_torch_and_cpp(bench, tmp_path):
     assert result["cpp_to_torch"] == {"median": pytest.approx(sum(ratios) / 2), "range": [min(ratios), max(ratios)]}
 
 
-@pytest.mark.slow
-def test_lenet_bench_missing_data_is_one_line(tmp_path):
-    result = run_script("benchmarks/lenet_bench.py", "--data-dir", str(tmp_path), "--device", "cpu")
-    assert result.returncode == 1 and result.stderr.startswith("error: MNIST files missing")
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_lenet_bench_missing_data_is_one_line(bench, tmp_path):
+    lenet_bench, _ = bench
+    with pytest.raises(SystemExit) as stop:  # sys.exit(line): the process prints it and exits 1
+        lenet_bench.main(["--data-dir", str(tmp_path / "empty"), "--device", "cpu"])
+    assert str(stop.value.code).startswith("error: MNIST files missing") and "\n" not in str(stop.value.code)
 
 
 # --------------------------------------------------------------------- the run folder, swapped files

@@ -16,6 +16,21 @@ from data import tokenizer, wos
 from data.blocks import token_blocks
 from data.tokenizer import EOT, open_tokenizer
 
+
+def in_process(capsys, *args):
+    """tokenizer_train.main(args) in this process, read as its process would end (sys.exit("error: ...") prints
+    the line and exits 1): a CompletedProcess, as run_script's, without a Python start and imports per case."""
+    try:
+        tokenizer_train.main([str(a) for a in args])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code or 0
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        code, err = 1, err + code + "\n"
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 # ------------------------------------------------------------------ tokenizer
 
 def test_bpe_round_trip_and_load_through_transformers(small_tokenizer, tmp_path):
@@ -39,6 +54,7 @@ def test_bytes_per_token_counts_utf8_bytes(small_tokenizer):
 
 # ------------------------------------------------------------------ the script
 
+@pytest.mark.slow
 def test_script_on_standin_corpus(shared_data, tmp_path):
     out, metrics_path = tmp_path / "tokenizer.json", tmp_path / "metrics.json"
     args = ["--text", str(shared_data / "wos-standin" / "X.txt"), "--vocab-size", "4096", "--out", str(out),
@@ -57,15 +73,21 @@ def test_script_on_standin_corpus(shared_data, tmp_path):
     assert tokenizer_train.main(args + ["--force"])["tokenize_from_cache"]  # same tokenizer: cache reused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["folder", "file"])
-def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path, form):
-    """Issue 20's 'done when': GPT-2's bytes per token next to the own, with no network."""
+def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path, form, monkeypatch, capsys):
+    """Issue 20's 'done when': GPT-2's bytes per token next to the own, with no network (the folder as a user
+    runs it, offline; the file in this process, the hub's client switched off the same way)."""
     gpt2 = shared_data / "gpt2-tokenizer"
     metrics_path = tmp_path / "m.json"
     compare = gpt2 if form == "folder" else gpt2 / "tokenizer.json"
-    result = run_script("tokenizer_train.py", "--text", shared_data / "wos-standin" / "X.txt", "--vocab-size", "1024",
-                        "--out", tmp_path / "t.json", "--seq-len", "0", "--cache-dir", tmp_path / "cache",
-                        "--compare", compare, "--metrics-out", metrics_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    args = ["--text", shared_data / "wos-standin" / "X.txt", "--vocab-size", "1024", "--out", tmp_path / "t.json",
+            "--seq-len", "0", "--cache-dir", tmp_path / "cache", "--compare", compare, "--metrics-out", metrics_path]
+    if form == "folder":
+        result = run_script("tokenizer_train.py", *args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    else:
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        result = in_process(capsys, *args)
     assert result.returncode == 0, result.stderr[-800:]
     metrics = json.loads(metrics_path.read_text())
     assert metrics["compare_vocab_size"] == 50257 and metrics["compare_sha256"] == open_tokenizer(gpt2).sha256
@@ -122,45 +144,45 @@ def test_ctrl_c_is_one_line_and_writes_nothing(text_file, tmp_path):
 @pytest.mark.parametrize("args, message", [(["--vocab-size", "1000"], "multiple of 64"),
                                            (["--val-fraction", "0.9"], "--val-fraction"),
                                            (["--vocab-size", "many"], "--vocab-size: expected an integer")])
-def test_bad_flags(args, message):
-    result = run_script("tokenizer_train.py", *args)
+def test_bad_flags(args, message, capsys):
+    result = in_process(capsys, *args)
     assert result.returncode == 2 and message in result.stderr
 
 
-def test_missing_text_is_one_line(tmp_path):
+def test_missing_text_is_one_line(tmp_path):  # as a user runs it: the process's one line
     result = run_script("tokenizer_train.py", "--text", str(tmp_path / "missing.txt"),
                         "--out", str(tmp_path / "t.json"))
     assert result.returncode == 1 and result.stderr.strip() == f"error: --text {tmp_path / 'missing.txt'}: no such file"
 
 
-def test_a_corpus_without_line_breaks_is_refused_before_training(tmp_path):
+def test_a_corpus_without_line_breaks_is_refused_before_training(tmp_path, capsys):
     text = tmp_path / "X.txt"
     text.write_bytes(b"word " * 400_000 + b"\nA short second document.\n")  # 2 MB on one line
     started = time.perf_counter()
-    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"),
-                        "--compare", "none")
+    result = in_process(capsys, "--text", text, "--out", tmp_path / "t.json", "--compare", "none",
+                        "--cache-dir", tmp_path / "cache")
     assert result.returncode == 1 and time.perf_counter() - started < 60
     assert result.stderr.strip() == (f"error: {text}: line 1 has 2,000,000 bytes; expected one document (an abstract) "
                                      f"per line, at most 1,000,000 bytes")
     assert not (tmp_path / "t.json").exists()
 
 
-def test_a_utf16_corpus_is_one_line(tmp_path):
+def test_a_utf16_corpus_is_one_line(tmp_path, capsys):
     text = tmp_path / "X.txt"
     text.write_bytes("\n".join(generated_docs(40)).encode("utf-16"))
-    result = run_script("tokenizer_train.py", "--text", text, "--out", tmp_path / "t.json", "--compare", "none",
+    result = in_process(capsys, "--text", text, "--out", tmp_path / "t.json", "--compare", "none",
                         "--cache-dir", tmp_path / "cache")
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"error: {text} is UTF-16 or UTF-32 (byte-order mark ff fe), not UTF-8")
 
 
-def test_a_corpus_too_small_for_one_block_is_one_line_naming_seq_len_before_training(tmp_path):
+def test_a_corpus_too_small_for_one_block_is_one_line_naming_seq_len_before_training(tmp_path, capsys):
     """Issue 36.21: it used to train, then throw the tokenizer away over the optional token cache, naming no
     flag. A split that cannot fill one block whatever the tokenizer is said before training."""
     text = tmp_path / "X.txt"
     text.write_text("\n".join(generated_docs(40)) + "\n")  # one validation document: far fewer than 1025 bytes
-    result = run_script("tokenizer_train.py", "--text", str(text), "--out", str(tmp_path / "t.json"),
-                        "--compare", "none", "--cache-dir", str(tmp_path / "cache"))
+    result = in_process(capsys, "--text", text, "--out", tmp_path / "t.json", "--compare", "none",
+                        "--cache-dir", tmp_path / "cache")
     last = result.stderr.strip().splitlines()[-1]  # after datasets' progress bars
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-500:]
     assert last.startswith("error: the validation split (1 document, ")
@@ -186,34 +208,34 @@ def test_a_token_cache_that_cannot_be_made_keeps_the_trained_tokenizer(tmp_path)
     ("--out", lambda p: (p / "folder").mkdir() or p / "folder", "is a folder"),
     ("--metrics-out", lambda p: (p / "file").write_text("x") and p / "file" / "m.json", "cannot be written"),
 ])
-def test_unwritable_outputs_fail_before_training(text_file, tmp_path, flag, make, message):
-    args = ["--text", str(text_file), "--compare", "none", "--out", str(tmp_path / "t.json"), flag, str(make(tmp_path))]
-    result = run_script("tokenizer_train.py", *args)
+def test_unwritable_outputs_fail_before_training(text_file, tmp_path, flag, make, message, capsys):
+    result = in_process(capsys, "--text", text_file, "--compare", "none", "--out", tmp_path / "t.json", flag,
+                        make(tmp_path))
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert "training" not in result.stdout and not (tmp_path / "t.json").exists()
 
 
 @pytest.mark.parametrize("clash", ["--text", "--compare"])
-def test_an_output_that_is_an_input_is_refused_before_work(text_file, small_tokenizer, tmp_path, clash):
+def test_an_output_that_is_an_input_is_refused_before_work(text_file, small_tokenizer, tmp_path, clash, capsys):
     """Issue 19.1: --metrics-out (or --out --force) onto the corpus or the compared tokenizer."""
     compare = tmp_path / "compare.json"
     tokenizer_train.save_atomic(small_tokenizer, compare)
     before = {p: p.read_bytes() for p in (text_file, compare)}
     target = text_file if clash == "--text" else compare
-    result = run_script("tokenizer_train.py", "--text", text_file, "--compare", compare, "--out", tmp_path / "t.json",
+    result = in_process(capsys, "--text", text_file, "--compare", compare, "--out", tmp_path / "t.json",
                         "--force", "--cache-dir", tmp_path / "cache", "--metrics-out", target)
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"error: --metrics-out {target} would overwrite {clash} {target} (an input)")
     assert {p: p.read_bytes() for p in before} == before and not (tmp_path / "cache").exists()
 
 
-def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path):
+def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path, capsys):
     """Issue 19.9 (root ignores file modes, so a read-only mount; skipped where mount is not permitted)."""
     cache = tmp_path / "ro-cache"
     cache.mkdir()
     with tmpfs(cache, "64k", read_only=True):
-        result = run_script("tokenizer_train.py", "--text", text_file, "--compare", "none",
-                            "--out", tmp_path / "t.json", "--cache-dir", cache)
+        result = in_process(capsys, "--text", text_file, "--compare", "none", "--out", tmp_path / "t.json",
+                            "--cache-dir", cache)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-800:]
     assert result.stderr.startswith(f"error: --cache-dir {cache} cannot be written (Read-only file system)")
     assert "training" not in result.stdout
