@@ -61,8 +61,7 @@ def shown_runs(by_kind, results, roles, committed=True):
     shown = {}
     for alias, (kind, default) in ALIASES.items():
         if run := by_kind.get(kind):
-            shown[kind] = Run(alias, kind, run.metrics, f"{rel(run.dir)}/metrics.json", events=run.dir,
-                              events_source=rel(run.dir))
+            shown[kind] = replace(run, alias=alias)
         elif committed and (run := replace(roles[default], alias=alias) if default in roles
                             else results_run(alias, results, default, kind)):
             shown[kind] = run
@@ -150,14 +149,14 @@ def derived_sources(results, shown, roles, folders, by_kind):
     cpu, gpu = sources.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
     if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
         then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
-        sources["ladder"] = {"table": ladder_compare(gpu and gpu.metrics, cpu,
-                                                            gpu.gpu.label if gpu else None, then)}, "ladder"
+        table = ladder_compare(gpu and gpu.metrics, cpu, gpu.gpu.label if gpu else None, then)
+        sources["ladder"] = {"table": table}, "ladder"
     if (bench := sources.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
         sources["lenet_lightning"] = ({"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
                                        "repeats": len(ratios)}, f"{bench[1]} (all_lightning_to_plain's median)")
     if nvml := [r for r in by_kind.values() if r.scalars.get("gpu/utilization_percent")]:
-        sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(rel(r.dir) for r in nvml)
+        sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(r.events_source for r in nvml)
     return sources
 
 

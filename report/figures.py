@@ -139,36 +139,12 @@ def gpu_figure(runs, out):
     for run in runs:
         for tag in ("gpu/utilization_percent", "gpu/memory_used_GiB"):
             if run.scalars.get(tag):
-                series.setdefault(tag, {})[f"{run.kind} ({run.dir.name})"] = run.scalars[tag]
+                series.setdefault(tag, {})[f"{run.kind} ({run.events.name})"] = run.scalars[tag]
     if not series:
         return ["- no GPU utilisation recorded: the runs above ran on the CPU (NVML curves appear only for GPU runs)"]
     plot_lines(out / "gpu_nvml.png", [(tag, pts, "step") for tag, pts in series.items()],
                "GPU utilisation and memory (NVML)")
     return ["![GPU utilisation (NVML)](gpu_nvml.png)"]
-
-
-def ladder_figure(name, bench, out):
-    """Bars with each row's range: the rungs in blue, the alternatives in grey below a line, failed rows left out."""
-    rungs = [r for r in bench["rungs"] if r.get("tokens_per_second")]
-    speeds = [r["tokens_per_second"] for r in rungs]
-    spans = [r.get("tokens_per_second_range") or [v, v] for r, v in zip(rungs, speeds)]
-    errors = [[v - lo for v, (lo, _) in zip(speeds, spans)], [hi - v for v, (_, hi) in zip(speeds, spans)]]
-    alternative = [r["name"].startswith(" ") for r in rungs]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rungs) + 1.2))
-    ax.barh(range(len(rungs)), speeds, xerr=errors, capsize=2, error_kw={"elinewidth": 0.8},
-            color=["tab:gray" if a else "tab:blue" for a in alternative])
-    ax.set_yticks(range(len(rungs)), [r["name"].split(" (")[0].split(":")[0].strip() for r in rungs], fontsize=8)
-    ax.invert_yaxis()
-    if any(alternative):
-        ax.axhline(alternative.index(True) - 0.5, color="black", linewidth=0.6, linestyle="--")
-    for i, (r, (_, hi)) in enumerate(zip(rungs, spans)):
-        ax.text(hi, i, f" x{r['speedup']:.2f}" if r.get("speedup") else "", va="center", fontsize=7)
-    repeats = bench.get("repeats") or 1
-    ax.set_xlabel("tokens / s (" + (f"bar: median of {repeats} repeats; whisker: their range)" if repeats > 1
-                                     else "one measurement a row: no range)"))
-    ax.set_title(f"Acceleration ladder, {bench['device_name']}", fontsize=10)
-    save(fig, out / f"{name}.png")
-    return [f"![{name}]({name}.png)"]
 
 
 # ----------------------------------------------------------------------------- tables

@@ -10,7 +10,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from report.figures import gpu_name, ladder_figure, terminal_figure, utilization_figure
+from report.figures import gpu_name, terminal_figure, utilization_figure
 from report.inputs import FIELD_ERRORS, load_json, rel
 
 # role -> (its results file's stem, whether a folder older than gpu_check.sh's layout may answer, the top-level
@@ -28,7 +28,6 @@ SLOTS = {  # figure -> (what it shows, the files it is drawn from, gpu_check.sh 
     # gpu_check.sh's snapshot, taken during training (the first folder's nvidia-smi-during-lenet.txt was before it)
     "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet-torch.*\.txt",
                              "lenet-torch"),
-    "gpu_ladder.png": ("the acceleration ladder on the GPU", r"gpt_bench.*\.json", "ladder"),
 }
 LENET_CSV = r"(nvidia-)?smi-lenet.*\.csv"
 PREFERRED = ("own-vocab", "cold", "torch")  # of several matching files: the graded run, LeNet with --act torch
@@ -76,13 +75,12 @@ def packed_logs(path):
 
 
 def read_gpu_folder(folder):
-    """The folder's files (loose .csv/.txt/.log/.md/.json, logs.tar.gz's members), its results and facts."""
+    """The folder's files (loose .csv/.txt/.log/.md, logs.tar.gz's members), its results and facts."""
     found = GpuFolder(folder)
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.suffix in (".csv", ".txt", ".log", ".md"):
             found.files[p.name] = lambda p=p: p.read_text(errors="replace")  # a log cut inside a character reads
         elif p.suffix == ".json" and p.name != "results.json":
-            found.files[p.name] = p.read_text
             try:
                 found.results[p.stem] = load_json(p.read_text())
             except (OSError, ValueError):
@@ -104,7 +102,6 @@ def read_gpu_folder(folder):
                 raise ValueError(f"has 'results': {json.dumps(data['results'])[:40]}, not an object")
             found.facts = data
             found.results.update({s: d for s, d in data.get("results", {}).items() if isinstance(d, dict)})
-            found.files.update({f"{s}.json": (lambda d=d: json.dumps(d)) for s, d in found.results.items()})
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         found.damage = f"results.json is cut or not JSON ({e})"
     except ValueError as e:
@@ -113,12 +110,8 @@ def read_gpu_folder(folder):
 
 
 def gpu_folders(gpu, results_dir, problems):
-    """The folders that may answer: --gpu, then those under results_dir (None: none), newest first; a bare logs
-    folder (gpu_check.sh's own report step) answers with results_dir's JSON beside its logs."""
+    """The folders that may answer: --gpu, then those under results_dir (None: none), newest first."""
     found = [read_gpu_folder(gpu)] if gpu else []
-    if found and found[0].older and results_dir and not gpu.resolve().is_relative_to(results_dir.resolve()):
-        for p in sorted(results_dir.glob("*.json")):
-            found[0].files.setdefault(p.name, p.read_text)
     folders = [d for d in sorted(results_dir.rglob("*")) if d.is_dir() and (not gpu or d.resolve() != gpu.resolve())
                and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "logs.tar.gz").is_file()
                     or (d / "results.json").is_file())] if results_dir and results_dir.is_dir() else []
@@ -196,10 +189,8 @@ def draw_slot(slot, folders, name, found, out):
         lenet, csv = answer(folders, LENET_CSV)
         utilization_figure([(found.files, name, "GPT")] + ([(lenet.files, csv, "LeNet-5")] if lenet else []),
                            out / slot)
-    elif slot.startswith("nvidia_smi_"):
-        terminal_figure(found.files[name](), f"{name}, {gpu_name(found.files)}", out / slot)
     else:
-        ladder_figure(slot.removesuffix(".png"), load_json(found.files[name]()), out)
+        terminal_figure(found.files[name](), f"{name}, {gpu_name(found.files)}", out / slot)
 
 
 def slot_lines(folders, results_dir, out, wanted, todo, problems):

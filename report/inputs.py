@@ -29,18 +29,10 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
 
 
 @dataclass
-class RunFolder:
-    """A run folder named on the command line."""
-    dir: Path
-    metrics: dict
-    kind: str
-    scalars: dict = field(default_factory=dict)
-
-
-@dataclass
 class Run:
-    """The run a section shows: a named run folder or a committed JSON (its `stem`), and its events."""
-    alias: str
+    """A run a section may show: a run folder named on the command line (`events`: the folder, `scalars`: its event
+    files read) or a committed JSON (its `stem`), and its events."""
+    alias: str | None
     kind: str
     metrics: dict
     source: str
@@ -48,6 +40,7 @@ class Run:
     events: Path | None = None
     events_source: str | None = None
     gpu: object = None
+    scalars: dict = field(default_factory=dict)
 
 
 def rel(path):
@@ -129,7 +122,7 @@ def load_events(run_dir, problems):
 
 
 def find_runs(runs, runs_root, problems):
-    """{kind: RunFolder}: the first run of each kind named, or the newest readable one of each under runs_root (a
+    """{kind: Run}: the first run of each kind named, or the newest readable one of each under runs_root (a
     newer one passed over: a problem line); none unasked."""
     dirs = list(runs)
     for root in [runs_root / k for k in ("lenet5", "gpt")] if runs_root else []:
@@ -145,7 +138,8 @@ def find_runs(runs, runs_root, problems):
         if metrics is None:
             problems.append(f"left out {run_dir}: {problem}")
         else:
-            run = RunFolder(run_dir, metrics, run_kind(metrics), load_events(run_dir, problems))
+            run = Run(None, run_kind(metrics), metrics, f"{rel(run_dir)}/metrics.json", events=run_dir,
+                      events_source=rel(run_dir), scalars=load_events(run_dir, problems))
             by_kind.setdefault(run.kind, run)
     return by_kind
 

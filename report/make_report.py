@@ -53,7 +53,7 @@ class Report:
     results_dir: Path
     named: bool  # a student's runs named
     team: bool = True  # the team's runs and GPU folders may stand in (no student's runs named, or other --results)
-    by_kind: dict = field(default_factory=dict)  # kind -> inputs.RunFolder named on the command line
+    by_kind: dict = field(default_factory=dict)  # kind -> inputs.Run named on the command line
     folders: list = field(default_factory=list)  # gpu.GpuFolder, first answering first
     shown: dict = field(default_factory=dict)  # kind -> inputs.Run its section shows
     sources: dict = field(default_factory=dict)  # placeholder source -> (facts, where from)
@@ -70,7 +70,7 @@ def alias_section(r, kind, table):
     """The run a section shows (the named run, else the committed one): its table and, where linked, its curves."""
     if (shown := r.shown.get(kind)) is not None:
         named = r.by_kind.get(kind)
-        where = named.dir if named else shown.source
+        where = named.events if named else shown.source
         try:
             section = table(shown.metrics) + [""]
             if kind == "gpt" and "gpt_curves.png" in r.linked:
@@ -303,7 +303,7 @@ def build(args, r, text, used, unfilled):
     keep = browser.kept_screenshots(out_dir(args), r.shown) if args.no_screenshots else []
     with building(out_dir(args), keep) as r.out:
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
-                 "the files named. Inputs: `" + "`, `".join(rel(p) for p in [args.results, *(run.dir for run in
+                 "the files named. Inputs: `" + "`, `".join(rel(p) for p in [args.results, *(run.events for run in
                                                                              r.by_kind.values())]) + "`.", ""]
         lines += run_lines(r) + gpu_lines(r, not args.no_screenshots)
         lines += ["", "## Placeholders", "", f"Those {rel(args.report)} uses (every key there is: placeholders.md):",

@@ -31,7 +31,7 @@ def runs(tmp_path_factory, request):
     return root
 
 
-GPU_SLOTS = ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png", "gpu_ladder.png")
+GPU_SLOTS = ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png")
 
 
 def linking(tmp_path, *figures):
@@ -205,7 +205,6 @@ def test_gpu_slots_are_filled_from_the_newest_gpu_folder_of_either_layout(tmp_pa
     assert f"(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv` in `{newer}`" in text  # the newer answers
     assert "(nvidia_smi_gpt.png) from `nvidia-smi-during-gpt-cold.txt`" in text
     assert "(nvidia_smi_lenet.png) from `nvidia-smi-during-lenet-torch.txt`" in text  # --act torch's, not cpp's
-    assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_2080.json`" in text
     assert "placeholders `{{gpt_bench_NVIDIA_2080.…}}`" in text  # results.json's entries are listed too
     for slot in GPU_SLOTS:
         assert (out / slot).read_bytes().startswith(b"\x89PNG"), slot
@@ -220,14 +219,14 @@ def test_without_gpu_results_each_slot_names_the_command_that_fills_it(tmp_path,
     text, printed = (out / "results.md").read_text(), capsys.readouterr().out
     for slot, steps in (("gpu_utilization.png", "tokenizer,gpt-own-vocab,lenet-torch"),
                         ("nvidia_smi_gpt.png", "tokenizer,gpt-own-vocab"),
-                        ("nvidia_smi_lenet.png", "lenet-torch"), ("gpu_ladder.png", "ladder")):
+                        ("nvidia_smi_lenet.png", "lenet-torch")):
         line = next(line for line in text.splitlines() if line.startswith(f"- `{slot}`"))
         assert f"no GPU results; fill it with `bash benchmarks/gpu_check.sh --only {steps} --out" in line
         assert line.removeprefix("- ") in printed
         assert not (out / slot).exists()
 
 
-def test_gpu_check_logs_folder_and_its_results_fill_the_slots(tmp_path):
+def test_gpu_check_logs_folder_fills_the_slots_and_its_results_are_listed(tmp_path):
     """gpu_check.sh's own report step: --gpu-logs LOGS with the results in another folder."""
     logs, results = tmp_path / "logs", tmp_path / "results"
     logs.mkdir()
@@ -240,7 +239,7 @@ def test_gpu_check_logs_folder_and_its_results_fill_the_slots(tmp_path):
                       "--gpu-logs", str(logs), "--no-screenshots", "--report", linking(tmp_path, *GPU_SLOTS)])
     text = (out / "results.md").read_text()
     assert "(gpu_utilization.png) from `nvidia-smi-gpt-cold.csv`" in text
-    assert "(gpu_ladder.png) from `gpt_bench_NVIDIA_H200.json`" in text
+    assert f"- `{results / 'gpt_bench_NVIDIA_H200.json'}`: placeholders `{{{{gpt_bench_NVIDIA_H200.…}}}}`" in text
     assert "- `nvidia_smi_gpt.png` (nvidia-smi during GPT training): no file like" in text
 
 
@@ -468,14 +467,15 @@ def test_a_figure_holds_one_image_and_only_its_own_caption():
     assert "图 2：乙。" in figures[1] and '<p><img alt="c" src="c.png" /></p>' in html  # no caption: no figure
 
 
-def test_the_ladder_figure_draws_ranges_and_leaves_out_a_failed_row(tmp_path):
-    bench = {"device_name": "CPU", "rungs": [
+def test_the_ladder_table_shows_ranges_and_leaves_out_a_failed_row():
+    bench = {"device_name": "CPU", "repeats": 3, "rungs": [
         {"name": "naive: x", "tokens_per_second": 10.0, "tokens_per_second_range": [9.0, 12.0], "speedup": 1.0},
         {"name": "+ bf16", "tokens_per_second": 20.0, "tokens_per_second_range": [18.0, 21.0], "speedup": 2.0},
         {"name": "  default without bf16", "tokens_per_second": 11.0, "speedup": 1.1},
         {"name": "  candidate: out of memory", "error": "CUDA out of memory"}]}
-    lines = figures.ladder_figure("ladder", bench, tmp_path)
-    assert lines == ["![ladder](ladder.png)"] and (tmp_path / "ladder.png").stat().st_size > 1000
+    table = figures.ladder_compare(None, bench, None)
+    assert "| 朴素基线 | 10 [9–12] |" in table and "| 20 [18–21]（×2.00） |" in table  # a rung: × the row above
+    assert "| 11（默认的 ×0.55） |" in table and "out of memory" not in table  # leave-one-out: × the default
 
 
 def test_the_gpu_roles_take_gpu_checks_run_names_the_graded_run_first():

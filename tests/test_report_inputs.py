@@ -162,13 +162,13 @@ def whole_logs(tmp_path):
 def test_a_damaged_gpu_folder_is_one_problem_line_and_its_slots_missing(tmp_path, committed, capsys, damage,
                                                                          results_json, logs):
     results, report = committed
-    report.write_text("![a](generated/nvidia_smi_lenet.png)\n![b](generated/gpu_ladder.png)\n")
+    report.write_text("![a](generated/nvidia_smi_lenet.png)\n![b](generated/nvidia_smi_gpt.png)\n")
     logs = whole_logs(tmp_path)[:-40] if logs == "cut" else logs  # the gzip trailer and the last block gone
     folder = gpu_folder(results, results_json, logs)
     out, text = build(tmp_path, results, report)
     problems = [line for line in text.splitlines() if f"GPU results folder {folder}" in line]
     assert len(problems) == 1 and damage in problems[0], problems
-    for slot in ("nvidia_smi_lenet.png", "gpu_ladder.png"):
+    for slot in ("nvidia_smi_lenet.png", "nvidia_smi_gpt.png"):
         assert f"- `{slot}` (" in text and f"the folder {folder} is damaged" in text
         assert not (out / slot).exists()
     assert "Traceback" not in capsys.readouterr().err
