@@ -96,10 +96,9 @@ def goal_facts(metrics):
     final = metrics.get("final_train_loss")
     verdict = (f"< {SUCCESS_LOSS:g}，达到目标" if isinstance(final, NUMBER) and final < SUCCESS_LOSS
                else f"未达到 < {SUCCESS_LOSS:g} 的目标")
-    if first is None:
-        return {"verdict": verdict, "text": f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}"}
-    return {"verdict": verdict, "text": f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时"
-                                        f"首次低于 {SUCCESS_LOSS:g}"}
+    text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
+            f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
+    return {"verdict": verdict, "text": text}
 
 
 def gpu_sources(folders, roles):

@@ -144,7 +144,7 @@ def logged_process_seconds(found, stem):
     """A run's process time from its folder's step log (results.json's steps, or steps_call*.log's `[25s] X: start`
     ... `[81s] X: rc=0`): the longest step name inside the run's own (gpt_run_12M-cold_...: gpt-12M-cold)."""
     parts = stem.split("_")
-    if found is None or len(parts) < 3 or re.search(r"_call\d+$", stem):
+    if len(parts) < 3 or re.search(r"_call\d+$", stem):
         return None
     steps, starts, previous = {}, {}, None
     for name in sorted(n for n in found.files if re.fullmatch(r"steps_call\d+\.log", n)):

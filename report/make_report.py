@@ -211,7 +211,7 @@ def check_args(args):
             raise UserError(problem)
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()
-            if given and (there == mine or there.is_relative_to(mine) or mine.is_relative_to(there)):
+            if given and (there.is_relative_to(mine) or mine.is_relative_to(there)):
                 name = name if str(given) in name else f"{name} {given}"  # a run's name is its path
                 raise UserError(f"{flag} {path} and {name} overlap: the report never writes its inputs")
     if args.pdf and pdf.is_symlink():
@@ -295,7 +295,7 @@ def checked_images(text, report, out, built, problems):
 
 
 def build(args, r, text, used, unfilled):
-    """Every section and file into a fresh --out; returns (results.md's lines, the text the PDF prints)."""
+    """Every section and file into a fresh --out; returns the text the PDF prints."""
     r.linked = {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
     r.no_run = {k: f"no {name} run found " + (f"under {rel(args.runs_root / k)}" if args.runs_root else
                                               "among the runs named" if args.runs else "in the results")
@@ -318,7 +318,7 @@ def build(args, r, text, used, unfilled):
             lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in r.problems]
         (r.out / "results.md").write_text("\n".join(lines) + "\n")
         (r.out / "placeholders.md").write_text("\n".join(facts.available_lines(r.sources)) + "\n")
-    return lines, text
+    return text
 
 
 def main(argv=None):
@@ -336,7 +336,7 @@ def main(argv=None):
                 own_inputs = committed(args) or args.report.resolve() != REPORT.resolve()
                 if own_inputs:  # report.md with its own inputs: a placeholder they cannot fill is a mistake in it
                     r.problems += unfilled
-                lines, text = build(args, r, text, used, [] if own_inputs else unfilled)
+                text = build(args, r, text, used, [] if own_inputs else unfilled)
                 written.append(out_dir(args))
             print(f"wrote {out_dir(args) / 'results.md'} and {len(list(out_dir(args).glob('*.png')))} figures"
                   + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
@@ -347,7 +347,7 @@ def main(argv=None):
             if args.pdf:
                 args.pdf_out.parent.mkdir(parents=True, exist_ok=True)
                 browser.write_pdf(args.report, args.pdf_out, text)
-                if (out_dir(args) / BUILT).is_file() and printed(args) not in built_lines(out_dir(args)):
+                if printed(args) not in built_lines(out_dir(args)):
                     with open(out_dir(args) / BUILT, "a") as f:  # a rebuild may replace it without --force
                         f.write(f"{printed(args)}\n")
                 print(f"wrote {args.pdf_out}")
@@ -355,7 +355,6 @@ def main(argv=None):
             if e.errno not in DISK_ERRORS:
                 raise
             sys.exit(f"error: {e.strerror}: {e.filename or args.out}; {kept(args, written)}")
-    return lines
 
 
 def kept(args, written):
