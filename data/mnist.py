@@ -12,10 +12,8 @@ from torch.utils.data import Dataset
 
 from data.files import UserError, reason
 
-FILES = {  # split -> (images, labels), the official names (torchvision's layout: <root>/MNIST/raw/)
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
+FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),  # split -> (images, labels): the
+         "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}  # official names, torchvision's layout
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training pixels, the usual normalisation
 MIN_TEST_IMAGES = 8  # lenet5.py's feature-map figures show 8 fixed test digits
 MAX_IDX_BYTES = 64 << 20  # MNIST's largest file holds 47,040,016 bytes; nothing larger is read into memory

@@ -92,8 +92,8 @@ def test_ctrl_c_is_one_line_and_the_same_command_starts_over(tiny_mnist, tmp_pat
     """Ctrl-C during training: one line, exit 130, no traceback; the same command again starts over in the
     same --out-dir (the unfinished attempt's files set aside, never mixed in); a finished run stays refused."""
     cmd = [sys.executable, str(REPO / "lenet5.py"), "--data-dir", str(tiny_mnist), "--no-download", "--device", "cpu",
-           "--epochs", "2", "--batch-size", "10", "--log-every", "1", "--out-dir", str(tmp_path / "run"),
-           "--engine", engine]
+           "--epochs", "2", "--batch-size", "30", "--log-every", "1", "--out-dir", str(tmp_path / "run"),
+           "--engine", engine]  # 40 steps: 8 s of the slowed logging below, for the Ctrl-C to land in
     slow = ("import runpy, sys, time; from training import lenet; log = lenet.log_point\n"
             "lenet.log_point = lambda *a, **k: (time.sleep(0.2), log(*a, **k))[1]\n"
             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
