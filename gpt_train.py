@@ -151,9 +151,8 @@ def set_up(args, argv, stack, phases):
     accelerations, recipe = step.resolve(args, decisions)
     accelerator = step.make_accelerator(accelerations)
     out_dir, ckpt = checkpoints.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / runfiles.new_run_name(),
-                                             args.metrics_out, accelerator, stack,
-                                             inputs={"--text": args.text, "--tokenizer": args.tokenizer},
-                                             force=args.force)
+                                             args.metrics_out, accelerator, stack, force=args.force,
+                                             inputs={"--text": args.text, "--tokenizer": args.tokenizer})
     if args.profile and accelerator.is_main_process:  # the trace's folder, written by C++ that only logs a failure
         files.probe_folder(out_dir / "profile", f"--profile's trace folder {out_dir / 'profile'}")
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)

@@ -96,15 +96,13 @@ def save_atomic(tokenizer, path):
     files.write_atomic(path, tokenizer.to_str(pretty=True).encode("utf-8"))
 
 
-MAX_VOCAB = 2**20  # the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
-
-
 def parse_args(argv):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--text", type=path_flag, default=None,
                    help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt, "
                         "downloaded if missing)")
-    p.add_argument("--vocab-size", type=number(int, 512, MAX_VOCAB, multiple=64), default=16384,
+    # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
+    p.add_argument("--vocab-size", type=number(int, 512, 2**20, multiple=64), default=16384,
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
     p.add_argument("--min-frequency", type=number(int, 0, 2**32, high_open=True), default=2,
                    help="merges seen fewer times are not learned (default: %(default)s)")

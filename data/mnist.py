@@ -50,25 +50,24 @@ def read_idx(path):
     return torch.from_numpy(np.frombuffer(bytearray(payload), dtype=np.uint8).reshape(dims))
 
 
-def _lookup(roots, name):
-    return next((f for root in roots for f in (root / name, root / f"{name}.gz") if f.is_file()), None)
-
-
 def find_mnist(data_dir, download):
     """{split: (images, labels)} under data_dir or data_dir/MNIST/raw, downloaded if missing and allowed."""
     roots = [data_dir / "MNIST" / "raw", data_dir]
+
+    def find(name):  # the file or its .gz, under either root
+        return next((f for root in roots for f in (root / name, root / f"{name}.gz") if f.is_file()), None)
     names = [name for pair in FILES.values() for name in pair]
-    if download and any(_lookup(roots, n) is None for n in names):
+    if download and any(find(n) is None for n in names):
         from torchvision.datasets import MNIST as TorchvisionMNIST
         try:
             for train in (True, False):
                 TorchvisionMNIST(root=data_dir, train=train, download=True)
         except Exception as e:  # offline, proxy, full disk
             print(f"warning: MNIST download failed ({type(e).__name__}: {reason(e)})", file=sys.stderr)
-    if missing := [n for n in names if _lookup(roots, n) is None]:
+    if missing := [n for n in names if find(n) is None]:
         raise MNISTError(f"MNIST files missing: put {', '.join(missing)} (or .gz) into {roots[0]}/ "
                          f"(from https://ossci-datasets.s3.amazonaws.com/mnist/), or pass --data-dir")
-    return {split: tuple(_lookup(roots, n) for n in pair) for split, pair in FILES.items()}
+    return {split: tuple(find(n) for n in pair) for split, pair in FILES.items()}
 
 
 def load_train_test(paths):
