@@ -153,6 +153,9 @@ def parse_args(argv):
         "CPU, LeNet-5's activations among them; 16 18 ... 28 on GPU, where only the largest are bandwidth-bound)")
     add("--repeats", type=number(int, 0), default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
     add("--threads", type=number(int, 0), default=0, help="CPU threads (default: torch's own, one per core)")
+    add("--calls", type=number(int, 0), default=0, help="back-to-back calls per sample (default: by size, from "
+        "1000 at 2^10 down to 1 on CPU, 100 down to 10 on GPU)")
+    add("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"], help="implementations left out")
     add("--kernel-times", action="store_true", help="on a GPU, also profile ATen's and the op's kernels at the "
         "largest size")
     return p.parse_args(argv)
@@ -169,7 +172,7 @@ def main(argv=None):
     repeats = args.repeats or (20 if cuda else 7)
     device_name = training.device.device_name(device)
     missing = ext_missing_reason(device)
-    impls = {k: v for k, v in IMPLS.items() if not (k == "ext" and missing)}
+    impls = {k: v for k, v in IMPLS.items() if k not in args.skip and not (k == "ext" and missing)}
     if missing:
         print(f"note: the ext op is not measured: {missing}", flush=True)
     print(f"{device_name}, {args.dtype}, forward+backward, ms per call, median of {repeats} rounds")
@@ -178,7 +181,7 @@ def main(argv=None):
     for log2 in args.log2 or (range(16, 29, 2) if cuda else [10, 13, 16, 20, 24]):
         # back-to-back calls per sample: more than one call's launch latency or a timer tick; on a GPU at least 10
         # (with 2-4, 2^24-2^26 rounds ranged 0.4-1.9x on an H200; 20-call runs of ext and ATen agreed to 1-2%)
-        calls = max(10, min(100, 2**28 >> log2)) if cuda else max(1, min(1000, 2**20 >> log2))
+        calls = args.calls or (max(10, min(100, 2**28 >> log2)) if cuda else max(1, min(1000, 2**20 >> log2)))
         try:
             rows.append(measure_size(2**log2, impls, device, dtype, repeats, calls))
         except torch.cuda.OutOfMemoryError:  # a 2080 Ti at 2^28: the sizes before it stay
