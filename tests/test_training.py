@@ -197,25 +197,6 @@ def leave_without_teardown():
         pass
 
 
-def _agree(rank, port, found, out_dir):
-    """One process of a 2-process job, with the environment torchrun would give it."""
-    from accelerate import Accelerator
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    accelerator = Accelerator(cpu=True)
-    agreed = budget.agree_on_micro_batch(accelerator, found[rank])
-    (out_dir / f"rank{rank}").write_text(str(agreed))
-    leave_without_teardown()
-
-
-def test_processes_agree_on_the_smallest_probed_micro_batch(tmp_path):
-    """Two GPUs of one job may fit different micro-batches; both must train with the smaller one."""
-    from accelerate import Accelerator
-    torch.multiprocessing.spawn(_agree, args=(free_port(), [16, 8], tmp_path), nprocs=2)
-    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["8", "8"]
-    assert budget.agree_on_micro_batch(Accelerator(cpu=True), 16) == 16  # one process: its own
-
-
 # ------------------------------------------------------------------ the stop flag
 
 EXITING_RANK = """
@@ -235,15 +216,16 @@ with no_teardown_after_collectives(agreed=(0, 3)):
 """
 
 
-def exiting_ranks(tmp_path, code, world):
-    script = tmp_path / "rank.py"
+def exiting_ranks(folder, code, world):
+    """The started processes of a `world`-process job that exit with `code`; a teardown leaves a mark in `folder`."""
+    folder.mkdir()
+    script = folder / "rank.py"
     script.write_text(EXITING_RANK)
     port, env = free_port(), {**os.environ, "PYTHONPATH": str(REPO)}
-    ranks = [subprocess.Popen([sys.executable, script, tmp_path, code], stderr=subprocess.PIPE, text=True,
-                              env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
-                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-                                             if world > 1 else {})}) for r in range(world)]
-    return [(p.wait(timeout=300), p.stderr.read()) for p in ranks]
+    return [subprocess.Popen([sys.executable, script, folder, code], stderr=subprocess.PIPE, text=True,
+                             env={**env, **({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                                            if world > 1 else {})}) for r in range(world)]
 
 
 @pytest.mark.slow
@@ -253,12 +235,12 @@ def test_ranks_leave_with_their_code_and_without_teardown(tmp_path, code, rc):
     collective's last reference then: exit -6, a finished run marked failed); so the ranks of a
     multi-process run skip it, keeping main()'s exit code and message; one process too (the teardown is
     seconds on the job's clock)."""
-    ranks = exiting_ranks(tmp_path, code, world=2)
+    started = exiting_ranks(tmp_path / "two", code, world=2) + exiting_ranks(tmp_path / "one", code, world=1)
+    *ranks, one = [(p.wait(timeout=300), p.stderr.read()) for p in started]  # the two jobs at once
     assert [r for r, _ in ranks] == [rc, rc], ranks
-    assert not list(tmp_path.glob("teardown*"))  # no atexit ran: no teardown
+    assert not list(tmp_path.glob("*/teardown*"))  # no atexit ran: no teardown
     assert all(("error: bad input" in err) == (rc == 1) for _, err in ranks)
-    one = exiting_ranks(tmp_path, code, world=1)[0]
-    assert one[0] == rc and not (tmp_path / "teardown0").exists() and ("error: bad input" in one[1]) == (rc == 1)
+    assert one[0] == rc and ("error: bad input" in one[1]) == (rc == 1)
 
 
 def test_a_second_ctrl_c_aborts_at_once():
@@ -353,7 +335,8 @@ def test_a_step_skipped_by_a_real_grad_scaler_with_fused_adamw_is_seen():
 # ------------------------------------------------------------------ several processes
 
 def _ddp_rank(rank, port, out_dir):
-    """One of two gloo processes: the DDP settings gpt_train asks accelerate for, and the stop agreement."""
+    """One of two gloo processes, with the environment torchrun would give it: the DDP settings gpt_train asks
+    accelerate for, the micro-batch the two agree on (they probed 16 and 8), and the stop agreement."""
     from types import SimpleNamespace
 
     import torch.distributed as dist
@@ -366,7 +349,8 @@ def _ddp_rank(rank, port, out_dir):
     group = dist.distributed_c10d._get_default_group()
     report = {"hooks": len(model._comm_hooks), "bucket_view": model.gradient_as_bucket_view,
               "timeout_s": group._get_backend(torch.device("cpu")).options._timeout.total_seconds(),
-              "grad_finite": bool(torch.isfinite(model.module.weight.grad).all())}
+              "grad_finite": bool(torch.isfinite(model.module.weight.grad).all()),
+              "micro_batch": budget.agree_on_micro_batch(accelerator, [16, 8][rank])}
     stop = SimpleNamespace(signal=None)
     agree, stopped = lifecycle.StopAgreement(accelerator, stop), {}
     for step in range(1, 9):
@@ -382,16 +366,30 @@ def _ddp_rank(rank, port, out_dir):
     leave_without_teardown()
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The reports of one spawned 2-process job (_ddp_rank), which two tests read."""
+    out_dir = tmp_path_factory.mktemp("ranks")
+    torch.multiprocessing.spawn(_ddp_rank, args=(free_port(), out_dir), nprocs=2)
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
 @pytest.mark.slow
-def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagged(tmp_path):
+def test_processes_agree_on_the_smallest_probed_micro_batch(two_ranks):
+    """Two GPUs of one job may fit different micro-batches; both must train with the smaller one."""
+    from accelerate import Accelerator
+    assert [report["micro_batch"] for report in two_ranks] == [8, 8]
+    assert budget.agree_on_micro_batch(Accelerator(cpu=True), 16) == 16  # one process: its own
+
+
+@pytest.mark.slow
+def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagged(two_ranks):
     """bf16 on two processes: the bf16 compression hook is registered and gradients stay in DDP's
     buckets; the process group times out in 5 minutes, not 30; a stop signal on one process stops
     both after the same step, one step later (no host sync on the running step), at once at a sync point."""
-    torch.multiprocessing.spawn(_ddp_rank, args=(free_port(), tmp_path), nprocs=2)
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert reports[0] == reports[1]
-    assert reports[0] == {"hooks": 1, "bucket_view": True, "timeout_s": 300.0, "grad_finite": True,
-                          "lagged": 4, "at_sync_point": True}
+    assert two_ranks[0] == two_ranks[1]
+    assert two_ranks[0] == {"hooks": 1, "bucket_view": True, "timeout_s": 300.0, "grad_finite": True,
+                            "micro_batch": 8, "lagged": 4, "at_sync_point": True}
     assert device.ddp_handlers("fp32")[0].comm_hook.value == "no"  # fp32 training: fp32 gradients
 
 
