@@ -5,7 +5,8 @@
 
 (One thread on a shared CPU: two threads there wait on each other's time slices.) Per seed, alternating so that
 drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3, torchvision's MNIST with
-ToTensor), then `lenet5.py`'s defaults, as a ratio to the original epoch next to it; or, --act-pair, `--act torch`
+ToTensor), then `lenet5.py`'s defaults (--lightning: also `--engine lightning`), as a ratio to the original epoch
+next to it; or, --act-pair, `--act torch`
 and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1: the own op is faster).
 """
 import argparse
@@ -80,6 +81,10 @@ def recipe(args, device):
         row = {"seed": seed, "baseline_epoch_seconds": base_seconds, "baseline_accuracy": base_acc,
                "default_train_seconds": ours["train_seconds"], "default_accuracy": ours["test_accuracy"],
                "ratio_to_baseline_epoch": ours["train_seconds"] / base_seconds[0]}
+        if args.lightning:
+            lit = default_run(args, seed, "--engine", "lightning")
+            row |= {"lightning_train_seconds": lit["train_seconds"], "lightning_accuracy": lit["test_accuracy"],
+                    "lightning_to_plain": lit["train_seconds"] / ours["train_seconds"]}
         per_seed.append(row)
     base = [statistics.median(epoch) for epoch in zip(*(r["baseline_epoch_seconds"] for r in per_seed))]
     result = {"mode": "recipe", "per_seed": per_seed, "repeats": len(per_seed), "recipe": {k: ours[k] for k in RECIPE},
@@ -90,6 +95,11 @@ def recipe(args, device):
               "default_accuracy": min(r["default_accuracy"] for r in per_seed),
               "paired_ratios": spread([r["ratio_to_baseline_epoch"] for r in per_seed])}
     result["ratio_to_one_baseline_epoch"] = result["default_train_seconds"] / base[0]
+    if args.lightning:  # the report's Lightning-to-plain ratio reads all_lightning_to_plain
+        ratios = [r["lightning_to_plain"] for r in per_seed]
+        result |= {"lightning_accuracy": min(r["lightning_accuracy"] for r in per_seed),
+                   "lightning_train_seconds": statistics.median(r["lightning_train_seconds"] for r in per_seed),
+                   "all_lightning_to_plain": ratios, "lightning_to_plain": statistics.median(ratios)}
     return result
 
 
@@ -117,6 +127,7 @@ def parse_args(argv):
     p.add_argument("--seeds", type=seed_flag, nargs="+", default=[0, 1, 2], help="one interleaved repeat per seed")
     p.add_argument("--baseline-epochs", type=number(int, 1), default=1, help="epochs of the original recipe per seed")
     p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
+    p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
     return p.parse_args(argv)
 
 
