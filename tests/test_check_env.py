@@ -1,6 +1,5 @@
 """training.check_env: each line ok or what to do, no GPU fine on a login node, nothing downloaded."""
 import json
-import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -133,17 +132,19 @@ def test_a_package_of_the_right_version_that_does_not_import_is_a_todo(tmp_path,
     assert "fakefine" not in check.detail
 
 
-@pytest.mark.slow
-def test_a_broken_torchvision_makes_the_command_not_ready(tmp_path, tiny_mnist):
-    """The case as it happened, end to end: torchvision of a fitting version whose import raises."""
+def test_a_broken_torchvision_makes_the_command_not_ready(tmp_path, tiny_mnist, monkeypatch, capsys):
+    """The case as it happened, end to end (in this process: test_runs_as_a_module starts one): torchvision of a
+    fitting version whose import raises."""
+    check_env.check_python_and_packages()  # the other packages imported first, with the real torchvision
     fake_package(tmp_path, "torchvision", "99.0", 'raise RuntimeError("operator torchvision::nms does not exist")\n')
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "training.check_env", "--for", "lenet5", "--data-dir",
-                           str(tiny_mnist)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    packages, = [line for line in done.stdout.splitlines() if line.startswith("packages")]
-    assert done.returncode == 1 and packages.startswith("packages   todo  ")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torchvision")  # put back after the test
+    assert check_env.main(["--for", "lenet5", "--data-dir", str(tiny_mnist)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    packages, = [line for line in lines if line.startswith("packages")]
+    assert packages.startswith("packages   todo  ")
     assert "torchvision 99.0 does not import (RuntimeError: operator torchvision::nms does not exist)" in packages
-    assert done.stdout.splitlines()[-1].startswith("not ready for lenet5: packages")
+    assert lines[-1].startswith("not ready for lenet5: packages")
 
 
 def test_metrics_out_on_a_folder_is_one_line_before_any_check(tmp_path, capsys):
