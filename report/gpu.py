@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from report.figures import gpu_name, terminal_figure, utilization_figure
-from report.inputs import FIELD_ERRORS, load_json, rel
+from report.inputs import DISK_ERRORS, FIELD_ERRORS, load_json, rel
 
 # role -> (its results file's stem, whether a folder older than gpu_check.sh's layout may answer, the top-level
 # results file answering when no folder does): the first folder's GELU benchmark is the first kernel, replaced
@@ -207,6 +207,8 @@ def slot_lines(folders, results_dir, out, wanted, todo, problems):
                 lines.append(f"![{what}]({slot}) from `{name}` in `{rel(found.folder)}`")
                 continue
         except (*FIELD_ERRORS, OSError) as e:
+            if isinstance(e, OSError) and e.errno in DISK_ERRORS:
+                raise  # a full disk: make_report leaves --out as it was, not a slot that "does not fit"
             problems.append(f"GPU slot {slot}: {name} does not fit ({type(e).__name__}: {e})")
         damaged = next((f for f in folders if f.damage), None)
         why = (f"{name} unusable" if found else f"the folder {rel(damaged.folder)} is damaged" if damaged

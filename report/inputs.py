@@ -1,6 +1,7 @@
 """The inputs of a report, read without trusting them: run folders (metrics.json, event files) and every JSON
 under the results folder. What cannot be used becomes one line in `problems`, never an exception."""
 import contextlib
+import errno
 import json
 import math
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from data import files
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "report" / "results"
 # what a table or figure raises on a JSON field that is missing or of the wrong type: one problem line
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)  # a write failed: stop
 FIELD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError)
 NUMBER = (int, float)
 MAX_DEPTH = 64  # the deepest of our JSON files nests 4 levels

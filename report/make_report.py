@@ -11,7 +11,6 @@ the figures report.md links; --pdf prints report.md filled from the same inputs.
 filled or a broken image is an error or a problem line, never a blank.
 """
 import contextlib
-import errno
 import json
 import os
 import re
@@ -31,12 +30,11 @@ lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a tracebac
 from data.files import UMASK, UserError, inside_another_run
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpt_table, gpu_figure, lenet_table
-from report.inputs import FIELD_ERRORS, RESULTS, figure_name, find_runs, load_results, rel
+from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, figure_name, find_runs, load_results, rel
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
-DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # what a GPU call's OUT keeps
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
 # in --out: the files a build wrote (any other file there is someone else's) and, as ./<path from --out>, the PDFs

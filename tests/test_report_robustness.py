@@ -2,6 +2,7 @@
 float, JSON nested too deep, a 1 GiB log in a GPU folder, a PDF given as --report, --out under a file, on a
 read-only or full disk, and --out's mode. Each ends in one line, and what was there before is left as it was."""
 import contextlib
+import errno
 import io
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from report import make_report
+from report import gpu, make_report
 
 
 def lenet_metrics(**extra):
@@ -479,3 +480,22 @@ def test_a_ctrl_c_while_the_pdf_prints_is_one_line_130_and_the_old_pdf_kept(inpu
     assert err.strip() == f"interrupted (Ctrl-C): --out {out} was written; --pdf-out {pdf} was left as it was"
     assert pdf.read_bytes() == b"%PDF-1.4 the old one" and (out / "results.md").is_file()
     assert not list(tmp_path.glob(".make_report-*")) and not list(report.parent.glob(".pdf-*"))
+
+
+@pytest.mark.parametrize("code, stops", [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EIO, False)])
+def test_a_gpu_figure_on_a_full_disk_stops_the_build_other_errors_are_one_problem(tmp_path, monkeypatch, code, stops):
+    """A disk that fills while an nvidia-smi figure is drawn must reach make_report (which leaves --out as it
+    was), not become a GPU slot that 'does not fit'; a file that cannot be read is one problem line."""
+    folder = gpu.GpuFolder(tmp_path, files={"nvidia-smi-gpt-warm.csv": lambda: "t,util\n"})
+
+    def full(*args):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(gpu, "draw_slot", full)
+    todo, problems = [], []
+    args = [folder], tmp_path, tmp_path, {"gpu_utilization.png"}, todo, problems
+    if stops:
+        with pytest.raises(OSError):
+            gpu.slot_lines(*args)
+    else:
+        gpu.slot_lines(*args)
+        assert len(problems) == 1 and "does not fit (OSError" in problems[0] and len(todo) == 1
