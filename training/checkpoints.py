@@ -49,15 +49,14 @@ def record_stop_clock(out_dir, step, total_seconds):
 
 def earlier_seconds(out_dir, state):
     """A resumed run's earlier seconds: the stopped process's last word if it names this checkpoint, else its own."""
-    try:
+    # none (killed, not stopped), damaged or another checkpoint's: the checkpoint's own count
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         last = json.loads(files.read_small(out_dir / STOP_CLOCK, 4096))
         seconds = last["process_seconds_total"]
         # its checkpoint's write and the exit: seconds to minutes, never more than an hour (an edited file)
         if last["step"] == state.step and isinstance(seconds, (int, float)) \
                 and state.process_seconds <= seconds <= state.process_seconds + 3600:
             return float(seconds)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none (killed, not stopped), damaged or another checkpoint's: the checkpoint's own count
     return state.process_seconds
 
 
@@ -182,7 +181,7 @@ def run_identity(args, tok, corpus_sha256, precision, world):
 
 
 def check_same_run(saved, current):
-    """Refuse a resume that would change the run, in one line naming every flag that differs."""
+    """Refuse a resume that would change the run, in one line."""
     differ = [key for key, value in current.items() if key in saved and saved[key] != value]
     if differ:
         raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +

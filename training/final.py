@@ -23,8 +23,7 @@ def save_final(accelerator, model, out_dir, tokenizer):
     """After a successful run and its metrics, outside the timed loop: final/ written into final.tmp and renamed."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        final = out_dir / "final"
-        tmp = final.with_name(final.name + ".tmp")
+        final, tmp = out_dir / "final", out_dir / "final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         with failed_write_explained(tmp, "the final weights", final_remains):
             tmp.mkdir()

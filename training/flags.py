@@ -62,10 +62,8 @@ def path_or_name_flag(text):
 seed_flag = number(int, 0, 2**32, high_open=True)  # the range every generator here takes (torch, numpy, datasets)
 
 
-def int_or_auto():
-    """A positive integer or the word auto."""
-    as_int = number(int, 1)
-    return lambda text: text if text == "auto" else as_int(text)
+def int_or_auto(text):
+    return text if text == "auto" else number(int, 1)(text)
 
 
 def add_output_flags(parser, metrics_help="write the final metrics here as JSON"):

@@ -25,7 +25,7 @@ def build_parser():
     add("--tokens", type=number(int, 1, 10**13), default=12_000_000, help="training budget in tokens, all processes")
     for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
         add(f"--{name.replace('_', '-')}", type=number(int, 1), default=lab[name], help=f"(tiny preset: {tiny[name]})")
-    add("--micro-batch", type=int_or_auto(), default="auto", help="sequences per process per forward pass; auto: "
+    add("--micro-batch", type=int_or_auto, default="auto", help="sequences per process per forward pass; auto: "
         f"on a GPU the largest that fits, on CPU the preset's (lab {lab['micro_batch']}, tiny {tiny['micro_batch']})")
     add("--seed", type=seed_flag, default=0, help="weights, data order, split")
     add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")

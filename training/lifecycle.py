@@ -82,7 +82,9 @@ def start(name, stops=False):
     if stops:  # Slurm's warning or a scancel before the StopFlag exists: kept for it
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: PENDING.append(signum))
-        atexit.register(ignore_stops)  # registered first, so it runs last of the exit functions
+            # at exit (registered first: run last) Python has reset its handlers before torch's teardown: a TERM
+            # then (Slurm's, 0.3 s after USR1) would turn a checkpointed run's 3 (gpt.sh requeues on it) into 143
+            atexit.register(signal.signal, sig, signal.SIG_IGN)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _while_starting)
 
@@ -90,13 +92,6 @@ def start(name, stops=False):
 def _while_starting(signum, frame):
     print("\ninterrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr, flush=True)
     os._exit(130)
-
-
-def ignore_stops():
-    """At exit Python resets its handlers before torch's teardown: a TERM then (Slurm's, 0.3 s after USR1) would
-    turn a checkpointed run's 3 (gpt.sh requeues on it) into 143. SIG_IGN survives the reset."""
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def phases():
