@@ -180,25 +180,19 @@ def profiled(step, device, trace_dir=None):
 def grouped(events, wall, cuda):
     """{"groups": {group: seconds} summing to `wall`, "top_ops": [[operator, group, seconds]...]}."""
     seconds, ops = dict.fromkeys(GROUPS, 0.0), collections.Counter()
-    for event in events:
-        own = own_time_us(event, cuda) if event.device_type == DeviceType.CPU else 0  # kernels: via their op
-        if own > 0:
-            group = enclosing_scope(event) or group_of(event.name)
-            seconds[group] += own / 1e6
-            ops[(event.name, group)] += own / 1e6
+    for event in (e for e in events if e.device_type == DeviceType.CPU):  # kernels: counted on their op
+        if cuda:  # an older torch names it self_cuda_time_total
+            own = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+        else:
+            own = event.self_cpu_time_total
+        if own <= 0:
+            continue
+        scope = event
+        while scope is not None and scope.name not in SCOPES:  # the innermost scope() around it decides
+            scope = scope.cpu_parent
+        group = SCOPES[scope.name] if scope else group_of(event.name)
+        seconds[group] += own / 1e6
+        ops[(event.name, group)] += own / 1e6
     seconds["idle"] = max(0.0, wall - sum(seconds.values()))
     return {"groups": {k: round(v, 6) for k, v in seconds.items()},
             "top_ops": [[name, group, round(s, 6)] for (name, group), s in ops.most_common(TOP_OPS)]}
-
-
-def own_time_us(event, cuda):
-    if cuda:
-        return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-    return event.self_cpu_time_total
-
-
-def enclosing_scope(event):
-    """The group of the innermost scope() around `event`, or None."""
-    while event is not None and event.name not in SCOPES:
-        event = event.cpu_parent
-    return SCOPES[event.name] if event else None
