@@ -9,19 +9,12 @@ import sys
 import threading
 import time
 
-
-def _started():
-    """(a clock, this process's start on it): Linux's /proc/self/stat field 22, in ticks since boot; elsewhere
-    (macOS) this module's import, which misses the interpreter's start-up."""
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        return time.CLOCK_BOOTTIME, int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, AttributeError, ValueError, IndexError):
-        return time.CLOCK_MONOTONIC, time.clock_gettime(time.CLOCK_MONOTONIC)
-
-
-CLOCK, START = _started()
+try:  # (a clock, this process's start on it): Linux's /proc/self/stat field 22, in ticks since boot
+    with open("/proc/self/stat") as _stat:
+        _fields = _stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    CLOCK, START = time.CLOCK_BOOTTIME, int(_fields[19]) / os.sysconf("SC_CLK_TCK")
+except (OSError, AttributeError, ValueError, IndexError):  # macOS: this module's import (not the interpreter's)
+    CLOCK, START = time.CLOCK_MONOTONIC, time.clock_gettime(time.CLOCK_MONOTONIC)
 IMPORTS = [None, None]  # (start, end) of the first script's imports, in process_seconds()
 PENDING = []  # stop signals that arrived before the StopFlag existed
 
