@@ -106,7 +106,6 @@ def new_run_name():
 def run_dir_problem(path, program, reuse=True):
     """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse`, marked as
     `program`'s), else why not."""
-    path = Path(path)
     if problem := output_problem(path, "--out-dir"):
         return problem
     if not path.exists() or path.is_dir() and bookkeeping_only(path):
@@ -138,7 +137,6 @@ def read_owner(path):
 def claim_run_dir(path, program, stack, reuse=True):
     """Take `path` for a run of `program` until `stack` closes, if run_dir_problem() allows it: created, probed,
     locked and marked. A start that fails before any work leaves the folder as it found it."""
-    path = Path(path)
     if problem := run_dir_problem(path, program, reuse):
         raise OutputError(problem)
     fresh = not path.exists()
@@ -163,7 +161,6 @@ def remove_if_unused(path, made_here):
 def open_run(path, program, stack):
     """Claim run folder `path` for `program` unless it holds a finished run; returns whether it holds an
     unfinished attempt of `program`'s, for the caller to resume or set aside."""
-    path = Path(path)
     claim_run_dir(path, program, stack, reuse=not os.path.lexists(path / FINISHED))
     if os.path.lexists(path / FINISHED):  # finished between the check and the lock: the other run's last write
         raise OutputError(f"--out-dir {path} holds a run of {program} that has just finished (metrics.json); "
