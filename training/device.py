@@ -50,10 +50,9 @@ def decisions_for(device_type, capability, precision_flag, compile_flag, name=""
 
 def proc_file(name):
     """/proc/<name>'s text; "" where there is none (macOS)."""
-    try:
+    with contextlib.suppress(OSError):
         return Path("/proc", name).read_text()
-    except OSError:
-        return ""
+    return ""
 
 
 def cpu_name():
@@ -163,10 +162,9 @@ def sdpa_backend(cfg, precision, device):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     q = torch.zeros(1, cfg.n_head, cfg.n_positions, cfg.n_embd // cfg.n_head, device=device, dtype=dtype,
                     requires_grad=True)
-    try:
+    with contextlib.suppress(AttributeError, RuntimeError, ValueError):  # a private function: another torch may lack it
         return SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name.lower()
-    except (AttributeError, RuntimeError, ValueError):  # a private function: gone or changed in another torch
-        return None
+    return None
 
 
 def gpu_stats(device):

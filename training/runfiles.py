@@ -47,14 +47,13 @@ def check_output(path, what, force=False, own_run=None, kind="JSON"):
 
 def written_kind(path):
     """The kind of file the scripts write `path` is (WRITTEN_KINDS), or None (notes, a .docx, a link, a FIFO)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         data = read_small(path, 256 << 20)
         with contextlib.suppress(zipfile.BadZipFile):  # torch.save's zip holds <name>/data.pkl, a .docx does not
             if any(n.endswith("/data.pkl") for n in zipfile.ZipFile(io.BytesIO(data)).namelist()):
                 return "torch.save"
         return "JSON" if isinstance(json.loads(data), dict) else None
-    except (OSError, ValueError):
-        return None
+    return None
 
 
 def check_outputs_not_inputs(outputs, inputs):
@@ -128,10 +127,9 @@ def bookkeeping_only(path):
 
 def read_owner(path):
     """The program folder `path`'s OWNER_FILE names, else None (a link, a device: read_small refuses it)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         return read_small(path / OWNER_FILE, 256).decode(errors="replace").strip() or None
-    except (OSError, ValueError):
-        return None
+    return None
 
 
 def claim_run_dir(path, program, stack, reuse=True):
