@@ -9,7 +9,6 @@ PRESETS = {  # model shape, batch and peak learning rate; everything else is a f
     "lab": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, micro_batch=16, global_batch=64, lr=1e-3),
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, seq_len=64, micro_batch=8, global_batch=16, lr=3e-3),
 }
-MAX_SAMPLE_TOKENS = 1024  # the final samples: without a KV cache each token is a forward pass
 
 
 def build_parser():
@@ -50,7 +49,7 @@ def build_parser():
     add("--eval-every", type=number(int, 1), default=50, help="steps between validation losses")
     add("--val-batches", type=number(int, 1), default=20, help="micro-batches per validation")
     add("--log-every", type=number(int, 1), default=10, help="steps between logged points")
-    add("--sample-tokens", type=number(int, 0, MAX_SAMPLE_TOKENS), default=48,
+    add("--sample-tokens", type=number(int, 0, 1024), default=48,
         help="tokens continuing fixed validation prompts after training; 0: none")
     add("--ckpt-every", type=number(int, 0, why=" (0: only on signals)"), default=100,
         help="steps between checkpoints; 0: only on signals")

@@ -30,8 +30,7 @@ class GPTConfig:
 
     def to_transformers(self):
         """As GPT2Config's config.json holds it (transformers' Auto* classes open it by model_type)."""
-        return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "tie_word_embeddings": True,
-                **asdict(self)}
+        return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "tie_word_embeddings": True, **asdict(self)}
 
 
 def model_config(vocab_size, eot_id, **shape):
