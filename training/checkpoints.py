@@ -69,8 +69,7 @@ def load_state(ckpt):
 
 def save_checkpoint(accelerator, out_dir, state, identity):
     """accelerate's save_state into ckpt-N.tmp, a manifest, then a rename: a killed write leaves no ckpt-N."""
-    final = out_dir / f"ckpt-{state.step:07d}"
-    tmp = final.with_name(final.name + ".tmp")
+    final, tmp = out_dir / f"ckpt-{state.step:07d}", out_dir / f"ckpt-{state.step:07d}.tmp"
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
