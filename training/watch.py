@@ -1,7 +1,5 @@
-"""The training loop's instruments behind one object, StepWatch, so that gpt_train.py's loop shows only
-training: the step's clock (Throughput), the loss between log points (LossWindow), fp16's skipped steps, the stop
-every process agrees on, and --profile's step under torch.profiler (profiled), its time split into GROUPS so that
-an acceleration can be shown removing a part of it."""
+"""The training loop's instruments behind one object, StepWatch, so that gpt_train.py's loop shows only training
+(the step's clock, the loss window, fp16's skipped steps, the agreed stop); profiled(): --profile's step by GROUPS."""
 import collections
 import contextlib
 import functools
@@ -124,8 +122,8 @@ class SkippedSteps:
         return self.scale < before
 
 
-# each operator's own time goes to its scope(), else to a group by its name (group_of); `idle` is the rest of the
-# wall time (launch overhead, syncs, Python)
+# the step's time split so that an acceleration can be shown removing a part of it: each operator's own time to its
+# scope(), else to a group by its name (group_of); `idle`: the rest of the wall time (launch overhead, syncs, Python)
 GROUPS = ("matmul", "attention", "elementwise", "loss", "optimizer", "communication", "data", "idle")
 SCOPES = {"lab5.data": "data", "lab5.optimizer": "optimizer"}
 NAME_RULES = (  # the first rule whose words appear in the lower-cased operator name decides
