@@ -15,12 +15,11 @@ from collections import namedtuple
 from functools import partial
 from pathlib import Path
 
-from data import data_root, files
+from data import REPO, data_root, files
 from data.files import UserError
 from training import lifecycle, runfiles
 from training.flags import Parser, add_output_flags
 
-REPO = Path(__file__).resolve().parents[1]
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
 IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}  # the others import as their name with _ for -
 USES = {"lenet5": {"gelu_ext", "mnist"}, "gpt": {"corpus"}, "all": {"gelu_ext", "mnist", "corpus"}}

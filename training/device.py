@@ -49,10 +49,9 @@ def decisions_for(device_type, capability, precision_flag, compile_flag, name=""
 
 
 def proc_file(name):
-    """/proc/<name>'s text; "" where there is none (macOS)."""
     with contextlib.suppress(OSError):
         return Path("/proc", name).read_text()
-    return ""
+    return ""  # no /proc (macOS)
 
 
 def cpu_name():
@@ -98,8 +97,7 @@ def resolve_compile(requested, device_type, capability):
 
 
 def compile_supported(device_type, capability):
-    """Inductor's Triton GPU backend needs sm70+."""
-    return device_type == "cpu" or capability >= (7, 0)
+    return device_type == "cpu" or capability >= (7, 0)  # inductor's Triton GPU backend needs sm70+
 
 
 def compile_model(model, mode, backend="inductor"):
