@@ -143,7 +143,6 @@ def claim_run_dir(path, program, stack, reuse=True):
     stack.callback(remove_if_unused, path, fresh)  # only once locked: another run's lock file is never touched
     if read_owner(path) != program:
         files.write_atomic(path / OWNER_FILE, f"{program}\n".encode())
-    return path
 
 
 def remove_if_unused(path, made_here):
