@@ -126,9 +126,8 @@ def log_point(setup, state, watch, grad_norm, lr, bar):
 
 def validate(setup, at_step):
     """The validation loss (every process takes part), logged to TensorBoard; outside the timed loop."""
-    train_step = setup.train_step
-    val = evaluate(train_step.model, setup.blocks["validation"], train_step.accelerator, setup.budget.micro_batch,
-                   setup.args.val_batches, setup.budget.val_unit)
+    val = evaluate(setup.train_step.model, setup.blocks["validation"], setup.train_step.accelerator,
+                   setup.budget.micro_batch, setup.args.val_batches, setup.budget.val_unit)
     if setup.writer:
         setup.writer.add_scalar("val/loss", val, at_step)
     return val

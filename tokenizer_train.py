@@ -3,7 +3,6 @@
     python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt
     python tokenizer_train.py --text ../shared/data/wos-standin/X.txt --metrics-out tok.json
     python tokenizer_train.py --compare ../shared/data/gpt2-tokenizer   # GPT-2's tokenizer: a folder, a file, or "gpt2"
-    sbatch slurm/tokenizer.sh --text ../shared/data/wos-standin/X.txt    # the same under Slurm (CPU only)
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
 
 Trained on the training split; bytes per token and decode(encode(text)) == text checked on the validation split."""
