@@ -45,14 +45,6 @@ with no_teardown_after_collectives() if sys.argv[1] == "no_teardown" else contex
 """
 
 
-def parse_args(argv=None):
-    p = common.parser(__doc__, "write the counts here (JSON)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--runs", type=number(int, 1), default=20, help="runs of each mode")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--hogs", type=number(int, 0), default=1, help="CPU-bound processes beside the runs")
-    return p.parse_args(argv)
-
-
 def one_run(script, mode):
     """"ok", "aborted" (terminate called) or "failed" (anything else), and the output's end."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
@@ -69,7 +61,11 @@ def one_run(script, mode):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    p = common.parser(__doc__, "write the counts here (JSON)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=number(int, 1), default=20, help="runs of each mode")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--hogs", type=number(int, 0), default=1, help="CPU-bound processes beside the runs")
+    args = p.parse_args(argv)
     common.check_metrics_out(args)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     counts = {m: {"runs": 0, "ok": 0, "aborted": 0, "failed": 0} for m in args.modes}

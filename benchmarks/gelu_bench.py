@@ -142,7 +142,7 @@ def max_backward_error(n=1_000_000):
     return {name: (errors[name] - errors["exact"]).abs().max().item() for name in ("ext", "aten")}
 
 
-def parse_args(argv):
+def main(argv=None):
     p = common.parser(__doc__, "write the table here as JSON")
     add = p.add_argument
     add("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
@@ -158,11 +158,7 @@ def parse_args(argv):
     add("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"], help="implementations left out")
     add("--kernel-times", action="store_true", help="on a GPU, also profile ATen's and the op's kernels at the "
         "largest size")
-    return p.parse_args(argv)
-
-
-def main(argv=None):
-    args = parse_args(argv)
+    args = p.parse_args(argv)
     device, dtype, cuda = torch.device(args.device), getattr(torch, args.dtype), args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")

@@ -44,17 +44,6 @@ class HFLoss(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def build(settings, vocab_size, seq_len, recipe):
-    """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own."""
-    acc = accelerations(settings)
-    accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
-    cfg = model_config(settings.get("vocab_size", vocab_size), 0, n_positions=seq_len)  # the lab shape: GPT-2 small
-    with accelerator.device:  # weights made where they train
-        model = (HFLoss(cfg, settings["dropout"], acc.attention) if settings["model"] == "hf"
-                 else GPT(cfg, acc.attention, acc.loss))
-    return cfg, step.build(model, acc, recipe, accelerator)
-
-
 def timed_steps(args, run, vocab_size):
     """(seconds of each timed step with its GPU work, the first step's extra seconds, the last loss)."""
     batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
@@ -77,8 +66,13 @@ def measure(settings, args, device, profile=False):
     torch._dynamo.reset()  # each row compiles from scratch (inductor's cache may still help)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    cfg, run = build(settings, args.vocab_size, args.seq_len, args.recipe)
-    acc = run.accelerations
+    acc = accelerations(settings)
+    accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
+    cfg = model_config(settings.get("vocab_size", args.vocab_size), 0, n_positions=args.seq_len)  # GPT-2 small
+    with accelerator.device:  # weights made where they train
+        model = (HFLoss(cfg, settings["dropout"], acc.attention) if settings["model"] == "hf"
+                 else GPT(cfg, acc.attention, acc.loss))
+    run = step.build(model, acc, args.recipe, accelerator)  # as gpt_train.py builds its own
     run.train_model.train()
     times, first_extra, loss = timed_steps(args, run, cfg.vocab_size)
     seconds = statistics.median(times)
@@ -136,7 +130,9 @@ def matmul_rate(kind, m, device, k=768, n=3072):
     return 2 * m * k * n / timer.blocked_autorange(min_run_time=0.6).median
 
 
-def build_parser():
+def main(argv=None):
+    """Group by group, every row of the group once per repeat, each just after a matmul in its precision; the
+    naive and default rows' first repeat with one profiled step; the JSON after every row."""
     p = common.parser(__doc__, "write the results here as JSON (after every row)")
     cuda = torch.cuda.is_available()
     add, positive = p.add_argument, number(int, 0, low_open=True)
@@ -151,16 +147,8 @@ def build_parser():
     add("--only", help="comma-separated row numbers to run (1 = naive)")
     add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: the rows the report's "
         "conclusions rest on first, group by group, for a run that may be cut (default: %(default)s)")
-    return p
-
-
-def main(argv=None):
-    """Group by group, every row of the group once per repeat, each just after a matmul in its precision; the
-    naive and default rows' first repeat with one profiled step; the JSON after every row."""
-    p = build_parser()
     args = p.parse_args(argv)
     common.check_metrics_out(args)
-    cuda = torch.cuda.is_available()
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
     rows = ladder(cuda, capability, vocab_size=args.vocab_size)

@@ -6,8 +6,8 @@
 (One thread on a shared CPU: two threads there wait on each other's time slices.) Per seed, alternating so that
 drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3, torchvision's MNIST with
 ToTensor), then `lenet5.py`'s defaults (--lightning: also `--engine lightning`), as a ratio to the original epoch
-next to it; or, --act-pair, `--act torch`
-and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1: the own op is faster).
+next to it; or, --act-pair, `--act torch` and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1:
+the own op is faster).
 """
 import argparse
 import os
@@ -119,7 +119,7 @@ def act_pair(args, device):
                                                                    "cpp_to_torch")}}
 
 
-def parse_args(argv):
+def main(argv=None):
     p = common.parser(__doc__, "write the comparison here as JSON",
                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=data_root(), help="MNIST root with MNIST/raw/ (env LAB5_DATA)")
@@ -128,11 +128,7 @@ def parse_args(argv):
     p.add_argument("--baseline-epochs", type=number(int, 1), default=1, help="epochs of the original recipe per seed")
     p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
     p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
-    return p.parse_args(argv)
-
-
-def main(argv=None):
-    args = parse_args(argv)
+    args = p.parse_args(argv)
     common.check_metrics_out(args)
     try:  # everything a user can get wrong, before any training: one line, not a traceback half-way
         device = lenet5.pick_device(args.device)
