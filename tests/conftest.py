@@ -52,6 +52,20 @@ def wait_for(ready, timeout=120, poll=0.02, proc=None):
     return done
 
 
+def in_process(main, capsys, *args):
+    """A script's main(args) in this process, read as its process would end (sys.exit("error: ...") prints the
+    line and exits 1): a CompletedProcess, as run_script's, without a Python start and torch import per case."""
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code or 0
+    out, err = capsys.readouterr()
+    if isinstance(code, str):
+        code, err = 1, err + code + "\n"
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerator_state():
     """An Accelerator's state is per process: reset it after each test, so that the next in-process

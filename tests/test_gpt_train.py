@@ -1,6 +1,7 @@
 """gpt_train.py: runs end to end, resume, signals, 2-process DDP (the model on its own: test_model.py;
 training/'s other parts: test_training.py)."""
 import contextlib
+import functools
 import json
 import math
 import os
@@ -16,23 +17,12 @@ from safetensors.torch import load_file
 
 import gpt_train
 from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_for
+from conftest import in_process as main_in_process
 from training import watch
 from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
 
-
-def in_process(capsys, *args):
-    """gpt_train.main(args) in this process, read as its process would end (sys.exit("error: ...") prints the line
-    and exits 1): a CompletedProcess, as run_script's, without a Python start and torch import per case."""
-    try:
-        gpt_train.main([str(a) for a in args])
-        code = 0
-    except SystemExit as stop:
-        code = stop.code or 0
-    out, err = capsys.readouterr()
-    if isinstance(code, str):
-        code, err = 1, err + code + "\n"
-    return subprocess.CompletedProcess(args, code, out, err)
+in_process = functools.partial(main_in_process, gpt_train.main)  # in_process(capsys, *args)
 
 
 # ------------------------------------------------------------------ training runs

@@ -1,3 +1,4 @@
+import functools
 import json
 import math
 import os
@@ -12,22 +13,11 @@ import torch
 
 import lenet5
 from conftest import REPO, free_port, run_script, wait_for, write_tiny_mnist
+from conftest import in_process as main_in_process
 from data import files
 from training import runfiles
 
-
-def in_process(capsys, *args):
-    """lenet5.main(args) in this process, read as its process would end (sys.exit("error: ...") prints the line
-    and exits 1): a CompletedProcess, as run_script's, without a Python start and torch import per case."""
-    try:
-        lenet5.main([str(a) for a in args])
-        code = 0
-    except SystemExit as stop:
-        code = stop.code or 0
-    out, err = capsys.readouterr()
-    if isinstance(code, str):
-        code, err = 1, err + code + "\n"
-    return subprocess.CompletedProcess(args, code, out, err)
+in_process = functools.partial(main_in_process, lenet5.main)  # in_process(capsys, *args)
 
 
 # --------------------------------------------------------------------- model

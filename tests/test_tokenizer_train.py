@@ -1,4 +1,5 @@
 """tokenizer_train.py: the BPE, its measures, the script (the pipeline it uses: test_wos.py)."""
+import functools
 import json
 import os
 import signal
@@ -12,23 +13,12 @@ from transformers import PreTrainedTokenizerFast
 
 import tokenizer_train
 from conftest import REPO, generated_docs, run_script, tmpfs, wait_for
+from conftest import in_process as main_in_process
 from data import tokenizer, wos
 from data.blocks import token_blocks
 from data.tokenizer import EOT, open_tokenizer
 
-
-def in_process(capsys, *args):
-    """tokenizer_train.main(args) in this process, read as its process would end (sys.exit("error: ...") prints
-    the line and exits 1): a CompletedProcess, as run_script's, without a Python start and imports per case."""
-    try:
-        tokenizer_train.main([str(a) for a in args])
-        code = 0
-    except SystemExit as stop:
-        code = stop.code or 0
-    out, err = capsys.readouterr()
-    if isinstance(code, str):
-        code, err = 1, err + code + "\n"
-    return subprocess.CompletedProcess(args, code, out, err)
+in_process = functools.partial(main_in_process, tokenizer_train.main)  # in_process(capsys, *args)
 
 
 # ------------------------------------------------------------------ tokenizer
