@@ -1,7 +1,14 @@
-"""The Web of Science text pipeline of tokenizer_train.py and gpt_train.py: X.txt (one abstract per line) checked,
-split by document, tokenised and grouped into blocks of seq_len + 1 tokens (packed and cached: data/blocks.py).
-`datasets` is imported only where the text is read; its cache is keyed by the text's content (corpus-<sha256>),
-not datasets' (path, mtime).
+"""The Web of Science text pipeline of tokenizer_train.py and gpt_train.py (their tokenizer: data/tokenizer.py).
+
+    X.txt (one abstract per line)
+      -> what it is, by content (stand-in, WOS46985, other) corpus_identity()
+      -> documents: UTF-8 checked, blank lines dropped     check_text(), load_splits()
+      -> train / validation split by document, seeded     load_splits()     (datasets, cached)
+      -> token ids, documents joined by <|endoftext|>      tokenize_blocks() (datasets map, in memory)
+      -> fixed blocks of seq_len + 1 tokens                tokens_per_block()
+      -> packed into tensors, cached as .npy (read without datasets), batched in a seeded order: data/blocks.py
+
+`datasets` is imported only where the text is read; its cache is keyed by the text's content (corpus-<sha256>).
 """
 import hashlib
 import os
