@@ -82,9 +82,8 @@ def serve_tensorboard(logdir):
 
 @contextlib.contextmanager
 def storage_front(base, items):
-    """A front for the server at base on another port: /lab5-storage?next=PATH stores `items` in localStorage, then
-    opens PATH; all else is passed to base. TensorBoard reads "ignore outliers in chart scaling"
-    (`_ignoreYOutliers`, on by default) from localStorage only, never from the URL."""
+    """A front for the server at base: /lab5-storage?next=PATH stores `items` in localStorage, then opens PATH.
+    TensorBoard reads "ignore outliers" (`_ignoreYOutliers`, on by default) from localStorage only, not the URL."""
     script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in items.items())
 
     class Front(http.server.BaseHTTPRequestHandler):
@@ -126,8 +125,7 @@ def storage_front(base, items):
 
 
 def browser(*args):
-    """Headless Chromium with a fresh profile, in its own process group: a hung one is killed with its renderer
-    and GPU helpers (killing only the parent would leave them holding the terminal and the profile)."""
+    """Headless Chromium with a fresh profile, in its own process group: a hung one is killed with its helpers."""
     with tempfile.TemporaryDirectory() as profile:
         process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={profile}", *args],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -144,8 +142,7 @@ def browser(*args):
 
 
 def crop_to_cards(path):
-    """Crop a TensorBoard screenshot to the cards of its first section (the white box right of the grey sidebar,
-    below the "Tags matching" divider), margins trimmed to 12 px; None, or why the page did not fit."""
+    """Crop a TensorBoard screenshot to its first section's cards, 12 px margins; None, or why it did not fit."""
     import numpy as np
     from PIL import Image
     try:
@@ -174,9 +171,8 @@ def crop_to_cards(path):
 
 
 def tensorboard_screenshots(runs, out, problems):
-    """Each run's SHOTS from a real TensorBoard server, through the front (outlier-ignoring off: each curve's full
-    range), as a student sees it; the lines that show them. Only files Chromium really wrote are linked; after its
-    first failure (an error, or a hang cut off) no more are tried."""
+    """Each run's SHOTS through the front, as a student sees them, and their lines; none after Chromium's first
+    failure."""
     if not find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines, taken = [], {}
@@ -206,8 +202,7 @@ def tensorboard_screenshots(runs, out, problems):
 
 
 def kept_screenshots(out, shown):
-    """The screenshots in `out` a build without Chromium keeps: those SOURCES says were taken of the runs shown
-    now ({kind: inputs.Run}); another run's are left out, never captioned as these."""
+    """The screenshots in `out` that SOURCES says show the runs shown now ({kind: inputs.Run})."""
     try:
         taken = json.loads(files.read_small(out / SOURCES, 1 << 16, follow=True))
     except (OSError, ValueError):
@@ -249,8 +244,7 @@ def report_html(markdown_text):
 
 
 def write_pdf(markdown_path, pdf_path, text):
-    """`text` (report.md filled) printed by Chromium to a short temporary name renamed over pdf_path once whole; the
-    HTML sits beside report.md so figure links resolve. A failure is a BrowserError, one line."""
+    """`text` printed to pdf_path whole or not at all; the HTML beside report.md so figure links resolve."""
     if not find_browser():
         raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
     with tempfile.NamedTemporaryFile("w", suffix=".html", prefix=".pdf-", dir=markdown_path.parent,

@@ -50,7 +50,7 @@ def role_runs(folders, results, scratch):
         loose, data = found.folder / f"{stem}.json", found.results[stem]
         path = loose if loose.is_file() else None
         source = rel(loose) if path else f"{rel(found.folder / 'results.json')}: results.{stem}"
-        events = events_beside(path) if path else runs_archive_events(found, stem, scratch) if scratch else None
+        events = events_beside(path) if path else runs_archive_events(found, stem, scratch)
         where = (rel(events) if path else f"{rel(found.folder)}/runs.tar.gz: {events.name}") if events else None
         roles[role] = Run(role, run_kind(data), data, source, stem, events, where, found)
     return roles
@@ -69,8 +69,7 @@ def shown_runs(by_kind, results, roles, committed=True):
 
 
 def process_seconds(metrics, gpu=None, stem=None):
-    """(seconds, how) of a run's whole process, or (None, why not): its process_seconds (a resumed run's
-    process_seconds_total: its loop time sums every process), else its GPU folder's step log."""
+    """(seconds, how) of a run's whole process, or (None, why not); a resumed run's: process_seconds_total."""
     here, total = metrics.get("process_seconds"), metrics.get("process_seconds_total")
     if isinstance(here, NUMBER):
         if isinstance(total, NUMBER) and total > here + 0.05:
@@ -102,8 +101,7 @@ def goal_facts(metrics):
 
 
 def gpu_sources(folders, roles):
-    """smi_gpt / smi_lenet (the busy window of the nvidia-smi CSVs drawn), slot_*, gpu_old / gpu_new (which kinds
-    of folder answered: the caveats say only what is still true) and gpu_runs (the graded run's folder's GPT runs)."""
+    """smi_gpt / smi_lenet (busy windows), slot_*, gpu_old / gpu_new (which kinds of folder answered), gpu_runs."""
     sources, used = {}, [r.gpu for r in roles.values() if r.gpu]
     for name, pattern in (("smi_gpt", SLOTS["gpu_utilization.png"][1]), ("smi_lenet", LENET_CSV)):
         found, csv = answer(folders, pattern)

@@ -1,6 +1,5 @@
-"""results.md's and the report's figures (matplotlib, into PNG files) and Markdown tables. A function returning
-Markdown lines returns them only once its figure was written; a table raises on a missing or mistyped field (the
-caller names the file in one problem line)."""
+"""The figures (matplotlib PNGs) and Markdown tables; a table raises on a missing or mistyped field (the caller
+names the file in one problem line)."""
 import re
 from datetime import datetime
 
@@ -43,8 +42,7 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
 
 
 def gpt_curves(m, path, scalars=None):
-    """Loss (train, validation, the lab's goal) and throughput against tokens, for one GPT run: from its event
-    files' `scalars` ({tag: [(step, value)]}), else the curves its metrics JSON keeps. None kept: no figure."""
+    """Loss and throughput against tokens: from `scalars` ({tag: [(step, value)]}), else the metrics' curves."""
     s = scalars or {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
                     "perf/tokens_per_second": m.get("throughput_curve", [])}
     if not any(s.values()):
@@ -214,8 +212,7 @@ def rung_key(name):
 
 
 def ladder_cells(bench):
-    """{row: cell} of one ladder: tokens/s [range], × the row above (a rung) or the default (a leave-one-out row),
-    噪声内 where the ranges overlap."""
+    """{row: cell}: tokens/s [range], × the row above (or the default), 噪声内 where the ranges overlap."""
     rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
     rungs = [r for r in rows if not r["name"].startswith(" ")]
     default, cells, previous = rungs[-1], {}, None

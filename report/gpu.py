@@ -1,8 +1,6 @@
-"""GPU results folders: report/results/h200-2026-11-30's loose files, or gpu_check.sh's OUT (results.json,
-logs.tar.gz, runs.tar.gz). Each question the report asks of a GPU (ROLES, SLOTS) is answered by the first folder
-that can: --gpu's, then the newest under --results; an older folder fills only what newer ones leave open. A
-damaged folder is named once and answers nothing; nothing here raises on what a folder holds.
-"""
+"""GPU results folders (loose files, or gpu_check.sh's OUT). Each question the report asks of a GPU (ROLES, SLOTS)
+is answered by the first folder that can: --gpu's, then the newest under --results. A damaged folder is named once
+and answers nothing; nothing here raises on what a folder holds."""
 import json
 import re
 import tarfile
@@ -46,13 +44,11 @@ class GpuFolder:
     damage: str | None = None
 
     @property
-    def older(self):
-        """A folder from before gpu_check.sh's layout (the first H200 session)."""
+    def older(self):  # from before gpu_check.sh's layout (the first H200 session)
         return not (self.folder / "results.json").is_file()
 
     @property
-    def label(self):
-        """Where a caption says a number was measured: the device and the code's commit or date."""
+    def label(self):  # where a caption says a number was measured: the device and the code's commit or date
         readme = self.files.get("README.md")
         commit = re.search(r"at commit ([0-9a-f]{7})", readme()) if readme else None
         when = commit.group(1) if commit else f"gpu_check {str(self.facts.get('started_utc'))[:10]}"
@@ -141,8 +137,7 @@ def answer(folders, pattern, older=True, results=False):
 
 
 def logged_process_seconds(found, stem):
-    """A run's process time from its folder's step log (results.json's steps, or steps_call*.log's `[25s] X: start`
-    ... `[81s] X: rc=0`): the longest step name inside the run's own (gpt_run_12M-cold_...: gpt-12M-cold)."""
+    """A run's process time from its folder's step log: the longest step inside its name (gpt_run_12M-cold_...)."""
     parts = stem.split("_")
     if len(parts) < 3 or re.search(r"_call\d+$", stem):
         return None

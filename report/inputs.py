@@ -32,8 +32,7 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
 
 @dataclass
 class Run:
-    """A run a section may show: a run folder named on the command line (`events`: the folder, `scalars`: its event
-    files read) or a committed JSON (its `stem`), and its events."""
+    """A run a section may show: a run folder named (`events`) or a committed JSON (its `stem`)."""
     alias: str | None
     kind: str
     metrics: dict
@@ -124,8 +123,7 @@ def load_events(run_dir, problems):
 
 
 def find_runs(runs, runs_root, problems):
-    """{kind: Run}: the first run of each kind named, or the newest readable one of each under runs_root (a
-    newer one passed over: a problem line); none unasked."""
+    """{kind: Run}: the first run of each kind named, or the newest readable one of each under runs_root."""
     dirs = list(runs)
     for root in [runs_root / k for k in ("lenet5", "gpt")] if runs_root else []:
         for run_dir in sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
@@ -189,8 +187,7 @@ def corpus_name(m):
 
 
 def events_beside(json_path):
-    """A committed run's events: the folder named as its JSON, else a tb-* folder beside it naming its kind and
-    own name part (tb-gpt-12M-cold for gpt_run_12M-cold_standin_h200.json); never another run's."""
+    """A committed run's events: the folder named as its JSON, else tb-<kind>-<name> (tb-gpt-12M-cold) beside it."""
     if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are in runs.tar.gz
         return None
     parts = json_path.stem.split("_")

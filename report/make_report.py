@@ -5,10 +5,8 @@
     python report/make_report.py --runs-root runs --out /tmp/report           # the newest of yours
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
-The inputs: every JSON under --results, its GPU folders (report/gpu.py) and only the runs named (a run under runs/
-is never picked up unasked). --out gets results.md (the runs shown, every source, problems), placeholders.md and
-the figures report.md links; --pdf prints report.md filled from the same inputs. A placeholder that cannot be
-filled or a broken image is an error or a problem line, never a blank.
+Only the runs named are read (never one under runs/ unasked). A placeholder that cannot be filled or a broken
+image is an error or a problem line, never a blank.
 """
 import contextlib
 import json
@@ -37,15 +35,12 @@ REPORT = RESULTS.parent / "report.md"
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # what a GPU call's OUT keeps
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
-# in --out: the files a build wrote (any other file there is someone else's) and, as ./<path from --out>, the PDFs
-# it printed (a line with a slash is never a file's name)
-BUILT = ".built-by-make_report"
+BUILT = ".built-by-make_report"  # in --out: the files a build wrote, then ./<path> of each PDF it printed
 TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's name
 
 
 @dataclass
 class Report:
-    """Every input, read once (gather), and the folder being built from them (build)."""
     problems: list
     results: dict  # results key -> (its JSON, where from)
     results_dir: Path
@@ -65,7 +60,7 @@ class Report:
 # ----------------------------------------------------------------------------- the sections of results.md
 
 def alias_section(r, kind, table):
-    """The run a section shows (the named run, else the committed one): its table and, where linked, its curves."""
+    """The run a section shows: its table and, where linked, its curves."""
     if (shown := r.shown.get(kind)) is not None:
         named = r.by_kind.get(kind)
         where = named.events if named else shown.source
@@ -80,7 +75,6 @@ def alias_section(r, kind, table):
 
 
 def run_lines(r):
-    """The LeNet-5 and GPT-2 runs shown (their tables and curves), and where each results file is."""
     files = [f"- `{rel(path)}`: placeholders `{{{{{figure_name(key, r.results)}.…}}}}`"
              for key, (_, path) in sorted(r.results.items())]
     return (["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table) + ["", "## GPT-2", ""]
@@ -89,7 +83,6 @@ def run_lines(r):
 
 
 def gpu_lines(r, screenshots):
-    """GPU use, the GPU figures the report links and the TensorBoard screenshots."""
     lines = ["", "## GPU utilisation", ""] + gpu_figure(list(r.by_kind.values()), r.out)
     lines += ["", "## GPU figures the report links", ""]
     if not r.team and not r.folders:
@@ -112,7 +105,6 @@ def out_dir(args):
 
 
 def built_lines(out):
-    """`out`'s BUILT: the files its last build wrote and the PDFs its builds printed."""
     marker = out / BUILT
     return marker.read_text().splitlines() if marker.is_file() and not marker.is_symlink() else []
 
@@ -136,8 +128,7 @@ def writable(path, flag):
 
 @contextlib.contextmanager
 def building(out, keep):
-    """A fresh folder beside `out` with `keep` copied from the old one, renamed into place once built; a file of
-    the old --out no build wrote (a student's) is moved in, and moved back if the build stops before the rename."""
+    """A fresh folder beside `out`, renamed into place once built; a file no build wrote (a student's) is kept."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=TMP, dir=out.parent))
     tmp.chmod(0o777 & ~UMASK)  # mkdtemp's 0700 would become --out's: as mkdir makes it
@@ -260,8 +251,7 @@ def imported_gpu(args):
 # ----------------------------------------------------------------------------- inputs and output
 
 def gather(args, report_text, scratch, gpu_folder=None):
-    """Every input, read once, and report.md's blocks they can fill. A student's runs named: none of the team's runs
-    or GPU folders stands in for one missing (an unreadable one is "no run found"), unless --gpu names one."""
+    """Every input, read once; with a student's runs named, the team's stand in for none (unless --gpu)."""
     r = Report([], {}, args.results, named=bool(args.runs or args.runs_root))
     r.by_kind = find_runs(args.runs, args.runs_root, r.problems)
     r.results = load_results(args.results, r.problems)
@@ -278,8 +268,7 @@ def gather(args, report_text, scratch, gpu_folder=None):
 
 
 def checked_images(text, report, out, built, problems):
-    """The filled report's images as absolute links (generated/X from `out`), each checked in `built`: a missing,
-    empty or foreign file is a note and a problem line, never a broken image in the PDF."""
+    """The filled report's images as absolute links, each checked in `built`: a bad one is a note, not a blank."""
     base, out = report.parent.resolve(), out.resolve()
 
     def one(match):
@@ -293,7 +282,6 @@ def checked_images(text, report, out, built, problems):
 
 
 def build(args, r, text, used, unfilled):
-    """Every section and file into a fresh --out; returns the text the PDF prints."""
     r.linked = {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
     r.no_run = {k: f"no {name} run found " + (f"under {rel(args.runs_root / k)}" if args.runs_root else
                                               "among the runs named" if args.runs else "in the results")
@@ -356,7 +344,6 @@ def main(argv=None):
 
 
 def kept(args, written):
-    """What a build stopped part-way leaves: each output whole, the new one or the old one as it was."""
     if written:
         return f"--out {args.out} was written" + (f"; --pdf-out {args.pdf_out} was left as it was" if args.pdf else "")
     return f"--out {args.out}" + (f" and --pdf-out {args.pdf_out} were left as they were" if args.pdf else
