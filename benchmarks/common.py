@@ -20,13 +20,15 @@ def parser(doc, metrics_help="write the results here as JSON", **kw):
     return p
 
 
-def check_metrics_out(args):
-    """A --metrics-out that may not be written: one line and exit 1, before any measuring."""
+def parse(p, argv):
+    """p's arguments; a --metrics-out that may not be written: one line and exit 1, before any measuring."""
+    args = p.parse_args(argv)
     if args.metrics_out:
         try:
             runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
         except OutputError as e:
             sys.exit(f"error: {e}")
+    return args
 
 
 def write(args, result):
@@ -54,5 +56,4 @@ def run_facts(script, argv):
 
 
 def median_range(key, values):
-    """{key: median, key_range: [min, max]}."""
     return {key: statistics.median(values), f"{key}_range": [min(values), max(values)]}

@@ -65,8 +65,7 @@ def main(argv=None):
     p.add_argument("--runs", type=number(int, 1), default=20, help="runs of each mode")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--hogs", type=number(int, 0), default=1, help="CPU-bound processes beside the runs")
-    args = p.parse_args(argv)
-    common.check_metrics_out(args)
+    args = common.parse(p, argv)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     counts = {m: {"runs": 0, "ok": 0, "aborted": 0, "failed": 0} for m in args.modes}
     load_start, t0 = os.getloadavg(), time.time()

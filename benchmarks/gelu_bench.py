@@ -53,7 +53,6 @@ def forward_backward(fn, x, grad, calls):
 
 
 def time_once(fn, device):
-    """Seconds of one sample: on a GPU between two CUDA events, on a CPU by the wall clock."""
     if device.type != "cuda":
         t0 = time.perf_counter()
         fn()
@@ -158,11 +157,10 @@ def main(argv=None):
     add("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"], help="implementations left out")
     add("--kernel-times", action="store_true", help="on a GPU, also profile ATen's and the op's kernels at the "
         "largest size")
-    args = p.parse_args(argv)
+    args = common.parse(p, argv)
     device, dtype, cuda = torch.device(args.device), getattr(torch, args.dtype), args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
-    common.check_metrics_out(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (20 if cuda else 7)

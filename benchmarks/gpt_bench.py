@@ -23,7 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import common
 import training.device
-from ladder_rows import accelerations, default_step, ladder, unmeasured_first
+from ladder_rows import default_step, ladder, unmeasured_first
 from training import step
 from training.flags import number
 from training.model import GPT, model_config
@@ -44,10 +44,9 @@ class HFLoss(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def timed_steps(args, run, vocab_size):
+def timed_steps(args, run, batches):
     """(seconds of each timed step with its GPU work, the first step's extra seconds, the last loss)."""
-    batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
-    batches, losses, times, cuda = itertools.repeat(batch), [], [], run.accelerator.device.type == "cuda"
+    losses, times, cuda = [], [], run.accelerator.device.type == "cuda"
     for _ in range(args.warmup + args.steps):
         if cuda:
             torch.cuda.synchronize()
@@ -66,7 +65,7 @@ def measure(settings, args, device, profile=False):
     torch._dynamo.reset()  # each row compiles from scratch (inductor's cache may still help)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    acc = accelerations(settings)
+    acc = step.Accelerations(**{k: v for k, v in settings.items() if k not in ("model", "dropout", "vocab_size")})
     accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
     cfg = model_config(settings.get("vocab_size", args.vocab_size), 0, n_positions=args.seq_len)  # GPT-2 small
     with accelerator.device:  # weights made where they train
@@ -74,7 +73,8 @@ def measure(settings, args, device, profile=False):
                  else GPT(cfg, acc.attention, acc.loss))
     run = step.build(model, acc, args.recipe, accelerator)  # as gpt_train.py builds its own
     run.train_model.train()
-    times, first_extra, loss = timed_steps(args, run, cfg.vocab_size)
+    batches = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
+    times, first_extra, loss = timed_steps(args, run, batches)
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
     params = sum(p.numel() for p in run.model.parameters())
@@ -87,8 +87,7 @@ def measure(settings, args, device, profile=False):
            "sdpa_backend": step.attention_kernel(run.accelerator.unwrap_model(run.model), acc),
            "built": run.describe()}
     if profile:
-        batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
-        out["profile"] = profiled(lambda: run(batch, 1, run.recipe.lr, lambda loss: None), device)[1]
+        out["profile"] = profiled(lambda: run(batches, 1, run.recipe.lr, lambda loss: None), device)[1]
     if cuda:
         out["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
     run.accelerator.free_memory()  # the accelerator's references: the row's memory goes when measure() returns
@@ -113,7 +112,6 @@ def try_measure(settings, args, device, profile=False):
 
 
 def matmul_kind(settings, cuda):
-    """The matmul a row's linear layers run: bf16/fp16 under autocast, TF32 where on, else fp32."""
     if settings["precision"] in ("bf16", "fp16"):
         return settings["precision"]
     return "tf32" if cuda and settings["tf32"] else "fp32"
@@ -147,8 +145,7 @@ def main(argv=None):
     add("--only", help="comma-separated row numbers to run (1 = naive)")
     add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: the rows the report's "
         "conclusions rest on first, group by group, for a run that may be cut (default: %(default)s)")
-    args = p.parse_args(argv)
-    common.check_metrics_out(args)
+    args = common.parse(p, argv)
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
     rows = ladder(cuda, capability, vocab_size=args.vocab_size)

@@ -128,8 +128,7 @@ def main(argv=None):
     p.add_argument("--baseline-epochs", type=number(int, 1), default=1, help="epochs of the original recipe per seed")
     p.add_argument("--act-pair", action="store_true", help="--act torch against --act cpp instead of the recipes")
     p.add_argument("--lightning", action="store_true", help="recipe mode: also the default run with --engine lightning")
-    args = p.parse_args(argv)
-    common.check_metrics_out(args)
+    args = common.parse(p, argv)
     try:  # everything a user can get wrong, before any training: one line, not a traceback half-way
         device = lenet5.pick_device(args.device)
         find_mnist(args.data_dir, download=False)

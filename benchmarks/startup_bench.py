@@ -40,11 +40,10 @@ def main(argv=None):
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
     p.add_argument("--repeats", type=number(int, 1), default=3, help="interleaved repeats (default: %(default)s)")
     p.add_argument("--mnist", type=Path, default=SHARED, help="MNIST's folder (default: %(default)s)")
-    args = p.parse_args(argv)
+    args = common.parse(p, argv)
     cases = args.cases.split(",")
     if not set(cases) <= set(CASES):
         p.error(f"--cases takes {', '.join(CASES)}")
-    common.check_metrics_out(args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the baseline's checkout
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         tmp = Path(tmp)
@@ -70,7 +69,6 @@ def command(case, tree, **fill):
 
 def measure_all(args, argv, cases, versions, tmp):
     def run(case, version, out):
-        """One process, timed from the parent; its metrics."""
         shutil.rmtree(out, ignore_errors=True)
         Path(f"{out}.json").unlink(missing_ok=True)  # the other version's: a script replaces only what it wrote
         cmd = command(case, versions[version], mnist=args.mnist, cache=tmp / f"cache-{version}", out=out)
