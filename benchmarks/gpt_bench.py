@@ -23,7 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import common
 import training.device
-from ladder_rows import default_step, ladder, unmeasured_first
+from ladder_rows import accelerations, default_step, ladder, unmeasured_first
 from training import step
 from training.flags import number
 from training.model import GPT, model_config
@@ -44,9 +44,21 @@ class HFLoss(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def timed_steps(args, run, batches):
+def build(settings, vocab_size, seq_len, recipe):
+    """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own."""
+    acc = accelerations(settings)
+    accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
+    cfg = model_config(settings.get("vocab_size", vocab_size), 0, n_positions=seq_len)  # the lab shape: GPT-2 small
+    with accelerator.device:  # weights made where they train
+        model = (HFLoss(cfg, settings["dropout"], acc.attention) if settings["model"] == "hf"
+                 else GPT(cfg, acc.attention, acc.loss))
+    return cfg, step.build(model, acc, recipe, accelerator)
+
+
+def timed_steps(args, run, vocab_size):
     """(seconds of each timed step with its GPU work, the first step's extra seconds, the last loss)."""
-    losses, times, cuda = [], [], run.accelerator.device.type == "cuda"
+    batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
+    batches, losses, times, cuda = itertools.repeat(batch), [], [], run.accelerator.device.type == "cuda"
     for _ in range(args.warmup + args.steps):
         if cuda:
             torch.cuda.synchronize()
@@ -65,16 +77,10 @@ def measure(settings, args, device, profile=False):
     torch._dynamo.reset()  # each row compiles from scratch (inductor's cache may still help)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    acc = step.Accelerations(**{k: v for k, v in settings.items() if k not in ("model", "dropout", "vocab_size")})
-    accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
-    cfg = model_config(settings.get("vocab_size", args.vocab_size), 0, n_positions=args.seq_len)  # GPT-2 small
-    with accelerator.device:  # weights made where they train
-        model = (HFLoss(cfg, settings["dropout"], acc.attention) if settings["model"] == "hf"
-                 else GPT(cfg, acc.attention, acc.loss))
-    run = step.build(model, acc, args.recipe, accelerator)  # as gpt_train.py builds its own
+    cfg, run = build(settings, args.vocab_size, args.seq_len, args.recipe)
+    acc = run.accelerations
     run.train_model.train()
-    batches = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
-    times, first_extra, loss = timed_steps(args, run, batches)
+    times, first_extra, loss = timed_steps(args, run, cfg.vocab_size)
     seconds = statistics.median(times)
     tps = args.micro_batch * args.seq_len / seconds
     params = sum(p.numel() for p in run.model.parameters())
@@ -87,7 +93,8 @@ def measure(settings, args, device, profile=False):
            "sdpa_backend": step.attention_kernel(run.accelerator.unwrap_model(run.model), acc),
            "built": run.describe()}
     if profile:
-        out["profile"] = profiled(lambda: run(batches, 1, run.recipe.lr, lambda loss: None), device)[1]
+        batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
+        out["profile"] = profiled(lambda: run(batch, 1, run.recipe.lr, lambda loss: None), device)[1]
     if cuda:
         out["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
     run.accelerator.free_memory()  # the accelerator's references: the row's memory goes when measure() returns

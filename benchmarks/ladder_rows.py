@@ -53,6 +53,11 @@ def ladder(cuda, capability, vocab_size=16384):
     return out
 
 
+def accelerations(settings):
+    """A row's settings as training/step.py's Accelerations (the model, dropout and vocabulary aside)."""
+    return step.Accelerations(**{k: v for k, v in settings.items() if k not in ("model", "dropout", "vocab_size")})
+
+
 def unmeasured_first(rows):
     """Groups of row numbers (1-based) for a run that may be cut, each with all its repeats before the next: the
     rows the report rests on (naive, default, leave-one-out), then the rest, the compiled rows last."""
