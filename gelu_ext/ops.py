@@ -1,7 +1,5 @@
-"""The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward (C++ on CPU, CUDA on GPU), whose kernels
-and autograd are csrc/'s (no Python per call). Here: register_fake (shape and dtype without a kernel, so
-torch.compile can trace it) and register_vmap (an elementwise op maps over a batch as it is).
-"""
+"""The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward, kernels and autograd in csrc/ (no Python per
+call). Here: register_fake (so torch.compile can trace it) and register_vmap (an elementwise op maps as it is)."""
 import torch
 import torch.nn as nn
 

@@ -30,9 +30,8 @@ nvcc = Path(CUDA_HOME) / "bin" / "nvcc" if CUDA_HOME else None
 # A CPU build of torch (torch.version.cuda None) cannot load CUDA kernels: build CPU-only there.
 with_cuda = (os.environ.get("GELU_EXT_CPU_ONLY", "0") != "1" and torch.version.cuda is not None
              and nvcc is not None and nvcc.exists())
-# -fopenmp: at::parallel_for is inline in ATen's headers and without it runs on one thread (compiled with it,
-# not linked: the runtime is torch's libgomp). AVX2: ATen's Vectorized<float> is SIMD only when told to; every
-# x86 cluster node since 2013 has it.
+# -fopenmp: ATen's inline at::parallel_for is one thread without it (the runtime is torch's libgomp). AVX2:
+# ATen's Vectorized<float> is SIMD only when told to; every x86 cluster node since 2013 has it.
 cxx_flags = ["-O3", "-fopenmp"]
 if platform.machine() in ("x86_64", "AMD64"):
     cxx_flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]

@@ -1,3 +1,2 @@
-"""The report builder (make_report.py, which also writes --out whole or not at all): inputs.py and gpu.py read the
-runs, results and GPU folders; facts.py fills report.md's placeholders; figures.py draws the figures and tables;
-browser.py drives TensorBoard and Chromium."""
+"""The report builder, make_report.py: inputs.py and gpu.py read runs, results and GPU folders; facts.py fills
+report.md's placeholders; figures.py draws figures and tables; browser.py drives TensorBoard and Chromium."""

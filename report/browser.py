@@ -1,7 +1,5 @@
-"""What make_report.py needs from outside Python: a real TensorBoard server photographed by headless Chromium
-(each page cropped to its cards), and Chromium's print-to-PDF of report.md. Every wait is bounded: a Chromium that
-hangs is killed with its process group after BROWSER_TIMEOUT seconds, and the caller gets one line.
-"""
+"""A real TensorBoard server photographed by headless Chromium (cropped to its cards), and Chromium's print-to-PDF.
+Every wait is bounded: a hung Chromium is killed with its process group after BROWSER_TIMEOUT s (one line)."""
 import contextlib
 import html as html_lib
 import http.server
@@ -171,8 +169,7 @@ def crop_to_cards(path):
 
 
 def tensorboard_screenshots(runs, out, problems):
-    """Each run's SHOTS through the front, as a student sees them, and their lines; none after Chromium's first
-    failure."""
+    """Each run's SHOTS through the front, as a student sees them, and their lines; none after a failure."""
     if not find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines, taken = [], {}

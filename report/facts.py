@@ -88,18 +88,6 @@ def clock_facts(run):
     return facts | ({"process_seconds": seconds} if seconds is not None else {})
 
 
-def goal_facts(metrics):
-    """`{{gpt_goal.…}}`: whether the GPT run reached the lab's goal, and when its training loss first fell below it."""
-    per_step = metrics.get("tokens_seen", 0) / max(1, metrics.get("steps") or 1)
-    first = next((step for step, loss in metrics.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
-    final = metrics.get("final_train_loss")
-    verdict = (f"< {SUCCESS_LOSS:g}，达到目标" if isinstance(final, NUMBER) and final < SUCCESS_LOSS
-               else f"未达到 < {SUCCESS_LOSS:g} 的目标")
-    text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
-            f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
-    return {"verdict": verdict, "text": text}
-
-
 def gpu_sources(folders, roles):
     """smi_gpt / smi_lenet (busy windows), slot_*, gpu_old / gpu_new (which kinds of folder answered), gpu_runs."""
     sources, used = {}, [r.gpu for r in roles.values() if r.gpu]
@@ -135,8 +123,15 @@ def derived_sources(results, shown, roles, folders, by_kind):
             sources[f"{run.alias}_clock"] = clock_facts(run), run.source
         if run.events_source and run.alias in ALIASES:
             sources[f"{run.alias}_tb"] = {"source": run.events_source}, run.events_source
-    if "gpt" in shown:
-        sources["gpt_goal"] = goal_facts(shown["gpt"].metrics), shown["gpt"].source
+    if gpt := shown.get("gpt"):  # whether it reached the lab's goal, and when its training loss first fell below it
+        m, final = gpt.metrics, gpt.metrics.get("final_train_loss")
+        per_step = m.get("tokens_seen", 0) / max(1, m.get("steps") or 1)
+        first = next((step for step, loss in m.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
+        verdict = (f"< {SUCCESS_LOSS:g}，达到目标" if isinstance(final, NUMBER) and final < SUCCESS_LOSS
+                   else f"未达到 < {SUCCESS_LOSS:g} 的目标")
+        text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
+                f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
+        sources["gpt_goal"] = {"verdict": verdict, "text": text}, gpt.source
     if lenet := shown.get("lenet5"):  # the accuracy curve's points a TensorBoard screenshot shows
         m, epochs = lenet.metrics, max(1, lenet.metrics.get("epochs") or 1)
         train, test = (len(m.get(f"{k}_accuracy_curve") or []) / epochs for k in ("train", "test"))

@@ -1,6 +1,7 @@
 """GPU results folders (loose files, or gpu_check.sh's OUT). Each question the report asks of a GPU (ROLES, SLOTS)
 is answered by the first folder that can: --gpu's, then the newest under --results. A damaged folder is named once
 and answers nothing; nothing here raises on what a folder holds."""
+import contextlib
 import json
 import re
 import tarfile
@@ -11,12 +12,11 @@ from pathlib import Path
 from report.figures import gpu_name, terminal_figure, utilization_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, load_json, rel
 
-# role -> (its results file's stem, whether a folder older than gpu_check.sh's layout may answer, the top-level
-# results file answering when no folder does): the first folder's GELU benchmark is the first kernel, replaced
+# role -> (its results stem, may a folder older than gpu_check.sh's layout answer, the results file if none does)
 ROLES = {"gpu_gpt": (r"gpt_run_\d+[KM]-(own-vocab-)?cold_.+", True, None),
          "gpu_lenet": (r"lenet_run_torch_.+", True, None),
          "gpu_ladder": (r"gpt_bench_.+", True, None),
-         "gpu_gelu": (r"gelu_bench_.+", False, "gelu_bench_h200")}
+         "gpu_gelu": (r"gelu_bench_.+", False, "gelu_bench_h200")}  # the first folder's: the first kernel, replaced
 SLOTS = {  # figure -> (what it shows, the files it is drawn from, gpu_check.sh steps that write them)
     "gpu_utilization.png": ("GPU utilisation and power during GPT and LeNet-5 training",
                             r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-own-vocab,lenet-torch"),
@@ -77,10 +77,8 @@ def read_gpu_folder(folder):
         if p.is_file() and p.suffix in (".csv", ".txt", ".log", ".md"):
             found.files[p.name] = lambda p=p: p.read_text(errors="replace")  # a log cut inside a character reads
         elif p.suffix == ".json" and p.name != "results.json":
-            try:
+            with contextlib.suppress(OSError, ValueError):  # inputs.load_results names it
                 found.results[p.stem] = load_json(p.read_text())
-            except (OSError, ValueError):
-                pass  # inputs.load_results names it
     try:
         if (folder / "logs.tar.gz").is_file():
             for name, data in packed_logs(folder / "logs.tar.gz").items():

@@ -317,8 +317,7 @@ def main(argv=None):
                 r = gather(args, report_text, Path(scratch), imported_gpu(args))
                 text, unfilled, used = facts.fill(r.report_text, r.sources)
                 if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
-                    raise UserError(f"{unfilled[0]} (and {len(unfilled) - 1} more)" if len(unfilled) > 1
-                                    else unfilled[0])
+                    raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
                 own_inputs = committed(args) or args.report.resolve() != REPORT.resolve()
                 if own_inputs:  # report.md with its own inputs: a placeholder they cannot fill is a mistake in it
                     r.problems += unfilled
