@@ -1,6 +1,7 @@
 """What benchmarks/gpu_check.sh needs Python for: `python benchmarks/gpu_check_tools.py COMMAND ARGS...` calls the
 function COMMAND (dashes for underscores). Those before the first step use the standard library and
 data/files.py only: the carried packages are not installed yet."""
+import functools
 import gzip
 import hashlib
 import importlib
@@ -41,8 +42,6 @@ def from_argv(text):
     return os.fsencode(text).decode("utf-8", "replace")
 
 
-# ----------------------------------------------------------------------------- before the first step
-
 def missing_wheels(wheel_dir):
     """The wheels whose distribution is not installed at all: the image's packages are never replaced."""
     for wheel in sorted(Path(wheel_dir).glob("*.whl")):
@@ -74,18 +73,16 @@ def mnist_subset(src, dst, n_train, n_test):
 def imports(*specs):
     """STEP=mod,mod...: STEP<TAB>ok, or the first failed import's last line (the scripts' path)."""
     sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "report")]
-    failed = {}
+
+    @functools.cache
+    def why(module):
+        try:
+            importlib.import_module(module)
+        except BaseException as e:  # SystemExit or an OSError from a broken .so are reasons too
+            return one_line(f"import {module}: " + traceback.format_exception_only(e)[-1])
     for step, _, modules in (spec.partition("=") for spec in specs):
-        why = None
-        for module in filter(None, modules.split(",")):
-            if module not in failed:
-                try:
-                    importlib.import_module(module)
-                    failed[module] = None
-                except BaseException as e:  # SystemExit or an OSError from a broken .so are reasons too
-                    failed[module] = one_line(f"import {module}: " + traceback.format_exception_only(e)[-1])
-            why = why or failed[module]
-        print(f"{step}\t{why or 'ok'}", flush=True)
+        failures = (why(m) for m in modules.split(",") if m)  # the first one stops the step's imports
+        print(f"{step}\t{next(filter(None, failures), 'ok')}", flush=True)
 
 
 def check_prep(prep):
@@ -175,8 +172,6 @@ def cuda_ready(rehearsal="0"):
     return 0
 
 
-# ----------------------------------------------------------------------------- the steps' records
-
 def append(path, entry):
     """One JSON line (WORK/steps.jsonl, WORK/clocks.jsonl): no byte of a message breaks the file."""
     with open(path, "a") as f:
@@ -237,9 +232,9 @@ def clock(work, metrics, started, ended):
     process = m.get("process_seconds")
     entry = {"run": Path(metrics).stem, "shell_wall_seconds": round(wall, 3), "process_seconds": process,
              **{k: m.get(k) for k in ("process_seconds_total", "train_seconds", "phases")},
+             # the report quotes process_seconds (report/facts.py); the shell's wall time includes CUDA's
+             # teardown after os._exit: a gap over 1 s says the report's figure is short by it
              "agree_within_1s": process is not None and abs(wall - process) <= 1.0,
-             # the report quotes process_seconds (report/facts.py); the shell's includes CUDA's teardown
-             # after os._exit: a gap over 1 s says the report's figure is short by it
              "report_quotes": "process_seconds"}
     append(Path(work) / "clocks.jsonl", entry)
     print(f"clock: {entry['run']}: {wall:.2f} s from the shell, process_seconds {process} (quoted by the report; "
@@ -284,8 +279,6 @@ def gpt_verdict(metrics, rehearsal="0"):
           f"{m['skipped_steps']} of {m['steps']} steps skipped by GradScaler")
     return 0 if m["success"] or rehearsal == "1" else 1
 
-
-# ----------------------------------------------------------------------------- the plan, the end
 
 # What a step needs in a fresh OUT comes with it (compile-ab warms its cold runs' caches); the build not,
 # once made: it is installed into gelu_ext/.
