@@ -55,9 +55,7 @@ def one_run(script, mode):
     except subprocess.TimeoutExpired:
         return "failed", "no end after 300 s"
     output = done.stdout + done.stderr
-    if "terminate called" in output:
-        return "aborted", output[-1500:]
-    return ("failed" if done.returncode else "ok"), output[-1500:]
+    return "aborted" if "terminate called" in output else "failed" if done.returncode else "ok", output[-1500:]
 
 
 def main(argv=None):

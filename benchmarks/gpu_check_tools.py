@@ -1,6 +1,6 @@
 """What benchmarks/gpu_check.sh needs Python for: `python benchmarks/gpu_check_tools.py COMMAND ARGS...` calls the
-function COMMAND (dashes for underscores). Those before the first step use the standard library and
-data/files.py only: the carried packages are not installed yet."""
+function COMMAND (dashes for underscores; what it returns is the exit status, None for 0). Those before the first
+step use the standard library and data/files.py only: the carried packages are not installed yet."""
 import functools
 import gzip
 import hashlib
@@ -154,7 +154,6 @@ def rehearsal_venv(cache):
             else "imports torch too (its base has it): the image fails there")
     print(f"{venv / 'bin'}\nrehearsal: python3 of a venv shaped like the lent image's ({venv}, base {base}); "
           f"a link to it from another folder {link}")
-    return 0
 
 
 def cuda_ready(rehearsal="0"):
@@ -239,7 +238,6 @@ def clock(work, metrics, started, ended):
     append(Path(work) / "clocks.jsonl", entry)
     print(f"clock: {entry['run']}: {wall:.2f} s from the shell, process_seconds {process} (quoted by the report; "
           f"{'they agree within 1 s' if entry['agree_within_1s'] else 'they DISAGREE by over 1 s'})")
-    return 0
 
 
 AB_KEYS = ("process_seconds", "compile_seconds", "train_seconds", "tokens_per_second")
@@ -269,7 +267,6 @@ def compile_ab(work, tokens, gpu):
                {"gpu": gpu, "tokens": tokens, "runs": cells, "median": median, "report_quotes": "process_seconds"})
     print("compile A/B, median process seconds: " + ", ".join(f"{c} {v['process_seconds']} ({len(cells[c])} runs)"
                                                              for c, v in sorted(median.items())))
-    return 0
 
 
 def gpt_verdict(metrics, rehearsal="0"):
