@@ -15,8 +15,8 @@ from data import files
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "report" / "results"
-# what a table or figure raises on a JSON field that is missing or of the wrong type: one problem line
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)  # a write failed: stop
+# what a table or figure raises on a JSON field that is missing or of the wrong type: one problem line
 FIELD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError)
 NUMBER = (int, float)
 MAX_DEPTH = 64  # the deepest of our JSON files nests 4 levels

@@ -154,9 +154,8 @@ def building(out, keep):
             old.rename(out)
         for name in moved if tmp.exists() else []:  # not renamed into place: someone else's files go back
             (tmp / name).rename(out / name)
-        for folder in (old, tmp):
-            if folder:
-                shutil.rmtree(folder, ignore_errors=True)
+        for folder in filter(None, (old, tmp)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -203,6 +202,7 @@ def check_args(args):
             if given and (there.is_relative_to(mine) or mine.is_relative_to(there)):
                 name = name if str(given) in name else f"{name} {given}"  # a run's name is its path
                 raise UserError(f"{flag} {path} and {name} overlap: the report never writes its inputs")
+        writable(path, flag)
     if args.pdf and pdf.is_symlink():
         raise UserError(f"--pdf-out {pdf} is a symbolic link; give the file itself or a new name (nothing written)")
     if args.pdf and pdf.exists():
@@ -220,9 +220,6 @@ def check_args(args):
         raise UserError(f"--gpu {args.gpu} is not a folder")
     if not args.report.is_file():
         raise UserError(f"--report {args.report} is not a file")
-    writable(out, "--out")
-    if args.pdf:
-        writable(pdf, "--pdf-out")
     try:
         return args.report.read_text(encoding="utf-8")
     except UnicodeDecodeError:
