@@ -70,12 +70,10 @@ def timed_round_robin(fns, device, repeats):
     none always follows the same neighbour (on a GPU at its power cap, what follows the composites is slower)."""
     names, order = list(fns), random.Random(0)
     times = {name: [] for name in names}
-    for r in range(repeats + 1):  # round 0 warms up caches and the allocator
+    for _ in range(repeats + 1):
         for name in order.sample(names, len(names)):
-            seconds = time_once(fns[name], device)
-            if r:
-                times[name].append(seconds)
-    return times
+            times[name].append(time_once(fns[name], device))
+    return {name: ts[1:] for name, ts in times.items()}  # round 0 warmed up caches and the allocator
 
 
 def ext_missing_reason(device):

@@ -206,17 +206,16 @@ def summarise(chosen, runs):
             continue
         extras = {k: m[k] for m in good for k in ("built", "profile") if k in m}
         good = [{k: v for k, v in m.items() if k not in extras} for m in good]
-        first, fractions = good[0], [m["fraction_of_matmul_rate"] for m in good if "fraction_of_matmul_rate" in m]
+        first = good[0]
         row = {"name": name, "settings": settings, **extras,
                **common.median_range("tokens_per_second", [m["tokens_per_second"] for m in good]),
-               **{k: statistics.median(m[k] for m in good) for k in ("ms_per_step", "first_step_extra_seconds")},
+               **{k: statistics.median(m[k] for m in good)
+                  for k in ("ms_per_step", "first_step_extra_seconds", "fraction_of_matmul_rate")},
                **{k: first[k] for k in ("flops_per_token", "vocab_size", "matmul_kind")},
                "mfu": statistics.median(m["mfu"] for m in good) if first["mfu"] else None,
-               "sdpa_backend": first.get("sdpa_backend"), "repeats": good,
-               "fraction_of_matmul_rate": statistics.median(fractions) if fractions else None}
+               "sdpa_backend": first.get("sdpa_backend"), "repeats": good, **({"errors": errors} if errors else {})}
         if "peak_memory_GiB" in first:
             row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
-        row |= {"errors": errors} if errors else {}
         base = base or row["tokens_per_second"]
         row["speedup"] = row["tokens_per_second"] / base
         if not name.startswith(" "):

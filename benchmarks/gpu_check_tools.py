@@ -95,8 +95,8 @@ def prep_problems(prep):
     """In order: DIR's files; wheels made for this Python and platform (pip would refuse them late); every .gz
     read to its end and every wheel's zip tested (named here, not in a step's traceback); the corpus line."""
     again = "make DIR again with --prepare"
-    yield from (f"{prep / name} not found: make DIR with --prepare" for name in PREP_FILES
-                if not (prep / name).exists())
+    yield from (f"{prep / name} not found: make DIR with --prepare" for name in
+                [*PREP_FILES, *(f"MNIST/raw/{n}.gz" for n in MNIST_FILES)] if not (prep / name).exists())
     made = dict(line.split(" ", 1) for line in (prep / "prep.txt").read_text().splitlines() if " " in line)
     here_py, here = f"{sys.version_info[0]}.{sys.version_info[1]}", f"{sys.platform}-{platform.machine()}"
     if made.get("python") != here_py:
@@ -111,8 +111,6 @@ def prep_problems(prep):
                     pass
         except (OSError, EOFError, zlib.error) as e:
             yield f"{path} is damaged ({type(e).__name__}: {e}): {again}"
-    names = {p.name for p in (prep / "MNIST" / "raw").glob("*.gz")}
-    yield from (f"{prep / 'MNIST/raw'} lacks {n}.gz: {again}" for n in MNIST_FILES if f"{n}.gz" not in names)
     lines = (prep / "corpus_source.tsv").read_bytes().decode("utf-8", "replace").splitlines()
     fields = lines[0].split("\t") if len(lines) == 1 else []
     if len(fields) != 2 or not fields[0].startswith("/") or not fields[1].isdigit() or int(fields[1]) == 0:

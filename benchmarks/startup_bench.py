@@ -37,12 +37,12 @@ GOALS = {"lab-1-step": 8.0, "tiny-20k": 4.0, "lenet-1-epoch": 3.0}  # seconds ou
 
 def main(argv=None):
     p = common.parser(__doc__, "write the results here as JSON (after every run)")
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    p.add_argument("--cases", type=lambda text: text.split(","), default=list(CASES),
+                   help="comma-separated, of: " + ", ".join(CASES))
     p.add_argument("--repeats", type=number(int, 1), default=3, help="interleaved repeats (default: %(default)s)")
     p.add_argument("--mnist", type=Path, default=SHARED, help="MNIST's folder (default: %(default)s)")
     args = common.parse(p, argv)
-    cases = args.cases.split(",")
-    if not set(cases) <= set(CASES):
+    if not set(args.cases) <= set(CASES):
         p.error(f"--cases takes {', '.join(CASES)}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the baseline's checkout
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
@@ -52,7 +52,7 @@ def main(argv=None):
                                    BASELINE], capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"error: the baseline {BASELINE}: {done.stderr.strip().splitlines()[-1]}")
-            return measure_all(args, argv, cases, {"baseline": tmp / "baseline", "current": REPO}, tmp)
+            return measure_all(args, argv, args.cases, {"baseline": tmp / "baseline", "current": REPO}, tmp)
         except KeyboardInterrupt:  # the runs so far are not a measurement: nothing is written
             print("\ninterrupted (Ctrl-C): nothing written; the baseline's checkout is removed", file=sys.stderr)
             sys.exit(130)
