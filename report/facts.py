@@ -101,7 +101,7 @@ def gpu_sources(folders, roles):
             used.append(found)
             sources[f"slot_{slot.removesuffix('.png')}"] = {"file": name, "where": found.label}, rel(found.folder)
     for name, older in (("gpu_old", True), ("gpu_new", False)):
-        if f := next((f for f in used if f and f.older == older), None):
+        if f := next((f for f in used if f.older == older), None):
             sources[name] = ({"where": f.label, "folder": rel(f.folder)}, rel(f.folder))
     if gpt := roles.get("gpu_gpt"):
         runs = [(s, m, *process_seconds(m, gpt.gpu, s)) for s, m in sorted(gpt.gpu.results.items())

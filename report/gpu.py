@@ -111,9 +111,7 @@ def gpu_folders(gpu, results_dir, problems):
                     or (d / "results.json").is_file())] if results_dir and results_dir.is_dir() else []
     found += sorted(map(read_gpu_folder, folders), reverse=True, key=lambda f: (1, s) if isinstance(
         s := f.facts.get("started_utc"), str) else (0, f.folder.name))
-    for f in found:
-        if f.damage:
-            problems.append(f"GPU results folder {rel(f.folder)}: {f.damage}; its figures are left out")
+    problems += [f"GPU results folder {rel(f.folder)}: {f.damage}; its figures are left out" for f in found if f.damage]
     return found
 
 
