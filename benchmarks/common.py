@@ -1,6 +1,5 @@
-"""What every benchmark does alike: --metrics-out checked before the long part (an existing file replaced only
-with --force) and rewritten atomically, the facts a result is read with later (command, commit, torch), the
-median and range of a few interleaved repeats."""
+"""What every benchmark does alike: --metrics-out checked before the long part (replaced only with --force) and
+rewritten atomically, the facts a result is read with (command, commit, torch), the median and range of repeats."""
 import statistics
 import subprocess
 import sys

@@ -52,27 +52,24 @@ def forward_backward(fn, x, grad, calls):
     return run
 
 
-def time_once(fn, device):
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()  # sync point
-    return start.elapsed_time(end) / 1e3
-
-
 def timed_round_robin(fns, device, repeats):
     """Seconds of each fn in each round, each round in a new random (seeded) order: drift hits all alike and
     none always follows the same neighbour (on a GPU at its power cap, what follows the composites is slower)."""
-    names, order = list(fns), random.Random(0)
+    names, order, cuda = list(fns), random.Random(0), device.type == "cuda"
     times = {name: [] for name in names}
     for _ in range(repeats + 1):
         for name in order.sample(names, len(names)):
-            times[name].append(time_once(fns[name], device))
+            if cuda:  # the kernels' seconds, between two events
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[name]()
+                end.record()
+                end.synchronize()  # sync point
+                times[name].append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fns[name]()
+                times[name].append(time.perf_counter() - t0)
     return {name: ts[1:] for name, ts in times.items()}  # round 0 warmed up caches and the allocator
 
 

@@ -7,7 +7,7 @@
 Rows (ladder_rows.py) from the naive baseline to gpt_train.py's default step, each built by training/step.py;
 one process, one random batch, steady steps after warm-up, --repeats interleaved; the JSON rewritten after every
 row. Each row is read against a matmul of its shape measured just before it in its precision, and on a GPU
-against the datasheet's peak (MFU). --compile-cost: gpt_train.py's compile seconds, each run a fresh process.
+against the datasheet's peak (MFU).
 """
 import gc
 import itertools
@@ -101,23 +101,6 @@ def measure(settings, args, device, profile=False):
     return out
 
 
-def try_measure(settings, args, device, profile=False):
-    """measure(), or {"error": why} for a row that runs out of memory or fails: the other rows go on."""
-    try:
-        out = measure(settings, args, device, profile)
-    except Exception as e:  # any failure of one row: the ladder's other rows still count
-        text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
-        out = {"error": "out of memory" if oom else f"{type(e).__name__}: {text}"}
-        unavailable = ("No available kernel", "No viable backend", "has no SDPBackend")
-        if settings.get("sdpa_backend") and any(w in text for w in unavailable):
-            out["error"] = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
-        torch._dynamo.reset()
-    gc.collect()  # after the except: its traceback held the failed row's tensors
-    torch.cuda.empty_cache()  # nothing to do without CUDA
-    return out
-
-
 def matmul_kind(settings, cuda):
     if settings["precision"] in ("bf16", "fp16"):
         return settings["precision"]
@@ -136,8 +119,7 @@ def matmul_rate(kind, m, device, k=768, n=3072):
 
 
 def main(argv=None):
-    """Group by group, every row of the group once per repeat, each just after a matmul in its precision; the
-    naive and default rows' first repeat with one profiled step; the JSON after every row."""
+    """Group by group, each row once per repeat just after a matmul in its precision; the JSON after every row."""
     p = common.parser(__doc__, "write the results here as JSON (after every row)")
     cuda = torch.cuda.is_available()
     add, positive = p.add_argument, number(int, 0, low_open=True)
@@ -181,7 +163,19 @@ def main(argv=None):
         name, settings = chosen[i]
         kind = matmul_kind(settings, cuda)
         rates.setdefault(kind, []).append(rate := matmul_rate(kind, m, device))
-        runs[i].append(got := try_measure(settings, args, device, profile=r == 0 and i in profile))
+        try:
+            got = measure(settings, args, device, profile=r == 0 and i in profile)
+        except Exception as e:  # any failure of one row (out of memory, a kernel): the other rows still count
+            text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
+            got = {"error": "out of memory" if oom else f"{type(e).__name__}: {text}"}
+            unavailable = ("No available kernel", "No viable backend", "has no SDPBackend")
+            if settings.get("sdpa_backend") and any(w in text for w in unavailable):
+                got["error"] = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
+            torch._dynamo.reset()
+        gc.collect()  # after the except: its traceback held the failed row's tensors
+        torch.cuda.empty_cache()  # nothing to do without CUDA
+        runs[i].append(got)
         if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
             got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rate
         print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s, "

@@ -169,12 +169,6 @@ def cuda_ready(rehearsal="0"):
     return 0
 
 
-def append(path, entry):
-    """One JSON line (WORK/steps.jsonl, WORK/clocks.jsonl): no byte of a message breaks the file."""
-    with open(path, "a") as f:
-        f.write(json.dumps(entry) + "\n")
-
-
 def read_lines(path, name):
     """The entries of a JSON-lines file; a line cut by a kill is said, not fatal."""
     out = []
@@ -187,8 +181,9 @@ def read_lines(path, name):
 
 
 def record(work, step, status, seconds):
-    append(Path(work) / "steps.jsonl",
-           {"step": step, "status": one_line(from_argv(status), 400), "seconds": int(seconds) if seconds else None})
+    with open(Path(work) / "steps.jsonl", "a") as f:  # one JSON line: no byte of a message breaks the file
+        f.write(json.dumps({"step": step, "status": one_line(from_argv(status), 400),
+                            "seconds": int(seconds) if seconds else None}) + "\n")
 
 
 def facts(work, gpu, nvcc, source, docs, budget, rehearse, argv, python, torch, torch_cuda):
@@ -233,7 +228,8 @@ def clock(work, metrics, started, ended):
              # teardown after os._exit: a gap over 1 s says the report's figure is short by it
              "agree_within_1s": process is not None and abs(wall - process) <= 1.0,
              "report_quotes": "process_seconds"}
-    append(Path(work) / "clocks.jsonl", entry)
+    with open(Path(work) / "clocks.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
     print(f"clock: {entry['run']}: {wall:.2f} s from the shell, process_seconds {process} (quoted by the report; "
           f"{'they agree within 1 s' if entry['agree_within_1s'] else 'they DISAGREE by over 1 s'})")
 
@@ -255,11 +251,8 @@ def compile_ab(work, tokens, gpu):
             m = json.loads(path.read_text())
             cells.setdefault(cell, []).append({"run": path.stem, **{k: m.get(k) for k in AB_KEYS},
                                                "shell_wall_seconds": clocks.get(path.stem)})
-
-    def med(runs, key):
-        values = [r[key] for r in runs if r[key] is not None]
-        return statistics.median(values) if values else None
-    median = {cell: {k: med(runs, k) for k in ("process_seconds", "shell_wall_seconds", "compile_seconds")}
+    median = {cell: {k: statistics.median([r[k] for r in runs if r[k] is not None] or [None])  # none: None
+                     for k in ("process_seconds", "shell_wall_seconds", "compile_seconds")}
               for cell, runs in cells.items()}
     write_json(work / "results" / f"compile_ab_{gpu}.json",
                {"gpu": gpu, "tokens": tokens, "runs": cells, "median": median, "report_quotes": "process_seconds"})

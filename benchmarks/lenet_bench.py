@@ -4,10 +4,9 @@
     python benchmarks/lenet_bench.py --data-dir data --act-pair --metrics-out lenet_bench_act.json
 
 (One thread on a shared CPU: two threads there wait on each other's time slices.) Per seed, alternating so that
-drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3, torchvision's MNIST with
-ToTensor), then `lenet5.py`'s defaults (--lightning: also `--engine lightning`), as a ratio to the original epoch
-next to it; or, --act-pair, `--act torch` and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1:
-the own op is faster).
+drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3, torchvision's MNIST), then
+`lenet5.py`'s defaults (--lightning: also `--engine lightning`), as a ratio to the original epoch next to it; or,
+--act-pair, `--act torch` and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1: gelu_ext faster).
 """
 import argparse
 import os
