@@ -74,7 +74,6 @@ def timed_round_robin(fns, device, repeats):
 
 
 def ext_missing_reason(device):
-    """Why the compiled op cannot run on this device, or None."""
     if not gelu_ext.is_built():
         return gelu_ext.BUILD_HINT
     if device.type == "cuda" and not gelu_ext.built_with_cuda():
@@ -113,9 +112,7 @@ def kernel_times(n, impls, dtype, runs=5):
     from torch.profiler import ProfilerActivity, profile
     x = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
     calls = [forward_backward(impls[name], x, torch.randn_like(x), runs) for name in ("aten", "ext")]
-    for call in calls:  # warm-up
-        call()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize()  # no warm-up: the table's rounds at this size ran both just before
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for call in calls:
             call()

@@ -189,8 +189,7 @@ def main(argv=None):
 
 
 def summarise(chosen, runs):
-    """Per row so far, over its repeats: medians, the speed-up against the first row, whether a rung is within
-    the noise of the one before (ranges overlap); the step as built and its profile, once; or its error."""
+    """Per row so far: medians over its repeats, the speed-up against row 1, whether within the rung before's noise."""
     results, base, previous = [], None, None
     for i, (name, settings) in ((i, chosen[i]) for i in chosen if runs[i]):
         good = [m for m in runs[i] if "error" not in m]

@@ -56,8 +56,7 @@ MNIST_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-image
 
 
 def mnist_subset(src, dst, n_train, n_test):
-    """The first N images and labels of each MNIST IDX file, found where lenet5.py looks (it has no flag for a
-    part of the data): the first dimension in the header rewritten, the rest cut."""
+    """The first N images and labels of each MNIST IDX file, where lenet5.py looks (it has no flag for a part)."""
     Path(dst).mkdir(parents=True, exist_ok=True)
     for name, n in zip(MNIST_FILES, map(int, (n_train, n_train, n_test, n_test))):
         path = next(p for d in (Path(src) / "MNIST" / "raw", Path(src)) for p in (d / name, d / f"{name}.gz")
@@ -106,9 +105,8 @@ def prep_problems(prep):
         yield f"{prep} was prepared for {made.get('platform', '?')}, this machine is {here}"
     for path in [prep / "X.txt.gz", *sorted((prep / "MNIST" / "raw").glob("*.gz"))]:
         try:
-            with gzip.open(path) as f:
-                while f.read(1 << 22):
-                    pass
+            with gzip.open(path) as f, open(os.devnull, "wb") as null:
+                shutil.copyfileobj(f, null)
         except (OSError, EOFError, zlib.error) as e:
             yield f"{path} is damaged ({type(e).__name__}: {e}): {again}"
     lines = (prep / "corpus_source.tsv").read_bytes().decode("utf-8", "replace").splitlines()
@@ -126,9 +124,8 @@ def prep_problems(prep):
 
 
 def rehearsal_venv(cache):
-    """Prints the bin folder of the lent image's python3 for a rehearsal, then what it is: a venv (made once
-    under CACHE) whose python3 has torch only through its pyvenv.cfg (a .pth names this interpreter's
-    site-packages), its base a python without torch, so that a link to it fails as on the image."""
+    """Prints the bin folder of the lent image's python3 for a rehearsal, then what it is: a venv (made once under
+    CACHE) whose .pth names this interpreter's site-packages, its base a python without torch (a link fails)."""
     if sys.prefix != sys.base_prefix:
         print(f"{Path(sys.executable).parent}\nrehearsal: python3 is a venv's already ({sys.prefix}), as on the image")
         return 0
@@ -214,8 +211,7 @@ def results(work, out):
 
 
 def clock(work, metrics, started, ended):
-    """A run's wall time from the shell (fork to exit) beside its own process_seconds and phases, into
-    WORK/clocks.jsonl: they should agree within a second (the interpreter's exit is the difference)."""
+    """A run's wall time from the shell (fork to exit) beside its own process_seconds and phases, into clocks.jsonl."""
     wall = float(ended) - float(started)
     try:
         m = json.loads(Path(metrics).read_text())

@@ -12,8 +12,7 @@ GPT2_VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64
 def default_step(cuda, capability):
     """(Accelerations, Recipe) of `python gpt_train.py` with its defaults on such a device (lab preset)."""
     args = gpt_train.parse_args([])
-    return step.resolve(args, device.decisions_for("cuda" if cuda else "cpu", capability, args.precision,
-                                                   args.compile))
+    return step.resolve(args, device.decisions_for("cuda" if cuda else "cpu", capability, args.precision, args.compile))
 
 
 def ladder(cuda, capability, vocab_size=16384):
@@ -37,11 +36,10 @@ def ladder(cuda, capability, vocab_size=16384):
         settings = {**settings, **change}
         out.append((name, dict(settings)))
     assert settings == dict(model="own", dropout=0.0, **asdict(default)), "the last rung must be gpt_train's step"
-    first = out[0][1]
     for name, change in rungs[1:]:
         if set(change) != {"dropout"}:  # the own module has no dropout: rung 2 measures it
             what = name.removeprefix("+ ").split(" (")[0].split(",")[0]
-            out.append((f"  default without {what}", {**settings, **{k: first[k] for k in change}}))
+            out.append((f"  default without {what}", {**settings, **{k: out[0][1][k] for k in change}}))
     out += [(f"  default, SDPA forced to its {b} backend", {**settings, "sdpa_backend": b}) for b in step.SDPA_BACKENDS]
     out.append(("  candidate: chunked loss, no full fp32 logits (--loss chunked)", {**settings, "loss": "chunked"}))
     if vocab_size != GPT2_VOCAB:

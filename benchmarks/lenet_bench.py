@@ -54,8 +54,7 @@ def original_recipe(data_dir, device, epochs, seed):
         seconds.append(time.perf_counter() - t0)
         model.eval()
         with torch.no_grad():
-            correct = sum((model(x.to(device)).argmax(1) == y.to(device)).sum().item()
-                          for x, y in test_loader)
+            correct = sum((model(x.to(device)).argmax(1) == y.to(device)).sum().item() for x, y in test_loader)
         accuracies.append(correct / len(test))
     return seconds, accuracies
 
