@@ -54,6 +54,9 @@ if _C is not None:
         torch._check(grad.shape == x.shape, lambda: "gelu_ext.gelu_backward: grad and input shapes differ")
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
+
+if _C is not None and hasattr(torch.library, "register_vmap"):  # torch 2.4: functorch's per-sample loop
+
     @torch.library.register_vmap("gelu_ext::gelu_forward")
     def _(info, in_dims, x):
         return _gelu_forward(x), in_dims[0]
