@@ -21,6 +21,21 @@ def test_ctrl_c_is_one_line_saying_what_is_kept_and_exit_130(capsys):
     assert capsys.readouterr().err.strip() == "interrupted (Ctrl-C): nothing half-made is left"
 
 
+def test_a_ctrl_c_that_python_wrapped_is_still_one_line_and_exit_130(capsys):
+    """SIGINT inside a class body being created (torch imports lazily, e.g. while jit traces LeNet-5's graph for
+    TensorBoard) reaches us as RuntimeError('Error calling __set_name__ ...') caused by the KeyboardInterrupt."""
+    class Interrupted:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop, lifecycle.one_line_errors(lambda: "nothing half-made is left"):
+        type("Lazy", (), {"field": Interrupted()})
+    assert stop.value.code == 130
+    assert capsys.readouterr().err.strip() == "interrupted (Ctrl-C): nothing half-made is left"
+    with pytest.raises(RuntimeError), lifecycle.one_line_errors(lambda: "x"):  # a RuntimeError of its own stays
+        raise RuntimeError("a bug")
+
+
 def test_without_a_line_ctrl_c_is_the_scripts_own_and_other_errors_pass():
     with pytest.raises(KeyboardInterrupt), lifecycle.one_line_errors():  # gpt_train: the StopFlag's second Ctrl-C
         raise KeyboardInterrupt

@@ -111,13 +111,25 @@ def one_line_errors(interrupted=None):
         yield
     except UserError as e:
         sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        if interrupted is None:
+    except (KeyboardInterrupt, Exception) as e:  # Exception: a Ctrl-C that Python wrapped (ctrl_c_within)
+        if interrupted is None or not ctrl_c_within(e):
             raise
         print(f"\ninterrupted (Ctrl-C): {interrupted()}", file=sys.stderr)
         sys.exit(130)
     finally:
         threading.excepthook = previous
+
+
+def ctrl_c_within(error):
+    """A Ctrl-C that Python wrapped: raised in a class body being created (an import torch makes lazily), it
+    surfaces as RuntimeError("Error calling __set_name__ ...") caused by the KeyboardInterrupt."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class StopFlag:
