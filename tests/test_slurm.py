@@ -186,12 +186,9 @@ def test_tokenizer_sh_replaces_the_default_tokenizer_but_not_one_named_with_out(
     assert args[0] == str(REPO / "tokenizer_train.py") and args[1:] == (["--force"] if forced else []) + flags
 
 
-def test_handin_packs_the_code_the_report_and_its_runs_and_logs_only(tmp_path):
-    """README step 8 in a tmp copy of the repository with fabricated runs: the pack holds the code, the report,
-    the runs named (no checkpoints, no final/ weights) and the logs of the jobs that wrote them; not the team's
-    report/results/ or report.pdf, not a failed job's log, not a run left unnamed. An empty $USER (a pack named
-    lab5-handin-.tar.gz before) gives the login name."""
-    import pwd
+def handin_repo(tmp_path):
+    """A tmp git copy of the launchers, README and report.md with fabricated runs and job logs: two runs to
+    hand in (lenet, gpt: a requeued job), one unnamed run each, a failed job's log, a traceback, a report."""
     repo = tmp_path / "repo"
 
     def put(path, text="x\n"):
@@ -219,6 +216,16 @@ def test_handin_packs_the_code_the_report_and_its_runs_and_logs_only(tmp_path):
     put("runs/slurm/tokenizer-2.out", head.format(2, 0) + "Traceback (most recent call last):\nOSError: no\n")
     put("runs/myreport/lab5-report-student.pdf")
     put("runs/myreport/tb.png")
+    return repo, lenet, gpt
+
+
+def test_handin_packs_the_code_the_report_and_its_runs_and_logs_only(tmp_path):
+    """README step 8 in a tmp copy of the repository with fabricated runs: the pack holds the code, the report,
+    the runs named (no checkpoints, no final/ weights) and the logs of the jobs that wrote them; not the team's
+    report/results/ or report.pdf, not a failed job's log, not a run left unnamed. An empty $USER (a pack named
+    lab5-handin-.tar.gz before) gives the login name."""
+    import pwd
+    repo, lenet, gpt = handin_repo(tmp_path)
     env = {**os.environ, "USER": ""}
     done = subprocess.run(["bash", "../../slurm/handin.sh", "../myreport/lab5-report-student.pdf", "../../runs/lenet5/"
                            + lenet.name, str(gpt), "../myreport/tb.png"], cwd=repo / "runs" / "gpt", env=env,
