@@ -133,6 +133,26 @@ def max_backward_error(n=1_000_000):
     return {name: (dx[name] - dx["exact"]).abs().max().item() for name in ("ext", "aten")}
 
 
+def measure_sizes(args, impls, device, dtype, repeats):
+    """The table's rows, smallest size first, and why it stopped early (None: it did not)."""
+    cuda = device.type == "cuda"
+    rows, stopped = [], None
+    for log2 in args.log2 or (range(16, 29, 2) if cuda else [10, 13, 16, 20, 24]):
+        # back-to-back calls per sample: more than one call's launch latency or a timer tick; on a GPU at least 10
+        # (with 2-4, 2^24-2^26 rounds ranged 0.4-1.9x on an H200; 20-call runs of ext and ATen agreed to 1-2%)
+        calls = args.calls or (max(10, min(100, 2**28 >> log2)) if cuda else max(1, min(1000, 2**20 >> log2)))
+        try:
+            rows.append(measure_size(2**log2, impls, device, dtype, repeats, calls))
+        except torch.cuda.OutOfMemoryError:  # a 2080 Ti at 2^28: the sizes before it stay
+            torch.cuda.empty_cache()
+            stopped = f"2^{log2}: out of GPU memory; the table ends before it"
+            print(f"note: {stopped}", flush=True)
+            break
+        print(f"2^{log2}, {calls} calls: " + ", ".join(f"{k} {v:.4g}" for k, v in rows[-1].items()
+                                                     if k.endswith(("_ms", "_aten", "GBps"))), flush=True)
+    return rows, stopped
+
+
 def main(argv=None):
     p = common.parser(__doc__, "write the table here as JSON")
     add = p.add_argument
@@ -163,20 +183,7 @@ def main(argv=None):
         print(f"note: the ext op is not measured: {missing}", flush=True)
     print(f"{device_name}, {args.dtype}, forward+backward, ms per call, median of {repeats} rounds")
     load_before = os.getloadavg()  # on a shared machine, how busy it was is part of the result
-    rows, stopped = [], None
-    for log2 in args.log2 or (range(16, 29, 2) if cuda else [10, 13, 16, 20, 24]):
-        # back-to-back calls per sample: more than one call's launch latency or a timer tick; on a GPU at least 10
-        # (with 2-4, 2^24-2^26 rounds ranged 0.4-1.9x on an H200; 20-call runs of ext and ATen agreed to 1-2%)
-        calls = args.calls or (max(10, min(100, 2**28 >> log2)) if cuda else max(1, min(1000, 2**20 >> log2)))
-        try:
-            rows.append(measure_size(2**log2, impls, device, dtype, repeats, calls))
-        except torch.cuda.OutOfMemoryError:  # a 2080 Ti at 2^28: the sizes before it stay
-            torch.cuda.empty_cache()
-            stopped = f"2^{log2}: out of GPU memory; the table ends before it"
-            print(f"note: {stopped}", flush=True)
-            break
-        print(f"2^{log2}, {calls} calls: " + ", ".join(f"{k} {v:.4g}" for k, v in rows[-1].items()
-                                                     if k.endswith(("_ms", "_aten", "GBps"))), flush=True)
+    rows, stopped = measure_sizes(args, impls, device, dtype, repeats)
     if not rows:
         sys.exit(f"error: {stopped}")
     last = rows[-1]
