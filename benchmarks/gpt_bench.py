@@ -118,6 +118,23 @@ def matmul_rate(kind, m, device, k=768, n=3072):
     return 2 * m * k * n / timer.blocked_autorange(min_run_time=0.6).median
 
 
+def try_measure(settings, args, device, profile):
+    """measure()'s result, or {"error": why} where the row failed."""
+    try:
+        got = measure(settings, args, device, profile=profile)
+    except Exception as e:  # any failure of one row (out of memory, a kernel): the other rows still count
+        text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
+        got = {"error": "out of memory" if oom else f"{type(e).__name__}: {text}"}
+        unavailable = ("No available kernel", "No viable backend", "has no SDPBackend")
+        if settings.get("sdpa_backend") and any(w in text for w in unavailable):
+            got["error"] = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
+        torch._dynamo.reset()
+    gc.collect()  # after the except: its traceback held the failed row's tensors
+    torch.cuda.empty_cache()  # nothing to do without CUDA
+    return got
+
+
 def main(argv=None):
     """Group by group, each row once per repeat just after a matmul in its precision; the JSON after every row."""
     p = common.parser(__doc__, "write the results here as JSON (after every row)")
@@ -163,18 +180,7 @@ def main(argv=None):
         name, settings = chosen[i]
         kind = matmul_kind(settings, cuda)
         rates.setdefault(kind, []).append(rate := matmul_rate(kind, m, device))
-        try:
-            got = measure(settings, args, device, profile=r == 0 and i in profile)
-        except Exception as e:  # any failure of one row (out of memory, a kernel): the other rows still count
-            text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
-            got = {"error": "out of memory" if oom else f"{type(e).__name__}: {text}"}
-            unavailable = ("No available kernel", "No viable backend", "has no SDPBackend")
-            if settings.get("sdpa_backend") and any(w in text for w in unavailable):
-                got["error"] = f"SDPA's {settings['sdpa_backend']} backend not available here: {text}"
-            torch._dynamo.reset()
-        gc.collect()  # after the except: its traceback held the failed row's tensors
-        torch.cuda.empty_cache()  # nothing to do without CUDA
+        got = try_measure(settings, args, device, profile=r == 0 and i in profile)
         runs[i].append(got)
         if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
             got["fraction_of_matmul_rate"] = got["flops_per_token"] * got["tokens_per_second"] / rate
