@@ -7,6 +7,7 @@ import re
 import tarfile
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from report.figures import gpu_name, terminal_figure, utilization_figure
@@ -47,7 +48,7 @@ class GpuFolder:
     def older(self):  # from before gpu_check.sh's layout (the first H200 session)
         return not (self.folder / "results.json").is_file()
 
-    @property
+    @cached_property
     def label(self):  # where a caption says a number was measured: the device and the code's commit or date
         readme = self.files.get("README.md")
         commit = re.search(r"at commit ([0-9a-f]{7})", readme()) if readme else None
