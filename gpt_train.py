@@ -166,7 +166,7 @@ def set_up(args, argv, stack, phases):
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
         blocks, stats = token_blocks(text, corpus["sha256"], tok.tokenizer, wos.tokens_per_block(args.seq_len),
-                                     args.val_fraction, args.seed, args.cache_dir)
+                                     args.val_fraction, args.seed, args.cache_dir, tokenizer_hash=tok.sha256)
     check_enough(blocks["train"], args.global_batch)
 
     phases.switch("model")

@@ -70,13 +70,13 @@ def measures(tokenizer, docs, spec="none", other=None):
                      "val_docs_own_fewer_tokens": sum(r < 1 for r in ratios), "val_token_ratio_per_doc": spread}
 
 
-def token_cache(splits, tokenizer, args, text, sha256):
+def token_cache(splits, tokenizer, args, text, sha256, tokenizer_hash):
     """The blocks gpt_train.py --seq-len reads, cached; a failure is a warning (gpt_train.py makes them itself)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # datasets' forked workers are the parallelism from here on
     t0 = time.perf_counter()
     try:
         _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction,
-                                args.seed, args.cache_dir, splits=splits)
+                                args.seed, args.cache_dir, splits=splits, tokenizer_hash=tokenizer_hash)
     except UserError as e:
         print(f"warning: no token cache: {e}; the tokenizer is saved in {args.out} (gpt_train.py tokenises the "
               f"corpus itself)", file=sys.stderr)
@@ -171,7 +171,7 @@ def main(argv=None):
               + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
         if args.seq_len:
             phases.switch("cache")
-            metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"]))
+            metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"], metrics["tokenizer_sha256"]))
         phases.switch("teardown")
         metrics = phases.stamp(metrics)  # just before the last output is written
         if args.metrics_out:

@@ -16,11 +16,14 @@ VERSION = 1  # part of the folder's name: bump it when the tokenisation or the p
 SPLITS = ("train", "validation")
 
 
-def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None):
-    """({split: tensor}, stats) of `text` (content `sha256`): the verified cache, else made and cached."""
+def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None,
+                 tokenizer_hash=None):
+    """({split: tensor}, stats) of `text` (content `sha256`): the verified cache, else made and cached.
+    tokenizer_hash: the tokenizer's sha256 where the caller has it (hashing GPT-2's costs a warm start ~50 ms)."""
     digest = hashlib.sha256(json.dumps([val_fraction, seed, block_size]).encode()).hexdigest()[:8]
+    tokenizer_hash = tokenizer_hash or tokenizer_sha256(tokenizer)
     folder = wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / \
-        f"packed-v{VERSION}-{tokenizer_sha256(tokenizer)[:16]}-{digest}"  # a corpus, tokenizer, split, block size
+        f"packed-v{VERSION}-{tokenizer_hash[:16]}-{digest}"  # a corpus, tokenizer, split, block size
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
     except (OSError, ValueError, KeyError, TypeError) as e:
