@@ -31,7 +31,7 @@ OUT = ["--out-dir", "{out}", "--metrics-out", "{out}.json"]
 CASES = {"lab-1-step": GPT + ["--tokens", "1024", "--global-batch", "1", "--micro-batch", "1", "--val-batches", "1"],
          "tiny-20k": GPT + ["--preset", "tiny", "--tokens", "20000"],
          "lenet-1-epoch": ["lenet5.py", "--device", "cpu", "--epochs", "1", "--data-dir", "{mnist}", "--no-download"]}
-GOALS = {"lab-1-step": 8.0, "tiny-20k": 4.0, "lenet-1-epoch": 3.0}  # seconds outside the loop (issue 34, quiet VM)
+GOALS = {"lab-1-step": 8.0, "tiny-20k": 4.0, "lenet-1-epoch": 3.0}  # seconds outside the loop (quiet VM)
 
 
 def main(argv=None):

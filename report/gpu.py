@@ -45,7 +45,7 @@ class GpuFolder:
     damage: str | None = None
 
     @property
-    def older(self):  # from before gpu_check.sh's layout (the first H200 session)
+    def older(self):  # from before gpu_check.sh's layout (the 2026-11-30 H200 folder)
         return not (self.folder / "results.json").is_file()
 
     @cached_property

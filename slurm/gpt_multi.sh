@@ -38,7 +38,7 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 echo "nodes $SLURM_JOB_NODELIST x $NPROC processes, master $MASTER_ADDR:$MASTER_PORT, out $OUT_DIR"
 
-# USR1 (90 s before the limit) comes to this shell only; it sends TERM to the torchrun agents,
+# USR1 (90 s before the limit) comes to this shell only; it sends TERM to the torchrun launchers,
 # which pass it to every rank and give them 30 s: gpt_train.py agrees on the stop at the next
 # step, checkpoints, exits. Then this job requeues itself; a plain scancel does not requeue.
 STOP=""

@@ -200,7 +200,7 @@ def text_file(tmp_path):
 
 @pytest.fixture(scope="session")
 def small_tokenizer():
-    """A 512-token BPE of text_file's documents, trained once per session."""
+    """A 512-token BPE of text_file's documents, trained once per test run."""
     import tokenizer_train
     return tokenizer_train.train_bpe(generated_docs(400), vocab_size=512)
 

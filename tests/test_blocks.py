@@ -47,7 +47,7 @@ def test_a_warm_start_never_imports_datasets(corpus, tmp_path):
 
 
 def test_a_packed_file_rewritten_in_place_is_packed_again(corpus, tmp_path, capsys):
-    """Valid ids, the same shape: only the manifest tells (the damage of issue 36.5, here too)."""
+    """Valid ids, the same shape: only the manifest tells (a cache rewritten in place must not pass)."""
     good, _ = make(corpus, tmp_path / "cache")
     folder = next((tmp_path / "cache").glob("corpus-*/packed-v*"))
     array = np.load(folder / "train.npy")
@@ -102,8 +102,8 @@ DAMAGE = {
                                            ("manifest a link to a device", "manifest.json is missing or unreadable")])
 def test_a_damaged_token_cache_is_packed_again_with_one_warning(text_file, small_tokenizer, tmp_path, capsys, case,
                                                                 message):
-    """Issue 19.3: a truncated or garbled cache, or ids out of range, gave a traceback, or an IndexError steps
-    into training."""
+    """A truncated or garbled cache, or ids out of range: one line naming the cache, not a traceback or an
+    IndexError steps into training."""
     first, _ = packed(text_file, small_tokenizer, tmp_path)
     capsys.readouterr()
     DAMAGE[case](next((tmp_path / "cache").glob("corpus-*/packed-v*")))

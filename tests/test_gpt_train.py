@@ -494,7 +494,7 @@ def test_flags_that_make_no_sense_are_refused(capsys):
         assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], flags
 
 
-# ------------------------------------------------------------------ never lose a run, round 5 (issue 36)
+# ------------------------------------------------------------------ never lose a run
 
 def test_a_full_disk_at_final_keeps_the_metrics_and_says_what_remains(corpus, tmp_path, monkeypatch):
     """No checkpoint (--ckpt-every 0): the metrics are written before final/, and the message says so and

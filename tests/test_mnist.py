@@ -76,11 +76,11 @@ def test_failed_download_falls_back_to_the_clear_message(tmp_path, monkeypatch, 
     assert warning.startswith("warning: MNIST download failed") and len(warning.splitlines()) == 1
 
 
-# --------------------------------------------------------------------- hostile files (issue 36)
+# --------------------------------------------------------------------- malformed files
 
 def test_a_gz_that_inflates_past_its_header_is_refused_in_bounded_memory(tmp_path):
-    """Issue 36.12: a valid header over 64 MB of zeros (1.5 GB in the report) used to be inflated whole
-    before the one-line error; a header that promises more than MNIST holds is refused before any payload."""
+    """A valid header over 64 MB of zeros (1.5 GB inflated) is refused without inflating it whole; a header
+    that promises more than MNIST holds is refused before any payload."""
     import gzip
     import struct
     import tracemalloc
@@ -109,7 +109,7 @@ def test_a_gz_that_inflates_past_its_header_is_refused_in_bounded_memory(tmp_pat
 ])
 def test_lenet5_on_empty_or_tiny_idx_files_is_one_line_and_leaves_no_run_folder(tmp_path, capsys, n_train, n_test,
                                                                                  message):
-    """Issue 36.17: an IndexError (8 feature-map digits) or a ZeroDivisionError traceback."""
+    """Fewer digits than the 8 feature-map digits, or none: one line, not an IndexError or ZeroDivisionError."""
     import lenet5
     from conftest import write_tiny_mnist
     data = write_tiny_mnist(tmp_path / "mnist", n_train=n_train, n_test=n_test)

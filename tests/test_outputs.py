@@ -1,4 +1,4 @@
-"""Every script's outputs and flags under the shared rules of training/runfiles.py (issue 36): bookkeeping
+"""Every script's outputs and flags under the shared rules of training/runfiles.py: bookkeeping
 written through no planted link, no output on another run, path flags in one line, no abbreviated flags."""
 import contextlib
 import json
@@ -217,7 +217,7 @@ def parse_error(capsys, script, argv):
 
 @pytest.mark.parametrize("script, flag", PATH_FLAGS)
 def test_a_name_over_the_file_name_limit_is_one_line_naming_the_flag(tmp_path, capsys, script, flag):
-    """Issue 36.14: six scripts ended in OSError: [Errno 36] File name too long."""
+    """A name over the file-name limit is one line naming the flag, not OSError: [Errno 36] File name too long."""
     path = long_name(tmp_path)
     argv = [path] if flag == "run_dir" else (["run"] if script == "sample" else []) + [flag, path]
     line = parse_error(capsys, script, argv)
@@ -228,7 +228,7 @@ def test_a_name_over_the_file_name_limit_is_one_line_naming_the_flag(tmp_path, c
 @pytest.mark.parametrize("script", ["gpt_train", "lenet5"])
 @pytest.mark.parametrize("link", ["dangling", "looping"])
 def test_a_dangling_or_looping_out_dir_link_is_said_as_such(tmp_path, capsys, script, link):
-    """Issue 36.21: both used to end in "File exists"."""
+    """A dangling or looping link is named as such, not reported as "File exists"."""
     out = tmp_path / "out"
     out.symlink_to(tmp_path / "nowhere" if link == "dangling" else out)
     line = parse_error(capsys, script, ["--out-dir", str(out)])
@@ -307,7 +307,7 @@ def test_a_damaged_checkpoint_file_is_named_without_torchs_advice_to_load_it_uns
     assert "weights_only" not in message and "\n" not in message and f"delete {garbage.parent}" in message
 
 
-# ------------------------------------------------------------------ hostile round 8 (the --force rule's first days)
+# ------------------------------------------------------------------ the --force rule
 
 def test_force_replaces_a_torch_archive_never_any_other_zip(tiny_mnist, tmp_path):
     """A .docx starts with the same zip magic as torch.save's archive: --save --force replaces only torch's own."""

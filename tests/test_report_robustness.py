@@ -370,7 +370,7 @@ def test_the_documented_rebuild_replaces_the_pdf_it_printed_without_force(inputs
 
 
 def test_a_users_folder_holding_a_results_md_is_refused_as_out(inputs, tmp_path):
-    """Finding 4: a folder make_report did not build (no .built-by-make_report) is not rebuilt over, results.md
+    """A folder make_report did not build (no .built-by-make_report) is not rebuilt over, results.md
     or not; one make_report built is (its student's files kept: test_a_rebuild_keeps_the_files_...)."""
     results, report = inputs
     mine = tmp_path / "mine"
@@ -385,7 +385,7 @@ def test_a_users_folder_holding_a_results_md_is_refused_as_out(inputs, tmp_path)
 
 def interrupted_build(results, report, out):
     """build(), stopped by the Ctrl-C the test plants: its exit status (a KeyboardInterrupt escaping main() is a
-    traceback to the user: a failure here, not the end of the test session)."""
+    traceback to the user: a failure here, not the end of the test run)."""
     try:
         with pytest.raises(SystemExit) as exit_:
             build(results, report, out)
@@ -433,7 +433,7 @@ def test_a_ctrl_c_between_the_renames_puts_the_old_out_and_the_students_files_ba
 
 
 def test_names_at_the_limit_are_built_and_over_it_refused_before_any_work(inputs, tmp_path, chromium):
-    """Finding 10: a 250-byte --out or --pdf-out is a legal name; their temporaries (once `.<name>.building-...`)
+    """A 250-byte --out or --pdf-out is a legal name; their temporaries (once `.<name>.building-...`)
     had to be short too. A name over 255 bytes: one line before the work."""
     results, report = inputs
     out, pdf = tmp_path / ("o" * 250), tmp_path / ("p" * 251 + ".pdf")
@@ -454,7 +454,7 @@ def test_names_at_the_limit_are_built_and_over_it_refused_before_any_work(inputs
 
 @pytest.mark.slow  # a real process and its imports, a few seconds
 def test_a_ctrl_c_while_the_pdf_prints_is_one_line_130_and_the_old_pdf_kept(inputs, tmp_path):
-    """Finding 9c, as a user meets it: SIGINT to `python report/make_report.py` while Chromium prints."""
+    """As a user meets it: SIGINT to `python report/make_report.py` while Chromium prints."""
     results, report = inputs
     bin_, pid_file, pdf, out = tmp_path / "bin", tmp_path / "chromium.pid", tmp_path / "r.pdf", tmp_path / "out"
     bin_.mkdir()
@@ -473,7 +473,7 @@ def test_a_ctrl_c_while_the_pdf_prints_is_one_line_130_and_the_old_pdf_kept(inpu
         err = process.communicate(timeout=60)[1]
     finally:
         process.kill()
-        if pid_file.is_file():  # browser.py starts it in its own session (gone already: browser.py killed it)
+        if pid_file.is_file():  # browser.py starts it in its own process session (gone already: browser.py killed it)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
     assert process.returncode == 130

@@ -130,8 +130,8 @@ def sparse_ids(small_tokenizer, path):
 
 
 def test_a_tokenizer_with_ids_past_its_vocabulary_is_named_not_the_token_cache(small_tokenizer, corpus, tmp_path):
-    """Issue 36.19: ids with gaps (one >= the vocabulary size) were blamed on "the token cache is damaged:
-    delete it", after a rebuild; the tokenizer is named now, before any work."""
+    """Ids with gaps (one >= the vocabulary size): the tokenizer is named, before any work, not blamed on "the
+    token cache is damaged: delete it" after a rebuild."""
     import gpt_train
     from conftest import tiny_args
     path = sparse_ids(small_tokenizer, tmp_path / "sparse.json")

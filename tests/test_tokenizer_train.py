@@ -66,7 +66,7 @@ def test_script_on_standin_corpus(shared_data, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["folder", "file"])
 def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path, form, monkeypatch, capsys):
-    """Issue 20's 'done when': GPT-2's bytes per token next to the own, with no network (the folder as a user
+    """GPT-2's bytes per token next to the own, with no network (the folder as a user
     runs it, offline; the file in this process, the hub's client switched off the same way)."""
     gpt2 = shared_data / "gpt2-tokenizer"
     metrics_path = tmp_path / "m.json"
@@ -167,8 +167,8 @@ def test_a_utf16_corpus_is_one_line(tmp_path, capsys):
 
 
 def test_a_corpus_too_small_for_one_block_is_one_line_naming_seq_len_before_training(tmp_path, capsys):
-    """Issue 36.21: it used to train, then throw the tokenizer away over the optional token cache, naming no
-    flag. A split that cannot fill one block whatever the tokenizer is said before training."""
+    """Training must not be thrown away over the optional token cache: a split that cannot fill one block
+    whatever the tokenizer is said before training."""
     text = tmp_path / "X.txt"
     text.write_text("\n".join(generated_docs(40)) + "\n")  # one validation document: far fewer than 1025 bytes
     result = in_process(capsys, "--text", text, "--out", tmp_path / "t.json", "--compare", "none",
@@ -181,7 +181,7 @@ def test_a_corpus_too_small_for_one_block_is_one_line_naming_seq_len_before_trai
 
 
 def test_a_token_cache_that_cannot_be_made_keeps_the_trained_tokenizer(tmp_path):
-    """Issue 36.21: enough bytes for a block, too few tokens once trained: the tokenizer stays, with a
+    """Enough bytes for a block, too few tokens once trained: the tokenizer stays, with a
     warning naming --seq-len, and the metrics say why there is no cache."""
     text, out, metrics_out = tmp_path / "X.txt", tmp_path / "t.json", tmp_path / "m.json"
     text.write_text("\n".join(generated_docs(60)) + "\n")
@@ -207,7 +207,7 @@ def test_unwritable_outputs_fail_before_training(text_file, tmp_path, flag, make
 
 @pytest.mark.parametrize("clash", ["--text", "--compare"])
 def test_an_output_that_is_an_input_is_refused_before_work(text_file, small_tokenizer, tmp_path, clash, capsys):
-    """Issue 19.1: --metrics-out (or --out --force) onto the corpus or the compared tokenizer."""
+    """--metrics-out (or --out --force) onto the corpus or the compared tokenizer."""
     compare = tmp_path / "compare.json"
     tokenizer_train.save_atomic(small_tokenizer, compare)
     before = {p: p.read_bytes() for p in (text_file, compare)}
@@ -220,7 +220,7 @@ def test_an_output_that_is_an_input_is_refused_before_work(text_file, small_toke
 
 
 def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path, capsys):
-    """Issue 19.9 (root ignores file modes, so a read-only mount; skipped where mount is not permitted)."""
+    """Said before any work (root ignores file modes, so a read-only mount; skipped where mount is not permitted)."""
     cache = tmp_path / "ro-cache"
     cache.mkdir()
     with tmpfs(cache, "64k", read_only=True):
@@ -234,7 +234,7 @@ def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path, caps
 @pytest.mark.parametrize("flags, message", [
     (["--min-frequency", "-3"], "--min-frequency: must be in [0, 4294967296)"),
     (["--vocab-size", str(2**40)], "--vocab-size: must be in [512, 1048576]"),
-    (["--vocab-size", "2147483584"], "--vocab-size: must be in [512, 1048576]"),  # issue 36.13
+    (["--vocab-size", "2147483584"], "--vocab-size: must be in [512, 1048576]"),  # past int32 once rounded
     (["--vocab-size", "1000"], "--vocab-size: must be a multiple of 64"),
     (["--seed", "-1"], "--seed: must be in [0, 4294967296)"),
 ])
@@ -244,7 +244,7 @@ def test_numeric_flags_out_of_range_are_one_line(flags, message, capsys):
     assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
 
 
-# ------------------------------------------------------------------ issue 36.15: the save after the work
+# ------------------------------------------------------------------ the save after the work
 
 def quick_args(text_file, tmp_path, out):
     return ["--text", str(text_file), "--out", str(out), "--force", "--compare", "none", "--seq-len", "0",

@@ -162,7 +162,7 @@ def test_without_datasets_the_module_imports_and_the_corpus_functions_say_what_i
 # ------------------------------------------------------------------ what a corpus is, from its content
 
 def test_the_standin_is_named_by_its_content_wherever_it_lies(shared_data, tmp_path):
-    """Issue 23.3: unpacked to WOS46985/X.txt, the stand-in is still the stand-in."""
+    """Unpacked to WOS46985/X.txt, the stand-in is still the stand-in."""
     disguised = tmp_path / "WebOfScience" / "WOS46985" / "X.txt"
     disguised.parent.mkdir(parents=True)
     disguised.write_bytes((shared_data / "wos-standin" / "X.txt").read_bytes())
@@ -187,7 +187,7 @@ def test_wos_only_for_its_count_of_abstract_sized_documents(tmp_path, documents,
 @pytest.mark.parametrize("encoding, message", [("utf-16", r"is UTF-16 or UTF-32 \(byte-order mark ff fe\)"),
                                                ("utf-16-be", r"line 1 is \d+% NUL bytes: UTF-16")])
 def test_a_utf16_corpus_is_refused(tmp_path, encoding, message):
-    """Issue 19.6: it used to pass as UTF-8 with a few bad lines (and ten times the blocks)."""
+    """UTF-16 must not pass as UTF-8 with a few bad lines (and ten times the blocks)."""
     path = tmp_path / "X.txt"
     path.write_bytes("\n".join(generated_docs(50)).encode(encoding))
     with pytest.raises(wos.TextError, match=message):
@@ -224,7 +224,7 @@ def test_a_damaged_datasets_cache_of_the_text_is_rebuilt_with_a_warning(text_fil
 
 
 def test_a_read_only_cache_dir_is_one_line_before_reading(text_file, tmp_path):
-    """Issue 19.9: datasets' filelock used to fail with a traceback (root ignores file modes: a read-only mount)."""
+    """datasets' filelock must not fail with a traceback (root ignores file modes: a read-only mount)."""
     cache = tmp_path / "ro"
     cache.mkdir()
     with tmpfs(cache, "64k", read_only=True), \
@@ -245,11 +245,11 @@ def test_with_lab5_data_the_cache_is_the_repositorys_and_a_failed_download_write
     assert list((tmp_path / "data").iterdir()) == []  # no empty WebOfScience/WOS46985/
 
 
-# ------------------------------------------------------------------ caches that lie (issue 36.5, 36.8)
+# ------------------------------------------------------------------ caches that lie
 
 def test_a_corpus_rewritten_with_the_same_size_and_mtime_is_read_afresh(text_file, small_tokenizer, tmp_path):
-    """Issue 36.5: `cp -p` or `rsync -t` over the corpus kept datasets' key (path, size, mtime): the old text
-    trained while the metrics recorded the new one's sha256. The cache is keyed on the content now."""
+    """`cp -p` or `rsync -t` over the corpus keeps datasets' key (path, size, mtime): keyed on the content, the
+    cache never trains the old text while the metrics record the new one's sha256."""
     old_blocks, _ = token_blocks(text_file, corpus_identity(text_file)["sha256"], small_tokenizer, 64,
                                  cache_dir=tmp_path / "cache")
     before = text_file.stat()
@@ -267,7 +267,7 @@ def test_a_corpus_rewritten_with_the_same_size_and_mtime_is_read_afresh(text_fil
 
 
 def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
-    """Issue 36.8: only the first MiB was looked at; a later UTF-16 part trained as NUL-riddled text."""
+    """The whole file is checked, not its first MiB: a later UTF-16 part must not train as NUL-riddled text."""
     path = tmp_path / "X.txt"
     head = "\n".join(generated_docs(6000)) + "\n"
     assert len(head.encode()) > 1 << 20
