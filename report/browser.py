@@ -1,5 +1,6 @@
 """A real TensorBoard server photographed by headless Chromium (cropped to its cards), and Chromium's print-to-PDF.
-Every wait is bounded: a hung Chromium is killed with its process group after BROWSER_TIMEOUT s (one line)."""
+Chromium and what it writes live in one private folder (tempfile.mkdtemp) until a file is whole, then it is renamed
+into place. Every wait is bounded: a hung Chromium is killed with its process group after BROWSER_TIMEOUT s."""
 import base64
 import contextlib
 import html as html_lib
