@@ -1,20 +1,18 @@
 """A real TensorBoard server photographed by headless Chromium (cropped to its cards), and Chromium's print-to-PDF.
-Every wait is bounded: a hung Chromium is killed with its process group after BROWSER_TIMEOUT s (one line)."""
+Chromium and what it writes live in one private folder (tempfile.mkdtemp) until a file is whole, then it is renamed
+into place. Every wait is bounded: a hung Chromium is killed with its process group after BROWSER_TIMEOUT s."""
+import base64
 import contextlib
 import html as html_lib
-import http.server
 import json
+import mimetypes
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -26,10 +24,12 @@ BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-q
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 BROWSER_TIMEOUT = 120  # seconds; a screenshot takes ~5 s, a PDF ~10 s
 SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, window height in CSS px)]: the
-    # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only
+    # cards that matter, two a row in a 1,400 px window; the crop keeps the first section's cards only. The filters
+    # match loss/train and train/loss (older runs' events) alike; GPT's, ^loss/|/loss$|tokens_per_second, leaves
+    # out a profiled run's profile/loss_seconds
     "lenet5": [("lenet_tensorboard_scalars.png", "scalars&tagFilter=loss%7Caccuracy&_smoothingWeight=0", 900),
                ("lenet_tensorboard_layers.png", "images&tagFilter=layers", 1100)],
-    "gpt": [("gpt_tensorboard_scalars.png", "scalars&tagFilter=train%2Floss%7Cval%2Floss%7Ctokens_per_second"
+    "gpt": [("gpt_tensorboard_scalars.png", "scalars&tagFilter=%5Eloss%2F%7C%2Floss%24%7Ctokens_per_second"
                                             "&_smoothingWeight=0", 900)],
 }
 SHOT_WIDTH, SHOT_SCALE = 1400, 2  # CSS px, device pixels per CSS px: tick labels legible at print size
@@ -56,85 +56,58 @@ def find_browser():
 
 @contextlib.contextmanager
 def serve_tensorboard(logdir):
-    """A real TensorBoard server on logdir (127.0.0.1); its URL once it lists scalars, None if not within 90 s."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
-                               "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base, deadline = f"http://127.0.0.1:{port}", time.time() + 90
-    try:
-        while time.time() < deadline:
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{base}/data/plugin/scalars/tags",
-                                                                      timeout=5) as answer:
-                if json.loads(answer.read()):
-                    break
-            time.sleep(0.5)
-        else:
-            base = None
-        yield base
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
-@contextlib.contextmanager
-def storage_front(base, items):
-    """A front for the server at base: /lab5-storage?next=PATH stores `items` in localStorage, then opens PATH.
-    TensorBoard reads "ignore outliers" (`_ignoreYOutliers`, on by default) from localStorage only, not the URL."""
-    script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in items.items())
-
-    class Front(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path.startswith("/lab5-storage?"):
-                target = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)["next"][0]
-                page = f"<script>{script}location.replace({json.dumps(target)});</script>"
-                return self.reply(200, {"Content-Type": "text/html"}, page.encode())
-            self.do_POST()
-
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
-            headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "x-xsrf-protected")}
-            request = urllib.request.Request(base + self.path, data=body, method=self.command, headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=60) as answer:
-                    self.reply(answer.status, answer.headers, answer.read())
-            except urllib.error.HTTPError as e:
-                self.reply(e.code, e.headers, e.read())
-
-        def reply(self, status, headers, body):
-            self.send_response(status)
-            for key in ("Content-Type", "Content-Encoding"):
-                if headers.get(key):
-                    self.send_header(key, headers[key])
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):  # quiet: the report's own output is what matters
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Front)
+    """TensorBoard in this process on 127.0.0.1, port 0: the URL names the port the kernel gave this server, so no
+    program that took a port first can answer in its place; None if it lists no scalars. Its events are read once,
+    before it serves; no child process, and no .tensorboard-info file (only the `tensorboard` command writes one)."""
+    from tensorboard import program
+    board = program.TensorBoard()
+    board.configure(logdir=str(logdir), host="127.0.0.1", port=0, load_fast="false", reload_interval=0,
+                    reload_task="blocking")
+    server = board._make_server()  # launch() without its thread: launch() gives no handle to stop the server by
+    server.app = with_settings(server.app, TENSORBOARD_SETTINGS)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        base = server.get_url().rstrip("/")
+        try:
+            with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=60) as answer:
+                scalars = json.loads(answer.read())
+        except (OSError, ValueError):
+            scalars = None
+        yield base if scalars else None
     finally:
         server.shutdown()
         server.server_close()
 
 
-def browser(*args):
-    """Headless Chromium with a fresh profile, in its own process group: a hung one is killed with its helpers."""
-    with tempfile.TemporaryDirectory() as profile:
-        process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={profile}", *args],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            code = process.wait(timeout=BROWSER_TIMEOUT)
-        except BaseException as e:  # a hang, or a Ctrl-C while it prints: it must not write on after we exit
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            if isinstance(e, subprocess.TimeoutExpired):
-                raise BrowserError(f"Chromium did not finish within {BROWSER_TIMEOUT} s; killed") from None
-            raise
+def with_settings(app, items):
+    """TensorBoard's WSGI app plus a page /lab5-storage?next=PATH that stores `items` in localStorage, then opens
+    PATH: TensorBoard reads "ignore outliers" (`_ignoreYOutliers`, on by default) from localStorage only."""
+    script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in items.items())
+
+    def serve(environ, start_response):
+        if environ["PATH_INFO"] != "/lab5-storage":
+            return app(environ, start_response)
+        target = urllib.parse.parse_qs(environ["QUERY_STRING"])["next"][0]
+        page = f"<script>{script}location.replace({json.dumps(target)});</script>".encode()
+        start_response("200 OK", [("Content-Type", "text/html"), ("Content-Length", str(len(page)))])
+        return [page]
+    return serve
+
+
+def browser(folder, *args):
+    """Headless Chromium, its profile in `folder` (private), in its own process group: a hung one is killed with
+    its helpers."""
+    process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={folder / 'profile'}", *args],
+                               env={**os.environ, "TMPDIR": str(folder)},  # its own temporaries there too
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        code = process.wait(timeout=BROWSER_TIMEOUT)
+    except BaseException as e:  # a hang, or a Ctrl-C while it prints: it must not write on after we exit
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise BrowserError(f"Chromium did not finish within {BROWSER_TIMEOUT} s; killed") from None
+        raise
     if code != 0:
         raise BrowserError(f"Chromium exited with {code}")
 
@@ -169,30 +142,32 @@ def crop_to_cards(path):
 
 
 def tensorboard_screenshots(runs, out, problems):
-    """Each run's SHOTS through the front, as a student sees them, and their lines; none after a failure."""
+    """Each run's SHOTS, as a student sees them, and their lines; none after a failure. Chromium and its pictures
+    live in a private folder until a picture is whole; then it is written into `out`."""
     if not find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines, taken = [], {}
-    try:
-        for run in runs:
-            with serve_tensorboard(run.events) as base, storage_front(base, TENSORBOARD_SETTINGS) as front:
-                if base is None:
-                    problems.append(f"TensorBoard on {run.events_source} did not answer; no screenshots of it")
-                    continue
-                for file, page, height in SHOTS.get(run.kind, []):
-                    path, target = out / file, urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
-                    path.unlink(missing_ok=True)  # so an old file cannot pass for a new screenshot
-                    browser(f"--window-size={SHOT_WIDTH},{height}", f"--force-device-scale-factor={SHOT_SCALE}",
-                            "--virtual-time-budget=10000", f"--screenshot={path}",
-                            f"{front}/lab5-storage?next={target}")
-                    if not is_png(path):
-                        raise BrowserError(f"Chromium wrote no {'PNG' if path.is_file() else 'file'}")
-                    problems.extend(filter(None, [crop_to_cards(path)]))
-                    taken[file] = run.events_source
-                    lines.append(f"![TensorBoard: {page.split('&')[0]} of {run.events_source}]({file})")
-    except BrowserError as e:  # (raised by a screenshot: `file` and `path` are its)
-        path.unlink(missing_ok=True)
-        problems.append(f"no screenshot {file}: {e}; no further screenshots tried")
+    with tempfile.TemporaryDirectory(prefix="lab5-browser-") as folder:
+        folder = Path(folder)
+        try:
+            for run in runs:
+                with serve_tensorboard(run.events) as base:
+                    if base is None:
+                        problems.append(f"TensorBoard on {run.events_source} did not answer; no screenshots of it")
+                        continue
+                    for file, page, height in SHOTS.get(run.kind, []):
+                        path, target = folder / file, urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
+                        browser(folder, f"--window-size={SHOT_WIDTH},{height}", f"--screenshot={path}",
+                                f"--force-device-scale-factor={SHOT_SCALE}", "--virtual-time-budget=10000",
+                                f"{base}/lab5-storage?next={target}")
+                        if not is_png(path):
+                            raise BrowserError(f"Chromium wrote no {'PNG' if path.is_file() else 'file'}")
+                        problems.extend(filter(None, [crop_to_cards(path)]))
+                        files.write_atomic(out / file, path.read_bytes())
+                        taken[file] = run.events_source
+                        lines.append(f"![TensorBoard: {page.split('&')[0]} of {run.events_source}]({file})")
+        except BrowserError as e:  # (raised by a screenshot: `file` is its)
+            problems.append(f"no screenshot {file}: {e}; no further screenshots tried")
     if taken:
         files.write_json(out / SOURCES, taken)
     return lines
@@ -211,6 +186,7 @@ def kept_screenshots(out, shown):
 
 
 PDF_CSS = Path(__file__).with_name("pdf.css")  # the printed report's style
+PAGE_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'"  # loads no file
 # Chinese text needs no space where a source line was broken; beside full-width punctuation never. Inline tags
 # (<strong>, <code>) beside the break are looked through: "。\n<strong>语" is "。<strong>语", not "。 语"
 CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
@@ -236,27 +212,39 @@ def report_html(markdown_text):
                       + m.group(1) + m.group(2) + "</figure>", body)
     h1 = re.search(r"<h1[^>]*>(.*?)</h1>", body, re.S)
     title = html_lib.escape(html_lib.unescape(re.sub(r"<[^>]+>", "", h1.group(1))).strip()) if h1 else "report"
-    return (f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><title>{title}</title>'
+    return (f'<!doctype html><html lang="zh"><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
+            f'content="{PAGE_POLICY}"><title>{title}</title>'
             f"<style>{PDF_CSS.read_text()}</style></head><body>{body}</body></html>")
 
 
 def write_pdf(markdown_path, pdf_path, text):
-    """`text` printed to pdf_path whole or not at all; the HTML beside report.md so figure links resolve."""
+    """`text` printed to pdf_path whole or not at all (written beside it, then renamed into place). Chromium, in a
+    private folder, prints a page that needs no file: its images, those inside report.md's folder, are inlined."""
     if not find_browser():
         raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
-    with tempfile.NamedTemporaryFile("w", suffix=".html", prefix=".pdf-", dir=markdown_path.parent,
-                                     delete=False) as html:
-        html.write(report_html(text))
-    html = Path(html.name)
-    printed = pdf_path.parent / f".make_report-{os.getpid()}.pdf"
-    try:
-        browser("--no-pdf-header-footer", f"--print-to-pdf={printed}", html.resolve().as_uri())
-        if not printed.is_file() or printed.stat().st_size == 0:
-            raise BrowserError("Chromium wrote no PDF")
-        printed.chmod(0o666 & ~files.UMASK)
-        printed.replace(pdf_path)
-    except BrowserError as e:
-        raise BrowserError(f"no {pdf_path}: {e}") from None
-    finally:
-        html.unlink()
-        printed.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lab5-browser-") as folder:
+        html, printed = Path(folder) / "report.html", Path(folder) / "report.pdf"
+        html.write_text(inlined(report_html(text), markdown_path.parent))
+        try:
+            browser(Path(folder), "--no-pdf-header-footer", f"--print-to-pdf={printed}", html.as_uri())
+            if not printed.is_file() or printed.stat().st_size == 0:
+                raise BrowserError("Chromium wrote no PDF")
+        except BrowserError as e:
+            raise BrowserError(f"no {pdf_path}: {e}") from None
+        files.write_atomic(pdf_path, printed.read_bytes())
+
+
+def inlined(html, folder):
+    """html with each <img src> that names an image file inside `folder` (links resolved) as a data: URL, its name
+    kept as the URL's fragment (pdf.css sizes some images by name). Any other src stays, and the page's CSP refuses
+    to load it."""
+    root = os.path.realpath(folder)
+
+    def inline(m):
+        path = os.path.realpath(os.path.join(root, urllib.parse.unquote(html_lib.unescape(m.group(2)))))
+        kind = mimetypes.guess_type(path)[0] or ""
+        if not (kind.startswith("image/") and Path(path).is_relative_to(root) and os.path.isfile(path)):
+            return m.group(0)
+        data = base64.b64encode(Path(path).read_bytes()).decode()
+        return f'{m.group(1)}"data:{kind};base64,{data}#{m.group(2)}"'
+    return re.sub(r'(<img [^>]*src=)"([^"]*)"', inline, html)
