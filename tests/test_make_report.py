@@ -323,24 +323,6 @@ def test_a_hanging_chromium_is_killed_and_the_report_still_written(runs, tmp_pat
         os.kill(int(pid_file.read_text()), 0)  # the hung process is gone
 
 
-def test_the_screenshots_front_turns_outlier_ignoring_off_and_passes_tensorboard_through(runs):
-    import urllib.parse
-    import urllib.request
-
-    def get(url):
-        with urllib.request.urlopen(url, timeout=60) as answer:
-            return answer.read().decode()
-    with browser.serve_tensorboard(runs / "runs" / "lenet5" / "a") as base:
-        assert base, "TensorBoard did not answer"
-        with browser.storage_front(base, browser.TENSORBOARD_SETTINGS) as front:
-            page = get(f"{front}/lab5-storage?next=" + urllib.parse.quote("/?darkMode=false#scalars", safe=""))
-            assert 'localStorage.setItem("_ignoreYOutliers", "false");' in page  # TensorBoard's key, off
-            assert page.index("localStorage.setItem") < page.index('location.replace("/?darkMode=false#scalars")')
-            tags = "/data/plugin/scalars/tags"
-            assert json.loads(get(front + tags)) == json.loads(get(base + tags)) != {}
-            assert get(front + "/") == get(base + "/")  # TensorBoard's page itself, from the front's origin
-
-
 # --------------------------------------------------------------------- results files: names, fields, corpus
 
 def gelu_json(device):
