@@ -207,7 +207,7 @@ def test_an_empty_or_foreign_image_never_goes_into_the_pdf(tmp_path, committed):
     Image.new("RGB", (40, 40)).save(built / "good.png")
     problems = []
     text = make_report.checked_images("![e](generated/empty.png) ![f](generated/fake.png) ![g](generated/good.png)",
-                                      report, tmp_path / "final", built, problems)
+                                      tmp_path / "final", built, problems)
     assert "figure missing: `generated/empty.png`" in text and "figure missing: `generated/fake.png`" in text
     assert f"![g]({(tmp_path / 'final' / 'good.png').as_uri()})" in text
     assert problems == [f"report image generated/{n}.png is missing, empty or not a PNG; left out of the PDF"

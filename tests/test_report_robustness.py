@@ -492,7 +492,7 @@ def test_a_gpu_figure_on_a_full_disk_stops_the_build_other_errors_are_one_proble
         raise OSError(code, os.strerror(code))
     monkeypatch.setattr(gpu, "draw_slot", full)
     todo, problems = [], []
-    args = [folder], tmp_path, tmp_path, {"gpu_utilization.png"}, todo, problems
+    args = [folder], tmp_path, {"gpu_utilization.png"}, todo, problems
     if stops:
         with pytest.raises(OSError):
             gpu.slot_lines(*args)
