@@ -24,7 +24,6 @@ LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats
 # where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
 FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564 的会话"}
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
-LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 # a block with no block inside it: nested ones are resolved from the innermost out
 BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
                    r"<!--\s*/\1\s*-->\n?", re.S)
@@ -212,26 +211,3 @@ def fill(text, sources):
         used.append((match.group(0), shown, source))
         return shown
     return PLACEHOLDER.sub(one, text), problems, used
-
-
-def leaves(value, prefix):
-    """(dotted key, value) of every single value in a JSON, lists longer than LONGEST_LISTED left out."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from leaves(v, f"{prefix}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value if len(value) <= LONGEST_LISTED else []):
-            yield from leaves(v, f"{prefix}.{i}")
-    elif value is not None:
-        yield prefix, value
-
-
-def available_lines(sources):
-    """placeholders.md: every key there is, with its value and source."""
-    lines = ["# Placeholders the report may use", "", "`{{key}}` or `{{key:format}}` (see report/facts.py); the "
-             "aliases `lenet` and `gpt` follow a named run.", "", "| placeholder | value | source |", "|---|---|---|"]
-    for name, (data, source) in sources.items():
-        for key, value in leaves(data, name):
-            lines.append(f"| `{{{{{escape(key, code=True)}}}}}` | {escape(str(value)[:60])} | "
-                         f"`{escape(source, code=True)}` |")
-    return lines

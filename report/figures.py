@@ -1,5 +1,5 @@
-"""The figures (matplotlib PNGs) and Markdown tables; a table raises on a missing or mistyped field (the caller
-names the file in one problem line)."""
+"""The figures (matplotlib PNGs) and the reports' Markdown tables; a figure or table raises on a missing or mistyped
+field (the caller names the file in one problem line), and escapes every string of the inputs it shows."""
 import re
 from datetime import datetime
 
@@ -9,7 +9,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from report.inputs import FIELD_ERRORS, NUMBER, Markdown, corpus_name, escape, rel
+from report.inputs import FIELD_ERRORS, NUMBER, Markdown, corpus_name, escape
 from training.metrics import SUCCESS_LOSS
 
 BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
@@ -148,19 +148,10 @@ def gpu_figure(runs, out):
     return ["![GPU utilisation (NVML)](gpu_nvml.png)"]
 
 
-# ----------------------------------------------------------------------------- tables
-
 def device_words(name):
     """A device_name as a Chinese sentence says it: "AMD EPYC, CPU (2 threads)" as "AMD EPYC 处理器（2 线程）"."""
     cpu = re.fullmatch(r"(.+), CPU \((\d+) threads?\)", str(name))
     return f"{cpu[1]} 处理器（{cpu[2]} 线程）" if cpu else name
-
-
-def corpus_label(m):
-    """The warning a table carries when its numbers are not WOS's."""
-    name = corpus_name(m)
-    return {"WOS46985": "", "stand-in": " — **stand-in corpus, not WOS**"}.get(name, f" — **corpus '{escape(name)}', "
-                                                                                   "not WOS**")
 
 
 def fmt(value, spec=".4g"):
@@ -168,29 +159,7 @@ def fmt(value, spec=".4g"):
     return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else escape(value)
 
 
-def lenet_table(m):
-    return ["| test accuracy | test loss | epochs | training s | device | act | parameters |",
-            "|---|---|---|---|---|---|---|",
-            f"| {m['test_accuracy']:.2%} | {m['test_loss']:.4f} | {m['epochs']} | {m['train_seconds']:.1f} | "
-            f"{escape(m.get('device_name', m['device']))} | {escape(m['act'])} | {m['params']:,} |"]
-
-
-def gpt_table(m):
-    process = m.get("process_seconds")  # end to end; an older run's in-process total_seconds is not that
-    return ["| tokens | steps | final train loss | val loss | val bits/byte | < 7 | loop s | process s (end to end) | "
-            "tokens/s | MFU | precision | processes | device |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            f"| {m['tokens_seen']:,} | {m['steps']} | {m['final_train_loss']:.3f} | {m['final_val_loss']:.3f} | "
-            f"{m['val_bits_per_byte']:.3f} | {'yes' if m['success'] else 'no'} | {m['train_seconds']:.1f} | "
-            f"{fmt(process, '.1f') if isinstance(process, (int, float)) else 'not recorded'} | "
-            f"{m['tokens_per_second']:,.0f} | {fmt(m['mfu'], '.1%')} | {escape(m['precision'])} | "
-            f"{m['world_size']} | {escape(m['device_name'])} |",
-            "", f"Text: `{escape(rel(m.get('text')), code=True)}`{corpus_label(m)}; tokenizer: "
-                f"`{escape(rel(m.get('tokenizer')), code=True)}`, vocabulary {m['vocab_size']:,}, {m['params']:,} "
-                f"parameters, preset `{escape(m.get('preset'), code=True)}`."]
-
-
-# ----------------------------------------------------------------------------- the tables report.md shows
+# ----------------------------------------------------------------------------- tables and words
 
 def gpu_runs_table(runs, headline):
     """A GPU folder's GPT runs [(stem, metrics, seconds, how)], the headline bold, rounded as the text quotes."""
@@ -222,43 +191,36 @@ def rung_key(name):
     return name.strip().split(" (")[0].split(":")[0]
 
 
-def ladder_effects(bench):
-    """[(row, base, noisy)] of every row measured: a rung against the rung above it, an indented row (default
-    without..., candidate...) against the default; noisy where the two rows' interleaved repeats overlap."""
-    rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
-    rungs = [r for r in rows if not r["name"].startswith(" ")]
-    default, effects, previous = rungs[-1] if rungs else None, [], None  # the last rung: gpt_train.py's step
-    for r in rows:
-        base = previous if r in rungs else default
-        span, b = (r.get("tokens_per_second_range"), base.get("tokens_per_second_range")) \
-            if base and bench.get("repeats", 1) > 1 else (None, None)
-        effects.append((r, base, bool(span and b and span[0] <= b[1] and b[0] <= span[1])))
-        previous = r if r in rungs else previous
-    return effects
-
-
-def ladder_cell(bench, row, base, noisy):
-    """tokens/s [range]（× the row it is compared with，噪声内）."""
-    span = row.get("tokens_per_second_range") if bench.get("repeats", 1) > 1 else None
-    cell = f"{row['tokens_per_second']:,.0f}" + (" [{:,.0f}–{:,.0f}]".format(*span) if span else "")
-    if base:
-        ratio = row["tokens_per_second"] / base["tokens_per_second"]
-        cell += f"（{'默认的 ' if row['name'].startswith(' ') else ''}×{ratio:.2f}{'，噪声内' if noisy else ''}）"
-    return cell
-
-
 def ladder_cells(bench):
+    """[(row, cell, ×, noisy)] of every row measured: tokens/s [range]（× the rung above, an indented row's × the
+    default (the last rung)；噪声内 where the two's repeats overlap）."""
+    rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
+    rungs, out, previous = [r for r in rows if not r["name"].startswith(" ")], [], None
+    for r in rows:
+        base = previous if r in rungs else rungs[-1] if rungs else None
+        span = r.get("tokens_per_second_range") if bench.get("repeats", 1) > 1 else None
+        b = base and base.get("tokens_per_second_range")
+        cell = f"{r['tokens_per_second']:,.0f}" + (" [{:,.0f}–{:,.0f}]".format(*span) if span else "")
+        ratio = base and r["tokens_per_second"] / base["tokens_per_second"]
+        noisy = bool(span and b and span[0] <= b[1] and b[0] <= span[1])
+        cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{'，噪声内' * noisy}）" if base else ""
+        out.append((r, cell, ratio, noisy))
+        previous = r if r in rungs else previous
+    return out
+
+
+def compared_cells(bench):
     """{row: cell} of the rungs and the leave-one-out rows, keyed as every device names the row."""
-    return {rung_key(r["name"]): ladder_cell(bench, r, base, noisy) for r, base, noisy in ladder_effects(bench)
+    return {rung_key(r["name"]): cell for r, cell, _, _ in ladder_cells(bench)
             if not r["name"].startswith(" ") or rung_key(r["name"]).startswith("default without")}
 
 
 def ladder_compare(gpu, cpu, where, then=None):
-    """The ladder on the GPU beside the CPU's; `then`: what older code's last rung was (its default, not today's)."""
-    columns = [(f"{escape(where)}，{escape(gpu.get('repeats', 1))} 次", ladder_cells(gpu))] if gpu else []
+    """The ladder on the GPU (measured `where`: Markdown) beside the CPU's; `then`: what older code's last rung was."""
+    columns = [(f"{where}，{escape(gpu.get('repeats', 1))} 次", compared_cells(gpu))] if gpu else []
     if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
-        columns[0][1][last] += f"：{escape(then)}"
-    columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", ladder_cells(cpu))] if cpu else []
+        columns[0][1][last] += f"：{then}"
+    columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
     keys = list(dict.fromkeys(k for _, cells in columns for k in cells))
     keys.sort(key=lambda k: k.startswith("default without"))  # the rungs, then the leave-one-out rows
     rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
@@ -272,30 +234,28 @@ def ladder_compare(gpu, cpu, where, then=None):
 
 
 def ladder_report(bench, source):
-    """A ladder JSON whole (report/student.md): a caption from its own fields, every row it measured (candidates
-    and failures too) with its peak memory where recorded, then its largest step and the rows within noise."""
+    """A ladder JSON whole (report/student.md): a caption from its own fields, every row (candidates and failures
+    too) with its peak memory where recorded, then in words its largest step and the rows within noise."""
     try:
-        effects = ladder_effects(bench)
-        compared, repeats = {id(r): (base, noisy) for r, base, noisy in effects}, bench.get("repeats", 1)
-        memory = any("peak_memory_GiB" in r for r in bench["rungs"])
-        rows = ["| 行（↳：与默认配置比，其余与上一行比） | token/s：中位数 [范围]（×）"
-                + " | 峰值内存 GiB" * memory + " |", "|---|---|" + "---|" * memory]
-        for r in bench["rungs"]:
-            cell = ladder_cell(bench, r, *compared[id(r)]) if id(r) in compared else f"失败：{escape(r.get('error'))}"
-            rows.append(f"| {'↳ ' * r['name'].startswith(' ')}`{escape(r['name'], code=True)}` | {cell}"
-                        + f" | {fmt(r.get('peak_memory_GiB'), '.2f')}" * memory + " |")
+        measured, memory = ladder_cells(bench), any("peak_memory_GiB" in r for r in bench["rungs"])
+        cells = {id(r): cell for r, cell, _, _ in measured}
+        rows = ["| 行（↳：与默认配置比，其余与上一行比） | token/s：中位数 [范围]（×）" + " | 峰值内存 GiB" * memory
+                + " |", "|---|---|" + "---|" * memory] + [
+            f"| {'↳ ' * r['name'].startswith(' ')}`{escape(r['name'], code=True)}` | "
+            + cells.get(id(r), f"失败：{escape(r.get('error'))}")
+            + f" | {fmt(r.get('peak_memory_GiB'), '.2f')}" * memory + " |" for r in bench["rungs"]]
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)
         caption = (f"*`{escape(source, code=True)}`，{escape(device_words(bench['device_name']))}：每步 "
-                   f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 "
-                   f"{bench['vocab_size']:,}{shape}；每行 {escape(repeats)} 次交替重复的中位数 [范围]，每次预热 "
-                   f"{escape(bench.get('warmup', '—'))} 步、计时 {escape(bench.get('steps', '—'))} 步。*")
-        gains = sorted((r["tokens_per_second"] / base["tokens_per_second"], r["name"]) for r, base, noisy in effects
-                       if base and not noisy and not r["name"].startswith(" "))
-        noisy = "、".join(f"`{escape(r['name'], code=True)}`" for r, _, noisy in effects if noisy)
-        words = [f"相对上一行最大的一步是 `{escape(gains[-1][1], code=True)}`（×{gains[-1][0]:.2f}）"] if gains else []
-        words.append(f"与比较的那一行重复范围重叠（噪声内，不算收益也不算损失）的有 {noisy}" if noisy else
-                     "没有一行在噪声内" if repeats > 1 else "每行只测了 1 次，没有范围，看不出噪声")
-        return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{'；'.join(words)}。")
+                   f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 {bench['vocab_size']:,}"
+                   f"{shape}；每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
+                   f"{escape(bench.get('warmup', '—'))} 步、计时 {escape(bench.get('steps', '—'))} 步）。*")
+        best = max(((ratio, r["name"]) for r, _, ratio, noisy in measured if ratio and not noisy
+                    and not r["name"].startswith(" ")), default=None)  # a rung over the rung above it
+        noisy = "、".join(f"`{escape(r['name'], code=True)}`" for r, _, _, noisy in measured if noisy) or "没有"
+        words = (f"相对上一行最大的一步是 `{escape(best[1], code=True)}`（×{best[0]:.2f}）；" if best else "") + (
+            f"与比较的那一行重复范围重叠（噪声内，不算收益也不算损失）的：{noisy}" if bench.get("repeats", 1) > 1
+            else "每行只测了 1 次，没有范围，看不出噪声")
+        return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{words}。")
     except FIELD_ERRORS as e:
         return Markdown(f"（`{escape(source, code=True)}` 读不成 gpt_bench.py 的阶梯：{escape(type(e).__name__)} "
                         f"{escape(e)}）")

@@ -1,6 +1,5 @@
 """The inputs of a report, read without trusting them: run folders (metrics.json, args.json, event files) and the
-JSON files named (a results folder's, or each one given). What cannot be used becomes one line in `problems`, never
-an exception; a string read is Markdown to the report only after `escape`."""
+JSON files named. What cannot be used is one line in `problems`, never an exception; a string read, text (escape)."""
 import contextlib
 import errno
 import html
@@ -31,6 +30,10 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
             "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
             "vocab_size": int},
 }
+# TensorBoard tags as older runs (and the committed events) named them -> as the trainers name them now
+OLD_TAGS = {"train/loss": "loss/train", "val/loss": "loss/val", "test/loss": "loss/test",
+            "train/accuracy": "accuracy/train", "test/accuracy": "accuracy/test", **{f"gpu/{stat}": f"system/gpu_{stat}"
+            for stat in ("utilization_percent", "memory_used_GiB", "memory_allocated_GiB", "max_memory_allocated_GiB")}}
 MARKDOWN_ACTIVE = re.compile(r"([\\`*_{}\[\]!|])")  # what Python-Markdown (with tables) reads after a backslash
 
 
@@ -39,21 +42,10 @@ class Markdown(str):
 
 
 def escape(value, code=False):
-    """A string of a run's files as literal text in Markdown, on one line: HTML and Markdown's active characters
-    escaped; inside a `code span` (code), where neither is read, only a backtick could end it. Markdown: as it is."""
-    if isinstance(value, Markdown):
-        return value
+    """A string of the inputs as literal text in Markdown, on one line: HTML and Markdown's active characters
+    escaped; inside a `code span` (code), where neither is read, only a backtick could end it."""
     text = " ".join(str(value).split())
     return text.replace("`", "'") if code else MARKDOWN_ACTIVE.sub(r"\\\1", html.escape(text, quote=False))
-
-
-def current_tag(tag):
-    """A TensorBoard tag as the trainers name it now (loss and accuracy groups first): older runs, and the
-    committed events, wrote train/loss, test/accuracy, val/loss and gpu/<stat>."""
-    group, _, name = tag.partition("/")
-    if group == "gpu":
-        return f"system/gpu_{name}"
-    return f"{name}/{group}" if group in ("train", "test", "val") and name in ("loss", "accuracy") else tag
 
 
 @dataclass
@@ -67,7 +59,7 @@ class Run:
     events: Path | None = None
     events_source: str | None = None
     gpu: object = None
-    scalars: dict = field(default_factory=dict)  # tag (current_tag's) -> [(step, value)]
+    scalars: dict = field(default_factory=dict)  # tag (as named now: OLD_TAGS) -> [(step, value)]
     args: dict = field(default_factory=dict)  # its args.json: the model's shape (n_layer, n_embd, ...)
 
 
@@ -113,25 +105,18 @@ def read_json(path):
     return load_json(files.read_small(path, 64 << 20, follow=True).decode())
 
 
-def read_object(path):
-    """(a run's JSON object, None), or (None, why not in one line)."""
-    try:
-        data = read_json(path)
-    except FileNotFoundError:
-        return None, f"no {path.name} (crashed, stopped or still running)"
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return None, f"unreadable {path.name} ({e})"
-    return (data, None) if isinstance(data, dict) else (None, f"{path.name} is a JSON {type(data).__name__}, "
-                                                              "not an object")
-
-
 def read_metrics(run_dir):
     """(metrics, None) when run_dir/metrics.json can be tabled, else (None, why not, in one line)."""
     if not Path(run_dir).is_dir():
         return None, "no such folder"
-    metrics, problem = read_object(run_dir / "metrics.json")
-    if problem:
-        return None, problem
+    try:
+        metrics = read_json(run_dir / "metrics.json")
+    except FileNotFoundError:
+        return None, "no metrics.json (crashed, stopped or still running)"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return None, f"unreadable metrics.json ({e})"
+    if not isinstance(metrics, dict):
+        return None, f"metrics.json is a JSON {type(metrics).__name__}, not an object"
     if (kind := run_kind(metrics)) is None:
         return None, "metrics.json is neither a LeNet-5 run (no 'act') nor a GPT run (no 'tokens_seen')"
     for key, types in FIELDS[kind].items():
@@ -155,7 +140,7 @@ def load_events(run_dir, problems):
             events = EventAccumulator(str(path), size_guidance={"scalars": 0})
             events.Reload()
             for tag in events.Tags()["scalars"]:
-                scalars.setdefault(current_tag(tag), []).extend((e.step, e.value) for e in events.Scalars(tag))
+                scalars.setdefault(OLD_TAGS.get(tag, tag), []).extend((e.step, e.value) for e in events.Scalars(tag))
         except Exception as e:  # truncated or foreign file: say so, keep going
             problems.append(f"corrupt event file {path}: {type(e).__name__}: {e}")
     return {tag: sorted(points) for tag, points in scalars.items()}
@@ -177,16 +162,18 @@ def find_runs(runs, runs_root, problems):
         if metrics is None:
             problems.append(f"left out {run_dir}: {problem}")
         else:
+            args = {}  # its model's shape; none where an older run wrote no args.json
+            with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
+                args = read_json(run_dir / "args.json")
             run = Run(None, run_kind(metrics), metrics, f"{rel(run_dir)}/metrics.json", events=run_dir,
                       events_source=rel(run_dir), scalars=load_events(run_dir, problems),
-                      args=read_object(run_dir / "args.json")[0] or {})
+                      args=args if isinstance(args, dict) else {})
             by_kind.setdefault(run.kind, run)
     return by_kind
 
 
 def load_results(results, problems, prefix=""):
-    """{prefix + path: (its JSON, where from)} of each JSON under the folder `results`, or of the file `results`
-    named (results.json's entries: each one)."""
+    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named (results.json: each entry)."""
     out = {}
     for path in sorted(results.rglob("*.json")) if results.is_dir() else [results] if results.suffix == ".json" else []:
         key = prefix + (path.relative_to(results).as_posix() if results.is_dir() else path.name)
