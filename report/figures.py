@@ -241,21 +241,21 @@ def ladder_report(bench, source):
         cells = {id(r): cell for r, cell, _, _ in measured}
         rows = ["| 行（↳：与默认配置比，其余与上一行比） | token/s：中位数 [范围]（×）" + " | 峰值内存 GiB" * memory
                 + " |", "|---|---|" + "---|" * memory] + [
-            f"| {'↳ ' * r['name'].startswith(' ')}`{escape(r['name'], code=True)}` | "
+            f"| {'↳ ' * r['name'].startswith(' ')}{escape(r['name'])} | "
             + cells.get(id(r), f"失败：{escape(r.get('error'))}")
             + f" | {fmt(r.get('peak_memory_GiB'), '.2f')}" * memory + " |" for r in bench["rungs"]]
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)
-        caption = (f"*`{escape(source, code=True)}`，{escape(device_words(bench['device_name']))}：每步 "
+        caption = (f"*{escape(source)}，{escape(device_words(bench['device_name']))}：每步 "
                    f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 {bench['vocab_size']:,}"
                    f"{shape}；每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
                    f"{escape(bench.get('warmup', '—'))} 步、计时 {escape(bench.get('steps', '—'))} 步）。*")
         best = max(((ratio, r["name"]) for r, _, ratio, noisy in measured if ratio and not noisy
                     and not r["name"].startswith(" ")), default=None)  # a rung over the rung above it
-        noisy = "、".join(f"`{escape(r['name'], code=True)}`" for r, _, _, noisy in measured if noisy) or "没有"
-        words = (f"相对上一行最大的一步是 `{escape(best[1], code=True)}`（×{best[0]:.2f}）；" if best else "") + (
+        noisy = "、".join(f"“{escape(r['name'].strip())}”" for r, _, _, noisy in measured if noisy) or "没有"
+        words = (f"相对上一行最大的一步是“{escape(best[1])}”（×{best[0]:.2f}）；" if best else "") + (
             f"与比较的那一行重复范围重叠（噪声内，不算收益也不算损失）的：{noisy}" if bench.get("repeats", 1) > 1
             else "每行只测了 1 次，没有范围，看不出噪声")
         return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{words}。")
     except FIELD_ERRORS as e:
-        return Markdown(f"（`{escape(source, code=True)}` 读不成 gpt_bench.py 的阶梯：{escape(type(e).__name__)} "
+        return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(type(e).__name__)} "
                         f"{escape(e)}）")

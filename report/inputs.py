@@ -42,10 +42,10 @@ class Markdown(str):
 
 
 def escape(value, code=False):
-    """A string of the inputs as literal text in Markdown, on one line: HTML and Markdown's active characters
-    escaped; inside a `code span` (code), where neither is read, only a backtick could end it."""
-    text = " ".join(str(value).split())
-    return text.replace("`", "'") if code else MARKDOWN_ACTIVE.sub(r"\\\1", html.escape(text, quote=False))
+    """A string of the inputs as literal text in Markdown, on one line, HTML escaped; outside a `code span`
+    Markdown's active characters too, inside one (code) a backtick, which would end it."""
+    text = html.escape(" ".join(str(value).split()), quote=False)
+    return text.replace("`", "'") if code else MARKDOWN_ACTIVE.sub(r"\\\1", text)
 
 
 @dataclass

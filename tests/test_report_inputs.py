@@ -235,6 +235,6 @@ def test_gpu_checks_report_step_fills_the_students_template_from_its_results_wit
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(runs), "--results", str(results), "--out", str(out), "--no-screenshots"])
     filled = (out / "report_filled.md").read_text()
-    assert "| `+ y (= default)` | 456（×3.71） |" in filled and "rehearsal cpu" in filled
+    assert "| + y (= default) | 456（×3.71） |" in filled and "rehearsal cpu" in filled
     assert filled.count("**待补**") >= 5 and "{{" not in filled  # LeNet-5, GPT, GPU, screenshots, GELU: gaps
     assert "report placeholder" not in capsys.readouterr().err
