@@ -42,18 +42,20 @@ def linking(tmp_path, *figures):
 
 
 @pytest.mark.slow  # the module's real tiny runs (screenshots: test_tensorboard_screenshots_...)
-def test_figures_and_tables_match_the_runs(runs, tmp_path):
+def test_figures_and_numbers_match_the_runs(runs, tmp_path):
+    """The newest runs under --runs-root and a results folder named: their curves drawn, their numbers (and the
+    ladder's rows) in the filled report, each results file listed by its placeholder name."""
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out),
-                      "--report", linking(tmp_path, "gpt_curves.png"), "--no-screenshots"])
+                      "--no-screenshots"])
     data = (out / "gpt_curves.png").read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 500
-    text = (out / "results.md").read_text()
+    text, filled = (out / "results.md").read_text(), (out / "report_filled.md").read_text()
     lenet = json.loads((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
     gpt = json.loads((runs / "runs" / "gpt" / "b" / "metrics.json").read_text())
-    assert f"| {lenet['test_accuracy']:.2%} | {lenet['test_loss']:.4f} | 2 |" in text
-    assert (f"| {gpt['tokens_seen']:,} | {gpt['steps']} | {gpt['final_train_loss']:.3f} | "
-            f"{gpt['final_val_loss']:.3f} |") in text
+    assert f"测试准确率 **{lenet['test_accuracy']:.2%}**，测试损失 {lenet['test_loss']:.4f}" in filled
+    assert f"训练损失 **{gpt['final_train_loss']:.2f}**" in filled and f"{gpt['tokens_seen']:,} 个 token" in filled
+    assert "| + everything | 450（×4.50） |" in filled  # the results folder's ladder
     assert f"- `{runs / 'results' / 'gpt_bench_test.json'}`: placeholders `{{{{gpt_bench_test.…}}}}`" in text
     assert "no GPU utilisation recorded" in text  # CPU runs: said, not drawn
 
