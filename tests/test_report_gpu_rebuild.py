@@ -1,4 +1,4 @@
-"""After a GPU call (issue 41 item 4): `python report/make_report.py --gpu OUT --pdf`, one command, rebuilds the
+"""After a GPU call: `python report/make_report.py --gpu OUT --pdf`, one command, rebuilds the
 committed report from gpu_check.sh's OUT: OUT's small files are copied into report/results/<GPU>-<date>/, every
 question OUT answers (the graded GPT run, LeNet-5 on the GPU, the ladder, GELU, nvidia-smi) shows OUT's numbers
 and figures, never the 2026-11-30 f52a456 ones, and the p. 1 caveats keep only what is still true."""
@@ -74,7 +74,7 @@ def test_after_a_gpu_call_one_command_replaces_every_2026_11_30_figure_and_cavea
     copied = results / "NVIDIA_H200-2026-12-05"
     assert sorted(p.name for p in copied.iterdir()) == ["logs.tar.gz", "results.json", "runs.tar.gz"]
     for word in OLD_WORDS:
-        assert word not in filled, word  # not a number, caption, table row or caveat of the first H200 session
+        assert word not in filled, word  # not a number, caption, table row or caveat of the first H200 folder
     for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png"):
         line = next(line for line in listing.splitlines() if f"]({slot})" in line)
         assert line.endswith(f"in `{copied}`"), line
