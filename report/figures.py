@@ -257,5 +257,4 @@ def ladder_report(bench, source):
             else "每行只测了 1 次，没有范围，看不出噪声")
         return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{words}。")
     except FIELD_ERRORS as e:
-        return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(type(e).__name__)} "
-                        f"{escape(e)}）")
+        return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(repr(e))}）")

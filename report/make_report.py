@@ -1,4 +1,4 @@
-"""Regenerate a report's figures, results tables and numbers from ONE named set of inputs.
+"""Regenerate a report's figures, tables and numbers from ONE named set of inputs.
 
     python report/make_report.py --pdf                    # report.md from report/results only: report/report.pdf
     python report/make_report.py runs/lenet5/A runs/gpt/B runs/ladder.json --out runs/myreport   # yours
@@ -53,7 +53,7 @@ class Report:
     sources: dict = field(default_factory=dict)  # placeholder source -> (facts, where from)
     report_text: str = ""  # the report's blocks these inputs can fill
     out: Path | None = None  # the folder being built
-    linked: set = field(default_factory=set)  # the figures report.md links: the only ones drawn
+    linked: set = field(default_factory=set)  # the figures the report links: the only ones drawn
     todo: list = field(default_factory=list)  # the GPU figures missing, and the command that fills each
 
 
