@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from report.figures import gpu_name, terminal_figure, utilization_figure
-from report.inputs import DISK_ERRORS, FIELD_ERRORS, Markdown, escape, load_json, rel
+from report.inputs import DISK_ERRORS, FIELD_ERRORS, Markdown, escape, read_json, rel
 
 # role -> (its results stem, may a folder older than gpu_check.sh's layout answer, the results file if none does)
 ROLES = {"gpu_gpt": (r"gpt_run_\d+[KM]-(own-vocab-)?cold_.+", True, None),
@@ -79,7 +79,7 @@ def read_gpu_folder(folder):
             found.files[p.name] = lambda p=p: p.read_text(errors="replace")  # a log cut inside a character reads
         elif p.suffix == ".json" and p.name != "results.json":
             with contextlib.suppress(OSError, ValueError):  # inputs.load_results names it
-                found.results[p.stem] = load_json(p.read_text())
+                found.results[p.stem] = read_json(p)
     try:
         if (folder / "logs.tar.gz").is_file():
             for name, data in packed_logs(folder / "logs.tar.gz").items():
@@ -90,7 +90,7 @@ def read_gpu_folder(folder):
         found.damage = f"logs.tar.gz {e}"
     try:
         if (folder / "results.json").is_file():
-            data = load_json((folder / "results.json").read_text())
+            data = read_json(folder / "results.json")  # bounded, never waited on
             if not isinstance(data, dict):
                 raise ValueError(f"is a JSON {type(data).__name__}, not an object")
             if not isinstance(data.get("results", {}), dict):
