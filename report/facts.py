@@ -1,18 +1,19 @@
-"""report.md's placeholders, filled from results.md's inputs, and what is derived for them (runs shown, GPU roles).
+"""A report's placeholders (report.md's, student.md's), filled from results.md's inputs, and what is derived for
+them (runs shown, GPU roles, ladders).
 
 A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}` (`{{lenet.test_accuracy:.2%}}`): SOURCE a results file by
 its figure name, an alias (`lenet`, `gpt`: the run named, else ALIASES), a GPU role or a derived source; FIELD a
 key or list index; FORMAT Python's format spec; `{{SOURCE._source}}` the file read. An unknown source or field, a
-null or a list is a problem, never a blank. `<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only where
-NAME is (is not) a source, `team` (the repository's report) or `own` (a student's runs named).
+null or a list is a problem, never a blank; a string is filled in as text (inputs.escape), never as Markdown.
+`<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only where NAME is (is not) a source.
 """
 import re
 import statistics
 from dataclasses import replace
 
-from report.figures import busy_window, gpu_runs_table, ladder_compare
+from report.figures import busy_window, device_words, gpu_runs_table, ladder_compare, ladder_report
 from report.gpu import LENET_CSV, ROLES, SLOTS, answer, logged_process_seconds, runs_archive_events
-from report.inputs import NUMBER, Run, events_beside, figure_name, rel, result_name, run_kind
+from report.inputs import NUMBER, Markdown, Run, escape, events_beside, figure_name, rel, result_name, run_kind
 from training.metrics import SUCCESS_LOSS
 
 # alias -> (run kind, what it follows when no run of that kind is named): the committed CPU run of the
@@ -23,7 +24,6 @@ LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats
 # where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
 FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564 的会话"}
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
-LONGEST_LISTED = 12  # lists longer than this (curves, histories) are not listed key by key
 # a block with no block inside it: nested ones are resolved from the innermost out
 BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
                    r"<!--\s*/\1\s*-->\n?", re.S)
@@ -56,14 +56,14 @@ def role_runs(folders, results, scratch):
     return roles
 
 
-def shown_runs(by_kind, results, roles, committed=True):
-    """{kind: Run}: the run named on the command line, else (where `committed`) what ALIASES follows."""
+def shown_runs(by_kind, results, roles):
+    """{kind: Run}: the run named on the command line, else what ALIASES follows in these inputs."""
     shown = {}
     for alias, (kind, default) in ALIASES.items():
         if run := by_kind.get(kind):
             shown[kind] = replace(run, alias=alias)
-        elif committed and (run := replace(roles[default], alias=alias) if default in roles
-                            else results_run(alias, results, default, kind)):
+        elif run := (replace(roles[default], alias=alias) if default in roles
+                     else results_run(alias, results, default, kind)):
             shown[kind] = run
     return shown
 
@@ -115,7 +115,7 @@ def derived_sources(results, shown, roles, folders, by_kind):
     """Every source report.md may name: the results files by figure name, the aliases, GPU roles and derived facts."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
-        where = run.gpu.label if run.gpu else run.metrics.get("device_name") or run.metrics.get("device")
+        where = run.gpu.label if run.gpu else device_words(run.metrics.get("device_name") or run.metrics.get("device"))
         where = f"{where}，{FALLBACK_WHERE[run.stem]}" if not run.gpu and run.stem in FALLBACK_WHERE else where
         data = run.metrics | {"where": where} if isinstance(run.metrics, dict) else run.metrics
         sources[run.alias] = data, run.source
@@ -123,6 +123,8 @@ def derived_sources(results, shown, roles, folders, by_kind):
             sources[f"{run.alias}_clock"] = clock_facts(run), run.source
         if run.events_source and run.alias in ALIASES:
             sources[f"{run.alias}_tb"] = {"source": run.events_source}, run.events_source
+        if run.args:
+            sources[f"{run.alias}_args"] = run.args, f"{run.events_source}/args.json"
     if gpt := shown.get("gpt"):  # whether it reached the lab's goal, and when its training loss first fell below it
         m, final = gpt.metrics, gpt.metrics.get("final_train_loss")
         per_step = m.get("tokens_seen", 0) / max(1, m.get("steps") or 1)
@@ -131,12 +133,12 @@ def derived_sources(results, shown, roles, folders, by_kind):
                    else f"未达到 < {SUCCESS_LOSS:g} 的目标")
         text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
                 f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
-        sources["gpt_goal"] = {"verdict": verdict, "text": text}, gpt.source
+        sources["gpt_goal"] = {"verdict": Markdown(verdict), "text": Markdown(text)}, gpt.source
     if lenet := shown.get("lenet5"):  # the accuracy curve's points a TensorBoard screenshot shows
         m, epochs = lenet.metrics, max(1, lenet.metrics.get("epochs") or 1)
         train, test = (len(m.get(f"{k}_accuracy_curve") or []) / epochs for k in ("train", "test"))
-        sources["lenet_curve"] = {"text": f"每个 epoch `train/accuracy` {train:.0f} 个点、`test/accuracy` "
-                                          f"{max(1, test):.0f} 个点"}, lenet.source
+        sources["lenet_curve"] = {"text": Markdown(f"每个 epoch `accuracy/train` {train:.0f} 个点、`accuracy/test` "
+                                                   f"{max(1, test):.0f} 个点")}, lenet.source
     sources |= gpu_sources(folders, roles)
     cpu, gpu = sources.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
     if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
@@ -147,8 +149,14 @@ def derived_sources(results, shown, roles, folders, by_kind):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
         sources["lenet_lightning"] = ({"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
                                        "repeats": len(ratios)}, f"{bench[1]} (all_lightning_to_plain's median)")
-    if nvml := [r for r in by_kind.values() if r.scalars.get("gpu/utilization_percent")]:
+    if nvml := [r for r in by_kind.values() if r.scalars.get("system/gpu_utilization_percent")]:
         sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(r.events_source for r in nvml)
+    files = [(data, rel(path)) for data, path in results.values() if isinstance(data, dict)]
+    if ladders := [(data, path) for data, path in files if isinstance(data.get("rungs"), list)]:  # each one whole
+        sources["bench"] = {"text": Markdown("\n\n".join(ladder_report(*ladder) for ladder in ladders))}, \
+            ", ".join(path for _, path in ladders)
+    if gelu := next(((data, path) for data, path in files if "ext_ms" in data), None):
+        sources["gelu"] = gelu[0] | {"where": device_words(gelu[0].get("device_name"))}, gelu[1]
     return sources
 
 
@@ -197,29 +205,9 @@ def fill(text, sources):
         except (ValueError, TypeError) as e:
             problems.append(f"report placeholder {match.group(0)}: format '{spec}' does not fit {value!r} ({e})")
             return match.group(0)
+        if isinstance(value, str) and not isinstance(value, Markdown):  # a string of the inputs: text
+            line = text.rfind("\n", 0, match.start()) + 1
+            shown = escape(shown, code=text.count("`", line, match.start()) % 2 == 1)
         used.append((match.group(0), shown, source))
         return shown
     return PLACEHOLDER.sub(one, text), problems, used
-
-
-def leaves(value, prefix):
-    """(dotted key, value) of every single value in a JSON, lists longer than LONGEST_LISTED left out."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from leaves(v, f"{prefix}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value if len(value) <= LONGEST_LISTED else []):
-            yield from leaves(v, f"{prefix}.{i}")
-    elif value is not None:
-        yield prefix, value
-
-
-def available_lines(sources):
-    """placeholders.md: every key there is, with its value and source."""
-    lines = ["# Placeholders report.md may use", "", "`{{key}}` or `{{key:format}}` (see report/facts.py); the "
-             "aliases `lenet` and `gpt` follow a named run.", "", "| placeholder | value | source |", "|---|---|---|"]
-    for name, (data, source) in sources.items():
-        for key, value in leaves(data, name):
-            shown = str(value).replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| `{{{{{key}}}}}` | {shown[:60]} | `{source}` |")
-    return lines

@@ -1,5 +1,5 @@
-"""The figures (matplotlib PNGs) and Markdown tables; a table raises on a missing or mistyped field (the caller
-names the file in one problem line)."""
+"""The figures (matplotlib PNGs) and the reports' Markdown tables; a figure or table raises on a missing or mistyped
+field (the caller names the file in one problem line), and escapes every string of the inputs it shows."""
 import re
 from datetime import datetime
 
@@ -7,8 +7,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from report.inputs import NUMBER, corpus_name, rel
+from report.inputs import FIELD_ERRORS, NUMBER, Markdown, corpus_name, escape
 from training.metrics import SUCCESS_LOSS
 
 BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
@@ -32,6 +33,8 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
             if points:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker="o" if len(points) < 20 else None, label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(5))  # token counts as 200k, 1.2M: five fit side by side
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -43,18 +46,18 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
 
 def gpt_curves(m, path, scalars=None):
     """Loss and throughput against tokens: from `scalars` ({tag: [(step, value)]}), else the metrics' curves."""
-    s = scalars or {"train/loss": m.get("loss_curve", []), "val/loss": m.get("val_curve", []),
+    s = scalars or {"loss/train": m.get("loss_curve", []), "loss/val": m.get("val_curve", []),
                     "perf/tokens_per_second": m.get("throughput_curve", [])}
     if not any(s.values()):
         return []
     per_step = m["tokens_seen"] / max(1, m["steps"])
     tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
-              for tag in ("train/loss", "val/loss", "perf/tokens_per_second")}
+              for tag in ("loss/train", "loss/val", "perf/tokens_per_second")}
     size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
     corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(corpus_name(m), "other corpus, not WOS")
-    title = (f"GPT-2 structure, {size}, {corpus} ({m['device_name']} x {m['world_size']}, {m['precision']}, "
-             f"{m['tokens_seen']:,} tokens)")
-    plot_lines(path, [("loss (nats/token)", {"train": tokens["train/loss"], "validation": tokens["val/loss"]},
+    title = (f"GPT-2 structure, {size}, {corpus}\n{m['device_name']} x {m['world_size']}, {m['precision']}, "
+             f"{m['tokens_seen']:,} tokens")  # two lines: one is wider than the figure, and centred it is cut
+    plot_lines(path, [("loss (nats/token)", {"train": tokens["loss/train"], "validation": tokens["loss/val"]},
                        "tokens"), ("tokens / s", {"throughput": tokens["perf/tokens_per_second"]}, "tokens")],
                title, hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"), ymin0=1)
     return [f"![GPT-2 loss and throughput]({path.name})"]
@@ -135,7 +138,7 @@ def terminal_figure(text, title, path):
 def gpu_figure(runs, out):
     series = {}
     for run in runs:
-        for tag in ("gpu/utilization_percent", "gpu/memory_used_GiB"):
+        for tag in ("system/gpu_utilization_percent", "system/gpu_memory_used_GiB"):
             if run.scalars.get(tag):
                 series.setdefault(tag, {})[f"{run.kind} ({run.events.name})"] = run.scalars[tag]
     if not series:
@@ -145,41 +148,18 @@ def gpu_figure(runs, out):
     return ["![GPU utilisation (NVML)](gpu_nvml.png)"]
 
 
-# ----------------------------------------------------------------------------- tables
-
-def corpus_label(m):
-    """The warning a table carries when its numbers are not WOS's."""
-    name = corpus_name(m)
-    return {"WOS46985": "", "stand-in": " — **stand-in corpus, not WOS**"}.get(name, f" — **corpus '{name}', not WOS**")
+def device_words(name):
+    """A device_name as a Chinese sentence says it: "AMD EPYC, CPU (2 threads)" as "AMD EPYC 处理器（2 线程）"."""
+    cpu = re.fullmatch(r"(.+), CPU \((\d+) threads?\)", str(name))
+    return f"{cpu[1]} 处理器（{cpu[2]} 线程）" if cpu else name
 
 
 def fmt(value, spec=".4g"):
-    """A number as `spec`, a missing one as a dash, anything else as it is."""
-    return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else str(value)
+    """A number as `spec`, a missing one as a dash, anything else as text."""
+    return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else escape(value)
 
 
-def lenet_table(m):
-    return ["| test accuracy | test loss | epochs | training s | device | act | parameters |",
-            "|---|---|---|---|---|---|---|",
-            f"| {m['test_accuracy']:.2%} | {m['test_loss']:.4f} | {m['epochs']} | {m['train_seconds']:.1f} | "
-            f"{m.get('device_name', m['device'])} | {m['act']} | {m['params']:,} |"]
-
-
-def gpt_table(m):
-    process = m.get("process_seconds")  # end to end; an older run's in-process total_seconds is not that
-    return ["| tokens | steps | final train loss | val loss | val bits/byte | < 7 | loop s | process s (end to end) | "
-            "tokens/s | MFU | precision | processes | device |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            f"| {m['tokens_seen']:,} | {m['steps']} | {m['final_train_loss']:.3f} | {m['final_val_loss']:.3f} | "
-            f"{m['val_bits_per_byte']:.3f} | {'yes' if m['success'] else 'no'} | {m['train_seconds']:.1f} | "
-            f"{fmt(process, '.1f') if isinstance(process, (int, float)) else 'not recorded'} | "
-            f"{m['tokens_per_second']:,.0f} | {fmt(m['mfu'], '.1%')} | {m['precision']} | "
-            f"{m['world_size']} | {m['device_name']} |",
-            "", f"Text: `{rel(m.get('text'))}`{corpus_label(m)}; tokenizer: `{rel(m.get('tokenizer'))}`, "
-                f"vocabulary {m['vocab_size']:,}, {m['params']:,} parameters, preset `{m.get('preset')}`."]
-
-
-# ----------------------------------------------------------------------------- the tables report.md shows
+# ----------------------------------------------------------------------------- tables and words
 
 def gpu_runs_table(runs, headline):
     """A GPU folder's GPT runs [(stem, metrics, seconds, how)], the headline bold, rounded as the text quotes."""
@@ -188,15 +168,15 @@ def gpu_runs_table(runs, headline):
     for stem, m, seconds, how in runs:
         tag = stem.split("_")[2] if stem.count("_") >= 2 else stem
         cache = "，冷缓存" if "cold" in tag else "，热缓存" if "warm" in tag else ""
-        compiling = m.get("compile", "off")
+        compiling = escape(m.get("compile", "off"))
         loop = f"{m['train_seconds']:.1f} s" + (f"（{m['compile_seconds']:.1f} s）" if compiling != "off"
                                                  and isinstance(m.get("compile_seconds"), NUMBER) else "")
         process = "—" if seconds is None else f"{seconds:.0f} s"  # a step log's whole seconds: page 1's box says so
-        name = f"**`{tag}`**" if stem == headline else f"`{tag}`"
+        name = f"**`{escape(tag, code=True)}`**" if stem == headline else f"`{escape(tag, code=True)}`"
         rows.append(f"| {name} | {m['vocab_size']:,} | {compiling}{cache} | {process} | {loop} | "
                     f"{m['tokens_per_second']:,.0f} | {fmt(m.get('mfu'), '.1%')} | {m['final_train_loss']:.2f} / "
                     f"{m['final_val_loss']:.2f} | {m['val_bits_per_byte']:.3f} |")
-    return "\n".join(rows)
+    return Markdown("\n".join(rows))
 
 
 RUNG_NAMES = {"naive": "朴素基线", "+ dropout 0": "dropout 0",
@@ -212,38 +192,69 @@ def rung_key(name):
 
 
 def ladder_cells(bench):
-    """{row: cell}: tokens/s [range], × the row above (or the default), 噪声内 where the ranges overlap."""
+    """[(row, cell, ×, noisy)] of every row measured: tokens/s [range]（× the rung above, an indented row's × the
+    default (the last rung)；噪声内 where the two's repeats overlap）."""
     rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
-    rungs = [r for r in rows if not r["name"].startswith(" ")]
-    default, cells, previous = rungs[-1], {}, None
+    rungs, out, previous = [r for r in rows if not r["name"].startswith(" ")], [], None
     for r in rows:
-        key = rung_key(r["name"])
-        if not (r in rungs or key.startswith("default without")):
-            continue
-        base = previous if r in rungs else default
+        base = previous if r in rungs else rungs[-1] if rungs else None
         span = r.get("tokens_per_second_range") if bench.get("repeats", 1) > 1 else None
+        b = base and base.get("tokens_per_second_range")
         cell = f"{r['tokens_per_second']:,.0f}" + (" [{:,.0f}–{:,.0f}]".format(*span) if span else "")
-        if base:
-            b = base.get("tokens_per_second_range") if span else None
-            noisy = b and span and span[0] <= b[1] and b[0] <= span[1]
-            ratio = f"{'' if r in rungs else '默认的 '}×{r['tokens_per_second'] / base['tokens_per_second']:.2f}"
-            cell += f"（{ratio}{'，噪声内' if noisy else ''}）"
-        cells[key], previous = cell, (r if r in rungs else previous)
-    return cells
+        ratio = base and r["tokens_per_second"] / base["tokens_per_second"]
+        noisy = bool(span and b and span[0] <= b[1] and b[0] <= span[1])
+        cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{'，噪声内' * noisy}）" if base else ""
+        out.append((r, cell, ratio, noisy))
+        previous = r if r in rungs else previous
+    return out
+
+
+def compared_cells(bench):
+    """{row: cell} of the rungs and the leave-one-out rows, keyed as every device names the row."""
+    return {rung_key(r["name"]): cell for r, cell, _, _ in ladder_cells(bench)
+            if not r["name"].startswith(" ") or rung_key(r["name"]).startswith("default without")}
 
 
 def ladder_compare(gpu, cpu, where, then=None):
-    """The ladder on the GPU beside the CPU's; `then`: what older code's last rung was (its default, not today's)."""
-    columns = [(f"{where}，{gpu.get('repeats', 1)} 次", ladder_cells(gpu))] if gpu else []
+    """The ladder on the GPU (measured `where`: Markdown) beside the CPU's; `then`: what older code's last rung was."""
+    columns = [(f"{where}，{escape(gpu.get('repeats', 1))} 次", compared_cells(gpu))] if gpu else []
     if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
         columns[0][1][last] += f"：{then}"
-    columns += [(f"CPU，{cpu.get('repeats', 1)} 次的中位数 [范围]", ladder_cells(cpu))] if cpu else []
+    columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
     keys = list(dict.fromkeys(k for _, cells in columns for k in cells))
     keys.sort(key=lambda k: k.startswith("default without"))  # the rungs, then the leave-one-out rows
     rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
             "|---" * (len(columns) + 1) + "|"]
     for k in keys:
-        what = RUNG_NAMES.get("+ " + k.removeprefix("default without "), k).strip("*").split("（")[0]
-        name = RUNG_NAMES.get(k) or (f"默认配置去掉{' ' * what[:1].isascii()}{what}" if k.startswith("default") else k)
+        what = RUNG_NAMES.get("+ " + k.removeprefix("default without "), escape(k)).strip("*").split("（")[0]
+        name = RUNG_NAMES.get(k) or (f"默认配置去掉{' ' * what[:1].isascii()}{what}" if k.startswith("default")
+                                     else escape(k))
         rows.append(f"| {name} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
-    return "\n".join(rows)
+    return Markdown("\n".join(rows))
+
+
+def ladder_report(bench, source):
+    """A ladder JSON whole (report/student.md): a caption from its own fields, every row (candidates and failures
+    too) with its peak memory where recorded, then in words its largest step and the rows within noise."""
+    try:
+        measured, memory = ladder_cells(bench), any("peak_memory_GiB" in r for r in bench["rungs"])
+        cells = {id(r): cell for r, cell, _, _ in measured}
+        rows = ["| 行（↳：与默认配置比，其余与上一行比） | token/s：中位数 [范围]（×）" + " | 峰值内存 GiB" * memory
+                + " |", "|---|---|" + "---|" * memory] + [
+            f"| {'↳ ' * r['name'].startswith(' ')}{escape(r['name'])} | "
+            + cells.get(id(r), f"失败：{escape(r.get('error'))}")
+            + f" | {fmt(r.get('peak_memory_GiB'), '.2f')}" * memory + " |" for r in bench["rungs"]]
+        shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)
+        caption = (f"*{escape(source)}，{escape(device_words(bench['device_name']))}：每步 "
+                   f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 {bench['vocab_size']:,}"
+                   f"{shape}；每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
+                   f"{escape(bench.get('warmup', '—'))} 步、计时 {escape(bench.get('steps', '—'))} 步）。*")
+        best = max(((ratio, r["name"]) for r, _, ratio, noisy in measured if ratio and not noisy
+                    and not r["name"].startswith(" ")), default=None)  # a rung over the rung above it
+        noisy = "、".join(f"“{escape(r['name'].strip())}”" for r, _, _, noisy in measured if noisy) or "没有"
+        words = (f"相对上一行最大的一步是“{escape(best[1])}”（×{best[0]:.2f}）；" if best else "") + (
+            f"与比较的那一行重复范围重叠（噪声内，不算收益也不算损失）的：{noisy}" if bench.get("repeats", 1) > 1
+            else "每行只测了 1 次，没有范围，看不出噪声")
+        return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{words}。")
+    except FIELD_ERRORS as e:
+        return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(repr(e))}）")

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from report.figures import gpu_name, terminal_figure, utilization_figure
-from report.inputs import DISK_ERRORS, FIELD_ERRORS, load_json, rel
+from report.inputs import DISK_ERRORS, FIELD_ERRORS, Markdown, escape, read_json, rel
 
 # role -> (its results stem, may a folder older than gpu_check.sh's layout answer, the results file if none does)
 ROLES = {"gpu_gpt": (r"gpt_run_\d+[KM]-(own-vocab-)?cold_.+", True, None),
@@ -45,15 +45,15 @@ class GpuFolder:
     damage: str | None = None
 
     @property
-    def older(self):  # from before gpu_check.sh's layout (the 2026-11-30 H200 folder)
+    def older(self):  # from before gpu_check.sh's layout (report/results/h200-2026-11-30)
         return not (self.folder / "results.json").is_file()
 
     @cached_property
     def label(self):  # where a caption says a number was measured: the device and the code's commit or date
         readme = self.files.get("README.md")
         commit = re.search(r"at commit ([0-9a-f]{7})", readme()) if readme else None
-        when = commit.group(1) if commit else f"gpu_check {str(self.facts.get('started_utc'))[:10]}"
-        return f"{gpu_name(self.files)}，{when}"
+        when = commit.group(1) if commit else f"gpu_check {escape(str(self.facts.get('started_utc'))[:10])}"
+        return Markdown(f"{gpu_name(self.files)}，{when}")  # (gpu_name: letters, digits, spaces and dashes)
 
 
 def packed_logs(path):
@@ -79,7 +79,7 @@ def read_gpu_folder(folder):
             found.files[p.name] = lambda p=p: p.read_text(errors="replace")  # a log cut inside a character reads
         elif p.suffix == ".json" and p.name != "results.json":
             with contextlib.suppress(OSError, ValueError):  # inputs.load_results names it
-                found.results[p.stem] = load_json(p.read_text())
+                found.results[p.stem] = read_json(p)
     try:
         if (folder / "logs.tar.gz").is_file():
             for name, data in packed_logs(folder / "logs.tar.gz").items():
@@ -90,7 +90,7 @@ def read_gpu_folder(folder):
         found.damage = f"logs.tar.gz {e}"
     try:
         if (folder / "results.json").is_file():
-            data = load_json((folder / "results.json").read_text())
+            data = read_json(folder / "results.json")  # bounded, never waited on
             if not isinstance(data, dict):
                 raise ValueError(f"is a JSON {type(data).__name__}, not an object")
             if not isinstance(data.get("results", {}), dict):
@@ -185,10 +185,10 @@ def draw_slot(slot, folders, name, found, out):
         terminal_figure(found.files[name](), f"{name}, {gpu_name(found.files)}", out / slot)
 
 
-def slot_lines(folders, results_dir, out, wanted, todo, problems):
+def slot_lines(folders, out, wanted, todo, problems):
     """Each slot wanted drawn from the first folder answering it, or (also in `todo`) what fills it."""
     lines = [f"GPU folders, first answering first: {', '.join(f'`{rel(f.folder)}`' for f in folders)}."
-             if folders else f"No GPU results folder under `{rel(results_dir)}`.", ""]
+             if folders else "No GPU results folder among these inputs.", ""]
     for slot, (what, pattern, steps) in SLOTS.items():
         if slot not in wanted:
             continue

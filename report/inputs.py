@@ -1,9 +1,11 @@
-"""The inputs of a report, read without trusting them: run folders (metrics.json, event files) and every JSON
-under the results folder. What cannot be used becomes one line in `problems`, never an exception."""
+"""The inputs of a report, read without trusting them: run folders (metrics.json, args.json, event files) and the
+JSON files named. What cannot be used is one line in `problems`, never an exception; a string read, text (escape)."""
 import contextlib
 import errno
+import html
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,22 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
             "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
             "vocab_size": int},
 }
+# TensorBoard tags as older runs (and the committed events) named them -> as the trainers name them now
+OLD_TAGS = {"train/loss": "loss/train", "val/loss": "loss/val", "test/loss": "loss/test",
+            "train/accuracy": "accuracy/train", "test/accuracy": "accuracy/test", **{f"gpu/{stat}": f"system/gpu_{stat}"
+            for stat in ("utilization_percent", "memory_used_GiB", "memory_allocated_GiB", "max_memory_allocated_GiB")}}
+MARKDOWN_ACTIVE = re.compile(r"([\\`*_{}\[\]!|])")  # what Python-Markdown (with tables) reads after a backslash
+
+
+class Markdown(str):
+    """Text this package wrote as Markdown (a table), any string of a run's files in it already escaped."""
+
+
+def escape(value, code=False):
+    """A string of the inputs as literal text in Markdown, on one line, HTML escaped; outside a `code span`
+    Markdown's active characters too, inside one (code) a backtick, which would end it."""
+    text = html.escape(" ".join(str(value).split()), quote=False)
+    return text.replace("`", "'") if code else MARKDOWN_ACTIVE.sub(r"\\\1", text)
 
 
 @dataclass
@@ -41,7 +59,8 @@ class Run:
     events: Path | None = None
     events_source: str | None = None
     gpu: object = None
-    scalars: dict = field(default_factory=dict)
+    scalars: dict = field(default_factory=dict)  # tag (as named now: OLD_TAGS) -> [(step, value)]
+    args: dict = field(default_factory=dict)  # its args.json: the model's shape (n_layer, n_embd, ...)
 
 
 def rel(path):
@@ -81,12 +100,17 @@ def run_kind(metrics):
     return "lenet5" if "act" in metrics else "gpt" if "tokens_seen" in metrics else None
 
 
+def read_json(path):
+    """A JSON file of the inputs, bounded and never waited on (a FIFO planted as metrics.json)."""
+    return load_json(files.read_small(path, 64 << 20, follow=True).decode())
+
+
 def read_metrics(run_dir):
     """(metrics, None) when run_dir/metrics.json can be tabled, else (None, why not, in one line)."""
     if not Path(run_dir).is_dir():
         return None, "no such folder"
-    try:  # bounded and never waited on (a FIFO planted as metrics.json)
-        metrics = load_json(files.read_small(run_dir / "metrics.json", 64 << 20, follow=True).decode())
+    try:
+        metrics = read_json(run_dir / "metrics.json")
     except FileNotFoundError:
         return None, "no metrics.json (crashed, stopped or still running)"
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -116,7 +140,7 @@ def load_events(run_dir, problems):
             events = EventAccumulator(str(path), size_guidance={"scalars": 0})
             events.Reload()
             for tag in events.Tags()["scalars"]:
-                scalars.setdefault(tag, []).extend((e.step, e.value) for e in events.Scalars(tag))
+                scalars.setdefault(OLD_TAGS.get(tag, tag), []).extend((e.step, e.value) for e in events.Scalars(tag))
         except Exception as e:  # truncated or foreign file: say so, keep going
             problems.append(f"corrupt event file {path}: {type(e).__name__}: {e}")
     return {tag: sorted(points) for tag, points in scalars.items()}
@@ -138,19 +162,23 @@ def find_runs(runs, runs_root, problems):
         if metrics is None:
             problems.append(f"left out {run_dir}: {problem}")
         else:
+            args = {}  # its model's shape; none where an older run wrote no args.json
+            with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
+                args = read_json(run_dir / "args.json")
             run = Run(None, run_kind(metrics), metrics, f"{rel(run_dir)}/metrics.json", events=run_dir,
-                      events_source=rel(run_dir), scalars=load_events(run_dir, problems))
+                      events_source=rel(run_dir), scalars=load_events(run_dir, problems),
+                      args=args if isinstance(args, dict) else {})
             by_kind.setdefault(run.kind, run)
     return by_kind
 
 
-def load_results(results_dir, problems, prefix=""):
-    """{prefix + path: (its JSON, where from)} of each JSON under results_dir (results.json's entries: each one)."""
+def load_results(results, problems, prefix=""):
+    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named (results.json: each entry)."""
     out = {}
-    for path in sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []:
-        key = prefix + path.relative_to(results_dir).as_posix()
+    for path in sorted(results.rglob("*.json")) if results.is_dir() else [results] if results.suffix == ".json" else []:
+        key = prefix + (path.relative_to(results).as_posix() if results.is_dir() else path.name)
         try:
-            data = load_json(path.read_text())
+            data = read_json(path)
         except (OSError, UnicodeDecodeError, ValueError) as e:
             if path.name != "results.json":
                 problems.append(f"unreadable {path}: {e}")

@@ -1,12 +1,13 @@
-"""Regenerate the report's figures, results tables and numbers from ONE named set of inputs.
+"""Regenerate a report's figures, tables and numbers from ONE named set of inputs.
 
-    python report/make_report.py --pdf                    # from report/results only, then report/report.pdf
-    python report/make_report.py runs/lenet5/A runs/gpt/B --out /tmp/report   # your own runs added
-    python report/make_report.py --runs-root runs --out /tmp/report           # the newest of yours
+    python report/make_report.py --pdf                    # report.md from report/results only: report/report.pdf
+    python report/make_report.py runs/lenet5/A runs/gpt/B runs/ladder.json --out runs/myreport   # yours
+    python report/make_report.py --runs-root runs --out runs/myreport        # the newest runs of yours
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
-Only the runs named are read (never one under runs/ unasked). A placeholder that cannot be filled or a broken
-image is an error or a problem line, never a blank.
+Naming runs or result files (a gpt_bench.py or gelu_bench.py JSON) builds report/student.md from them alone (never
+report/results, never a run unasked); what they do not answer is a visible gap naming the command that fills it.
+A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank.
 """
 import contextlib
 import json
@@ -27,11 +28,13 @@ lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a tracebac
 
 from data.files import UMASK, UserError, inside_another_run
 from report import browser, facts, gpu
-from report.figures import gpt_curves, gpt_table, gpu_figure, lenet_table
-from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, figure_name, find_runs, load_results, rel
+from report.figures import gpt_curves, gpu_figure
+from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
+STUDENT = RESULTS.parent / "student.md"  # the report of a student's own runs
+GPU_NAME, DATE = re.compile(r"[A-Za-z0-9_-]+"), re.compile(r"\d{4}-\d{2}-\d{2}")  # --gpu OUT's folder: <GPU>-<date>
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # what a GPU call's OUT keeps
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
@@ -43,52 +46,47 @@ TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's n
 class Report:
     problems: list
     results: dict  # results key -> (its JSON, where from)
-    results_dir: Path
-    named: bool  # a student's runs named
-    team: bool = True  # the team's runs and GPU folders may stand in (no student's runs named, or other --results)
+    args: object  # the command line: what was named
     by_kind: dict = field(default_factory=dict)  # kind -> inputs.Run named on the command line
     folders: list = field(default_factory=list)  # gpu.GpuFolder, first answering first
     shown: dict = field(default_factory=dict)  # kind -> inputs.Run its section shows
     sources: dict = field(default_factory=dict)  # placeholder source -> (facts, where from)
-    report_text: str = ""  # report.md's blocks these inputs can fill
+    report_text: str = ""  # the report's blocks these inputs can fill
     out: Path | None = None  # the folder being built
-    no_run: dict = field(default_factory=dict)  # kind -> the line saying no run of it was found
-    linked: set = field(default_factory=set)  # the figures report.md links: the only ones drawn
+    linked: set = field(default_factory=set)  # the figures the report links: the only ones drawn
     todo: list = field(default_factory=list)  # the GPU figures missing, and the command that fills each
 
 
 # ----------------------------------------------------------------------------- the sections of results.md
 
-def alias_section(r, kind, table):
-    """The run a section shows: its table and, where linked, its curves."""
+def alias_section(r, kind):
+    """The run a section shows (its numbers: the placeholders below) and, where linked, its curves."""
     if (shown := r.shown.get(kind)) is not None:
         named = r.by_kind.get(kind)
-        where = named.events if named else shown.source
+        where = rel(named.events if named else shown.source)
+        lines = [f"The run `{shown.alias}` (placeholders `{{{{{shown.alias}.…}}}}`): `{escape(where, code=True)}`", ""]
         try:
-            section = table(shown.metrics) + [""]
             if kind == "gpt" and "gpt_curves.png" in r.linked:
-                section += gpt_curves(shown.metrics, r.out / "gpt_curves.png", named and named.scalars)
-            return [f"The run `{shown.alias}` (placeholders `{{{{{shown.alias}.…}}}}`): `{rel(where)}`", ""] + section
+                lines += gpt_curves(shown.metrics, r.out / "gpt_curves.png", named and named.scalars)
+            return lines
         except FIELD_ERRORS as e:
             r.problems.append(f"left out {where}: a field is missing or of the wrong type ({type(e).__name__}: {e})")
-    return [f"- {r.no_run[kind]}"]
+    where = f"under {rel(r.args.runs_root / kind)}" if r.args.runs_root else "among the runs named" if r.args.runs \
+        else "in the results"
+    return [f"- no {'LeNet-5' if kind == 'lenet5' else 'GPT'} run found {where}"]
 
 
 def run_lines(r):
-    files = [f"- `{rel(path)}`: placeholders `{{{{{figure_name(key, r.results)}.…}}}}`"
+    files = [f"- `{escape(rel(path), code=True)}`: placeholders `{{{{{figure_name(key, r.results)}.…}}}}`"
              for key, (_, path) in sorted(r.results.items())]
-    return (["## LeNet-5", ""] + alias_section(r, "lenet5", lenet_table) + ["", "## GPT-2", ""]
-            + alias_section(r, "gpt", gpt_table) + ["", "## Results files", ""]
-            + (files or [f"- no results files found in {r.results_dir}"]))
+    return (["## LeNet-5", ""] + alias_section(r, "lenet5") + ["", "## GPT-2", ""]
+            + alias_section(r, "gpt") + ["", "## Results files", ""]
+            + (files or [f"- no results files found in {r.args.results or 'the files named'}"]))
 
 
 def gpu_lines(r, screenshots):
-    lines = ["", "## GPU utilisation", ""] + gpu_figure(list(r.by_kind.values()), r.out)
-    lines += ["", "## GPU figures the report links", ""]
-    if not r.team and not r.folders:
-        lines += ["- runs were named and no `--gpu`: the committed GPU folders are not among these inputs"]
-    else:
-        lines += gpu.slot_lines(r.folders, r.results_dir, r.out, r.linked, r.todo, r.problems)
+    lines = ["", "## GPU utilisation", ""] + gpu_figure(list(r.by_kind.values()), r.out) + [
+        "", "## GPU figures the report links", ""] + gpu.slot_lines(r.folders, r.out, r.linked, r.todo, r.problems)
     if not screenshots:
         return lines
     lines += ["", "## TensorBoard, as a browser shows it", ""]
@@ -162,14 +160,15 @@ def building(out, keep):
 
 def parse_args(argv):
     p = Parser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="*", type=path_flag, help="your own run directories to report (default: none)")
+    p.add_argument("runs", nargs="*", type=path_flag, help="your run folders and result JSON files (a gpt_bench.py "
+                   "ladder, a gelu_bench.py table) to report, alone (default: none)")
     p.add_argument("--runs-root", type=path_flag, default=None,
                    help="report the newest LeNet-5 and GPT runs under this folder (default: none)")
-    p.add_argument("--results", type=path_flag, default=RESULTS,
-                   help="benchmark/tokenizer/run JSON files (default: %(default)s)")
+    p.add_argument("--results", type=path_flag, default=None, help="a folder of benchmark/tokenizer/run JSON files "
+                   f"(default: {rel(RESULTS)}; none where runs or files are named)")
     p.add_argument("--out", type=path_flag, default=RESULTS.parent / "generated", help="(default: %(default)s)")
-    p.add_argument("--report", type=path_flag, default=REPORT,
-                   help="the report whose links and placeholders are filled (default: %(default)s)")
+    p.add_argument("--report", type=path_flag, default=None, help="the report whose links and placeholders are "
+                   f"filled (default: {rel(REPORT)}; {rel(STUDENT)} where runs or files are named)")
     p.add_argument("--no-screenshots", action="store_true", help="skip the TensorBoard screenshots (Chromium); "
                    "those already in --out are kept")
     p.add_argument("--gpu", "--gpu-logs", type=path_flag, default=None, dest="gpu",
@@ -180,12 +179,13 @@ def parse_args(argv):
     p.add_argument("--force", action="store_true", help="replace an existing --pdf-out if it is a PDF (never a link or "
                    "another file); without it, only the repository's report.pdf (in git) and a PDF a build of this "
                    "--out printed are replaced")
-    return p.parse_intermixed_args(argv)  # runs before and after the flags: make_report.py A --pdf B
-
-
-def committed(args):
-    """The repository's own results: the team's report, whose GPU folders and runs stand in where none is named."""
-    return args.results.resolve() == RESULTS.resolve()
+    args = p.parse_intermixed_args(argv)  # runs before and after the flags: make_report.py A --pdf B
+    args.files = [path for path in args.runs if path.suffix == ".json" and not path.is_dir()]  # result files
+    args.runs = [path for path in args.runs if path not in args.files]
+    named = bool(args.runs or args.files or args.runs_root)  # a student's: their files alone, their template
+    args.results = args.results or (None if named else RESULTS)
+    args.report = args.report or (STUDENT if named else REPORT)
+    return args
 
 
 def check_args(args):
@@ -193,7 +193,7 @@ def check_args(args):
     out, pdf = out_dir(args), args.pdf_out
     inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
-              **{f"the run {d}": d for d in args.runs}}
+              **{f"the run {d}": d for d in args.runs + args.files}}
     for flag, path in {"--out": out, **({"--pdf-out": pdf} if args.pdf else {})}.items():
         if problem := inside_another_run(path, flag):  # a run's files are that run's only record
             raise UserError(problem)
@@ -229,18 +229,22 @@ def check_args(args):
 
 def imported_gpu(args):
     """--gpu; for the committed report, a gpu_check.sh OUT first copied into report/results/<GPU>-<date>/."""
-    if not args.gpu or not committed(args) or args.runs or args.runs_root or not (args.gpu / "results.json").is_file() \
+    committed = args.results and args.results.resolve() == RESULTS.resolve()  # report.md's own inputs
+    if not (args.gpu and committed and (args.gpu / "results.json").is_file()) \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
         return args.gpu
     try:
         facts = json.loads((args.gpu / "results.json").read_text())
-        target = RESULTS / f"{facts['gpu']}-{facts['started_utc'][:10]}"
+        name, date = str(facts["gpu"]), str(facts["started_utc"])[:10]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"--gpu {args.gpu}: results.json names no gpu and started_utc ({e})") from None
+    if not GPU_NAME.fullmatch(name) or not DATE.fullmatch(date):  # never a folder a JSON field chose
+        raise UserError(f"--gpu {args.gpu}: results.json's gpu {name[:40]!r} or started_utc {date!r} is not a GPU "
+                        "name ([A-Za-z0-9_-]) and a YYYY-MM-DD date; nothing copied")
+    target = RESULTS / f"{name}-{date}"
     target.mkdir(exist_ok=True)
-    for name in GPU_FILES:
-        if (args.gpu / name).is_file():
-            shutil.copy2(args.gpu / name, target / name)
+    for name in (name for name in GPU_FILES if (args.gpu / name).is_file()):
+        shutil.copy2(args.gpu / name, target / name)
     print(f"copied {args.gpu}'s {', '.join(n for n in GPU_FILES if (target / n).is_file())} into {rel(target)}")
     return target
 
@@ -248,59 +252,49 @@ def imported_gpu(args):
 # ----------------------------------------------------------------------------- inputs and output
 
 def gather(args, report_text, scratch, gpu_folder=None):
-    """Every input, read once; with a student's runs named, the team's stand in for none (unless --gpu)."""
-    r = Report([], {}, args.results, named=bool(args.runs or args.runs_root))
+    """Every input, read once: --results (a folder), the files and runs named, --gpu; nothing else."""
+    r = Report([], {}, args)
     r.by_kind = find_runs(args.runs, args.runs_root, r.problems)
-    r.results = load_results(args.results, r.problems)
-    if gpu_folder and not gpu_folder.resolve().is_relative_to(args.results.resolve()):
+    for results in filter(None, [args.results, *args.files]):
+        r.results |= load_results(results, r.problems)
+    if gpu_folder and not (args.results and gpu_folder.resolve().is_relative_to(args.results.resolve())):
         r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
-    r.team = not (r.named and committed(args))
-    if gpu_folder or r.team:
-        r.folders = gpu.gpu_folders(gpu_folder, args.results if r.team else None, r.problems)
+    r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
     roles = facts.role_runs(r.folders, r.results, scratch)
-    r.shown = facts.shown_runs(r.by_kind, r.results, roles, r.team)
+    r.shown = facts.shown_runs(r.by_kind, r.results, roles)
     r.sources = facts.derived_sources(r.results, r.shown, roles, r.folders, r.by_kind)
-    r.report_text = facts.select_blocks(report_text, {*r.sources, "own" if r.named else "team"})
+    r.report_text = facts.select_blocks(report_text, {*r.sources, "team"})  # (an older report.md's wrapper)
     return r
 
 
-def checked_images(text, report, out, built, problems):
-    """The filled report's images as absolute links, each checked in `built`: a bad one is a note, not a blank."""
-    base, out = report.parent.resolve(), out.resolve()
-
+def images(text, built=None, problems=None):
+    """The image links as names (beside report_filled.md in --out); with `built`, each a PNG there or a note."""
     def one(match):
         link = Path(match.group(1))
-        ours = link.parts[:1] == ("generated",)
-        if not browser.is_png(built / link.name if ours else base / link):
+        if built and not browser.is_png(built / link.name):
             problems.append(f"report image {link} is missing, empty or not a PNG; left out of the PDF")
-            return f"**[figure missing: `{link}`]**"
-        return match.group(0).replace(match.group(1), ((out / link.name) if ours else base / link).as_uri())
+            return f"**[figure missing: `{escape(link, code=True)}`]**"
+        return match.group(0).replace(match.group(1), link.name)
     return IMAGE_LINK.sub(one, text)
 
 
-def build(args, r, text, used, unfilled):
+def build(args, r, text, used):
     r.linked = {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
-    r.no_run = {k: f"no {name} run found " + (f"under {rel(args.runs_root / k)}" if args.runs_root else
-                                              "among the runs named" if args.runs else "in the results")
-                for k, name in (("lenet5", "LeNet-5"), ("gpt", "GPT"))}
     keep = browser.kept_screenshots(out_dir(args), r.shown) if args.no_screenshots else []
     with building(out_dir(args), keep) as r.out:
+        inputs = filter(None, [args.results, *args.files, *(run.events for run in r.by_kind.values())])
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
-                 "the files named. Inputs: `" + "`, `".join(rel(p) for p in [args.results, *(run.events for run in
-                                                                             r.by_kind.values())]) + "`.", ""]
+                 "the files named. Inputs: `" + "`, `".join(escape(rel(p), code=True) for p in inputs) + "`.", ""]
         lines += run_lines(r) + gpu_lines(r, not args.no_screenshots)
-        lines += ["", "## Placeholders", "", f"Those {rel(args.report)} uses (every key there is: placeholders.md):",
-                  ""] + ([f"- `{p}` -> {v} -> `{s}`" for p, v, s in used] or ["- none"])
-        if unfilled:  # other --results: the report's numbers come from inputs these do not have
-            lines += ["", f"Not filled from these inputs ({len(unfilled)}):", ""] + [f"- {u}" for u in unfilled]
+        lines += ["", "## Placeholders", "", f"Those {rel(args.report)} uses:", ""] + (
+            [f"- `{p}` -> {v} -> `{escape(s, code=True)}`" for p, v, s in used] or ["- none"])
         if used:
-            (r.out / "report_filled.md").write_text(text)
-        text = checked_images(text, args.report, out_dir(args), r.out, r.problems) if args.pdf else text
+            (r.out / "report_filled.md").write_text(images(text))
+        text = images(text, r.out, r.problems) if args.pdf else text
         r.problems[:] = list(dict.fromkeys(r.problems))  # a damaged folder read twice is one problem
         if r.problems:
             lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in r.problems]
         (r.out / "results.md").write_text("\n".join(lines) + "\n")
-        (r.out / "placeholders.md").write_text("\n".join(facts.available_lines(r.sources)) + "\n")
     return text
 
 
@@ -315,10 +309,8 @@ def main(argv=None):
                 text, unfilled, used = facts.fill(r.report_text, r.sources)
                 if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
                     raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
-                own_inputs = committed(args) or args.report.resolve() != REPORT.resolve()
-                if own_inputs:  # report.md with its own inputs: a placeholder they cannot fill is a mistake in it
-                    r.problems += unfilled
-                text = build(args, r, text, used, [] if own_inputs else unfilled)
+                r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
+                text = build(args, r, text, used)
                 written.append(out_dir(args))
             print(f"wrote {out_dir(args) / 'results.md'} and {len(list(out_dir(args).glob('*.png')))} figures"
                   + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
@@ -328,7 +320,7 @@ def main(argv=None):
                 print(f"warning: {problem}", file=sys.stderr)
             if args.pdf:
                 args.pdf_out.parent.mkdir(parents=True, exist_ok=True)
-                browser.write_pdf(args.report, args.pdf_out, text)
+                browser.write_pdf(out_dir(args) / "report_filled.md", args.pdf_out, text)  # (its images beside it)
                 if printed(args) not in built_lines(out_dir(args)):
                     with open(out_dir(args) / BUILT, "a") as f:  # a rebuild may replace it without --force
                         f.write(f"{printed(args)}\n")

@@ -42,18 +42,20 @@ def linking(tmp_path, *figures):
 
 
 @pytest.mark.slow  # the module's real tiny runs (screenshots: test_tensorboard_screenshots_...)
-def test_figures_and_tables_match_the_runs(runs, tmp_path):
+def test_figures_and_numbers_match_the_runs(runs, tmp_path):
+    """The newest runs under --runs-root and a results folder named: their curves drawn, their numbers (and the
+    ladder's rows) in the filled report, each results file listed by its placeholder name."""
     out = tmp_path / "out"
     make_report.main(["--runs-root", str(runs / "runs"), "--results", str(runs / "results"), "--out", str(out),
-                      "--report", linking(tmp_path, "gpt_curves.png"), "--no-screenshots"])
+                      "--no-screenshots"])
     data = (out / "gpt_curves.png").read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 500
-    text = (out / "results.md").read_text()
+    text, filled = (out / "results.md").read_text(), (out / "report_filled.md").read_text()
     lenet = json.loads((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
     gpt = json.loads((runs / "runs" / "gpt" / "b" / "metrics.json").read_text())
-    assert f"| {lenet['test_accuracy']:.2%} | {lenet['test_loss']:.4f} | 2 |" in text
-    assert (f"| {gpt['tokens_seen']:,} | {gpt['steps']} | {gpt['final_train_loss']:.3f} | "
-            f"{gpt['final_val_loss']:.3f} |") in text
+    assert f"测试准确率 **{lenet['test_accuracy']:.2%}**，测试损失 {lenet['test_loss']:.4f}" in filled
+    assert f"训练损失 **{gpt['final_train_loss']:.2f}**" in filled and f"{gpt['tokens_seen']:,} 个 token" in filled
+    assert "| + everything | 450（×4.50） |" in filled  # the results folder's ladder
     assert f"- `{runs / 'results' / 'gpt_bench_test.json'}`: placeholders `{{{{gpt_bench_test.…}}}}`" in text
     assert "no GPU utilisation recorded" in text  # CPU runs: said, not drawn
 
@@ -281,13 +283,13 @@ def test_a_string_where_a_number_belongs_in_a_results_file_is_one_line(tmp_path,
     lenet = {"act": "torch", "test_accuracy": "0.99", "test_loss": 0.05, "epochs": 2, "train_seconds": 1.5,
              "device": "cpu", "params": 44426}
     (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet))  # the run the LeNet-5 section shows
+    (tmp_path / "r.md").write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}}.\n")
     out = tmp_path / "out"
-    make_report.main(["--results", str(results), "--out", str(out), "--no-screenshots"])
-    text = (out / "results.md").read_text()
-    assert f"left out {results / 'lenet_run_2x128_cpu.json'}: a field is missing or of the wrong type" in text
-    assert "- no LeNet-5 run found in the results" in text
+    make_report.main(["--results", str(results), "--report", str(tmp_path / "r.md"), "--out", str(out),
+                      "--no-screenshots"])
+    assert "format '.2%' does not fit '0.99'" in (out / "results.md").read_text()
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("warning: left out") and "Traceback" not in err[0]
+    assert len(err) == 1 and err[0].startswith("warning: report placeholder") and "Traceback" not in err[0]
 
 
 def fake_chromium(tmp_path, body):
@@ -358,8 +360,6 @@ def test_results_files_with_one_name_in_two_folders_are_both_reported(tmp_path):
     ({"text": "/d/WebOfScience/WOS46985/X.txt"}, "WOS46985")])
 def test_the_corpus_is_named_from_the_recorded_identity_first(metrics, name):
     assert inputs.corpus_name(metrics) == name
-    label = figures.corpus_label(metrics)
-    assert (label == "") == (name == "WOS46985") and ("not WOS" in label) == (name != "WOS46985")
 
 
 # --------------------------------------------------------------------- the PDF
@@ -418,14 +418,14 @@ def test_the_events_shown_are_of_the_very_run_the_text_reports(runs, tmp_path):
     (results / "lenet_run_2x128_cpu.json").write_text((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
     out = tmp_path / "out"
     make_report.main(["--results", str(results), "--out", str(out)])  # no events shown: no server, no Chromium
-    text, listing = (out / "results.md").read_text(), (out / "placeholders.md").read_text()
+    text = (out / "results.md").read_text()
     assert f"- no TensorBoard events kept for `{results / 'lenet_run_2x128_cpu.json'}`: no screenshot of it" in text
-    assert "{{lenet_tb." not in listing and not list(out.glob("*tensorboard*"))
+    args = make_report.parse_args(["--results", str(results), "--out", str(tmp_path / "unused")])
+    assert "lenet_tb" not in make_report.gather(args, "", tmp_path).sources and not list(out.glob("*tensorboard*"))
     shutil.copytree(runs / "runs" / "lenet5" / "a", results / "lenet_run_2x128_cpu",
                     ignore=shutil.ignore_patterns("*.json", "*.pt"))
-    make_report.main(["--results", str(results), "--out", str(out), "--no-screenshots"])
-    line = next(line for line in (out / "placeholders.md").read_text().splitlines() if "{{lenet_tb.source}}" in line)
-    assert line.endswith(f"`{results / 'lenet_run_2x128_cpu'}` |")
+    events = make_report.gather(args, "", tmp_path).sources["lenet_tb"][0]
+    assert events == {"source": str(results / "lenet_run_2x128_cpu")}
     shown = make_report.facts.shown_runs({}, make_report.load_results(results, []), {})
     assert shown["lenet5"].events == results / "lenet_run_2x128_cpu"
 

@@ -6,6 +6,7 @@ import json
 import shutil
 import tarfile
 
+import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from conftest import REPO
@@ -73,7 +74,7 @@ def test_after_a_gpu_call_one_command_replaces_every_2026_11_30_figure_and_cavea
     copied = results / "NVIDIA_H200-2026-12-05"
     assert sorted(p.name for p in copied.iterdir()) == ["logs.tar.gz", "results.json", "runs.tar.gz"]
     for word in OLD_WORDS:
-        assert word not in filled, word  # no number, caption, table row or caveat of the older GPU folder
+        assert word not in filled, word  # not a number, caption, table row or caveat of the first H200 folder
     for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png"):
         line = next(line for line in listing.splitlines() if f"]({slot})" in line)
         assert line.endswith(f"in `{copied}`"), line
@@ -93,3 +94,21 @@ def test_a_rehearsal_shaped_folder_replaces_what_it_answers_and_the_caveats_say_
     line = next(line for line in listing.splitlines() if "](gpu_utilization.png)" in line)
     assert line.endswith(f"in `{results / 'h200-2026-11-30'}`")
     assert filled.count("较早") == 1 and "f52a456" in filled.split("## 1.")[0]
+
+
+@pytest.mark.parametrize("gpu, started", [("/work/runs/gpt/gpt", "2026-12-05T10:00:00Z"), ("../x", "2026-12-05"),
+                                          ("NVIDIA_H200", "../../../x"), ("NVIDIA_H200", None)])
+def test_gpu_out_is_copied_only_into_a_folder_the_project_names(tmp_path, monkeypatch, capsys, gpu, started):
+    """results.json's `gpu` and `started_utc` name the folder OUT is copied into (report/results/<GPU>-<date>):
+    a path or anything but a GPU name and a YYYY-MM-DD date is refused in one line, and nothing is copied."""
+    out = tmp_path / "OUT"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"gpu": gpu, "started_utc": started, "results": {}}))
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(make_report, "RESULTS", results)
+    with pytest.raises(SystemExit) as stop:
+        make_report.main(["--gpu", str(out), "--out", str(tmp_path / "generated"), "--no-screenshots"])
+    message = str(stop.value.code)
+    assert message.startswith(f"error: --gpu {out}: results.json's gpu") and "\n" not in message
+    assert "nothing copied" in message and list(results.iterdir()) == [] and not (tmp_path / "x").exists()

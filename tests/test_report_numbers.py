@@ -1,6 +1,6 @@
 """The committed report's numbers: each one a single rounding of one JSON field, re-read here from its file;
-no result typed by hand into report.md; no stray space between Chinese characters; the committed PDF as brief
-as a TA reads it (pages, the GELU section in the body, the caveat words) and holding the numbers the JSON gives."""
+no result typed by hand into report.md; no stray space between Chinese characters; the committed PDF brief (its
+pages, the GELU section in the body, each caveat said once) and holding the numbers the JSON gives."""
 import html
 import json
 import os

@@ -54,7 +54,7 @@ def one_error(argv):
     return message
 
 
-# --------------------------------------------------------------------- JSON Python cannot hold (item 16)
+# --------------------------------------------------------------------- JSON Python cannot hold
 
 HUGE = "1" + "0" * 400  # an int json.loads takes, that .1f cannot format (OverflowError)
 DEEP = "[" * 5000 + "]" * 5000  # RecursionError in the parser (or in any walk of it)
@@ -95,7 +95,7 @@ def test_a_gpu_folders_results_json_nested_too_deep_is_one_line(tmp_path, inputs
         f"warning: GPU results folder {folder}: results.json nested deeper than 64 levels; its figures are left out"]
 
 
-# --------------------------------------------------------------------- a 1 GiB log (item 12)
+# --------------------------------------------------------------------- a 1 GiB log
 
 class Zeros(io.RawIOBase):
     def __init__(self, n):
@@ -130,7 +130,7 @@ def test_a_gpu_folders_log_of_1_gib_is_refused_from_its_header(tmp_path, inputs,
         "its figures are left out"]
 
 
-# --------------------------------------------------------------------- --report, --out (item 16) and its mode (item 10)
+# --------------------------------------------------------------------- --report, --out and its mode
 
 def test_a_pdf_given_as_report_is_one_line_and_nothing_is_written(tmp_path, inputs):
     results, report = inputs
@@ -221,7 +221,7 @@ def test_out_is_made_as_mkdir_would_make_it_under_the_umask(tmp_path, inputs):
     assert stat.S_IMODE((tmp_path / "shared-out" / "results.md").stat().st_mode) == 0o644
 
 
-# --------------------------------------------------------------------- what it reads, never written over (item 3)
+# --------------------------------------------------------------------- what it reads, never written over
 
 def test_pdf_out_onto_the_report_it_reads_is_refused(inputs, tmp_path):
     results, report = inputs
@@ -310,7 +310,7 @@ def test_runs_named_around_the_flags_a_missing_one_and_a_fifo_for_metrics(inputs
     assert f"left out {missing}: no such folder" in err and (tmp_path / "out" / "results.md").is_file()
 
 
-# ------------------------------------------------------------------ --out and --pdf-out: findings 3, 4, 9c, 10, 17
+# --------------------------------------------------------------------- --out and --pdf-out: whose files
 
 def fake_chromium(folder, after=""):
     """A `chromium` that prints a small PDF where --print-to-pdf= says (then runs `after`)."""
@@ -332,7 +332,7 @@ def pdf_build(results, report, out, pdf, *extra):
 
 
 def test_an_existing_pdf_out_is_replaced_only_with_force_and_never_through_a_link(inputs, tmp_path, chromium):
-    """Findings 3 and 17: the user's thesis.pdf is theirs until --force says otherwise; a link is never written
+    """The user's thesis.pdf is theirs until --force says otherwise; a link is never written
     through or replaced, --force or not. Refused before any work: no --out made."""
     results, report = inputs
     thesis, link = tmp_path / "thesis.pdf", tmp_path / "link.pdf"
@@ -492,7 +492,7 @@ def test_a_gpu_figure_on_a_full_disk_stops_the_build_other_errors_are_one_proble
         raise OSError(code, os.strerror(code))
     monkeypatch.setattr(gpu, "draw_slot", full)
     todo, problems = [], []
-    args = [folder], tmp_path, tmp_path, {"gpu_utilization.png"}, todo, problems
+    args = [folder], tmp_path, {"gpu_utilization.png"}, todo, problems
     if stops:
         with pytest.raises(OSError):
             gpu.slot_lines(*args)

@@ -1,0 +1,207 @@
+"""A student's report (report/student.md): built from the runs and result files they name and nothing else, none
+of the repository's own measurements or attributions in it, their ladder tabled whole, every string of their files
+literal text, and what their files do not answer a visible gap naming the command that fills it."""
+import html
+import importlib
+import json
+import re
+import shutil
+import sys
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+import gpt_train
+import lenet5
+from conftest import REPO, tiny_args, write_tiny_mnist
+from report import browser, facts, figures, inputs, make_report
+
+COMMITTED = REPO / "report" / "results"
+FORBIDDEN = ("H200", "f52a456", "2026-11-30", "课程助教组", "参考实现")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+# a gpt_bench.py JSON as it writes one: rungs, an indented leave-one-out row, candidates (one failed), peak memory
+LADDER = {"device_name": "Test CPU, CPU (3 threads)", "micro_batch": 3, "seq_len": 48, "vocab_size": 300,
+          "repeats": 3, "warmup": 1, "steps": 2, "rungs": [
+              {"name": "naive: GPT2LMHeadModel, fp32", "tokens_per_second": 101.0,
+               "tokens_per_second_range": [96.0, 104.0], "peak_memory_GiB": 1.53},
+              {"name": "+ dropout 0 (no masks)", "tokens_per_second": 183.0,
+               "tokens_per_second_range": [171.0, 191.0], "peak_memory_GiB": 1.47},
+              {"name": "+ fused AdamW (= gpt_train.py default)", "tokens_per_second": 187.0,
+               "tokens_per_second_range": [176.0, 203.0], "peak_memory_GiB": None},
+              {"name": "  default without dropout 0", "tokens_per_second": 113.0,
+               "tokens_per_second_range": [103.0, 119.0], "peak_memory_GiB": 1.52},
+              {"name": "  candidate: activation checkpointing (--act-ckpt)", "tokens_per_second": 151.0,
+               "tokens_per_second_range": [141.0, 166.0], "peak_memory_GiB": 0.91},
+              {"name": "  candidate: chunked loss (--loss chunked)", "error": "out of memory"}]}
+
+
+@pytest.fixture(scope="module")
+def mine(tmp_path_factory, corpus):
+    """A student's tiny CPU runs (LeNet-5, 1 epoch; GPT on a corpus the tests write) and a ladder JSON of theirs."""
+    root = tmp_path_factory.mktemp("student")
+    mnist = write_tiny_mnist(root / "mnist", n_train=200, n_test=100)
+    lenet5.main(["--data-dir", str(mnist), "--no-download", "--epochs", "1", "--batch-size", "50", "--log-every",
+                 "2", "--device", "cpu", "--out-dir", str(root / "runs" / "lenet5" / "a")])
+    gpt_train.main(tiny_args(corpus, root / "runs" / "gpt" / "b", "--tokens", str(20 * 8 * 32)))
+    (root / "gpt_bench_mine.json").write_text(json.dumps(LADDER))
+    return root
+
+
+def build(out, *named):
+    make_report.main([*map(str, named), "--out", str(out), "--no-screenshots"])
+    return (out / "report_filled.md").read_text(), (out / "results.md").read_text()
+
+
+def numbers(text):
+    """The numbers a text holds with three digits or more ('147', '1.03', '12,058,624' as '12058624')."""
+    return {n.replace(",", "") for n in NUMBER.findall(text) if sum(c.isdigit() for c in n) >= 3}
+
+
+def own_numbers(files, ladder=None):
+    """Every number the files hold, as a report may print it: as written, rounded to 0-4 decimals, as a
+    percentage, without thousands separators; and a ladder's ratios between its rows."""
+    values, text = [], ""
+    for path in files:
+        text += path.read_text()
+        stack = [json.loads(path.read_text())]
+        while stack:
+            v = stack.pop()
+            stack += v.values() if isinstance(v, dict) else v if isinstance(v, list) else []
+            values += [v] if isinstance(v, (int, float)) and not isinstance(v, bool) else []
+    speeds = [r["tokens_per_second"] for r in (ladder or {"rungs": []})["rungs"] if "tokens_per_second" in r]
+    values += [a / b for a in speeds for b in speeds]
+    shown = {f"{x * scale:.{d}f}" for x in values for scale in (1, 100) for d in range(5)}
+    return numbers(text) | {n.replace(",", "") for n in shown} | {str(round(x)) for x in values}
+
+
+def test_a_students_report_holds_only_their_numbers_and_none_of_the_repositorys(mine, tmp_path):
+    """Built from tiny CPU runs and a ladder of theirs: no number of report/results or of the committed report that
+    their files do not also hold (no 12M tokens, 184 steps, 768 dimensions, ladder rows of ours), no attribution
+    or machine of ours, their own model shape, the name line blank, and their figure beside the filled report."""
+    lenet, gpt = mine / "runs" / "lenet5" / "a", mine / "runs" / "gpt" / "b"
+    filled, listing = build(tmp_path / "out", lenet, gpt, mine / "gpt_bench_mine.json")
+    ours = set()
+    for path in COMMITTED.glob("*.json"):
+        ours |= own_numbers([path]) - {str(n) for n in range(1000)}  # (small whole numbers: in any text)
+    ours |= numbers((REPO / "report" / "generated" / "report_filled.md").read_text())
+    theirs = own_numbers([*lenet.glob("*.json"), *gpt.glob("*.json"), mine / "gpt_bench_mine.json"], LADDER)
+    for text in (filled, listing):
+        leaked = (numbers(text) & ours) - theirs
+        assert leaked == set(), sorted(leaked)
+        for word in FORBIDDEN + ("1200 万", "184 步", "768 维", "12 层", "GPT-2 124M", "在 GPU 上训练"):
+            assert word not in text, word
+    assert "**姓名：**＿" in filled and "{{" not in filled
+    args = json.loads((gpt / "args.json").read_text())
+    assert f"{args['n_layer']} 层、{args['n_head']} 头、{args['n_embd']} 维" in filled
+    assert ", CPU (" not in filled and "处理器（1 线程）" in filled  # a CPU's name as a Chinese sentence says it
+    assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", filled).count("gpt_curves.png") == 1
+    assert (tmp_path / "out" / "gpt_curves.png").is_file()
+    numbers_ = numbers(filled)  # the ladder the student named is the ladder shown
+    assert {"187", "151", "0.91"} <= numbers_ and not {"147", "811"} & numbers_
+
+
+def test_their_ladder_fills_the_table_every_row_candidates_and_memory_with_effects_from_its_spread(mine, tmp_path):
+    """Every row the JSON measured (a candidate too), its peak memory (a null as a dash), a failed row with its
+    error, a caption from the JSON's own hardware, shape and repeats, and × and 噪声内 computed from the rows."""
+    filled, _ = build(tmp_path / "out", mine / "gpt_bench_mine.json")
+    rungs = LADDER["rungs"]
+    default = rungs[2]["tokens_per_second"]
+    assert "| + dropout 0 (no masks) | 183 [171–191]（×1.81） | 1.47 |" in filled
+    assert "| + fused AdamW (= gpt\\_train.py default) | 187 [176–203]（×1.02，噪声内） | — |" in filled
+    assert f"| ↳ default without dropout 0 | 113 [103–119]（默认的 ×{113 / default:.2f}） | 1.52 |" in filled
+    assert (f"| ↳ candidate: activation checkpointing (--act-ckpt) | 151 [141–166]（默认的 ×{151 / default:.2f}） "
+            "| 0.91 |") in filled
+    assert "| ↳ candidate: chunked loss (--loss chunked) | 失败：out of memory | — |" in filled
+    assert "Test CPU 处理器（3 线程）：每步 3 × 48 个 token，词表 300；每行 3 次交替重复" in filled
+    assert "相对上一行最大的一步是“+ dropout 0 (no masks)”（×1.81）" in filled
+    assert "“+ fused AdamW (= gpt\\_train.py default)”" in filled.split("噪声内，不算收益也不算损失")[1]
+
+
+def test_what_their_files_do_not_answer_is_a_gap_naming_a_command_that_exists(mine, tmp_path, capsys):
+    """Only a LeNet-5 run named: GPT, the ladder, GPU utilisation and the GELU measurement are visible gaps, each
+    with its command; every flag those commands pass is one the script takes (its --help lists it)."""
+    filled, _ = build(tmp_path / "out", mine / "runs" / "lenet5" / "a")
+    assert "python benchmarks/gpt_bench.py" in filled and "python benchmarks/gelu_bench.py" in filled
+    assert filled.count("**待补**") >= 6 and "{{" not in filled
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    commands = re.findall(r"`python (\S+)\.py((?: --[\w-]+(?: [^\s`-]\S*)?)*)`",
+                          (REPO / "report" / "student.md").read_text())
+    assert {"benchmarks/gpt_bench", "benchmarks/gelu_bench", "gpt_train"} <= {script for script, _ in commands}
+    for script, flags in commands:
+        with pytest.raises(SystemExit):
+            importlib.import_module(script.removeprefix("benchmarks/").replace("/", ".")).main(["--help"])
+        usage = capsys.readouterr().out
+        for flag in re.findall(r"--[\w-]+", flags):
+            assert f"{flag} " in usage, (script, flag)
+
+
+def test_strings_of_a_crafted_metrics_json_stay_literal_text(mine, tmp_path):
+    """An <iframe> reading a local file, an image link and a fake bold result, put in the strings of a run's
+    metrics.json (a sentence's and a code span's), are text in the filled report and in the page Chromium prints."""
+    run = tmp_path / "crafted"
+    shutil.copytree(mine / "runs" / "lenet5" / "a", run)
+    payload = "<iframe src=file:///etc/passwd></iframe> ![](/abs/x.png) 训练损失 **2.01** 达到目标"
+    metrics = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps(metrics | {"device_name": payload, "command": payload}))
+    filled, _ = build(tmp_path / "out", run)
+    for raw in ("<iframe", "![](/abs", "**2.01**"):
+        assert raw not in filled, raw
+    page = browser.report_html(filled)
+    assert "<iframe" not in page and "<strong>2.01</strong>" not in page
+    assert not any("/abs/x.png" in image for image in re.findall(r"<img[^>]*>", page))
+    words = html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert "<iframe src=file:///etc/passwd></iframe> ![](/abs/x.png) 训练损失 **2.01** 达到目标" in words
+
+
+def test_a_placeholder_in_a_code_span_keeps_its_text_and_outside_one_is_escaped():
+    sources = {"x": ({"s": "a_b <i> `c` *d*"}, "x.json")}
+    text, problems, _ = facts.fill("`{{x.s}}` and {{x.s}}", sources)
+    assert problems == [] and text == "`a_b &lt;i&gt; 'c' *d*` and a\\_b &lt;i&gt; \\`c\\` \\*d\\*"
+
+
+def test_device_names_are_said_as_chinese_text_says_them():
+    assert figures.device_words("AMD EPYC, CPU (1 thread)") == "AMD EPYC 处理器（1 线程）"
+    assert figures.device_words("AMD EPYC, CPU (2 threads)") == "AMD EPYC 处理器（2 线程）"
+    assert figures.device_words("NVIDIA H200") == "NVIDIA H200"
+
+
+def test_old_and_new_tensorboard_tag_names_are_read_as_the_new(tmp_path):
+    """The committed events keep the old names (train/loss, test/accuracy, gpu/...); new runs write loss/train,
+    accuracy/test, system/gpu_...: both are read under the new names, so the figures and checks find either."""
+    for folder, tags in (("old", ("train/loss", "test/accuracy", "gpu/utilization_percent")),
+                         ("new", ("loss/train", "accuracy/test", "system/gpu_utilization_percent"))):
+        writer = SummaryWriter(tmp_path / folder)
+        for tag in tags:
+            writer.add_scalar(tag, 0.5, 1)
+        writer.close()
+        scalars = inputs.load_events(tmp_path / folder, [])
+        assert set(scalars) == {"loss/train", "accuracy/test", "system/gpu_utilization_percent"}, folder
+
+
+@pytest.mark.parametrize("tokens", [200_000, 12_058_624])
+def test_figure_4_tick_labels_do_not_overlap_and_its_title_is_inside_the_figure(tmp_path, monkeypatch, tokens):
+    """The GPT curves of a 200K- and a 12M-token run: token counts on the x axes readable side by side, and a long
+    title (a server CPU's name) whole, not cut at the figure's edges."""
+    steps = 50
+    m = {"tokens_seen": tokens, "steps": steps, "params": 1_152_768, "preset": "tiny", "world_size": 1,
+         "device_name": "AMD EPYC 7763 64-Core Processor, CPU (16 threads)", "precision": "bf16",
+         "corpus": {"name": "stand-in"},
+         "loss_curve": [[i, 9 - i * 0.08] for i in range(1, steps + 1)], "val_curve": [[25, 7.5], [50, 5.5]],
+         "throughput_curve": [[i, 150_000 + i * 100] for i in range(1, steps + 1)]}
+    save, checked = figures.save, []
+
+    def check(fig, path):
+        fig.tight_layout()  # laid out as save lays it out, drawn, measured; then saved
+        fig.canvas.draw()
+        renderer, width = fig.canvas.get_renderer(), fig.bbox.width
+        for ax in fig.axes:
+            boxes = sorted((t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()),
+                           key=lambda b: b.x0)
+            assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in ax.get_xticklabels()]
+        title = fig._suptitle.get_window_extent(renderer)
+        assert 0 <= title.x0 and title.x1 <= width
+        checked.append(path)
+        save(fig, path)
+    monkeypatch.setattr(figures, "save", check)
+    figures.gpt_curves(m, tmp_path / "gpt_curves.png")
+    assert checked and (tmp_path / "gpt_curves.png").read_bytes().startswith(b"\x89PNG")
