@@ -20,7 +20,8 @@ SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT
 
 
 def save_final(accelerator, model, out_dir, tokenizer):
-    """After a successful run and its metrics, outside the timed loop: final/ written into final.tmp and renamed."""
+    """After a successful run, before its metrics.json (which marks it finished), outside the timed loop: final/
+    written into final.tmp and renamed."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final, tmp = out_dir / "final", out_dir / "final.tmp"
@@ -34,10 +35,11 @@ def save_final(accelerator, model, out_dir, tokenizer):
 
 
 def final_remains(out_dir):
-    ckpt, _ = checkpoints.latest_checkpoint(out_dir)
-    weights = (f"the newest weights are in the optimizer checkpoint {ckpt}" if ckpt else
-               "no checkpoint holds the weights (--ckpt-every 0, or the run ended before the first one)")
-    return f"the metrics are in {out_dir / 'metrics.json'}; {weights}"
+    """A run with a checkpoint stays unfinished (the same command resumes it); one without keeps its metrics."""
+    if checkpoints.latest_checkpoint(out_dir)[0]:
+        return checkpoints.resume_advice(out_dir) + " and save final/"
+    return (f"the metrics are in {out_dir / 'metrics.json'}; no checkpoint holds the weights (--ckpt-every 0, or the "
+            f"run ended before the first one)")
 
 
 def config_sha256(config):
