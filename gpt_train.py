@@ -211,9 +211,8 @@ def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state
 
 
 def finish(setup, state, stats, watch, stop):
-    """Validation, final/, samples, then metrics.json: a run is finished once its weights are saved, its checkpoints
-    go only after, so a kill at any moment leaves a run the same command resumes (or trains again, if it has no
-    checkpoint) or one with its weights. A full disk at final/ with no checkpoint to resume from keeps the metrics."""
+    """Validation, final/, samples, then metrics.json (the run is finished once its weights are saved), then the
+    checkpoints go: a kill at any moment leaves a run the same command resumes, or one that has its weights."""
     args, phases, train_step = setup.args, setup.phases, setup.train_step
     main = train_step.accelerator.is_main_process
     profile = watch.profile and {**watch.profile, "device_name": setup.info["device_name"]}
@@ -225,12 +224,8 @@ def finish(setup, state, stats, watch, stop):
     info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
     results = {**metrics.final_metrics(state, val_loss, stats["validation"], watch.perf.tokens_per_second(),
                                        setup.info), **info, "profile": profile}
-    try:
-        save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer)
-    except UserError:
-        if main and not checkpoints.latest_checkpoint(setup.out_dir)[0]:  # nothing to resume from
-            write_metrics(setup, results, watch)
-        raise
+    save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer,
+               keep_metrics=lambda: write_metrics(setup, results, watch))
     phases.switch("sampling")
     if main and args.sample_tokens:
         results["samples"] = sample.final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
