@@ -154,8 +154,11 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
 
 
 def corpus_cache(cache_dir, sha256):
-    """Everything cached from one corpus content: datasets' tables, data/blocks.py's packed blocks."""
-    return Path(cache_dir) / f"corpus-{sha256[:32]}"
+    """Everything cached from one corpus content: datasets' tables, data/blocks.py's packed blocks; refused where
+    another user may have written it (their tokens would be trained on)."""
+    folder = Path(cache_dir) / f"corpus-{sha256[:32]}"
+    files.check_private("--cache-dir", cache_dir, folder)
+    return folder
 
 
 def read_splits(path, val_fraction, seed, cache_dir, fresh):
