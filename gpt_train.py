@@ -211,7 +211,8 @@ def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state
 
 
 def finish(setup, state, stats, watch, stop):
-    """Validation; the metrics (first: a full disk at final/ keeps them), final/, samples, the metrics again."""
+    """Validation, final/, samples, then metrics.json (the run is finished once its weights are saved), then the
+    checkpoints go: a kill at any moment leaves a run the same command resumes, or one that has its weights."""
     args, phases, train_step = setup.args, setup.phases, setup.train_step
     main = train_step.accelerator.is_main_process
     profile = watch.profile and {**watch.profile, "device_name": setup.info["device_name"]}
@@ -223,15 +224,14 @@ def finish(setup, state, stats, watch, stop):
     info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
     results = {**metrics.final_metrics(state, val_loss, stats["validation"], watch.perf.tokens_per_second(),
                                        setup.info), **info, "profile": profile}
-    if main:
-        write_metrics(setup, results, watch)
-    save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer)
+    save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer,
+               keep_metrics=lambda: write_metrics(setup, results, watch))
     phases.switch("sampling")
     if main and args.sample_tokens:
         results["samples"] = sample.final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
                                                   args.sample_tokens, setup.writer, state.step, val_loss, stop)
     phases.switch("teardown")
-    if main:  # the phases into TensorBoard; the run is saved by now: a failing disk here is a warning
+    if main:  # the phases into TensorBoard; the weights are saved by now: a failing disk here is a warning
         try:
             phases.log(setup.writer, state.step)
             for name, seconds in (profile or {}).get("groups", {}).items():
@@ -239,12 +239,11 @@ def finish(setup, state, stats, watch, stop):
             setup.writer.close()
         except OSError as e:
             print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} "
-                  f"({files.reason(e)}); the metrics and final/ are saved", file=sys.stderr)
-    if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
-        checkpoints.remove_checkpoints(train_step.accelerator, setup.out_dir)
-    if main:
+                  f"({files.reason(e)}); final/ is saved", file=sys.stderr)
         results = write_metrics(setup, results, watch)  # the last output: the process's time is taken just before
         print(metrics.summary_line(results))
+    if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
+        checkpoints.remove_checkpoints(train_step.accelerator, setup.out_dir)
     return results
 
 

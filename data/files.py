@@ -2,10 +2,12 @@
 (write_atomic: a tempfile.mkstemp file beside the target, then os.replace), every JSON file strict; a folder
 holding OWNER_FILE is a run's, and no other program's output may land inside it."""
 import contextlib
+import grp
 import hashlib
 import json
 import math
 import os
+import pwd
 import stat
 import tempfile
 from pathlib import Path
@@ -110,6 +112,25 @@ def check_output_dir(path, what):
     if problem := output_problem(path, what):
         raise OutputError(problem)
     probe_folder(path, f"{what} {path}")
+
+
+def check_private(what, *folders):
+    """Refuse a folder whose files are trusted (a token cache, a run) where another user may have put them: not the
+    user's, or writable by others or a group not the owner's private one (umask 002's; a sticky bit stops no one)."""
+    for folder in filter(os.path.exists, folders):  # one not made yet passes: it is made here
+        info = os.stat(folder)
+        shared = info.st_mode & stat.S_IWOTH or info.st_mode & stat.S_IWGRP and not own_group(info)
+        if info.st_uid != os.geteuid() or shared:
+            why = f"writable by others (mode {info.st_mode & 0o7777:o}: chmod go-w)" if shared else "another user's"
+            raise OutputError(f"{what} {folder} is {why}: files there could be anyone's; give a folder of your own")
+
+
+def own_group(info):
+    """Whether a file's group is its owner's private group: named as the owner, no other member."""
+    with contextlib.suppress(KeyError):
+        owner, group = pwd.getpwuid(info.st_uid).pw_name, grp.getgrgid(info.st_gid)
+        return group.gr_name == owner and set(group.gr_mem) <= {owner}
+    return False
 
 
 def probe_folder(folder, named):

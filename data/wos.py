@@ -10,7 +10,6 @@
 
 `datasets` is imported only where the text is read; its cache is keyed by the text's content (corpus-<sha256>).
 """
-import hashlib
 import os
 import shutil
 import statistics
@@ -93,55 +92,60 @@ def download_wos(dest):
 
 
 def check_text(path):
-    """Refuse what datasets would read wrongly: < 2 usable lines, a line over MAX_DOC_BYTES (no line breaks:
-    BPE training would exhaust the memory), UTF-16/32 (it would pass as UTF-8 with a few bad lines)."""
-    raw = Path(path).read_bytes()
-    if not raw.strip():
-        raise TextError(f"{path} is empty")
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise TextError(f"{path} is UTF-16 or UTF-32 (byte-order mark {raw[:2].hex(' ')}), not UTF-8: convert it, "
-                        f"e.g. iconv -f UTF-16 -t UTF-8 {path} > X-utf8.txt")
-    usable = invalid = 0
-    for number, line in enumerate(raw.splitlines(), 1):  # \n, \r\n and \r, like datasets' universal newlines
-        if len(line) > MAX_DOC_BYTES:
-            raise TextError(f"{path}: line {number} has {len(line):,} bytes; expected one document (an abstract) per "
-                            f"line, at most {MAX_DOC_BYTES:,} bytes")
-        if line.count(0) > len(line) // 8:
-            raise TextError(f"{path}: line {number} is {line.count(0) / len(line):.0%} NUL bytes: UTF-16 or binary, "
-                            f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
-        text = line.decode("utf-8", errors="replace")
-        invalid += text.encode("utf-8") != line  # the replacement characters changed it
-        usable += bool(text.strip())
+    """The documents' word counts of a text datasets reads rightly, read a line at a time (memory: one line's): >= 2
+    usable lines, none over MAX_DOC_BYTES (BPE training would exhaust the memory), UTF-8 (not UTF-16, not Latin-1)."""
+    words, invalid = [], 0
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:  # \n, \r\n and \r, like datasets' reader
+        for number, line in enumerate(iter(lambda: f.readline(MAX_DOC_BYTES + 1), ""), 1):
+            raw = line.rstrip("\n").encode("utf-8", "surrogateescape")  # as in the file
+            if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise TextError(f"{path} is UTF-16 or UTF-32 (byte-order mark {raw[:2].hex(' ')}), not UTF-8: convert "
+                                f"it, e.g. iconv -f UTF-16 -t UTF-8 {path} > X-utf8.txt")
+            if len(raw) > MAX_DOC_BYTES:
+                size = len(raw)  # the rest of the line counted a megabyte at a time, never held whole
+                while not line.endswith("\n") and (line := f.readline(MAX_DOC_BYTES)):
+                    size += len(line.rstrip("\n").encode("utf-8", "surrogateescape"))
+                raise TextError(f"{path}: line {number} has {size:,} bytes; expected one document (an abstract) per "
+                                f"line, at most {MAX_DOC_BYTES:,} bytes")
+            if raw.count(0) > len(raw) // 8:
+                raise TextError(f"{path}: line {number} is {raw.count(0) / len(raw):.0%} NUL bytes: UTF-16 or binary, "
+                                f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
+            invalid += raw != line.rstrip("\n").encode("utf-8", "replace")  # a byte not UTF-8 became "?"
+            words += [len(line.split())] if line.strip() else []
+    if len(words) < 2:
+        raise TextError(f"{path} has 1 usable line; need at least 2 (one document per line)" if words else
+                        f"{path} is empty")
+    if invalid > 0.01 * len(words):  # not a few damaged lines (read with U+FFFD): another encoding, as Latin-1
+        raise TextError(f"{path}: {invalid:,} of {len(words):,} lines ({invalid / len(words):.0%}) are not valid "
+                        f"UTF-8; convert it (iconv -f LATIN1 -t UTF-8 {path} > X-utf8.txt) or drop the bad bytes "
+                        f"(iconv -c -f UTF-8 -t UTF-8 {path} > X-utf8.txt)")
     if invalid:
         print(f"warning: {invalid} lines of {path} are not valid UTF-8; decoded with replacement characters",
               file=sys.stderr)
-    if usable < 2:
-        raise TextError(f"{path} has {usable} usable line(s); need at least 2 (one document per line)")
+    return words
 
 
 def corpus_identity(path):
-    """{name, documents, bytes, sha256, basis}, from the content, never the path: "stand-in" by its known hash,
-    "WOS46985" for 46,985 abstract-sized documents (its hash is not known here: `basis` says so), else "other"."""
-    raw = Path(path).read_bytes()
-    docs = [line for line in raw.splitlines() if line.strip()]
-    sha = hashlib.sha256(raw).hexdigest()
-    median_words = statistics.median_high([len(d.split()) for d in docs] or [0])
+    """{name, documents, bytes, sha256, basis} of a checked text, by content, never the path: "stand-in" by its known
+    hash, "WOS46985" for 46,985 abstract-sized documents (its hash not known here: `basis` says so), else "other"."""
+    words = check_text(path)
+    sha, median_words = files.sha256_file(path), statistics.median_high(words)
     if sha == STANDIN_SHA256:
         name, basis = "stand-in", "its sha256 is the known one"
-    elif len(docs) == WOS46985_DOCUMENTS and 50 <= median_words <= 1000:
-        name, basis = "WOS46985", (f"{len(docs):,} documents of {median_words} words (median), as WOS46985/X.txt; "
+    elif len(words) == WOS46985_DOCUMENTS and 50 <= median_words <= 1000:
+        name, basis = "WOS46985", (f"{len(words):,} documents of {median_words} words (median), as WOS46985/X.txt; "
                                    f"its sha256 is not checked (not known here)")
     else:
-        name, basis = "other", f"{len(docs):,} documents, not WOS46985's {WOS46985_DOCUMENTS:,} abstracts"
-    return {"name": name, "documents": len(docs), "bytes": len(raw), "sha256": sha, "basis": basis}
+        name, basis = "other", f"{len(words):,} documents, not WOS46985's {WOS46985_DOCUMENTS:,} abstracts"
+    return {"name": name, "documents": len(words), "bytes": os.path.getsize(path), "sha256": sha, "basis": basis}
 
 
 def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
-    """DatasetDict(train, validation) of {"text"}, split by document (seeded), cached by content; rebuilt if damaged."""
-    check_text(path)
+    """DatasetDict(train, validation) of {"text"}, split by document (seeded), cached by content; rebuilt if damaged.
+    `sha256`: the text's corpus_identity() hash, which checked it; without it, it is checked here."""
     cache_dir = Path(cache_dir or default_cache())
     files.check_output_dir(cache_dir, "--cache-dir")
-    corpus_dir = corpus_cache(cache_dir, sha256 or files.sha256_file(path))
+    corpus_dir = corpus_cache(cache_dir, sha256 or corpus_identity(path)["sha256"])
     for fresh in (False, True):
         try:
             return read_splits(path, val_fraction, seed, corpus_dir, fresh)
@@ -154,8 +158,11 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
 
 
 def corpus_cache(cache_dir, sha256):
-    """Everything cached from one corpus content: datasets' tables, data/blocks.py's packed blocks."""
-    return Path(cache_dir) / f"corpus-{sha256[:32]}"
+    """Everything cached from one corpus content: datasets' tables, data/blocks.py's packed blocks; refused where
+    another user may have written it (their tokens would be trained on)."""
+    folder = Path(cache_dir) / f"corpus-{sha256[:32]}"
+    files.check_private("--cache-dir", cache_dir, folder)
+    return folder
 
 
 def read_splits(path, val_fraction, seed, cache_dir, fresh):
@@ -172,9 +179,9 @@ def read_splits(path, val_fraction, seed, cache_dir, fresh):
         if n_val >= len(docs):
             raise TextError(f"{path}: {len(docs)} documents are too few for a validation split of {val_fraction}")
         parts = docs.train_test_split(test_size=n_val, shuffle=True, seed=seed, load_from_cache_file=not fresh)
-    except (pyarrow.ArrowException, OSError) as e:
-        if isinstance(e, OSError) and e.errno is not None:  # the system's (a full disk), not a damaged file
-            raise TextError(f"the cache {cache_dir / 'text'}: {e.strerror} ({e.filename or 'documents'})") from None
+    except (pyarrow.ArrowException, OSError, datasets.exceptions.DatasetGenerationError) as e:  # a full disk, wrapped
+        if err := next((c for c in (e, e.__cause__) if isinstance(c, OSError) and c.errno is not None), None):
+            raise TextError(f"the cache {cache_dir / 'text'}: {err.strerror} ({err.filename or 'documents'})") from None
         raise DamagedCache(f"documents: {files.reason(e)}") from None  # ArrowInvalid, or OSError without errno
     return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
 

@@ -19,13 +19,14 @@ HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
-def save_final(accelerator, model, out_dir, tokenizer):
-    """After a successful run and its metrics, outside the timed loop: final/ written into final.tmp and renamed."""
+def save_final(accelerator, model, out_dir, tokenizer, keep_metrics):
+    """Before the metrics.json that marks a run finished: final/ written into final.tmp and renamed. A failed write
+    leaves the checkpoint to resume from, or, where there is none, calls keep_metrics() (the weights are lost)."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final, tmp = out_dir / "final", out_dir / "final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        with failed_write_explained(tmp, "the final weights", final_remains):
+        with failed_write_explained(tmp, "the final weights", lambda folder: final_remains(folder, keep_metrics)):
             tmp.mkdir()
             write_final(accelerator.unwrap_model(model), tokenizer, tmp)
         shutil.rmtree(final, ignore_errors=True)
@@ -33,11 +34,12 @@ def save_final(accelerator, model, out_dir, tokenizer):
     accelerator.wait_for_everyone()
 
 
-def final_remains(out_dir):
-    ckpt, _ = checkpoints.latest_checkpoint(out_dir)
-    weights = (f"the newest weights are in the optimizer checkpoint {ckpt}" if ckpt else
-               "no checkpoint holds the weights (--ckpt-every 0, or the run ended before the first one)")
-    return f"the metrics are in {out_dir / 'metrics.json'}; {weights}"
+def final_remains(out_dir, keep_metrics):
+    if checkpoints.latest_checkpoint(out_dir)[0]:  # unfinished: the same command resumes it
+        return checkpoints.resume_advice(out_dir) + " and save final/"
+    keep_metrics()
+    return (f"the metrics are in {out_dir / 'metrics.json'}; no checkpoint holds the weights (--ckpt-every 0, or the "
+            f"run ended before the first one)")
 
 
 def config_sha256(config):

@@ -137,6 +137,7 @@ def claim_run_dir(path, program, stack, reuse=True):
     locked and marked. A start that fails before any work leaves the folder as it found it."""
     if problem := run_dir_problem(path, program, reuse):
         raise OutputError(problem)
+    files.check_private("--out-dir", path)  # one another user can write: its metrics.json could be theirs
     fresh = not path.exists()
     files.probe_folder(path, f"--out-dir {path}")
     stack.enter_context(RunLock(path))

@@ -1,0 +1,70 @@
+"""data/wos.py's checks of a corpus a user gives: each refusal one line, before the text is split or tokenised, in
+memory bounded by one line, not by the file; and a full disk at datasets' text cache one line, not a traceback."""
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, generated_docs, tmpfs
+from data import wos
+
+PEAK = ("import resource, sys; sys.path.insert(0, sys.argv[1]); from data import wos\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n    wos.corpus_identity(sys.argv[2])\nexcept wos.TextError as e:\n    print(e)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)")  # KiB on Linux
+
+
+def test_a_corpus_on_one_line_is_refused_in_memory_bounded_by_the_check(tmp_path):
+    """20 MB of words and no line break: the check reads a line a megabyte at a time. Reading the file whole and
+    splitting it into words (as the corpus's identity did first) took over ten times the file."""
+    text = tmp_path / "X.txt"
+    with open(text, "wb") as f:
+        for _ in range(20):
+            f.write(b"word " * 200_000)  # 1 MB
+    done = subprocess.run([sys.executable, "-c", PEAK, str(REPO), str(text)], capture_output=True, text=True,
+                          timeout=300)
+    message, grown = done.stdout.splitlines()
+    assert message == (f"{text}: line 1 has 20,000,000 bytes; expected one document (an abstract) per line, at most "
+                       f"1,000,000 bytes"), done.stderr[-2000:]
+    assert int(grown) < 10 << 20  # under half the file (its words as Python strings: ~200 MB)
+
+
+def latin1_corpus(path):
+    docs = [d.replace("ka", "ké").replace("lo", "lö") for d in generated_docs(200)]  # most lines: é or ö
+    path.write_bytes("\n".join(docs).encode("latin-1"))
+    return docs
+
+
+def test_a_latin1_corpus_is_refused_with_its_rate_and_how_to_convert_it(tmp_path, capsys):
+    """It used to train on U+FFFD in place of every accented letter, with one warning, and report success."""
+    text = tmp_path / "X.txt"
+    docs = latin1_corpus(text)
+    bad = sum(d != d.encode("latin-1").decode("utf-8", "replace") for d in docs)
+    assert bad > 100
+    with pytest.raises(wos.TextError) as refused:
+        wos.load_splits(text, cache_dir=tmp_path / "cache")
+    assert str(refused.value) == (f"{text}: {bad} of 200 lines ({bad / 200:.0%}) are not valid UTF-8; convert it "
+                                  f"(iconv -f LATIN1 -t UTF-8 {text} > X-utf8.txt) or drop the bad bytes (iconv -c "
+                                  f"-f UTF-8 -t UTF-8 {text} > X-utf8.txt)")
+    if shutil.which("iconv"):  # the advice works
+        converted = tmp_path / "X-utf8.txt"
+        converted.write_bytes(subprocess.run(["iconv", "-f", "LATIN1", "-t", "UTF-8", str(text)],
+                                             capture_output=True, check=True).stdout)
+        splits = wos.load_splits(converted, cache_dir=tmp_path / "cache")
+        assert sorted(list(splits["train"]["text"]) + list(splits["validation"]["text"])) == sorted(docs)
+        assert "warning" not in capsys.readouterr().err
+
+
+def test_a_full_disk_at_the_datasets_text_cache_is_one_line(text_file, tmp_path):
+    """A 1 MB tmpfs for the cache (skipped where mount is not permitted): datasets raises a DatasetGenerationError
+    caused by the OSError; the user sees the system's reason and the folder."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    text_file.write_text("\n".join(generated_docs(8000)) + "\n")  # 2.3 MB: more than the disk holds
+    with tmpfs(disk, "1M"):
+        with pytest.raises(wos.TextError) as full:
+            wos.load_splits(text_file, cache_dir=disk / "cache")
+    message = str(full.value)
+    assert message.startswith(f"the cache {disk / 'cache'}/corpus-") and "/text: No space left on device" in message
+    assert "\n" not in message

@@ -1,0 +1,148 @@
+"""Folders whose files a run trusts, on a login node shared with other users: a --cache-dir (the token cache is
+trained on) or an --out-dir (its metrics.json is the run's record) that another user owns or may write is refused
+in one line (data/files.check_private), never read. A second user is made with useradd where the tests run as root;
+those cases skip elsewhere."""
+import contextlib
+import grp
+import json
+import os
+import pwd
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from data import blocks, files, wos
+from data.files import OutputError
+from data.tokenizer import open_tokenizer
+from training import runfiles
+
+OTHER = "lab5-other"
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    """A second, unprivileged user (pwd entry), made with useradd once; a skip where this is not root."""
+    if os.geteuid() != 0:
+        pytest.skip("a second user is made with useradd, as root")
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(OTHER)
+    made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER], capture_output=True,
+                          text=True)
+    if made.returncode:
+        pytest.skip(f"useradd {OTHER} failed: {made.stderr.strip()}")
+    return pwd.getpwnam(OTHER)
+
+
+def cache_blocks(corpus, cache):
+    tok = open_tokenizer(corpus / "tok.json").tokenizer
+    sha = wos.corpus_identity(corpus / "X.txt")["sha256"]
+    return blocks.token_blocks(corpus / "X.txt", sha, tok, 33, 0.05, 0, cache)
+
+
+def poison(cache):
+    """What another user can do to a cache they can write: every block one token, the manifest made again."""
+    folder = next(cache.glob("corpus-*/packed-v*"))
+    stats = json.loads((folder / "manifest.json").read_text())["stats"]
+    for name in ("train", "validation"):
+        np.save(folder / f"{name}.npy", np.full_like(np.load(folder / f"{name}.npy"), 7))
+    files.write_manifest(folder, [folder / "train.npy", folder / "validation.npy"], stats=stats)
+
+
+def chown_tree(root, uid, gid):
+    for folder, subfolders, names in os.walk(root):
+        for path in [folder] + [os.path.join(folder, n) for n in subfolders + names]:
+            os.chown(path, uid, gid)
+
+
+def test_a_token_cache_another_user_can_write_is_refused_not_trained_on(corpus, tmp_path):
+    """A 0777 cache (a shared folder, or umask 000): anyone could have packed the blocks and their manifest."""
+    cache = tmp_path / "cache"
+    cache_blocks(corpus, cache)
+    poison(cache)
+    cache.chmod(0o777)
+    with pytest.raises(OutputError) as refused:
+        cache_blocks(corpus, cache)
+    assert str(refused.value) == (f"--cache-dir {cache} is writable by others (mode 777: chmod go-w): files there "
+                                  f"could be anyone's; give a folder of your own")
+    cache.chmod(0o755)
+    next(cache.glob("corpus-*")).chmod(0o1777)  # the sticky bit stops no one from adding files
+    with pytest.raises(OutputError, match="is writable by others .mode 1777"):
+        cache_blocks(corpus, cache)
+
+
+def test_a_token_cache_owned_by_another_user_is_refused(corpus, tmp_path, other_user):
+    """Their cache, manifest recomputed: it trained the victim on one repeated token before."""
+    cache = tmp_path / "cache"
+    cache_blocks(corpus, cache)
+    poison(cache)
+    chown_tree(cache, other_user.pw_uid, other_user.pw_gid)
+    with pytest.raises(OutputError) as refused:
+        cache_blocks(corpus, cache)
+    assert str(refused.value) == (f"--cache-dir {cache} is another user's: files there could be anyone's; give a "
+                                  f"folder of your own")
+    with pytest.raises(OutputError, match="is another user's"):  # the datasets cache of the text too
+        wos.load_splits(corpus / "X.txt", cache_dir=cache)
+
+
+def test_an_out_dir_another_user_owns_or_can_write_is_refused_and_a_private_one_used(tmp_path, other_user):
+    made = tmp_path / "premade"
+    made.mkdir(mode=0o777)
+    made.chmod(0o777)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    mine.chmod(0o775)  # umask 002: writable by the owner's private group only (root's: named root, no member)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, -1, other_user.pw_gid)  # a group of another user's
+    shared.chmod(0o775)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    assert grp.getgrgid(os.stat(mine).st_gid).gr_name == pwd.getpwuid(os.geteuid()).pw_name
+    for folder, why in ((made, "is writable by others (mode 777"), (shared, "is writable by others (mode 775"),
+                        (theirs, "is another user's")):
+        with contextlib.ExitStack() as stack, pytest.raises(OutputError) as refused:
+            runfiles.open_run(folder, "gpt_train.py", stack)
+        assert str(refused.value).startswith(f"--out-dir {folder} {why}") and "\n" not in str(refused.value)
+        assert sorted(p.name for p in folder.iterdir()) == []  # nothing written there
+    with contextlib.ExitStack() as stack:
+        assert runfiles.open_run(mine, "gpt_train.py", stack) is False
+
+
+def test_the_check_from_an_unprivileged_users_side(other_user):
+    """The second user runs the check (os.setuid in a child): root's folder is another user's to them, their own
+    folder is theirs, a 0777 one of theirs is refused. Root ignores file modes; an ordinary user is who is attacked."""
+    root = Path(tempfile.mkdtemp(prefix="lab5-private-"))
+    try:
+        root.chmod(0o755)
+        ours, own, open_ = root / "roots", root / "own", root / "open"
+        for folder, mode in ((ours, 0o755), (own, 0o755), (open_, 0o777)):
+            folder.mkdir()
+            folder.chmod(mode)
+        for folder in (own, open_):
+            os.chown(folder, other_user.pw_uid, other_user.pw_gid)
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from data import files\n"
+                "for folder in sys.argv[2:]:\n"
+                "    try:\n        files.check_private('--out-dir', folder); print('used')\n"
+                "    except files.OutputError as e:\n        print(e)")
+        for python in (sys.executable, "/usr/bin/python3"):  # a Python of root's own (pyenv) may be closed to them
+            with contextlib.suppress(PermissionError, FileNotFoundError):
+                done = subprocess.run([python, "-c", code, str(REPO), str(ours), str(own), str(open_)],
+                                      user=other_user.pw_uid, group=other_user.pw_gid, extra_groups=[],
+                                      capture_output=True, text=True, timeout=60, cwd="/")
+                break
+        else:
+            pytest.skip("no Python the second user may run")
+        if done.returncode and "Permission denied" in done.stderr:
+            pytest.skip(f"the second user cannot read the repository: {done.stderr.strip()[-200:]}")
+        assert done.stdout.splitlines() == [
+            f"--out-dir {ours} is another user's: files there could be anyone's; give a folder of your own", "used",
+            f"--out-dir {open_} is writable by others (mode 777: chmod go-w): files there could be anyone's; give a "
+            f"folder of your own"], done.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=True)
