@@ -102,7 +102,7 @@ def test_a_failing_row_is_recorded_and_the_others_written_as_they_finish(tmp_pat
                 "ms_per_step_range": [1.0, 1.0], "first_step_extra_seconds": 0.0, "loss": 9.0,
                 "vocab_size": settings.get("vocab_size", 16384), "matmul_kind": "fp32"}
     monkeypatch.setattr(gpt_bench, "measure", fake_measure)
-    monkeypatch.setattr(gpt_bench, "matmul_rate", lambda kind, m, device: {"fp32": 4e9, "bf16": 8e9}[kind])
+    monkeypatch.setattr(gpt_bench, "matmul_rate", lambda kind, m, device, k, n: {"fp32": 4e9, "bf16": 8e9}[kind])
     rows = gpt_bench.ladder(False, (0, 0), vocab_size=16384)
     numbers = [i for i, (name, _) in enumerate(rows, 1) if "vocabulary" in name or "chunked" in name]
     out = gpt_bench.main(["--only", ",".join(map(str, [1, *numbers])), "--repeats", "2", "--metrics-out",
