@@ -15,7 +15,6 @@ import contextlib
 import gc
 import itertools
 import os
-import re
 import statistics
 import time
 from dataclasses import asdict
@@ -35,10 +34,6 @@ from training.gpt_flags import PRESETS
 from training.model import GPT, model_config
 from training.watch import profiled
 
-PEAK_MEMORY = {True: "the most memory torch's CUDA allocator held during the row",
-               False: "the process's peak resident memory during the row (Linux VmHWM, reset before it): the row's "
-                      "model, optimizer and activations on top of the process's own (libraries, interpreter)"}
-
 
 class HFLoss(torch.nn.Module):
     """transformers' GPT2LMHeadModel as the "hf" rows train it: (inputs, targets) -> the mean loss (fp32 logits)."""
@@ -55,8 +50,7 @@ class HFLoss(torch.nn.Module):
 
 
 def build(settings, vocab_size, seq_len, recipe, **shape):
-    """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own; `shape`:
-    n_layer, n_head, n_embd (default: GPT-2 small, the lab's)."""
+    """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own (GPT-2 small)."""
     acc = accelerations(settings)
     accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
     cfg = model_config(settings.get("vocab_size", vocab_size), 0, n_positions=seq_len, **shape)
@@ -114,13 +108,11 @@ def measure(settings, args, device, profile=False):
 
 
 def process_peak_GiB(reset=False):
-    """The process's peak resident memory since the last reset (Linux: VmHWM, reset by writing 5 to
-    /proc/self/clear_refs); None where the kernel offers neither."""
-    with contextlib.suppress(OSError, TypeError):
+    """The process's peak resident memory since the last reset (Linux's VmHWM; writing 5 to clear_refs resets it)."""
+    with contextlib.suppress(OSError, StopIteration), open("/proc/self/status") as status:  # elsewhere: None
         if reset:
             Path("/proc/self/clear_refs").write_text("5")
-        return int(re.search(r"^VmHWM:\s*(\d+) kB", Path("/proc/self/status").read_text(), re.M)[1]) / 2**20
-    return None
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 2**20  # in kB
 
 
 def matmul_kind(settings, cuda):
@@ -164,8 +156,7 @@ def main(argv=None):
     add, positive = p.add_argument, number(int, 0, low_open=True)
     add("--micro-batch", type=positive, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, "
         "2 on CPU)")
-    add("--preset", choices=list(PRESETS), default="lab", help="the model's layers, heads and width, as "
-        "gpt_train.py's (default: lab, GPT-2 124M); --seq-len and --micro-batch stay this script's")
+    add("--preset", choices=list(PRESETS), default="lab", help="gpt_train.py's layers, heads, width (default: lab)")
     add("--seq-len", type=positive, default=1024, help="(default: %(default)s)")
     add("--vocab-size", type=positive, default=16384, help="own tokenizer's (default: %(default)s)")
     add("--warmup", type=number(int, 0), default=3 if cuda else 2, help="untimed steps, compilation included "
@@ -194,14 +185,14 @@ def main(argv=None):
     chosen = {i: row for i, row in enumerate(rows, 1) if i in wanted}
     device = torch.device("cuda" if cuda else "cpu")
     device_name = training.device.device_name(device)
-    print(f"{device_name}: GPT-2's structure, {args.shape['n_layer']} layers x {args.shape['n_embd']}, vocab "
-          f"{args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, median of {args.steps} steps after "
-          f"{args.warmup} warm-up, {args.repeats} interleaved repeats")
+    print(f"{device_name}: GPT-2 {args.preset} preset, vocab {args.vocab_size}, batch {args.micro_batch} x "
+          f"{args.seq_len}, median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} repeats")
     m, k = args.micro_batch * args.seq_len, args.shape["n_embd"]
     runs, rates = {i: [] for i in chosen}, {}
     head = {"device_name": device_name, **common.run_facts(__file__, argv), "recipe": vars(args.recipe),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
-            "preset": args.preset, **args.shape, "peak_memory_GiB_measures": PEAK_MEMORY[cuda],
+            "preset": args.preset, **args.shape, "peak_memory_GiB_measures": "torch.cuda.max_memory_allocated"
+            if cuda else "the process's peak resident memory (VmHWM), its libraries' included: compare rows",
             "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg()[0],  # other work on the machine: read the ranges with it
             "order": args.order, "rows_planned": len(chosen)}

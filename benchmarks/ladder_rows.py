@@ -1,7 +1,6 @@
 """The acceleration ladder's rows for gpt_bench.py: (name, settings), settings being training/step.py's
 Accelerations plus the model ("hf": transformers' GPT2LMHeadModel, "own": training/model.py), its dropout and
-the vocabulary. The last rung is gpt_train.py's default step, taken from its flags, not described again; the
-accelerations declared in training/step.py (declare()) get their rows from their declaration."""
+the vocabulary. The last rung is gpt_train.py's default step, taken from its flags, not described again."""
 from dataclasses import asdict, replace
 
 import gpt_train
@@ -20,7 +19,7 @@ def ladder(cuda, capability, vocab_size=16384):
     """The rungs from the naive baseline, one acceleration each, up to the default on this device; then, indented,
     the default without each, SDPA forced, the candidates, GPT-2's vocabulary, compiled (where inductor can)."""
     default, _ = default_step(cuda, capability)
-    declared = [a for a in step.declared() if a.naive is not None and a.naive != getattr(default, a.name)]
+    declared = [a for a in step.declared() if a.naive not in (None, getattr(default, a.name))]  # rungs of their own
     naive = replace(default, precision="fp32", tf32=False, attention="eager", compile="off",
                     **{a.name: a.naive for a in declared})
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",

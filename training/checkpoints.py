@@ -162,8 +162,8 @@ def latest_checkpoint(out_dir):
 # What a resume must match, each key with the flag that sets it. Identity: whatever changes the numbers
 # the run reports (data, split, schedule, shape, precision, the validation measure). Free: how the same
 # steps are run or recorded (--micro-batch: the same global batch accumulated differently; --compile,
-# --fused-adamw, --loss: the same math; --eval-every, --log-every, --ckpt-every, --sample-tokens, paths).
-# training/step.py's accelerations declared with changes_numbers=True join them (identity_flags()).
+# --fused-adamw, --loss: the same math; --eval-every, --log-every, --ckpt-every, --sample-tokens, paths);
+# with them, training/step.py's accelerations declared with changes_numbers=True: identity_flags().
 IDENTITY_FLAGS = {
     "corpus": "--text (its content)", "val_fraction": "--val-fraction", "seed": "--seed",
     "tokenizer": "--tokenizer (its content)", "vocab_size": "--tokenizer (its vocabulary)",

@@ -66,8 +66,7 @@ def summary_line(m):
 
 
 def describe_run(args, argv, decisions, train_step, text, corpus, budget):
-    """The run as the metrics record it, each acceleration's value too (training/step.py's); `corpus`: the text's
-    identity by content, never by its path."""
+    """The run as the metrics record it, each acceleration too; `corpus`: the text's identity by content."""
     model, world = train_step.accelerator.unwrap_model(train_step.model), train_step.accelerator.num_processes
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
     return {"accelerations": asdict(train_step.accelerations), "precision": decisions.precision,

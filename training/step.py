@@ -5,13 +5,13 @@ measures the step that trains. Why each acceleration (where `auto` decides: trai
   SDPA           attention in one fused kernel, no T x T matrix in memory (the metrics name the kernel)
   torch.compile  fuses the elementwise work around the matmuls; off by default: 12M tokens do not repay it
   accumulation   micro-batches as large as fit, gradients all-reduced once per optimizer step (no_sync)
-  fused AdamW and the chunked loss have flags of their own: each declared once, with its why, in Accelerations.
+  fused AdamW, chunked loss: flags of their own, each declared once (with its why) in Accelerations below.
 
-To add an acceleration, declare it there: `name: type = declare(default, label, why, ...)` (Acceleration: its
-choices, `naive` for a rung of the ladder, `model=` its change to the model, or read `self.accelerations.name`
-in build() or TrainStep). gpt_train.py's --name, metrics.json, a resume's identity, the micro-batch probe's key
-and the ladder's rows follow: `python benchmarks/gpt_bench.py --list` numbers the rows, `--only 1,N
---metrics-out mine.json` measures them; name mine.json to report/make_report.py. Example: benchmarks/README.md.
+To add an acceleration, declare it there: `name: type = declare(default, label, why, ...)` (see Acceleration;
+`model=` its change to the model, or read self.accelerations.name in build() / TrainStep). Its --name flag,
+metrics.json, the probe's key, a resume's identity and the ladder's rows follow: `python benchmarks/gpt_bench.py
+--list` numbers the rows, `--only 1,N --metrics-out mine.json` measures them; name mine.json to make_report.py.
+A worked example: benchmarks/README.md.
 """
 import contextlib
 from collections.abc import Callable
@@ -43,8 +43,7 @@ class Acceleration:
     def flag(self):
         return "--" + self.name.replace("_", "-")
 
-    def values(self):
-        """{the flag's text: the value}."""
+    def values(self):  # {the flag's text: the value}
         return {"on": True, "off": False} if isinstance(self.default, bool) else {str(c): c for c in self.choices}
 
 
@@ -92,9 +91,8 @@ def resolve(args, decisions):
 
 def change_model(net, accelerations):
     """`net` with each declared acceleration's change, before the micro-batch probe and the optimizer see it."""
-    for a in declared():
-        if a.model:
-            a.model(net, getattr(accelerations, a.name))
+    for a in filter(lambda a: a.model, declared()):
+        a.model(net, getattr(accelerations, a.name))
     return net
 
 
