@@ -5,7 +5,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -136,7 +136,7 @@ def probe_micro_batch(model, accelerations, device, share, world=1):
     ~/.cache/lab5/micro_batch.json per GPU, model config, accelerations (training/step.py's, all of them),
     process count and share (delete it to probe again)."""
     cfg = model.cfg
-    key = f"{torch.cuda.get_device_name(device)}|{asdict(cfg)}|{asdict(accelerations)}|world {world}|share {share}"
+    key = f"{torch.cuda.get_device_name(device)}|{vars(cfg)}|{vars(accelerations)}|world {world}|share {share}"
     cache = CACHE_HOME / "micro_batch.json"
     try:  # missing, unreadable or damaged: probe again
         known = {k: v for k, v in json.loads(cache.read_text()).items() if type(v) is int and v > 0}
