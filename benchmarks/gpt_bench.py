@@ -3,7 +3,7 @@
     python benchmarks/gpt_bench.py --list                                               # the rows, numbered
     python benchmarks/gpt_bench.py --metrics-out gpt_bench_cpu.json                     # CPU: ~30 min
     python benchmarks/gpt_bench.py --seq-len 128 --micro-batch 4 --metrics-out gpt_bench_cpu_short.json  # ~15 min
-    python benchmarks/gpt_bench.py --preset tiny --seq-len 64 --micro-batch 8 --steps 3 --metrics-out tiny.json
+    python benchmarks/gpt_bench.py --preset tiny --seq-len 64 --micro-batch 8 --metrics-out tiny.json  # CPU: ~3 min
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out gpt_bench_h200.json
 
 Rows (ladder_rows.py) from the naive baseline to gpt_train.py's default step, each built by training/step.py;
@@ -63,14 +63,13 @@ def build(settings, vocab_size, seq_len, recipe, **shape):
 def timed_steps(args, run, vocab_size):
     """(seconds of each timed step with its GPU work, the first step's extra seconds, the last loss)."""
     batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
-    batches, losses, times, cuda = itertools.repeat(batch), [], [], run.accelerator.device.type == "cuda"
+    batches, losses, times = itertools.repeat(batch), [], []
+    sync = torch.cuda.synchronize if run.accelerator.device.type == "cuda" else lambda: None
     for _ in range(args.warmup + args.steps):
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         run(batches, 1, run.recipe.lr, losses.append)
-        if cuda:
-            torch.cuda.synchronize()  # sync point: the step's kernels are in its seconds
+        sync()  # sync point: the step's kernels are in its seconds
         times.append(time.perf_counter() - t0)
     return times[args.warmup:], times[0] - statistics.median(times[args.warmup:]), losses[-1].item()
 

@@ -132,9 +132,8 @@ def find_micro_batch(try_step, share):
 
 
 def probe_micro_batch(model, accelerations, device, share, world=1):
-    """--micro-batch auto on a GPU: a forward + backward per candidate beside a ballast, remembered in
-    ~/.cache/lab5/micro_batch.json per GPU, model config, accelerations (training/step.py's, all of them),
-    process count and share (delete it to probe again)."""
+    """--micro-batch auto on a GPU: a forward + backward per candidate beside a ballast, remembered in ~/.cache/lab5/
+    micro_batch.json per GPU, model config, accelerations (all), process count and share (delete it to probe again)."""
     cfg = model.cfg
     key = f"{torch.cuda.get_device_name(device)}|{vars(cfg)}|{vars(accelerations)}|world {world}|share {share}"
     cache = CACHE_HOME / "micro_batch.json"

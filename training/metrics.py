@@ -1,6 +1,5 @@
 """What a GPT run reports: TensorBoard scalars, the final metrics, the start-up and summary lines."""
 import math
-from dataclasses import asdict
 
 import torch
 
@@ -69,7 +68,7 @@ def describe_run(args, argv, decisions, train_step, text, corpus, budget):
     """The run as the metrics record it, each acceleration too; `corpus`: the text's identity by content."""
     model, world = train_step.accelerator.unwrap_model(train_step.model), train_step.accelerator.num_processes
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
-    return {"accelerations": asdict(train_step.accelerations), "precision": decisions.precision,
+    return {"accelerations": vars(train_step.accelerations), "precision": decisions.precision,
             "compile": decisions.compile_mode, "attention": model.attention,
             "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
                              if model.attention == "sdpa" else None),

@@ -7,11 +7,10 @@ measures the step that trains. Why each acceleration (where `auto` decides: trai
   accumulation   micro-batches as large as fit, gradients all-reduced once per optimizer step (no_sync)
   fused AdamW, chunked loss: flags of their own, each declared once (with its why) in Accelerations below.
 
-To add an acceleration, declare it there: `name: type = declare(default, label, why, ...)` (see Acceleration;
-`model=` its change to the model, or read self.accelerations.name in build() / TrainStep). Its --name flag,
-metrics.json, the probe's key, a resume's identity and the ladder's rows follow: `python benchmarks/gpt_bench.py
---list` numbers the rows, `--only 1,N --metrics-out mine.json` measures them; name mine.json to make_report.py.
-A worked example: benchmarks/README.md.
+To add an acceleration, declare it in Accelerations: `name: type = declare(default, label, why, ...)` (see
+Acceleration); its --name flag, the model's change, metrics.json, the probe's key, a resume's identity and the
+ladder's rows follow. `python benchmarks/gpt_bench.py --list` numbers the rows, `--only 1,N --metrics-out mine.json`
+measures them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md.
 """
 import contextlib
 from collections.abc import Callable
@@ -37,11 +36,8 @@ class Acceleration:
     naive: object = None  # the ladder's naive value: then a rung of its own and a "default without" row
     model: Callable | None = None  # model(net, value): its change to the model built (training/model.py's GPT)
     changes_numbers: bool = False  # a resume must keep it (training/checkpoints.py's identity); else the same math
-    name: str = ""  # the field's: gpt_train.py's flag --name (dashes for underscores), metrics.json's
-
-    @property
-    def flag(self):
-        return "--" + self.name.replace("_", "-")
+    name: str = ""  # the field's (declared() fills it in): metrics.json's, the ladder's rows'
+    flag: str = ""  # gpt_train.py's: --name, dashes for underscores
 
     def values(self):  # {the flag's text: the value}
         return {"on": True, "off": False} if isinstance(self.default, bool) else {str(c): c for c in self.choices}
@@ -67,8 +63,8 @@ class Accelerations:
 
 def declared():
     """The accelerations made by declare(), named: gpt_train.py's flags, the ladder's rows, the model's changes."""
-    return [replace(f.metadata["acceleration"], name=f.name) for f in fields(Accelerations)
-            if "acceleration" in f.metadata]
+    return [replace(f.metadata["acceleration"], name=f.name, flag="--" + f.name.replace("_", "-"))
+            for f in fields(Accelerations) if "acceleration" in f.metadata]
 
 
 @dataclass(frozen=True)
