@@ -171,8 +171,7 @@ def set_up(args, argv, stack, phases):
 
     phases.switch("model")
     train_step, budget, micro_source = build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt)
-    info = metrics.describe_run(args, argv, decisions, train_step.accelerator.unwrap_model(train_step.model), text,
-                                corpus, budget, accelerator.num_processes)
+    info = metrics.describe_run(args, argv, decisions, train_step, text, corpus, budget)
     writer = announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text,
                       out_dir) if accelerator.is_main_process else None
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
@@ -186,8 +185,8 @@ def build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
     with accelerator.device:  # weights made where they train: on a GPU no CPU init and no 0.5 GB host-to-device copy
-        model = GPT(cfg, attention=accelerations.attention, loss=accelerations.loss)
-    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, accelerations.precision,
+        model = step.change_model(GPT(cfg, attention=accelerations.attention), accelerations)
+    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, accelerations,
                                              args.global_batch, PRESETS[args.preset]["micro_batch"],
                                              saved.get("micro_batch"))
     unit = checkpoints.continue_position(state, saved, micro)  # another micro-batch than the checkpoint's: recounted

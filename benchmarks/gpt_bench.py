@@ -1,20 +1,24 @@
 """The acceleration ladder: GPT-2 124M training steps, adding one acceleration at a time.
 
+    python benchmarks/gpt_bench.py --list                                               # the rows, numbered
     python benchmarks/gpt_bench.py --metrics-out gpt_bench_cpu.json                     # CPU: ~30 min
     python benchmarks/gpt_bench.py --seq-len 128 --micro-batch 4 --metrics-out gpt_bench_cpu_short.json  # ~15 min
+    python benchmarks/gpt_bench.py --preset tiny --seq-len 64 --micro-batch 8 --metrics-out tiny.json  # CPU: ~3 min
     python benchmarks/gpt_bench.py --micro-batch 16 --metrics-out gpt_bench_h200.json
 
 Rows (ladder_rows.py) from the naive baseline to gpt_train.py's default step, each built by training/step.py;
 one process, one random batch, steady steps after warm-up, --repeats interleaved; the JSON rewritten after every
 row. Each row is read against a matmul of its shape measured just before it in its precision, and on a GPU
-against the datasheet's peak (MFU).
+against the datasheet's peak (MFU). Peak memory per row: CUDA's allocator on a GPU, the process's on a CPU.
 """
+import contextlib
 import gc
 import itertools
 import os
 import statistics
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +30,7 @@ import training.device
 from ladder_rows import accelerations, default_step, ladder, unmeasured_first
 from training import step
 from training.flags import number
+from training.gpt_flags import PRESETS
 from training.model import GPT, model_config
 from training.watch import profiled
 
@@ -44,40 +49,40 @@ class HFLoss(torch.nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def build(settings, vocab_size, seq_len, recipe):
-    """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own."""
+def build(settings, vocab_size, seq_len, recipe, **shape):
+    """A row's (model config, TrainStep), built by training/step.py as gpt_train.py builds its own (GPT-2 small)."""
     acc = accelerations(settings)
     accelerator = step.make_accelerator(acc, fresh=True)  # one per row: each row's precision
-    cfg = model_config(settings.get("vocab_size", vocab_size), 0, n_positions=seq_len)  # the lab shape: GPT-2 small
+    cfg = model_config(settings.get("vocab_size", vocab_size), 0, n_positions=seq_len, **shape)
     with accelerator.device:  # weights made where they train
         model = (HFLoss(cfg, settings["dropout"], acc.attention) if settings["model"] == "hf"
-                 else GPT(cfg, acc.attention, acc.loss))
-    return cfg, step.build(model, acc, recipe, accelerator)
+                 else GPT(cfg, acc.attention))
+    return cfg, step.build(step.change_model(model, acc), acc, recipe, accelerator)
 
 
 def timed_steps(args, run, vocab_size):
     """(seconds of each timed step with its GPU work, the first step's extra seconds, the last loss)."""
     batch = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len + 1), device=run.accelerator.device)
-    batches, losses, times, cuda = itertools.repeat(batch), [], [], run.accelerator.device.type == "cuda"
+    batches, losses, times = itertools.repeat(batch), [], []
+    sync = torch.cuda.synchronize if run.accelerator.device.type == "cuda" else lambda: None
     for _ in range(args.warmup + args.steps):
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         run(batches, 1, run.recipe.lr, losses.append)
-        if cuda:
-            torch.cuda.synchronize()  # sync point: the step's kernels are in its seconds
+        sync()  # sync point: the step's kernels are in its seconds
         times.append(time.perf_counter() - t0)
     return times[args.warmup:], times[0] - statistics.median(times[args.warmup:]), losses[-1].item()
 
 
 def measure(settings, args, device, profile=False):
-    """One row once: tokens/s, FLOPs per token, MFU and peak memory (GPU), the step as built; `profile`: one more."""
+    """One row once: tokens/s, FLOPs per token, MFU, peak memory, the step as built; `profile`: one more step."""
     cuda = device.type == "cuda"
     torch.manual_seed(0)
     torch._dynamo.reset()  # each row compiles from scratch (inductor's cache may still help)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    cfg, run = build(settings, args.vocab_size, args.seq_len, args.recipe)
+    measured = cuda or process_peak_GiB(reset=True) is not None  # the peak from here
+    cfg, run = build(settings, args.vocab_size, args.seq_len, args.recipe, **args.shape)
     acc = run.accelerations
     run.train_model.train()
     times, first_extra, loss = timed_steps(args, run, cfg.vocab_size)
@@ -95,10 +100,18 @@ def measure(settings, args, device, profile=False):
     if profile:
         batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
         out["profile"] = profiled(lambda: run(batch, 1, run.recipe.lr, lambda loss: None), device)[1]
-    if cuda:
-        out["peak_memory_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else process_peak_GiB()
+    out["peak_memory_GiB"] = peak if measured else None  # without a reset it is not this row's
     run.accelerator.free_memory()  # the accelerator's references: the row's memory goes when measure() returns
     return out
+
+
+def process_peak_GiB(reset=False):
+    """The process's peak resident memory since the last reset (Linux's VmHWM; writing 5 to clear_refs resets it)."""
+    with contextlib.suppress(OSError, StopIteration), open("/proc/self/status") as status:  # elsewhere: None
+        if reset:
+            Path("/proc/self/clear_refs").write_text("5")
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 2**20  # in kB
 
 
 def matmul_kind(settings, cuda):
@@ -142,19 +155,25 @@ def main(argv=None):
     add, positive = p.add_argument, number(int, 0, low_open=True)
     add("--micro-batch", type=positive, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, "
         "2 on CPU)")
+    add("--preset", choices=list(PRESETS), default="lab", help="gpt_train.py's layers, heads, width (default: lab)")
     add("--seq-len", type=positive, default=1024, help="(default: %(default)s)")
     add("--vocab-size", type=positive, default=16384, help="own tokenizer's (default: %(default)s)")
     add("--warmup", type=number(int, 0), default=3 if cuda else 2, help="untimed steps, compilation included "
         "(default: 3 on GPU, 2 on CPU)")
     add("--steps", type=positive, default=10 if cuda else 2, help="timed steps (default: 10 on GPU, 2 on CPU)")
     add("--repeats", type=positive, default=3, help="interleaved repeats of every row (default: %(default)s)")
-    add("--only", help="comma-separated row numbers to run (1 = naive)")
+    add("--only", help="comma-separated row numbers to run (1 = naive; --list numbers them)")
+    add("--list", action="store_true", help="print the rows with their numbers and exit, measuring nothing")
     add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: the rows the report's "
         "conclusions rest on first, group by group, for a run that may be cut (default: %(default)s)")
     args = common.parse(p, argv)
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
+    args.shape = {k: PRESETS[args.preset][k] for k in ("n_layer", "n_head", "n_embd")}
     rows = ladder(cuda, capability, vocab_size=args.vocab_size)
+    if args.list:
+        print("\n".join(f"{i:2d} {name}" for i, (name, _) in enumerate(rows, 1)))
+        return rows
     try:
         wanted = {int(x) for x in args.only.split(",")} if args.only else set(range(1, len(rows) + 1))
     except ValueError:
@@ -165,12 +184,14 @@ def main(argv=None):
     chosen = {i: row for i, row in enumerate(rows, 1) if i in wanted}
     device = torch.device("cuda" if cuda else "cpu")
     device_name = training.device.device_name(device)
-    print(f"{device_name}: GPT-2 124M structure, vocab {args.vocab_size}, batch {args.micro_batch} x {args.seq_len}, "
-          f"median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} interleaved repeats")
-    m = args.micro_batch * args.seq_len
+    print(f"{device_name}: GPT-2 {args.preset} preset, vocab {args.vocab_size}, batch {args.micro_batch} x "
+          f"{args.seq_len}, median of {args.steps} steps after {args.warmup} warm-up, {args.repeats} repeats")
+    m, k = args.micro_batch * args.seq_len, args.shape["n_embd"]
     runs, rates = {i: [] for i in chosen}, {}
     head = {"device_name": device_name, **common.run_facts(__file__, argv), "recipe": vars(args.recipe),
             "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
+            "preset": args.preset, **args.shape, "peak_memory_GiB_measures": "torch.cuda.max_memory_allocated"
+            if cuda else "the process's peak resident memory (VmHWM), its libraries' included: compare rows",
             "repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg()[0],  # other work on the machine: read the ranges with it
             "order": args.order, "rows_planned": len(chosen)}
@@ -179,7 +200,7 @@ def main(argv=None):
     for r, i in ((r, i) for group in groups for r in range(args.repeats) for i in group if i in wanted):
         name, settings = chosen[i]
         kind = matmul_kind(settings, cuda)
-        rates.setdefault(kind, []).append(rate := matmul_rate(kind, m, device))
+        rates.setdefault(kind, []).append(rate := matmul_rate(kind, m, device, k, 4 * k))
         got = try_measure(settings, args, device, profile=r == 0 and i in profile)
         runs[i].append(got)
         if "error" not in got:  # the row's FLOP/s over the matmul's, measured just before it
@@ -187,7 +208,7 @@ def main(argv=None):
         print(f"repeat {r + 1}, {i:2d} {name:60s} " + (f"{got['tokens_per_second']:10,.0f} tok/s, "
               f"{got['fraction_of_matmul_rate']:6.1%} of {kind} matmul {rate / 1e12:.3f} TFLOP/s"
               if "error" not in got else got["error"]), flush=True)
-        matmul = {"shape": [m, 768, 3072], "flops_per_second": {k: statistics.median(v) for k, v in rates.items()},
+        matmul = {"shape": [m, k, 4 * k], "flops_per_second": {k: statistics.median(v) for k, v in rates.items()},
                   "flops_per_second_range": {k: [min(v), max(v)] for k, v in rates.items()}}
         out = common.write(args, {**head, "load_average_now": os.getloadavg()[0], "matmul": matmul,
                                   "rungs": summarise(chosen, runs)})
@@ -213,8 +234,7 @@ def summarise(chosen, runs):
                **{k: first[k] for k in ("flops_per_token", "vocab_size", "matmul_kind")},
                "mfu": statistics.median(m["mfu"] for m in good) if first["mfu"] else None,
                "sdpa_backend": first.get("sdpa_backend"), "repeats": good, **({"errors": errors} if errors else {})}
-        if "peak_memory_GiB" in first:
-            row["peak_memory_GiB"] = max(m["peak_memory_GiB"] for m in good)
+        row["peak_memory_GiB"] = max((m["peak_memory_GiB"] for m in good if m.get("peak_memory_GiB")), default=None)
         base = base or row["tokens_per_second"]
         row["speedup"] = row["tokens_per_second"] / base
         if not name.startswith(" "):

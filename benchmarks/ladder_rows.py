@@ -17,9 +17,11 @@ def default_step(cuda, capability):
 
 def ladder(cuda, capability, vocab_size=16384):
     """The rungs from the naive baseline, one acceleration each, up to the default on this device; then, indented,
-    the default without each, SDPA forced, a chunked loss, GPT-2's vocabulary, compiled (where inductor can)."""
+    the default without each, SDPA forced, the candidates, GPT-2's vocabulary, compiled (where inductor can)."""
     default, _ = default_step(cuda, capability)
-    naive = replace(default, precision="fp32", tf32=False, attention="eager", compile="off", fused_adamw=False)
+    declared = [a for a in step.declared() if a.naive not in (None, getattr(default, a.name))]  # rungs of their own
+    naive = replace(default, precision="fp32", tf32=False, attention="eager", compile="off",
+                    **{a.name: a.naive for a in declared})
     rungs = [("naive: GPT2LMHeadModel, dropout 0.1, eager attention, fp32, AdamW",
               dict(model="hf", dropout=0.1, **asdict(naive))),
              ("+ dropout 0 (GPT-2 pretraining used 0.1; 12M tokens do not overfit)", dict(dropout=0.0)),
@@ -30,7 +32,8 @@ def ladder(cuda, capability, vocab_size=16384):
     if default.precision != "fp32":  # as gpt_train.py's --precision auto: only where the hardware has 16-bit math
         rungs.append((f"+ {default.precision} autocast" + (" + GradScaler" if default.precision == "fp16" else ""),
                       dict(precision=default.precision)))
-    rungs.append(("+ fused AdamW (= gpt_train.py default)", dict(fused_adamw=default.fused_adamw)))
+    rungs += [(f"+ {a.label}", {a.name: getattr(default, a.name)}) for a in declared]
+    rungs[-1] = (rungs[-1][0] + " (= gpt_train.py default)", rungs[-1][1])
     settings, out = {}, []
     for name, change in rungs:
         settings = {**settings, **change}
@@ -41,7 +44,9 @@ def ladder(cuda, capability, vocab_size=16384):
             what = name.removeprefix("+ ").split(" (")[0].split(",")[0]
             out.append((f"  default without {what}", {**settings, **{k: out[0][1][k] for k in change}}))
     out += [(f"  default, SDPA forced to its {b} backend", {**settings, "sdpa_backend": b}) for b in step.SDPA_BACKENDS]
-    out.append(("  candidate: chunked loss, no full fp32 logits (--loss chunked)", {**settings, "loss": "chunked"}))
+    out += [(f"  candidate: {a.label}, {a.why} ({a.flag} {text})", {**settings, a.name: value})
+            for a in step.declared() for text, value in a.values().items()
+            if value not in (settings[a.name], a.naive)]  # not the default, not the naive row's
     if vocab_size != GPT2_VOCAB:
         out.append((f"  default with GPT-2's vocabulary ({GPT2_VOCAB:,} instead of {vocab_size:,})",
                      {**settings, "vocab_size": GPT2_VOCAB}))
@@ -64,7 +69,7 @@ def unmeasured_first(rows):
     def kind(i, name, settings):
         if settings["compile"] != "off":
             return 4
-        if settings.get("loss") == "chunked":
+        if name.startswith("  candidate"):
             return 2
         if "vocab_size" in settings:
             return 3

@@ -5,6 +5,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO
 
@@ -102,7 +103,7 @@ def test_a_failing_row_is_recorded_and_the_others_written_as_they_finish(tmp_pat
                 "ms_per_step_range": [1.0, 1.0], "first_step_extra_seconds": 0.0, "loss": 9.0,
                 "vocab_size": settings.get("vocab_size", 16384), "matmul_kind": "fp32"}
     monkeypatch.setattr(gpt_bench, "measure", fake_measure)
-    monkeypatch.setattr(gpt_bench, "matmul_rate", lambda kind, m, device: {"fp32": 4e9, "bf16": 8e9}[kind])
+    monkeypatch.setattr(gpt_bench, "matmul_rate", lambda kind, m, device, k, n: {"fp32": 4e9, "bf16": 8e9}[kind])
     rows = gpt_bench.ladder(False, (0, 0), vocab_size=16384)
     numbers = [i for i, (name, _) in enumerate(rows, 1) if "vocabulary" in name or "chunked" in name]
     out = gpt_bench.main(["--only", ",".join(map(str, [1, *numbers])), "--repeats", "2", "--metrics-out",
@@ -139,3 +140,26 @@ def test_real_rows_on_cpu_vocabulary_and_chunked_loss(tmp_path):
     assert vocab["flops_per_token"] - default["flops_per_token"] == 6 * 768 * (50304 - 16384)
     assert chunked["repeats"][0]["loss"] == pytest.approx(default["repeats"][0]["loss"], rel=1e-4)
     assert 0 < default["fraction_of_matmul_rate"] and set(out["matmul"]["flops_per_second"]) >= {default["matmul_kind"]}
+
+
+def test_list_prints_the_numbered_rows_and_measures_nothing(monkeypatch, capsys):
+    """`--list`: the numbers `--only` takes, each beside its row's name, and no row measured."""
+    monkeypatch.setattr(gpt_bench, "measure", lambda *a, **kw: pytest.fail("--list measured a row"))
+    rows = gpt_bench.main(["--list", "--vocab-size", "50304"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"{i:2d} {name}" for i, (name, _) in enumerate(rows, 1)]
+    assert rows == gpt_bench.ladder(False, (0, 0), vocab_size=50304) and printed[0].startswith(" 1 naive: ")
+    assert "15   candidate: chunked loss, no full fp32 logits (--loss chunked)" in printed
+
+
+def test_a_cpu_rows_peak_memory_is_the_process_peak_since_the_rows_start():
+    """On a CPU the peak is the process's resident peak (VmHWM) from the reset at a row's start: a 0.37 GiB tensor
+    made and freed after the reset is in it, and the next row's reset forgets it."""
+    before = gpt_bench.process_peak_GiB(reset=True)
+    if before is None:
+        pytest.skip("no /proc/self/status: the peak is null, not measured")
+    block = torch.ones(100_000_000)  # 0.37 GiB, written: resident
+    del block
+    peak = gpt_bench.process_peak_GiB()
+    assert peak > before + 0.3
+    assert gpt_bench.process_peak_GiB(reset=True) < peak - 0.3

@@ -1,8 +1,7 @@
 """The repository's shape: the packages never import a top-level script (the scripts import them), no
-module imports one that imports it back (at any depth, inside functions too), data/ (the lowest floor)
-imports nothing from training/, no module is longer than a reader takes in at one sitting, gpt_train.py
-reads in one sitting with no function longer than a screen, the code outside tests/ stays within its line
-budget, and the linter's exceptions live in its configuration, not in noqa comments."""
+module imports one that imports it back (at any depth, inside functions too), and data/ (the lowest floor)
+imports nothing from training/. These protect a reader of any version, a student's too; the kit's own size
+budgets (lines, functions, noqa comments) are the maintainers' and live in .ci/budgets.sh, not here."""
 import ast
 
 import pytest
@@ -11,12 +10,6 @@ from conftest import REPO
 
 SCRIPTS = {path.stem for path in REPO.glob("*.py")}  # gpt_train, lenet5, tokenizer_train
 PACKAGES = ("training", "data", "report")
-MAX_LINES = 400
-BUDGET = 7000  # non-test Python lines in all (issue 40: 9,188 at adc056a)
-SKIP = {"tests", ".git", "build", ".gpu-prep", ".venv"}
-GPT_TRAIN_LINES, SCREEN = 320, 40  # gpt_train.py, and any one function in it
-MAX_NOQA = 5
-NOQA = "# " + "noqa"  # spelled so that this file does not count itself
 
 
 def imported_modules(path):
@@ -44,42 +37,11 @@ def test_the_import_walk_sees_imports_inside_functions(tmp_path):
     assert imported_modules(sample) == {"gpt_train", "lenet5"}
 
 
-def code_lines():
-    """{path: lines} of every Python file outside tests/ (and build folders)."""
-    return {str(path.relative_to(REPO)): len(path.read_text().splitlines()) for path in REPO.rglob("*.py")
-            if not SKIP & set(path.relative_to(REPO).parts)}
-
-
-def test_no_module_is_longer_than_one_sitting():
-    assert {path: n for path, n in code_lines().items() if n > MAX_LINES} == {}
-
-
-def test_the_code_stays_within_its_line_budget():
-    lines = code_lines()
-    assert "gpt_train.py" in lines and sum(lines.values()) <= BUDGET, sorted(lines.items(), key=lambda kv: -kv[1])[:5]
-
-
 def test_the_lowest_floor_never_climbs():
     """data/ imports nothing from training/ (UserError and the file helpers live in data/files.py)."""
     climbing = {str(path.relative_to(REPO)): "training" for path in sorted((REPO / "data").rglob("*.py"))
                 if "training" in imported_modules(path)}
     assert climbing == {}
-
-
-def test_gpt_train_reads_in_one_sitting():
-    path = REPO / "gpt_train.py"
-    tree = ast.parse(path.read_text())
-    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
-            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > SCREEN}
-    assert len(path.read_text().splitlines()) <= GPT_TRAIN_LINES and long == {}
-
-
-def test_noqa_comments_are_few():
-    """The linter's per-file configuration (.ruff.toml) says what a whole file needs; a noqa is for one line."""
-    found = [f"{path.relative_to(REPO)}:{i}" for path in sorted(REPO.rglob("*.py"))
-             if not (SKIP - {"tests"}) & set(path.relative_to(REPO).parts)
-             for i, line in enumerate(path.read_text().splitlines(), 1) if NOQA in line]
-    assert len(found) <= MAX_NOQA, found
 
 
 def module_name(path):

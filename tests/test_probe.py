@@ -2,11 +2,12 @@
 answer is keyed on, how it backs off from a failed allocation, and that a failed try's memory is free
 before the next try. (Its search order and damaged caches: tests/test_training.py.)"""
 import weakref
+from dataclasses import asdict
 
 import pytest
 import torch
 
-from training import budget
+from training import budget, step
 from training.model import GPT, GPTConfig
 
 
@@ -22,19 +23,23 @@ def probe(monkeypatch, tmp_path):
     real = budget.find_micro_batch
     monkeypatch.setattr(budget, "find_micro_batch", lambda step, share: tries.append(share) or real(step, share))
 
-    def run(loss="plain", world=1):
-        return budget.probe_micro_batch(GPT(cfg, loss=loss), "fp32", "cpu", share=4, world=world)
+    def run(loss="plain", world=1, **shape):
+        accelerations = step.Accelerations(loss=loss)
+        model = step.change_model(GPT(GPTConfig(**{**asdict(cfg), **shape})), accelerations)
+        return budget.probe_micro_batch(model, accelerations, "cpu", share=4, world=world)
     return run, tries
 
 
-def test_a_remembered_micro_batch_is_kept_per_loss_and_process_count(probe):
+def test_a_remembered_micro_batch_is_kept_per_loss_process_count_and_model_config(probe):
     """A chunked-loss probe fits more than the plain loss can train with, a 1-process probe more than
-    DDP's buckets leave: neither answer is reused by the other run."""
+    DDP's buckets leave, a model with another config (here the initialisation only) may fit another count:
+    none of these answers is reused by another run."""
     run, tries = probe
     assert run("chunked") == (4, "probed")
     assert run("plain") == (4, "probed") and run("plain", world=2) == (4, "probed")
+    assert run("plain", initializer_range=0.01) == (4, "probed")
     assert [run("chunked"), run("plain"), run("plain", world=2)] == [(4, "remembered")] * 3
-    assert len(tries) == 3
+    assert len(tries) == 4
 
 
 def test_a_cublas_allocation_failure_backs_off_like_an_out_of_memory_and_other_errors_stay():

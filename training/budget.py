@@ -86,7 +86,7 @@ def plan_budget(tokens, global_batch, micro_batch, world, seq_len, unit=None):
                   math.ceil(sequences / micro_batch), unit if unit != micro_batch else 0)
 
 
-def choose_micro_batch(flag, model, accelerator, precision, global_batch, preset_micro, resumed_micro=None):
+def choose_micro_batch(flag, model, accelerator, accelerations, global_batch, preset_micro, resumed_micro=None):
     """(micro-batch, where it came from): the flag, on a resume too (a run out of memory resumes with a smaller
     one); else a resume's, a GPU's probe or the preset's on a CPU, at most this process's share."""
     world = accelerator.num_processes
@@ -98,7 +98,7 @@ def choose_micro_batch(flag, model, accelerator, precision, global_batch, preset
         return resumed_micro, "as the checkpoint"
     if accelerator.device.type != "cuda":
         return fit_micro_batch(global_batch, world, preset_micro), "preset"
-    micro, source = probe_micro_batch(model, precision, accelerator.device, global_batch // world, world)
+    micro, source = probe_micro_batch(model, accelerations, accelerator.device, global_batch // world, world)
     return agree_on_micro_batch(accelerator, micro), source
 
 
@@ -131,12 +131,11 @@ def find_micro_batch(try_step, share):
     raise UserError("not even a micro-batch of 1 sequence fits on this GPU")
 
 
-def probe_micro_batch(model, precision, device, share, world=1):
-    """--micro-batch auto on a GPU: a forward + backward per candidate beside a ballast, remembered in
-    ~/.cache/lab5/micro_batch.json per GPU, shape, loss, process count and share (delete it to probe again)."""
+def probe_micro_batch(model, accelerations, device, share, world=1):
+    """--micro-batch auto on a GPU: a forward + backward per candidate beside a ballast, remembered in ~/.cache/lab5/
+    micro_batch.json per GPU, model config, accelerations (all), process count and share (delete it to probe again)."""
     cfg = model.cfg
-    key = (f"{torch.cuda.get_device_name(device)}|{cfg.n_layer}x{cfg.n_embd}|seq {cfg.n_positions}|vocab "
-           f"{cfg.vocab_size}|{precision}|{model.attention}|loss {model.loss}|world {world}|share {share}")
+    key = f"{torch.cuda.get_device_name(device)}|{vars(cfg)}|{vars(accelerations)}|world {world}|share {share}"
     cache = CACHE_HOME / "micro_batch.json"
     try:  # missing, unreadable or damaged: probe again
         known = {k: v for k, v in json.loads(cache.read_text()).items() if type(v) is int and v > 0}
@@ -147,7 +146,7 @@ def probe_micro_batch(model, precision, device, share, world=1):
     # fp32 beside the weights and gradients: AdamW's two moments and one more params' worth for the optimizer
     # step's temporaries (3x); under DDP one more for its buckets and hook's copies (4x)
     ballast_size = (4 if world > 1 else 3) * sum(p.numel() for p in model.parameters())
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerations.precision)
 
     def try_step(m):
         ballast = torch.empty(ballast_size, dtype=torch.float32, device=device)

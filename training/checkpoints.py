@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 
 from data import files
 from data.files import UserError, manifest_problem
-from training import runfiles
+from training import runfiles, step
 
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
@@ -162,7 +162,8 @@ def latest_checkpoint(out_dir):
 # What a resume must match, each key with the flag that sets it. Identity: whatever changes the numbers
 # the run reports (data, split, schedule, shape, precision, the validation measure). Free: how the same
 # steps are run or recorded (--micro-batch: the same global batch accumulated differently; --compile,
-# --fused-adamw, --loss: the same math; --eval-every, --log-every, --ckpt-every, --sample-tokens, paths).
+# --fused-adamw, --loss: the same math; --eval-every, --log-every, --ckpt-every, --sample-tokens, paths);
+# with them, training/step.py's accelerations declared with changes_numbers=True: identity_flags().
 IDENTITY_FLAGS = {
     "corpus": "--text (its content)", "val_fraction": "--val-fraction", "seed": "--seed",
     "tokenizer": "--tokenizer (its content)", "vocab_size": "--tokenizer (its vocabulary)",
@@ -172,11 +173,15 @@ IDENTITY_FLAGS = {
     "precision": "--precision", "val_batches": "--val-batches"}
 
 
+def identity_flags():
+    return {**IDENTITY_FLAGS, **{a.name: a.flag for a in step.declared() if a.changes_numbers}}
+
+
 def run_identity(args, tok, corpus_sha256, precision, world):
-    """What a checkpoint's run depends on (IDENTITY_FLAGS; the micro-batch is added once chosen, not compared)."""
+    """What a checkpoint's run depends on (identity_flags(); the micro-batch is added once chosen, not compared)."""
     named = {"corpus": corpus_sha256[:16], "tokenizer": tok.sha256[:16], "vocab_size": tok.vocab_size,
              "world_size": world, "precision": precision}
-    return {key: named[key] if key in named else getattr(args, key) for key in IDENTITY_FLAGS}
+    return {key: named[key] if key in named else getattr(args, key) for key in identity_flags()}
 
 
 def check_same_run(saved, current):
@@ -185,7 +190,7 @@ def check_same_run(saved, current):
     if differ:
         raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
                         "; this run has " + ", ".join(f"{k} = {current[k]}" for k in differ) +
-                        f" ({', '.join(dict.fromkeys(IDENTITY_FLAGS.get(k, k) for k in differ))}): resume with "
+                        f" ({', '.join(dict.fromkeys(identity_flags().get(k, k) for k in differ))}): resume with "
                         f"the same settings or pick a new --out-dir")
 
 

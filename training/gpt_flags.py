@@ -2,7 +2,7 @@
 import argparse
 
 from data.tokenizer import default_tokenizer
-from training import CACHE_HOME
+from training import CACHE_HOME, step
 from training.flags import Parser, add_output_flags, int_or_auto, number, path_flag, path_or_name_flag, seed_flag
 
 PRESETS = {  # model shape, batch and peak learning rate; everything else is a flag
@@ -40,8 +40,9 @@ def build_parser():
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
         help="torch.compile each block (regional) or the whole model; auto: off (training/device.py)")
     add("--compile-cache", type=path_flag, default=CACHE_HOME / "torch-compile", help="inductor/Triton cache")
-    add("--fused-adamw", choices=["on", "off"], default="on", help="the whole AdamW update in one kernel")
-    add("--loss", choices=["plain", "chunked"], default="plain", help="chunked: a speed candidate, training/lm_loss.py")
+    for a in step.declared():  # declared in training/step.py
+        add(a.flag, choices=list(a.values()), default={v: k for k, v in a.values().items()}[a.default],
+            help=f"{a.label}: {a.why}")
     outputs = p.add_argument_group("evaluation, checkpoints and outputs")
     add = outputs.add_argument
     add("--out-dir", type=path_flag, default=None, help="the run's folder: new, empty, or one of gpt_train.py's "

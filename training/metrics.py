@@ -64,10 +64,12 @@ def summary_line(m):
             f"vocabularies; the loss is not)")
 
 
-def describe_run(args, argv, decisions, model, text, corpus, budget, world):
-    """The run as the metrics record it; `corpus`: the text's identity by content, never by its path."""
+def describe_run(args, argv, decisions, train_step, text, corpus, budget):
+    """The run as the metrics record it, each acceleration too; `corpus`: the text's identity by content."""
+    model, world = train_step.accelerator.unwrap_model(train_step.model), train_step.accelerator.num_processes
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
-    return {"precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
+    return {"accelerations": vars(train_step.accelerations), "precision": decisions.precision,
+            "compile": decisions.compile_mode, "attention": model.attention,
             "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
                              if model.attention == "sdpa" else None),
             "tf32": "on" if decisions.tf32 else "off", "fused_adamw": args.fused_adamw, "world_size": world,

@@ -4,11 +4,17 @@ measures the step that trains. Why each acceleration (where `auto` decides: trai
   TF32           what stays fp32 runs on tensor cores too, with a 10-bit mantissa (sm80+)
   SDPA           attention in one fused kernel, no T x T matrix in memory (the metrics name the kernel)
   torch.compile  fuses the elementwise work around the matmuls; off by default: 12M tokens do not repay it
-  fused AdamW    the whole update in one kernel reading each parameter once (foreach makes several passes)
   accumulation   micro-batches as large as fit, gradients all-reduced once per optimizer step (no_sync)
+  fused AdamW, chunked loss: flags of their own, each declared once (with its why) in Accelerations below.
+
+To add an acceleration, declare it in Accelerations: `name: type = declare(default, label, why, ...)` (see
+Acceleration); its --name flag, the model's change, metrics.json, the probe's key, a resume's identity and the
+ladder's rows follow. `python benchmarks/gpt_bench.py --list` numbers the rows, `--only 1,N --metrics-out mine.json`
+measures them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md.
 """
 import contextlib
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
@@ -21,14 +27,44 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
 
 
 @dataclass(frozen=True)
+class Acceleration:
+    """An acceleration with a flag of its own: a field of Accelerations made by declare()."""
+    label: str  # the ladder's name for it: "+ label", "default without label", "candidate: label, why"
+    why: str  # one line: its --help, its candidate row
+    default: object  # gpt_train.py's; True/False: a flag of on/off
+    choices: tuple = ()  # its values (True/False: on/off)
+    naive: object = None  # the ladder's naive value: then a rung of its own and a "default without" row
+    model: Callable | None = None  # model(net, value): its change to the model built (training/model.py's GPT)
+    changes_numbers: bool = False  # a resume must keep it (training/checkpoints.py's identity); else the same math
+    name: str = ""  # the field's (declared() fills it in): metrics.json's, the ladder's rows'
+    flag: str = ""  # gpt_train.py's: --name, dashes for underscores
+
+    def values(self):  # {the flag's text: the value}
+        return {"on": True, "off": False} if isinstance(self.default, bool) else {str(c): c for c in self.choices}
+
+
+def declare(default, label, why, **more):
+    return field(default=default, metadata={"acceleration": Acceleration(label, why, default, **more)})
+
+
+@dataclass(frozen=True)
 class Accelerations:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)
     tf32: bool = False  # fp32 matmuls on TF32 tensor cores (GPUs only)
     attention: str = "sdpa"  # sdpa | eager (the model's attention: training/model.py)
     sdpa_backend: str | None = None  # a forced SDPA kernel (SDPA_BACKENDS; the ladder's rows); None: torch's choice
     compile: str = "off"  # off | regional | whole
-    fused_adamw: bool = True
-    loss: str = "plain"  # plain | chunked (training/lm_loss.py)
+    # with a flag of their own: declare(default, label, why, ...), see Acceleration; the ladder's rungs in this order
+    fused_adamw: bool = declare(True, "fused AdamW", "the whole AdamW update in one kernel reading each parameter "
+                                "once (foreach makes several passes)", naive=False)
+    loss: str = declare("plain", "chunked loss", "no full fp32 logits", choices=("plain", "chunked"),
+                        model=lambda net, loss: setattr(net, "loss", loss))  # training/lm_loss.py
+
+
+def declared():
+    """The accelerations made by declare(), named: gpt_train.py's flags, the ladder's rows, the model's changes."""
+    return [replace(f.metadata["acceleration"], name=f.name, flag="--" + f.name.replace("_", "-"))
+            for f in fields(Accelerations) if "acceleration" in f.metadata]
 
 
 @dataclass(frozen=True)
@@ -42,9 +78,18 @@ class Recipe:
 
 
 def resolve(args, decisions):
+    """(Accelerations, Recipe) of gpt_train.py's flags, as training/device.py decided precision, TF32, compile."""
+    chosen = {a.name: a.values()[getattr(args, a.name)] for a in declared()}
     accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32,
-                                  compile=decisions.compile_mode, fused_adamw=args.fused_adamw == "on", loss=args.loss)
+                                  compile=decisions.compile_mode, **chosen)
     return accelerations, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
+
+
+def change_model(net, accelerations):
+    """`net` with each declared acceleration's change, before the micro-batch probe and the optimizer see it."""
+    for a in filter(lambda a: a.model, declared()):
+        a.model(net, getattr(accelerations, a.name))
+    return net
 
 
 def make_accelerator(accelerations, fresh=False):

@@ -1,0 +1,143 @@
+"""An acceleration declared once (a field of training/step.py's Accelerations, made by declare()) reaches
+everything with no other file edited: gpt_train.py's flag, the step's model, the ladder's rows (its rung and
+its "default without" row, or its candidate row), `gpt_bench.py --list`, a measured ladder's JSON, the
+micro-batch probe's key, a resume's identity and a run's metrics.json. The worked example of the recipe in
+training/step.py's docstring: a dummy acceleration declared the way a student declares theirs."""
+import json
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import gpt_train
+from conftest import REPO, tiny_args
+from data.files import UserError
+from training import budget, checkpoints, device, step
+from training.model import GPT, GPTConfig
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpt_bench
+import ladder_rows
+
+CHANGED = []  # (the model's class, the value) for each model the dummy changed
+
+
+def mark(net, on):
+    """The dummy's change to the model: it marks it (a real one would wrap its blocks, swap a module...)."""
+    net.dummy_boost = on
+    CHANGED.append((type(net).__name__, on))
+
+
+@dataclass(frozen=True)
+class WithRung(step.Accelerations):
+    dummy_boost: bool = step.declare(True, "dummy boost", "a stand-in that marks the model", naive=False,
+                                     model=mark, changes_numbers=True)
+
+
+@dataclass(frozen=True)
+class WithCandidate(step.Accelerations):
+    dummy_boost: bool = step.declare(False, "dummy boost", "a stand-in that marks the model", model=mark)
+
+
+@pytest.fixture(params=[WithRung])
+def declared(request, monkeypatch):
+    """Accelerations with the dummy declared in it, as a student's edit of training/step.py would make it."""
+    monkeypatch.setattr(step, "Accelerations", request.param)
+    CHANGED.clear()
+    return request.param
+
+
+def rows_named(rows):
+    return {name: settings for name, settings in rows}
+
+
+def tiny_ladder_json(out, *names):
+    """gpt_bench.py's JSON of the tiny preset on a CPU, one repeat of one step, for the rows of these names."""
+    rows = ladder_rows.ladder(False, (0, 0), vocab_size=256)
+    numbers = [i for i, (name, _) in enumerate(rows, 1) if name in names]
+    assert len(numbers) == len(names), f"not in the ladder: {set(names) - {n for n, _ in rows}}"
+    gpt_bench.main(["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--vocab-size", "256", "--repeats",
+                    "1", "--steps", "1", "--warmup", "0", "--only", ",".join(map(str, numbers)), "--metrics-out",
+                    str(out)])
+    return json.loads(out.read_text())
+
+
+def test_a_declared_acceleration_is_a_flag_of_gpt_train(declared, capsys):
+    with pytest.raises(SystemExit):
+        gpt_train.parse_args(["--help"])
+    assert "--dummy-boost {on,off}" in capsys.readouterr().out
+    args = gpt_train.parse_args(["--dummy-boost", "off"])
+    decisions = device.decisions_for("cpu", (0, 0), "fp32", "off")
+    assert step.resolve(args, decisions)[0].dummy_boost is False
+    assert step.resolve(gpt_train.parse_args([]), decisions)[0].dummy_boost is True  # its declared default
+
+
+def test_a_declared_rung_has_its_row_and_its_default_without_row(declared, capsys):
+    """Declared with a naive value: the ladder adds it as the last rung (now gpt_train.py's default) and leaves it
+    out of the default once; the rows the report rests on (group 0) include that leave-one-out row."""
+    rows = ladder_rows.ladder(False, (0, 0))
+    by_name = rows_named(rows)
+    rungs = [name for name, _ in rows if not name.startswith(" ")]
+    assert rungs[-2:] == ["+ fused AdamW", "+ dummy boost (= gpt_train.py default)"]
+    assert not by_name[rungs[0]]["dummy_boost"] and by_name[rungs[-2]]["dummy_boost"] is False
+    assert by_name[rungs[-1]] == {**by_name[rungs[-2]], "dummy_boost": True}
+    assert by_name["  default without dummy boost"] == {**by_name[rungs[-1]], "dummy_boost": False}
+    assert by_name["  default without fused AdamW"]["dummy_boost"] is True
+    first = [rows[i - 1][0] for i in ladder_rows.unmeasured_first(rows)[0]]
+    assert "  default without dummy boost" in first
+    listed = gpt_bench.main(["--list"])
+    printed = capsys.readouterr().out.splitlines()
+    number = next(i for i, (name, _) in enumerate(listed, 1) if name == "  default without dummy boost")
+    assert f"{number:2d}   default without dummy boost" in printed and listed == rows
+
+
+@pytest.mark.parametrize("declared", [WithCandidate], indirect=True)
+def test_a_declared_candidate_has_its_row_on_top_of_the_default(declared):
+    """Declared without a naive value and off by default: one candidate row, the default with it on."""
+    by_name = rows_named(ladder_rows.ladder(False, (0, 0)))
+    default = next(s for name, s in by_name.items() if name.endswith("(= gpt_train.py default)"))
+    candidate = "  candidate: dummy boost, a stand-in that marks the model (--dummy-boost on)"
+    assert by_name[candidate] == {**default, "dummy_boost": True} and default["dummy_boost"] is False
+    assert "  default without dummy boost" not in by_name
+
+
+def test_a_measured_ladder_holds_the_declared_rows_and_their_peak_memory(declared, tmp_path):
+    """The dummy's rows measured by gpt_bench.py (tiny preset): built as declared, each with its peak memory."""
+    out = tiny_ladder_json(tmp_path / "ladder.json", "+ dummy boost (= gpt_train.py default)",
+                           "  default without dummy boost")
+    on, off = out["rungs"]
+    assert (on["settings"]["dummy_boost"], off["settings"]["dummy_boost"]) == (True, False)
+    assert on["built"]["dummy_boost"] is True and off["built"]["dummy_boost"] is False
+    assert CHANGED == [("GPT", True), ("GPT", False)]  # each row's model, changed by the declaration
+    assert on["tokens_per_second"] > 0 and (out["n_layer"], out["n_embd"]) == (2, 64)
+    assert 0 < on["peak_memory_GiB"] < 64 and "resident" in out["peak_memory_GiB_measures"]
+
+
+def test_the_probe_key_and_a_resumes_identity_hold_the_declared_acceleration(declared, tmp_path, monkeypatch):
+    """Another value of the dummy is probed again (never another step's remembered micro-batch) and, as it changes
+    the numbers, a resume with another value is refused naming its flag."""
+    monkeypatch.setattr(budget, "CACHE_HOME", tmp_path / "lab5")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    cfg = GPTConfig(vocab_size=64, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+
+    def probe(on):
+        accelerations = declared(dummy_boost=on)
+        return budget.probe_micro_batch(step.change_model(GPT(cfg), accelerations), accelerations, "cpu", share=4)
+    assert [probe(True), probe(False), probe(True)] == [(4, "probed"), (4, "probed"), (4, "remembered")]
+    keys = list(json.loads((tmp_path / "lab5" / "micro_batch.json").read_text()))
+    assert len(keys) == 2 and ["'dummy_boost': True" in k for k in keys] == [True, False]
+    assert checkpoints.identity_flags()["dummy_boost"] == "--dummy-boost"
+    with pytest.raises(UserError, match=r"dummy_boost = on; this run has dummy_boost = off \(--dummy-boost\)"):
+        checkpoints.check_same_run({"dummy_boost": "on"}, {"dummy_boost": "off"})
+
+
+def test_a_runs_metrics_record_the_declared_acceleration(declared, corpus, tmp_path):
+    """A tiny gpt_train.py run with --dummy-boost off: its model changed as declared, its metrics.json says so."""
+    metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "512", "--dummy-boost", "off"))
+    assert CHANGED == [("GPT", False)]
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["accelerations"]["dummy_boost"] is False and saved["accelerations"] == metrics["accelerations"]
+    assert saved["accelerations"]["fused_adamw"] is True and saved["accelerations"]["loss"] == "plain"

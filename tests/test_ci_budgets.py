@@ -1,0 +1,28 @@
+""".ci/budgets.sh, the maintainers' size budgets that CI runs before the tests (they are not tests: a student's
+own module must not fail `pytest tests`): run on a copy of the repository's Python, it names what is over."""
+import shutil
+import subprocess
+
+from conftest import REPO
+
+
+def python_copy(root):
+    """The repository's Python files and the check, in a fresh git repository at `root`."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split()
+    for name in [*listed, ".ci/budgets.sh"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, root / name)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    return root
+
+
+def test_a_module_over_the_budgets_fails_the_check_naming_it(tmp_path):
+    root = python_copy(tmp_path / "repo")
+    (root / "training" / "scratch.py").write_text("x = 1\n" * 7001)
+    with (root / "gpt_train.py").open("a") as f:
+        f.write("\n\ndef long():\n" + "    x = 1\n" * 40)
+    done = subprocess.run(["bash", ".ci/budgets.sh"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "over 7,000" in done.stderr and "training/scratch.py (7001)" in done.stderr
+    assert "functions over 40: {'long': 41}" in done.stderr
