@@ -22,12 +22,15 @@ from data.tokenizer import open_tokenizer
 from training import batches, budget, device, lifecycle, metrics, watch
 from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
 from training.model import GPT, model_config
+from training.step import Accelerations
 
 # ------------------------------------------------------------------ device decisions
 
 def test_flops_per_token_is_6n_plus_attention():
     cfg = model_config(16384, 0)
     assert device.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
+
+FP32 = Accelerations()  # the probe key's accelerations: the defaults, fp32
 
 
 @pytest.mark.parametrize("requested, device_type, capability, cpu_bf16, expected", [
@@ -150,10 +153,10 @@ def fake_gpu(monkeypatch, tmp_path):
 
 def test_the_probe_resets_peak_memory_and_remembers_per_share(fake_gpu):
     model, resets, cache = fake_gpu
-    assert budget.probe_micro_batch(model, "fp32", "cpu", share=8) == (8, "probed")
+    assert budget.probe_micro_batch(model, FP32, "cpu", share=8) == (8, "probed")
     assert resets == ["cpu"]  # the failed tries' peak is not training's
-    assert budget.probe_micro_batch(model, "fp32", "cpu", share=8) == (8, "remembered")
-    assert budget.probe_micro_batch(model, "fp32", "cpu", share=4) == (4, "probed")  # another share: its own entry
+    assert budget.probe_micro_batch(model, FP32, "cpu", share=8) == (8, "remembered")
+    assert budget.probe_micro_batch(model, FP32, "cpu", share=4) == (4, "probed")  # another share: its own entry
     assert sorted(key.rsplit("|", 1)[1] for key in json.loads(cache.read_text())) == ["share 4", "share 8"]
 
 
@@ -162,7 +165,7 @@ def test_a_damaged_probe_cache_is_ignored_and_probed_again(fake_gpu, content):
     model, _, cache = fake_gpu
     cache.parent.mkdir(parents=True)
     cache.write_bytes(content)
-    assert budget.probe_micro_batch(model, "fp32", "cpu", share=4) == (4, "probed")
+    assert budget.probe_micro_batch(model, FP32, "cpu", share=4) == (4, "probed")
     assert list(json.loads(cache.read_text()).values()) == [4]
 
 
@@ -171,7 +174,7 @@ def test_the_probe_ballast_counts_ddp_buckets(fake_gpu, monkeypatch):
     n, sizes, empty = sum(p.numel() for p in model.parameters()), {}, torch.empty
     for world in (1, 8):
         monkeypatch.setattr(torch, "empty", lambda size, **kw: sizes.setdefault(world, size) and empty(size, **kw))
-        budget.probe_micro_batch(model, "fp32", "cpu", share=4, world=world)
+        budget.probe_micro_batch(model, FP32, "cpu", share=4, world=world)
     assert sizes == {1: 3 * n, 8: 4 * n}  # AdamW's two moments + the step's temporaries; + DDP's gradient buckets
 
 
