@@ -24,13 +24,13 @@ from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record
 from training.model import GPT, model_config
 from training.step import Accelerations
 
+FP32 = Accelerations()  # the probe key's accelerations: the defaults, fp32
+
 # ------------------------------------------------------------------ device decisions
 
 def test_flops_per_token_is_6n_plus_attention():
     cfg = model_config(16384, 0)
     assert device.flops_per_token(cfg, 1024, 100) == 600 + 12 * 12 * 768 * 1024
-
-FP32 = Accelerations()  # the probe key's accelerations: the defaults, fp32
 
 
 @pytest.mark.parametrize("requested, device_type, capability, cpu_bf16, expected", [
