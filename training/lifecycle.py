@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import timedelta
 
 try:  # (a clock, this process's start on it): Linux's /proc/self/stat field 22, in ticks since boot
     with open("/proc/self/stat") as _stat:
@@ -67,11 +68,14 @@ class Phases:
 
 
 def start(name, stops=False):
-    """As a program, a Ctrl-C before main() is one line and 130, not a traceback; `stops`: USR1/TERM kept."""
+    """As a program: a Ctrl-C before main() is one line and 130; bars on a terminal only; `stops`: USR1/TERM kept."""
     if IMPORTS[0] is None:
         IMPORTS[0] = process_seconds()
     if name != "__main__":
         return
+    if not sys.stderr.isatty():  # a file (a Slurm log): no progress bars, whose '\r' redraws make one endless line
+        os.environ.setdefault("TQDM_DISABLE", "1")  # tqdm's own switch, read at its import: every library's bars
+        sys.stdout.reconfigure(line_buffering=True)  # each log_line() in the file as it is printed, as stderr's
     if stops:  # Slurm's warning or a scancel before the StopFlag exists: kept for it
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: PENDING.append(signum))
@@ -80,6 +84,14 @@ def start(name, stops=False):
             atexit.register(signal.signal, sig, signal.SIG_IGN)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _while_starting)
+
+
+def log_line(bar, step, total, values, seconds_left):
+    """A log point: on a terminal in the bar (if any); elsewhere (start(): no bars) a line of its own,
+    `step 120/184 | loss 5.930 | 412,000 tok/s | ETA 0:00:41`."""
+    if sys.stderr.isatty():
+        return bar and bar.set_postfix_str(", ".join(values), refresh=False)  # drawn by the bar's next update
+    print(" | ".join([f"step {step:,}/{total:,}", *values, f"ETA {timedelta(seconds=round(seconds_left))}"]))
 
 
 def _while_starting(signum, frame):

@@ -27,7 +27,7 @@ def final_metrics(state, val_loss, v, tokens_per_second, info):
 
 def scalars(info, budget, loss, grad_norm, lr, tps, dev):
     """A log point's TensorBoard scalars: loss, gradient norm, LR; throughput and MFU once steady; GPU use."""
-    out = {"train/loss": loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
+    out = {"loss/train": loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
     if tps:
         out["perf/tokens_per_second"] = tps
         out["perf/step_ms"] = budget.accum * budget.tokens_per_micro / tps * 1e3
