@@ -67,8 +67,7 @@ def train_loop(setup, state, stop):
     watch = StepWatch(train_step.accelerator, state, stop, budget.total_steps,
                       profile_dir=setup.out_dir / "profile" if args.profile else None)
     train_step.train_model.train()
-    with tqdm(total=budget.total_steps, initial=state.step, desc="train", mininterval=2,
-              disable=None if train_step.accelerator.is_main_process else True) as bar:  # None: on a terminal only
+    with tqdm(total=budget.total_steps, initial=state.step, desc="train", mininterval=2) as bar:  # see lifecycle.start
         while state.step < budget.total_steps:
             n_micro = budget.micro_in_step(state.micro_batches)
             lr = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
@@ -121,9 +120,10 @@ def log_point(setup, state, watch, grad_norm, lr, bar):
         for k, v in metrics.scalars(setup.info, setup.budget, mean_loss, grad_norm, lr, tps,
                                     setup.train_step.accelerator.device).items():
             setup.writer.add_scalar(k, v, state.step)
-        left = (setup.budget.total_micro - state.micro_batches) * setup.budget.tokens_per_micro  # the ETA: steady pace
-        values = [f"loss {mean_loss:.3f}", f"{tps or 0:,.0f} tok/s"]
-        lifecycle.log_line(bar, state.step, setup.budget.total_steps, values, left / watch.perf.tokens_per_second())
+        tokens_left = (setup.budget.total_micro - state.micro_batches) * setup.budget.tokens_per_micro
+        values = [f"loss {mean_loss:.3f}", f"{tps or 0:,.0f} tok/s"]  # then the ETA, at the steady pace so far
+        lifecycle.log_line(bar, state.step, setup.budget.total_steps, values,
+                           tokens_left * state.steady_seconds / state.steady_tokens if state.steady_tokens else None)
 
 
 def validate(setup, at_step):

@@ -73,9 +73,11 @@ def start(name, stops=False):
         IMPORTS[0] = process_seconds()
     if name != "__main__":
         return
-    if not sys.stderr.isatty():  # a file (a Slurm log): no progress bars, whose '\r' redraws make one endless line
-        os.environ.setdefault("TQDM_DISABLE", "1")  # tqdm's own switch, read at its import: every library's bars
-        sys.stdout.reconfigure(line_buffering=True)  # each log_line() in the file as it is printed, as stderr's
+    # no progress bars in a file (a Slurm log: their '\r' redraws make one endless line; log_line()s instead), nor in
+    # torchrun's other processes: tqdm's own switch, read at its import, for every library's bars
+    if not sys.stderr.isatty() or os.environ.get("RANK", "0") != "0":
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        sys.stdout.reconfigure(line_buffering=True)  # each line in the file as it is printed, as stderr's
     if stops:  # Slurm's warning or a scancel before the StopFlag exists: kept for it
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: PENDING.append(signum))
@@ -91,7 +93,8 @@ def log_line(bar, step, total, values, seconds_left):
     `step 120/184 | loss 5.930 | 412,000 tok/s | ETA 0:00:41`."""
     if sys.stderr.isatty():
         return bar and bar.set_postfix_str(", ".join(values), refresh=False)  # drawn by the bar's next update
-    print(" | ".join([f"step {step:,}/{total:,}", *values, f"ETA {timedelta(seconds=round(seconds_left))}"]))
+    eta = "?" if seconds_left is None else timedelta(seconds=round(seconds_left))  # None: no pace known yet
+    print(" | ".join([f"step {step:,}/{total:,}", *values, f"ETA {eta}"]))
 
 
 def _while_starting(signum, frame):
