@@ -67,8 +67,7 @@ def train_loop(setup, state, stop):
     watch = StepWatch(train_step.accelerator, state, stop, budget.total_steps,
                       profile_dir=setup.out_dir / "profile" if args.profile else None)
     train_step.train_model.train()
-    with tqdm(total=budget.total_steps, initial=state.step, desc="train", mininterval=2,
-              disable=not train_step.accelerator.is_main_process) as bar:
+    with tqdm(total=budget.total_steps, initial=state.step, desc="train", mininterval=2) as bar:  # see lifecycle.start
         while state.step < budget.total_steps:
             n_micro = budget.micro_in_step(state.micro_batches)
             lr = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
@@ -107,7 +106,7 @@ def lr_at(step, peak, total, warmup_fraction):
 
 
 def log_point(setup, state, watch, grad_norm, lr, bar):
-    """Every --log-every steps and at the end: the loss curve, throughput, TensorBoard, the bar."""
+    """Every --log-every steps and at the end: the loss curve, throughput, TensorBoard, the bar or a line."""
     mean_loss = watch.losses.mean(setup.train_step.accelerator)  # over all processes: a sync point
     tps = watch.perf.window_tokens_per_second()
     if not math.isfinite(mean_loss):
@@ -117,11 +116,14 @@ def log_point(setup, state, watch, grad_norm, lr, bar):
     state.losses.append([state.step, mean_loss])
     if tps:
         state.throughput.append([state.step, tps])
-    if setup.writer:
+    if setup.writer:  # the main process
         for k, v in metrics.scalars(setup.info, setup.budget, mean_loss, grad_norm, lr, tps,
                                     setup.train_step.accelerator.device).items():
             setup.writer.add_scalar(k, v, state.step)
-    bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tps or 0:,.0f}", refresh=False)  # drawn by update()
+        tokens_left = (setup.budget.total_micro - state.micro_batches) * setup.budget.tokens_per_micro
+        values = [f"loss {mean_loss:.3f}", f"{tps or 0:,.0f} tok/s"]  # then the ETA, at the steady pace so far
+        lifecycle.log_line(bar, state.step, setup.budget.total_steps, values,
+                           tokens_left * state.steady_seconds / state.steady_tokens if state.steady_tokens else None)
 
 
 def validate(setup, at_step):
@@ -129,7 +131,7 @@ def validate(setup, at_step):
     val = evaluate(setup.train_step.model, setup.blocks["validation"], setup.train_step.accelerator,
                    setup.budget.micro_batch, setup.args.val_batches, setup.budget.val_unit)
     if setup.writer:
-        setup.writer.add_scalar("val/loss", val, at_step)
+        setup.writer.add_scalar("loss/val", val, at_step)
     return val
 
 

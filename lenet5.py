@@ -69,7 +69,7 @@ def fit_plain(run):
     optimizer, scheduler = lenet.optimizer_and_schedule(run)
     step = 0
     for epoch in range(1, run.args.epochs + 1):
-        t0 = lenet.start_epoch(run)
+        lenet.start_epoch(run)
         for x, y in tqdm(run.train_loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0):
             logits = run.model(x)
             loss = F.cross_entropy(logits, y)
@@ -79,7 +79,7 @@ def fit_plain(run):
             scheduler.step()
             step += 1
             lenet.log_point(run, step, logits, y, loss, scheduler.get_last_lr()[0])  # a sync every --log-every steps
-        lenet.end_epoch(run, epoch, step, t0)
+        lenet.end_epoch(run, epoch, step)
 
 
 def parse_args(argv):

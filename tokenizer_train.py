@@ -35,7 +35,8 @@ def train_bpe(docs, vocab_size, min_frequency=2):
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=sys.stderr.isatty())  # in a file: only blank lines
     tokenizer.train_from_iterator(docs, trainer=trainer, length=len(docs))
     return tokenizer
 
@@ -115,8 +116,8 @@ def parse_args(argv):
     p.add_argument("--cache-dir", type=path_flag, default=None,
                    help="datasets cache (default: the repository's data/cache, LAB5_DATA or not)")
     p.add_argument("--compare", type=path_or_name_flag, default="gpt2",
-                   help="tokenizer to compare with: a tokenizer.json, a folder (data/gpt2-tokenizer/), a hub name "
-                        "found locally (the HF cache or data/<name>-tokenizer/), or 'none' (default: %(default)s)")
+                   help="tokenizer to compare with: a tokenizer.json, a folder, a hub name found locally (the HF "
+                        "cache or $LAB5_DATA or data/ + <name>-tokenizer/), or 'none' (default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
     add_output_flags(p)  # --metrics-out, and --force: also for --out
     return p.parse_args(argv)
@@ -176,6 +177,9 @@ def main(argv=None):
         metrics = phases.stamp(metrics)  # just before the last output is written
         if args.metrics_out:
             files.write_json(args.metrics_out, metrics)
+        cache = wos.corpus_cache(args.cache_dir or wos.default_cache(), corpus["sha256"])
+        print(f"wrote {args.out}" + (f" and the token cache for --seq-len {args.seq_len} in {cache}"
+                                     if metrics.get("num_train_tokens") is not None else ""))
         return metrics
 
 

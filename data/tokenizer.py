@@ -1,7 +1,7 @@
 """open_tokenizer(spec): the one way every script opens a tokenizer, whether `spec` is a tokenizer.json, a
-folder (tokenizer.json, or GPT-2's vocab.json + merges.txt) or a hub name ("gpt2": the HF cache, then
-data/<name>-tokenizer/, then the hub only if it answers within seconds). A path that does not exist is never
-taken for a hub name, and nothing hangs offline: a failure is one TokenizerError line naming what was tried."""
+folder (tokenizer.json, or GPT-2's vocab.json + merges.txt) or a hub name ("gpt2": the HF cache, then data_copy(),
+then the hub only if it answers within seconds). A path that does not exist is never taken for a hub name, and
+nothing hangs offline: a failure is one TokenizerError line naming what was tried."""
 import contextlib
 import hashlib
 import socket
@@ -11,12 +11,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from data import REPO
+from data import REPO, data_root
 from data.files import UserError, reason
 
 EOT = "<|endoftext|>"
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
-LOCAL_TOKENIZERS = REPO / "data"  # offline copies of hub tokenizers: data/<name>-tokenizer/ (data/gpt2-tokenizer/)
 
 
 class TokenizerError(UserError):
@@ -90,12 +89,13 @@ def tokenizer_from_path(path):
     return tokenizer
 
 
-def repository_copy(name):
-    return LOCAL_TOKENIZERS / f"{name.split('/')[-1]}-tokenizer"
+def data_copy(name):
+    """Where a hub tokenizer's offline copy is looked for: beside the data sets (gpt2: $LAB5_DATA/gpt2-tokenizer/)."""
+    return data_root() / f"{name.split('/')[-1]}-tokenizer"
 
 
 def local_copy(name):
-    """A hub tokenizer's copy here (the HF cache's tokenizer.json, else repository_copy), or None."""
+    """A hub tokenizer's copy here (the HF cache's tokenizer.json, else data_copy), or None."""
     from huggingface_hub import try_to_load_from_cache
     try:
         cached = try_to_load_from_cache(name, "tokenizer.json")
@@ -103,14 +103,14 @@ def local_copy(name):
         raise TokenizerError(f"tokenizer {name!r}: no such file or folder, and not a hub name") from None
     if isinstance(cached, str):
         return Path(cached)
-    return repository_copy(name) if repository_copy(name).is_dir() else None
+    return data_copy(name) if data_copy(name).is_dir() else None
 
 
 def tokenizer_from_hub_name(name):
     from huggingface_hub import constants
     if found := local_copy(name):
         return tokenizer_from_path(found), str(found)
-    local = repository_copy(name)
+    local = data_copy(name)
     offline = constants.HF_HUB_OFFLINE
     if offline or not hub_reachable():
         raise TokenizerError(f"tokenizer {name!r}: no such file or folder, no local copy (HF cache "

@@ -3,6 +3,7 @@
 #   sbatch slurm/gpt.sh [gpt_train.py flags]          the default partition; 20 minutes (normal)
 #   sbatch -p debug --time=5 slurm/gpt.sh --tokens 2000000    the 5-minute debug queue: pass --time
 #   sbatch -p 2080Ti slurm/gpt.sh                     another course cluster's queue
+#   sbatch -p cpu --gres=none slurm/gpt.sh --preset tiny --tokens 200000   no GPUs there (slurm/README.md)
 #   bash slurm/gpt.sh ...                             the same without Slurm (Ctrl-C checkpoints)
 # Submit from the repository root (the log goes to runs/slurm/, appended across restarts);
 # from elsewhere add -o %x-%j.out. Relative paths in the flags are read from the submit folder.

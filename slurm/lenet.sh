@@ -2,6 +2,7 @@
 # LeNet-5 on MNIST, one GPU (a CPU node works too). Flags go to lenet5.py.
 #   sbatch slurm/lenet.sh                        the cluster's default partition (fits debug and normal)
 #   sbatch -p debug slurm/lenet.sh --act cpp     the 5-minute debug queue (-p normal, -p 2080Ti likewise)
+#   sbatch -p cpu --gres=none slurm/lenet.sh     a partition without GPUs (README.md here: troubleshooting)
 #   bash slurm/lenet.sh --epochs 1               the same without Slurm
 # Submit from the repository root (the log goes to runs/slurm/); from elsewhere add -o %x-%j.out.
 # Relative paths in the flags are read from the folder you submit from.

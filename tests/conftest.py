@@ -28,8 +28,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-# the real data: LAB5_SHARED_DATA (CI's), else LAB5_DATA (the scripts' variable), else ../shared/data
-SHARED_DATA = Path(os.environ.get("LAB5_SHARED_DATA") or os.environ.get("LAB5_DATA") or REPO.parent / "shared" / "data")
+# the real data: LAB5_DATA, as the scripts read it (a relative path: from where pytest started), else
+# ../shared/data; out of the environment, so that the scripts under test find only the data a test gives them
+SHARED_DATA = Path(os.environ.pop("LAB5_DATA", "") or os.environ.get("LAB5_SHARED_DATA")  # (its former name)
+                   or REPO.parent / "shared" / "data").resolve()
 
 
 def pytest_configure(config):
@@ -80,7 +82,7 @@ def fresh_accelerator_state():
 def shared_data():
     """The read-only real data; CI sets LAB5_REQUIRE_DATA=1 so its absence fails instead of skipping."""
     if not SHARED_DATA.is_dir():
-        require_or_skip(f"no real data at {SHARED_DATA} (LAB5_SHARED_DATA or LAB5_DATA)", "LAB5_REQUIRE_DATA")
+        require_or_skip(f"no real data at {SHARED_DATA} (LAB5_DATA)", "LAB5_REQUIRE_DATA")
     return SHARED_DATA
 
 

@@ -75,7 +75,7 @@ def test_a_hub_tokenizer_not_on_this_machine_is_a_todo_without_a_download(no_gpu
 
     from data import tokenizer
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path)
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path))
     monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: pytest.fail("the hub was asked"))
     corpus, check = check_env.check_data(SimpleNamespace(text=text_file, tokenizer="gpt2"), {"corpus"})
     assert corpus.status == "ok" and check.name == "tokenizer" and check.status == "todo"

@@ -59,11 +59,11 @@ def test_real_mnist_one_epoch_reaches_98_percent_with_an_accuracy_curve(shared_d
                            "--out-dir", str(tmp_path / "run"), "--device", "cpu"])
     assert metrics["test_accuracy"] >= 0.98, metrics
     events = EventAccumulator(str(tmp_path / "run")).Reload()
-    train = [(e.step, e.value) for e in events.Scalars("train/accuracy")]
+    train = [(e.step, e.value) for e in events.Scalars("accuracy/train")]
     assert len(train) >= 5 and [s for s, _ in train] == [s for s, _ in metrics["train_accuracy_curve"]]
     assert [v for _, v in train] == pytest.approx([v for _, v in metrics["train_accuracy_curve"]])
     assert all(0 <= value <= 1 for _, value in train) and train[-1][1] > 0.95 > train[0][1]  # it learns
-    assert [(e.step, e.value) for e in events.Scalars("test/accuracy")] == [(469, pytest.approx(
+    assert [(e.step, e.value) for e in events.Scalars("accuracy/test")] == [(469, pytest.approx(
         metrics["test_accuracy"]))]  # on a CPU once per epoch (see training.lenet.log_point)
 
 
@@ -146,10 +146,10 @@ def test_tensorboard_serves_scalars_and_images(tiny_mnist, tmp_path):
         while (scalars := get_json(f"{base}/scalars/tags")).get("tiny") is None and time.time() < deadline:
             time.sleep(0.5)
         tags = scalars["tiny"]
-        assert {"train/loss", "train/accuracy", "train/lr", "test/loss", "test/accuracy"} <= set(tags)
+        assert {"loss/train", "accuracy/train", "train/lr", "loss/test", "accuracy/test"} <= set(tags)
         images = get_json(f"{base}/images/tags")["tiny"]
         assert {"layers/conv1_filters", "layers/conv1_feature_maps", "layers/conv2_feature_maps"} <= set(images)
-        accuracy = get_json(f"{base}/scalars/scalars?run=tiny&tag=test/accuracy")
+        accuracy = get_json(f"{base}/scalars/scalars?run=tiny&tag=accuracy/test")
         assert len(accuracy) == 2 and all(0 <= point[2] <= 1 for point in accuracy)  # [time, step, value]
         graphs = get_json(f"{base}/graphs/info")
         assert graphs["tiny"]["run_graph"] is True  # the model graph from add_graph

@@ -33,7 +33,7 @@ GPT2_IDS = {"Hello world": [15496, 995]}  # GPT-2's known ids (data/README.md)
 def offline(monkeypatch, tmp_path):
     """No hub and no local copies: a test that reaches for the network fails."""
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
-    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "empty-data")
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path / "empty-data"))
     monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: pytest.fail("the hub was asked"))
 
 
@@ -77,8 +77,9 @@ def test_a_name_the_hub_could_not_hold_is_one_line(offline):
         tokenizer.open_tokenizer("not a name!")
 
 
-def test_hub_name_found_in_the_repository_copy(shared_data, offline, tmp_path, monkeypatch):
-    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path)
+def test_hub_name_found_beside_the_data_sets(shared_data, offline, tmp_path, monkeypatch):
+    """'gpt2' offline: $LAB5_DATA/gpt2-tokenizer/, where the scripts find MNIST and the corpus too."""
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path))
     (tmp_path / "gpt2-tokenizer").symlink_to(shared_data / "gpt2-tokenizer")
     loaded = tokenizer.open_tokenizer("gpt2")
     assert_gpt2(loaded)
@@ -91,7 +92,7 @@ def test_hub_name_found_in_the_hf_cache_first(offline, small_tokenizer, tmp_path
     (tmp_path / "hub" / "models--gpt2" / "refs").mkdir()
     (tmp_path / "hub" / "models--gpt2" / "refs" / "main").write_text("abc123")
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "data")  # a repository copy too: the cache wins
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))  # a copy beside the data too: the cache wins
     other = tokenizer_train.train_bpe(generated_docs(50), 576)
     tokenizer_train.save_atomic(other, tmp_path / "data" / "gpt2-tokenizer" / "tokenizer.json")
     loaded = tokenizer.open_tokenizer("gpt2")
@@ -100,7 +101,7 @@ def test_hub_name_found_in_the_hf_cache_first(offline, small_tokenizer, tmp_path
 
 def test_hub_name_without_a_local_copy_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
-    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "data")
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: False)
     with pytest.raises(tokenizer.TokenizerError) as error:
         tokenizer.open_tokenizer("gpt2")

@@ -88,7 +88,7 @@ def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path
 
 
 def test_compare_without_a_local_copy_is_a_one_line_note(text_file, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(tokenizer, "LOCAL_TOKENIZERS", tmp_path / "nothing-here")
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path / "nothing-here"))
     monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: False)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
     metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out",

@@ -127,7 +127,7 @@ def check_data(args, needed):
         checks.append(ok("corpus", f"{text} ({text.stat().st_size / 1e6:.1f} MB)"))
     except UserError as e:
         checks.append(todo("corpus", str(e)))
-    spec, local = args.tokenizer, tokenizer.repository_copy(args.tokenizer)
+    spec, local = args.tokenizer, tokenizer.data_copy(args.tokenizer)
     problem = (f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where the node has "
                f"internet; else put its folder at {local}")
     try:  # local_copy looks a hub name up without the network (and refuses what is no hub name)

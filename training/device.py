@@ -166,9 +166,9 @@ def sdpa_backend(cfg, precision, device):
 
 
 def gpu_stats(device):
-    stats = {"gpu/memory_allocated_GiB": torch.cuda.memory_allocated(device) / 2**30,
-             "gpu/max_memory_allocated_GiB": torch.cuda.max_memory_allocated(device) / 2**30}
+    stats = {"system/gpu_memory_allocated_GiB": torch.cuda.memory_allocated(device) / 2**30,
+             "system/gpu_max_memory_allocated_GiB": torch.cuda.max_memory_allocated(device) / 2**30}
     with contextlib.suppress(Exception):  # NVML (nvidia-ml-py); without it only the allocator's numbers
-        stats["gpu/utilization_percent"] = torch.cuda.utilization(device)
-        stats["gpu/memory_used_GiB"] = torch.cuda.device_memory_used(device) / 2**30
+        stats["system/gpu_utilization_percent"] = torch.cuda.utilization(device)
+        stats["system/gpu_memory_used_GiB"] = torch.cuda.device_memory_used(device) / 2**30
     return stats

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from data.files import UserError
 from training.device import gpu_stats
+from training.lifecycle import log_line
 
 TESTS_BETWEEN_EPOCHS = {"cuda"}  # a test pass at every log point: 10 batches against 50 steps (CPU: 60 steps')
 
@@ -35,6 +36,7 @@ class LeNetRun:
     seen: int = 0  # and how many images they were
     steps: int = 0
     train_seconds: float = 0.0  # the training part of the epochs (no test passes, no logging)
+    t0: float = 0.0  # the epoch's start (perf_counter)
 
 
 def optimizer_and_schedule(run):
@@ -81,15 +83,15 @@ def test_pass(run, step):
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum()])
     test_loss, test_acc = (v / len(run.test_loader.dataset) for v in sums.tolist())
     run.test_accuracy.append([step, test_acc])
-    run.writer.add_scalar("test/loss", test_loss, step)
-    run.writer.add_scalar("test/accuracy", test_acc, step)
+    run.writer.add_scalar("loss/test", test_loss, step)
+    run.writer.add_scalar("accuracy/test", test_acc, step)
     return test_loss, test_acc
 
 
 def start_epoch(run):
     run.phases.switch("loop")
     run.model.train()
-    return time.perf_counter()
+    run.t0 = time.perf_counter()
 
 
 def log_point(run, step, logits, y, loss, lr):
@@ -103,8 +105,10 @@ def log_point(run, step, logits, y, loss, lr):
     accuracy, run.correct, run.seen = correct / run.seen, None, 0
     run.curve.append([step, value])
     run.train_accuracy.append([step, accuracy])
-    for tag, number in (("train/loss", value), ("train/accuracy", accuracy), ("train/lr", lr)):
+    for tag, number in (("loss/train", value), ("accuracy/train", accuracy), ("train/lr", lr)):
         run.writer.add_scalar(tag, number, step)
+    total, seconds = run.args.epochs * len(run.train_loader), run.train_seconds + time.perf_counter() - run.t0
+    log_line(None, step, total, [f"loss {value:.4f}", f"accuracy {accuracy:.2%}"], seconds / step * (total - step))
     if run.device.type in TESTS_BETWEEN_EPOCHS and step % len(run.train_loader):  # (the last step has its own)
         t0 = time.perf_counter()
         with run.phases.of("evaluation"):
@@ -113,11 +117,11 @@ def log_point(run, step, logits, y, loss, lr):
         run.train_seconds -= time.perf_counter() - t0  # the epoch's timer runs on: this pass is not training
 
 
-def end_epoch(run, epoch, step, t0):
-    """After an epoch started at `t0`: its training time, the test pass, its record, images, GPU use, one line."""
+def end_epoch(run, epoch, step):
+    """After an epoch started at `run.t0`: its training time, the test pass, its record, images, GPU use, one line."""
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # so the timing covers the GPU work, not just its launch
-    run.train_seconds += time.perf_counter() - t0
+    run.train_seconds += time.perf_counter() - run.t0
     run.phases.switch("evaluation")
     test_loss, test_acc = test_pass(run, step)
     run.phases.switch("logging")

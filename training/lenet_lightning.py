@@ -38,7 +38,7 @@ class LitLeNet5(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_epoch_start(self):
-        self.t0 = start_epoch(self.run)
+        start_epoch(self.run)
 
     def training_step(self, batch, batch_idx):
         logits = self.model(batch[0])
@@ -49,4 +49,4 @@ class LitLeNet5(L.LightningModule):
                   self.lr_schedulers().get_last_lr()[0])
 
     def on_train_epoch_end(self):
-        end_epoch(self.run, self.current_epoch + 1, self.global_step, self.t0)
+        end_epoch(self.run, self.current_epoch + 1, self.global_step)

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import timedelta
 
 try:  # (a clock, this process's start on it): Linux's /proc/self/stat field 22, in ticks since boot
     with open("/proc/self/stat") as _stat:
@@ -67,11 +68,16 @@ class Phases:
 
 
 def start(name, stops=False):
-    """As a program, a Ctrl-C before main() is one line and 130, not a traceback; `stops`: USR1/TERM kept."""
+    """As a program: a Ctrl-C before main() is one line and 130; bars on a terminal only; `stops`: USR1/TERM kept."""
     if IMPORTS[0] is None:
         IMPORTS[0] = process_seconds()
     if name != "__main__":
         return
+    # no progress bars in a file (a Slurm log: their '\r' redraws make one endless line; log_line()s instead), nor in
+    # torchrun's other processes: tqdm's own switch, read at its import, for every library's bars
+    if not sys.stderr.isatty() or os.environ.get("RANK", "0") != "0":
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        sys.stdout.reconfigure(line_buffering=True)  # each line in the file as it is printed, as stderr's
     if stops:  # Slurm's warning or a scancel before the StopFlag exists: kept for it
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: PENDING.append(signum))
@@ -80,6 +86,15 @@ def start(name, stops=False):
             atexit.register(signal.signal, sig, signal.SIG_IGN)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _while_starting)
+
+
+def log_line(bar, step, total, values, seconds_left):
+    """A log point: on a terminal in the bar (if any); elsewhere (start(): no bars) a line of its own,
+    `step 120/184 | loss 5.930 | 412,000 tok/s | ETA 0:00:41`."""
+    if sys.stderr.isatty():
+        return bar and bar.set_postfix_str(", ".join(values), refresh=False)  # drawn by the bar's next update
+    eta = "?" if seconds_left is None else timedelta(seconds=round(seconds_left))  # None: no pace known yet
+    print(" | ".join([f"step {step:,}/{total:,}", *values, f"ETA {eta}"]))
 
 
 def _while_starting(signum, frame):

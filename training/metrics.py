@@ -27,7 +27,7 @@ def final_metrics(state, val_loss, v, tokens_per_second, info):
 
 def scalars(info, budget, loss, grad_norm, lr, tps, dev):
     """A log point's TensorBoard scalars: loss, gradient norm, LR; throughput and MFU once steady; GPU use."""
-    out = {"train/loss": loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
+    out = {"loss/train": loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
     if tps:
         out["perf/tokens_per_second"] = tps
         out["perf/step_ms"] = budget.accum * budget.tokens_per_micro / tps * 1e3
@@ -39,12 +39,12 @@ def scalars(info, budget, loss, grad_norm, lr, tps, dev):
 
 
 def startup_line(info, budget, micro_source, tokenizer_vocab):
-    """One line with every decision of the run (info: the description gpt_train.py records)."""
+    """Every decision of the run (info: what gpt_train.py records) in two lines, each short enough for a log."""
     return ", ".join([
         f"GPT-2 {info['params'] / 1e6:.1f}M params, vocab {tokenizer_vocab} -> {info['vocab_size']}",
         f"{info['device_name']} x {info['world_size']}", f"precision {info['precision']}",
         f"compile {info['compile']}", f"attention {info['attention']}", f"tf32 {info['tf32']}",
-        f"fused AdamW {info['fused_adamw']}",
+        f"fused AdamW {info['fused_adamw']}\n"
         f"batch {info['global_batch']} x {info['seq_len']} (micro {budget.micro_batch} [{micro_source}] x "
         f"{info['world_size']} x accum {budget.accum})",
         f"{budget.total_steps} steps for {budget.total_micro * budget.tokens_per_micro:,} tokens"])
