@@ -529,7 +529,7 @@ def test_a_rerun_into_a_failed_attempts_folder_keeps_the_attempt_apart(corpus, t
     assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == ["args.json", "events.out.tfevents.1.old"]
     assert json.loads((run / "args.json").read_text())["lr"] == 2e-3
     assert "earlier attempt" in capsys.readouterr().err
-    steps = [e.step for e in EventAccumulator(str(run)).Reload().Scalars("train/loss")]
+    steps = [e.step for e in EventAccumulator(str(run)).Reload().Scalars("loss/train")]
     assert steps == sorted(set(steps))  # one run's points, each once
 
 
