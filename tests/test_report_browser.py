@@ -97,13 +97,14 @@ def test_tensorboard_writes_nothing_into_a_shared_tmpdir_and_never_through_a_pla
 
 
 def listening_ports_of_this_process():
-    """The TCP ports a socket of this very process listens on (/proc/net/tcp's LISTEN rows, by socket inode)."""
+    """{port: socket inode} of the TCP ports a socket of this very process listens on (/proc/net/tcp's LISTEN
+    rows, by socket inode)."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
             inodes.add(os.readlink(f"/proc/self/fd/{fd}"))
     rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
-    return {int(row[1].split(":")[1], 16) for row in rows if row[3] == "0A" and f"socket:[{row[9]}]" in inodes}
+    return {int(row[1].split(":")[1], 16): row[9] for row in rows if row[3] == "0A" and f"socket:[{row[9]}]" in inodes}
 
 
 def test_the_tensorboard_url_is_a_port_this_process_listens_on(tmp_path):
@@ -112,13 +113,14 @@ def test_the_tensorboard_url_is_a_port_this_process_listens_on(tmp_path):
     with browser.serve_tensorboard(write_events(tmp_path / "events", LENET_TAGS)) as base:
         port = urllib.parse.urlsplit(base).port
         assert base.startswith("http://127.0.0.1:") and port in listening_ports_of_this_process()
+        inode = listening_ports_of_this_process()[port]
         with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=60) as answer:
             assert set(next(iter(json.loads(answer.read()).values()))) == LENET_TAGS
         with urllib.request.urlopen(f"{base}/lab5-storage?next=" + urllib.parse.quote("/#scalars", safe=""),
                                     timeout=60) as answer:
             page = answer.read().decode()
     assert page.index('localStorage.setItem("_ignoreYOutliers", "false");') < page.index("location.replace(")
-    assert port not in listening_ports_of_this_process()  # stopped on leaving
+    assert inode not in listening_ports_of_this_process().values()  # stopped on leaving (the port may be reused)
 
 
 class Squatter:
