@@ -79,8 +79,8 @@ for item in "$@"; do
 done
 sort -zu -o "$LIST" "$LIST"
 weights=$(grep -zcE "$WEIGHTS" "$LIST" || true)
-untracked=$(git ls-files -z --others --exclude-standard | grep -zvE "$WEIGHTS" | sort -z | comm -z -23 - "$LIST" \
-    | sed -z 's|/.*|/|' | sort -zu | tr '\0' ' ')
+untracked=$(git ls-files -z --others --exclude-standard | { grep -zvE "$WEIGHTS" || true; } | sort -z \
+    | comm -z -23 - "$LIST" | sed -z 's|/.*|/|' | sort -zu | tr '\0' ' ')  # (grep: none is no error)
 if ! err=$(grep -zvE "$WEIGHTS" "$LIST" | tar -czf "$TMP" --null -T - 2>&1); then
     die "packing failed: ${err%%$'\n'*}"
 fi

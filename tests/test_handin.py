@@ -107,6 +107,17 @@ def test_the_pack_holds_the_tracked_code_the_report_its_runs_and_logs_and_what_i
     assert refused(unfinished) == "error: runs/gpt: not a finished run folder (no metrics.json) nor a file"
 
 
+def test_a_repository_without_untracked_files_packs(tmp_path):
+    """The usual case (a student's new files are under the ignored runs/): no untracked file to list is no
+    error, and nothing is said about them."""
+    repo, lenet, gpt = handin_repo(tmp_path)
+    for path in (".env", "venv", "notes.txt", "mine.py"):
+        subprocess.run(["rm", "-r", str(repo / path)], check=True)
+    done = handin(repo, "runs/myreport/lab5-report-student.pdf", lenet, gpt)
+    assert done.returncode == 0 and (repo / PACK).is_file(), done.stderr
+    assert "untracked" not in done.stdout and done.stderr == ""
+
+
 def test_weights_and_checkpoints_are_never_packed_even_from_a_run_folder_outside_runs(tmp_path):
     """A run folder inside the repository but outside the ignored runs/ (untracked, named): its metrics go in,
     its final/ weights, optimizer states, a leftover final.tmp/ and checkpoints do not, nor a weights file
