@@ -2,6 +2,7 @@
 field (the caller names the file in one problem line), and escapes every string of the inputs it shows."""
 import re
 from datetime import datetime
+from statistics import median_high
 
 import matplotlib
 
@@ -92,16 +93,14 @@ def busy_window(text):
     """An nvidia-smi CSV's interval and, while training (first to last sample >= BUSY %), utilisation and power."""
     series = smi_series(text)
     util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
-    steps = sorted(b[0] - a[0] for a, b in zip(util, util[1:]))
     busy = [i for i, (_, u) in enumerate(util) if u >= BUSY]
-    if not steps or not busy:
+    if len(util) < 2 or not busy:
         return {}
     window = util[busy[0]:busy[-1] + 1]
-    values = sorted(u for _, u in window)
-    watts = sorted(power[t] for t, _ in window if t in power)
-    return {"sample_ms": steps[len(steps) // 2] * 1000, "samples": len(window),
-            "seconds": window[-1][0] - window[0][0], "median": values[len(values) // 2], "min": values[0],
-            "max": values[-1], "power_median": watts[len(watts) // 2] if watts else None}
+    values, watts = [u for _, u in window], [power[t] for t, _ in window if t in power]
+    return {"sample_ms": median_high(b[0] - a[0] for a, b in zip(util, util[1:])) * 1000, "samples": len(window),
+            "seconds": window[-1][0] - window[0][0], "median": median_high(values), "min": min(values),
+            "max": max(values), "power_median": median_high(watts) if watts else None}
 
 
 def utilization_figure(panels, path):
