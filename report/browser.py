@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 from data import files
-from data.files import UserError
 
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
@@ -37,7 +36,7 @@ TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every poin
 SOURCES = "screenshots.json"  # in --out: {screenshot file: the run folder whose events it shows}
 
 
-class BrowserError(UserError):
+class BrowserError(files.UserError):
     """Chromium failed, hung or wrote nothing: the message says which, in one line."""
 
 
