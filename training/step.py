@@ -10,8 +10,7 @@ measures the step that trains. Why each acceleration (where `auto` decides: trai
 To add an acceleration, declare it in Accelerations: `name: type = declare(default, label, why, ...)` (see
 Acceleration); its --name flag, the model's change, metrics.json, the probe's key, a resume's identity and the
 ladder's rows follow. `python benchmarks/gpt_bench.py --list` numbers the rows, `--only 1,N --metrics-out mine.json`
-measures them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md.
-"""
+measures them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md."""
 import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -167,12 +166,11 @@ class TrainStep:
 
 def attention_kernel(net, accelerations):
     """The attention kernel the step runs: the forced SDPA backend, torch's own choice, or eager attention."""
-    if getattr(net, "attention", accelerations.attention) != "sdpa":
+    if net.attention != "sdpa":
         return "eager (no SDPA)"
     if accelerations.sdpa_backend:  # in training.device.sdpa_backend's names: SDPBackend's member, lower case
         return SDPA_BACKENDS[accelerations.sdpa_backend].lower() + " (forced)"
-    cfg = getattr(net, "cfg", None) or net.config
-    return device.sdpa_backend(cfg, accelerations.precision, next(net.parameters()).device)
+    return device.sdpa_backend(net.cfg, accelerations.precision, next(net.parameters()).device)
 
 
 def sdpa_context(forced):
