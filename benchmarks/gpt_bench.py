@@ -9,8 +9,7 @@
 Rows (ladder_rows.py) from the naive baseline to gpt_train.py's default step, each built by training/step.py;
 one process, one random batch, steady steps after warm-up, --repeats interleaved; the JSON rewritten after every
 row. Each row is read against a matmul of its shape measured just before it in its precision, and on a GPU
-against the datasheet's peak (MFU). Peak memory per row: CUDA's allocator on a GPU, the process's on a CPU.
-"""
+against the datasheet's peak (MFU). Peak memory per row: CUDA's allocator on a GPU, the process's on a CPU."""
 import contextlib
 import gc
 import itertools

@@ -1,7 +1,6 @@
 """Build gelu_ext._C: the C++ CPU kernels, plus the CUDA kernels wherever nvcc is found (a login node too;
 GELU_EXT_CPU_ONLY=1 skips them). From the repository root, `pip install --no-build-isolation -e ./gelu_ext`:
-against the torch already installed, never a second download. Options: gelu_ext/README.md.
-"""
+against the torch already installed, never a second download. Options: gelu_ext/README.md."""
 import os
 import platform
 import re
