@@ -54,12 +54,6 @@ if with_cuda:  # torch's own check of nvcc's CUDA major fails with a traceback d
 print(f"gelu_ext: building {'CPU + CUDA' if with_cuda else 'CPU-only'} kernels"
       + (f" for {os.environ.get('TORCH_CUDA_ARCH_LIST', 'the visible GPU')}" if with_cuda else ""))
 
-setup(
-    name="gelu_ext",
-    version="1.0",
-    description="GELU (tanh approximation) as a Python Function and as C++/CUDA torch ops",
-    packages=["gelu_ext"],
-    package_dir={"gelu_ext": "."},
-    ext_modules=[extension("gelu_ext._C", sources, extra_compile_args=extra)],
-    cmdclass={"build_ext": BuildExtension},
-)
+setup(name="gelu_ext", version="1.0", packages=["gelu_ext"], package_dir={"gelu_ext": "."},
+      description="GELU (tanh approximation) as a Python Function and as C++/CUDA torch ops",
+      ext_modules=[extension("gelu_ext._C", sources, extra_compile_args=extra)], cmdclass={"build_ext": BuildExtension})
