@@ -103,7 +103,6 @@ def inside_another_run(path, what, own_run=None):
 
 
 def output_problem(path, what, own_run=None):
-    """Why `what` `path` may not be written (path_problem, inside_another_run), or None."""
     problem = path_problem(path)
     return f"{what} {path}: {problem}" if problem else inside_another_run(path, what, own_run)
 

@@ -154,7 +154,6 @@ def device_words(name):
 
 
 def fmt(value, spec=".4g"):
-    """A number as `spec`, a missing one as a dash, anything else as text."""
     return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else escape(value)
 
 
