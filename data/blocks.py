@@ -78,9 +78,8 @@ class Blocks(Dataset):
 
 
 def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
-    """One epoch of the blocks in the order (seed, epoch) fixes: a new loader per epoch makes the position two
-    integers (a resume is `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of this many
-    sequences (the global batch: every process count splits it alike)."""
+    """One epoch in the order (seed, epoch) fixes: a loader per epoch makes the position two integers (a resume is
+    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple (the global batch: any process count)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(blocks), generator=g).tolist()
     order = order[:len(order) - len(order) % whole]

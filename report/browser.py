@@ -94,8 +94,7 @@ def with_settings(app, items):
 
 
 def browser(folder, *args):
-    """Headless Chromium, its profile in `folder` (private), in its own process group: a hung one is killed with
-    its helpers."""
+    """Headless Chromium, its profile in the private `folder`, in a process group: a hung one dies with its helpers."""
     process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={folder / 'profile'}", *args],
                                env={**os.environ, "TMPDIR": str(folder)},  # its own temporaries there too
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -234,9 +233,8 @@ def write_pdf(markdown_path, pdf_path, text):
 
 
 def inlined(html, folder):
-    """html with each <img src> that names an image file inside `folder` (links resolved) as a data: URL, its name
-    kept as the URL's fragment (pdf.css sizes some images by name). Any other src stays, and the page's CSP refuses
-    to load it."""
+    """html with each <img src> naming an image file inside `folder` (links resolved) as a data: URL, its name kept as
+    the fragment (pdf.css sizes some images by name); any other src stays, for the page's CSP to refuse."""
     root = os.path.realpath(folder)
 
     def inline(m):

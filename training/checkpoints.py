@@ -108,8 +108,7 @@ def resume_advice(out_dir):
 
 
 def restore(accelerator, ckpt):
-    """accelerate's load_state, a damaged file named in one line (random_states_<rank>.pkl too, which accelerate
-    would skip with a log line nobody sees)."""
+    """accelerate's load_state; a damaged file is one line (random_states_<rank>.pkl too: accelerate skips it)."""
     if problem := damaged(ckpt, ckpt / f"random_states_{accelerator.process_index}.pkl"):
         raise problem
     try:
