@@ -42,11 +42,9 @@ class BrowserError(files.UserError):
 
 def is_png(path):
     """A PNG signature and more than a header (Chromium can leave 0 bytes)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(8) == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 64
-    except OSError:
-        return False
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 64
+    return False
 
 
 def find_browser():
@@ -66,12 +64,10 @@ def serve_tensorboard(logdir):
     server.app = with_settings(server.app, TENSORBOARD_SETTINGS)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        base = server.get_url().rstrip("/")
-        try:
+        base, scalars = server.get_url().rstrip("/"), None
+        with contextlib.suppress(OSError, ValueError):  # no answer, or not JSON: None
             with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=60) as answer:
                 scalars = json.loads(answer.read())
-        except (OSError, ValueError):
-            scalars = None
         yield base if scalars else None
     finally:
         server.shutdown()
@@ -140,8 +136,7 @@ def crop_to_cards(path):
 
 
 def tensorboard_screenshots(runs, out, problems):
-    """Each run's SHOTS, as a student sees them, and their lines; none after a failure. Chromium and its pictures
-    live in a private folder until a picture is whole; then it is written into `out`."""
+    """Each run's SHOTS, as a student sees them, and their lines (each file written whole); none after a failure."""
     if not find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines, taken = [], {}
@@ -173,10 +168,9 @@ def tensorboard_screenshots(runs, out, problems):
 
 def kept_screenshots(out, shown):
     """The screenshots in `out` that SOURCES says show the runs shown now ({kind: inputs.Run})."""
-    try:
+    taken = None  # no SOURCES, or one unreadable: no screenshot is known to show these runs
+    with contextlib.suppress(OSError, ValueError):
         taken = json.loads(files.read_small(out / SOURCES, 1 << 16, follow=True))
-    except (OSError, ValueError):
-        return []
     now = {kind: run.events_source for kind, run in shown.items() if run.events}
     keep = [file for kind, shots in SHOTS.items() for file, _, _ in shots
             if isinstance(taken, dict) and kind in now and taken.get(file) == now[kind]]
@@ -216,8 +210,7 @@ def report_html(markdown_text):
 
 
 def write_pdf(markdown_path, pdf_path, text):
-    """`text` printed to pdf_path whole or not at all (written beside it, then renamed into place). Chromium, in a
-    private folder, prints a page that needs no file: its images, those inside report.md's folder, are inlined."""
+    """`text` printed to pdf_path whole or not at all; a page needing no file (images in report.md's folder inlined)."""
     if not find_browser():
         raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
     with tempfile.TemporaryDirectory(prefix="lab5-browser-") as folder:

@@ -65,10 +65,8 @@ class Run:
 
 def rel(path):
     """Repository-relative where inside it, so results.md reads the same on any machine."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return str(path)
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else path)
 
 
 def number(text):

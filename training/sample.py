@@ -141,8 +141,7 @@ def device_flag(name):
 
 
 def stream_text(decode, tokens, context=4, hold=8):
-    """Each new token's text once its characters are whole (waiting at most `hold` tokens), decoded after
-    `context` tokens as the whole text would be."""
+    """Each new token's text once whole (at most `hold` tokens later), decoded after `context` tokens as in the text."""
     done, pending = [], []
     for token in tokens:
         pending.append(token)
