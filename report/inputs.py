@@ -79,8 +79,10 @@ def number(text):
     return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
-def load_json(text):
-    """json.loads, with NaN, integers beyond a float and nesting deeper than MAX_DEPTH each a ValueError."""
+def read_json(path):
+    """A JSON file of the inputs, bounded and never waited on (a FIFO planted as metrics.json); NaN, integers beyond
+    a float and nesting deeper than MAX_DEPTH are each a ValueError."""
+    text = files.read_small(path, 64 << 20, follow=True).decode()
     try:
         value = json.loads(text, parse_constant=number, parse_float=number, parse_int=number)
     except RecursionError:
@@ -96,11 +98,6 @@ def load_json(text):
 
 def run_kind(metrics):
     return "lenet5" if "act" in metrics else "gpt" if "tokens_seen" in metrics else None
-
-
-def read_json(path):
-    """A JSON file of the inputs, bounded and never waited on (a FIFO planted as metrics.json)."""
-    return load_json(files.read_small(path, 64 << 20, follow=True).decode())
 
 
 def read_metrics(run_dir):
