@@ -53,9 +53,8 @@ def find_browser():
 
 @contextlib.contextmanager
 def serve_tensorboard(logdir):
-    """TensorBoard in this process on 127.0.0.1, port 0: the URL names the port the kernel gave this server, so no
-    program that took a port first can answer in its place; None if it lists no scalars. Its events are read once,
-    before it serves; no child process, and no .tensorboard-info file (only the `tensorboard` command writes one)."""
+    """TensorBoard in this process on 127.0.0.1, port 0 (the URL names the kernel's pick: no program that took a port
+    first answers in its place), its events read once; None if it lists no scalars. No child, no .tensorboard-info."""
     from tensorboard import program
     board = program.TensorBoard()
     board.configure(logdir=str(logdir), host="127.0.0.1", port=0, load_fast="false", reload_interval=0,

@@ -71,8 +71,7 @@ def write_final(net, tokenizer, folder):
 
 
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run: final/ with its own tokenizer (`tokenizer_spec`
-    the same if given), else the newest verified checkpoint with the tokenizer checkpoint_tokenizer() finds."""
+    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), else its last checkpoint."""
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")

@@ -24,8 +24,7 @@ WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}
 
 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
-    """Fail now, not after the work, if output file `path` may not be written (inside a run other than `own_run`, too);
-    an existing one is replaced only with `force` and only if of `kind` (a user's notes never). Its folder is probed."""
+    """Fail now, not after the work, if output file `path` may not be written (the rule above; `kind`: its content)."""
     path = Path(path)
     if problem := output_problem(path, what, own_run):
         raise OutputError(problem)
