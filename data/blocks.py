@@ -34,7 +34,6 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
     datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
     blocks = {name: pack(datasets_blocks[name]) for name in SPLITS}
     try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read
-        folder.mkdir(parents=True, exist_ok=True)
         for name in SPLITS:
             files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
         files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS], stats=stats)

@@ -314,7 +314,6 @@ def main(argv=None):
             for problem in r.problems:
                 print(f"warning: {problem}", file=sys.stderr)
             if args.pdf:
-                args.pdf_out.parent.mkdir(parents=True, exist_ok=True)
                 browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
                 if printed(args) not in built_lines(args.out_dir):
                     with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
