@@ -93,8 +93,7 @@ def busy_window(text):
     """An nvidia-smi CSV's interval and, while training (first to last sample >= BUSY %), utilisation and power."""
     series = smi_series(text)
     util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
-    busy = [i for i, (_, u) in enumerate(util) if u >= BUSY]
-    if len(util) < 2 or not busy:
+    if len(util) < 2 or not (busy := [i for i, (_, u) in enumerate(util) if u >= BUSY]):
         return {}
     window = util[busy[0]:busy[-1] + 1]
     values, watts = [u for _, u in window], [power[t] for t, _ in window if t in power]
@@ -219,8 +218,7 @@ def ladder_compare(gpu, cpu, where, then=None):
     if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
         columns[0][1][last] += f"：{then}"
     columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
-    keys = list(dict.fromkeys(k for _, cells in columns for k in cells))
-    keys.sort(key=lambda k: k.startswith("default without"))  # the rungs, then the leave-one-out rows
+    keys = sorted(dict.fromkeys(k for _, c in columns for k in c), key=lambda k: k.startswith("default without"))
     rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
             "|---" * (len(columns) + 1) + "|"]
     for k in keys:

@@ -22,7 +22,6 @@ from training.device import eager_mode
 from training.final import load_run
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag
 
-N_PROMPTS, PROMPT_TOKENS = 2, 16  # the fixed validation prompts: how many, tokens each
 TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations at the end of training
 GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and dividing by less can overflow
 MAX_TOKENS = 100_000  # past n_positions each token is a whole pass: hours at the lab shape on a CPU; a typo
@@ -66,7 +65,7 @@ def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None)
     return out[:b], out[b:]
 
 
-def fixed_prompts(blocks, eot, n=N_PROMPTS, length=PROMPT_TOKENS):
+def fixed_prompts(blocks, eot, n=2, length=16):
     """The same prompts every run: the first `length` tokens of a document (after the block's first end-of-text
     where a whole prompt fits after it) in each of the first n validation blocks."""
     prompts = []
