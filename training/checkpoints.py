@@ -184,8 +184,7 @@ def run_identity(args, tok, corpus_sha256, precision, world):
 
 def check_same_run(saved, current):
     """Refuse a resume that would change the run, in one line."""
-    differ = [key for key, value in current.items() if key in saved and saved[key] != value]
-    if differ:
+    if differ := [key for key, value in current.items() if key in saved and saved[key] != value]:
         raise files.UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
                               "; this run has " + ", ".join(f"{k} = {current[k]}" for k in differ) +
                               f" ({', '.join(dict.fromkeys(identity_flags().get(k, k) for k in differ))}): resume with "
@@ -195,8 +194,7 @@ def check_same_run(saved, current):
 def continue_position(state, saved, micro):
     """A resume with another micro-batch: the data position recounted in `micro`s (exact: checkpoints follow whole
     steps). Returns the micro-batch the budget and validation are counted in (the run's first)."""
-    old = saved.get("micro_batch")
-    if old and old != micro:
+    if (old := saved.get("micro_batch")) and old != micro:
         state.micro_batches = -(-state.micro_batches * old // micro)  # ceil: exact after a whole step
     return saved.get("budget_micro_batch") or old or micro
 

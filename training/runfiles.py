@@ -108,8 +108,7 @@ def run_dir_problem(path, program, reuse=True):
         return None
     if not path.is_dir():
         return f"--out-dir {path} is a file, not a folder"
-    owner = read_owner(path)
-    if owner == program and reuse:
+    if (owner := read_owner(path)) == program and reuse:
         return None
     whose = (f"a finished run of {program} (metrics.json: runs are never overwritten)" if owner == program else
              f"a run of {owner}" if owner else f"files that are not a run of {program} (no {OWNER_FILE})")

@@ -78,9 +78,8 @@ class Recipe:
 
 def resolve(args, decisions):
     """(Accelerations, Recipe) of gpt_train.py's flags, as training/device.py decided precision, TF32, compile."""
-    chosen = {a.name: a.values()[getattr(args, a.name)] for a in declared()}
-    accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32,
-                                  compile=decisions.compile_mode, **chosen)
+    accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32, compile=decisions.compile_mode,
+                                  **{a.name: a.values()[getattr(args, a.name)] for a in declared()})
     return accelerations, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
 
 
@@ -178,7 +177,6 @@ def sdpa_context(forced):
     if not forced:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    member = getattr(SDPBackend, SDPA_BACKENDS[forced], None)
-    if member is None:
+    if (member := getattr(SDPBackend, SDPA_BACKENDS[forced], None)) is None:
         raise RuntimeError(f"torch {torch.__version__} has no SDPBackend.{SDPA_BACKENDS[forced]}")
     return sdpa_kernel([member])
