@@ -32,8 +32,7 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
             ax.set_ylim(bottom=0, top=max((y for pts in series.values() for _, y in pts), default=1) * 1.1)
         for label, points in series.items():
             if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o" if len(points) < 20 else None, label=label)
+                ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label)
         ax.xaxis.set_major_locator(MaxNLocator(5))  # token counts as 200k, 1.2M: five fit side by side
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         ax.set_xlabel(xlabel)

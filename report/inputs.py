@@ -213,8 +213,7 @@ def events_beside(json_path):
     """A committed run's events: the folder named as its JSON, else tb-<kind>-<name> (tb-gpt-12M-cold) beside it."""
     if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are in runs.tar.gz
         return None
-    parts = json_path.stem.split("_")
-    candidates = [json_path.parent / json_path.stem]
+    parts, candidates = json_path.stem.split("_"), [json_path.parent / json_path.stem]
     if len(parts) >= 3:
         candidates += sorted(d for d in json_path.parent.glob("tb-*") if f"{parts[0]}-{parts[2]}" in d.name)
     return next((d for d in candidates if d.is_dir() and any(d.glob("events.out.tfevents.*"))), None)
