@@ -83,9 +83,8 @@ def final_samples(run, tokenizer, validation_blocks, new_tokens, writer, at_step
     prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id("<|endoftext|>"))
     if not prompts or not new_tokens:
         return None
-    accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model)
+    accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model).eval()
     rng = torch.Generator(accelerator.device).manual_seed(SEED)
-    net.eval()
     with eager_mode(), accelerator.autocast():
         greedy, sampled = greedy_and_sampled(net, torch.tensor(prompts, device=accelerator.device), new_tokens, rng,
                                              tokenizer.get_vocab_size(), stop)
