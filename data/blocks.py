@@ -78,7 +78,7 @@ class Blocks(Dataset):
 
 def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
     """One epoch in the order (seed, epoch) fixes: a loader per epoch makes the position two integers (a resume is
-    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple (the global batch: any process count)."""
+    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of it (the global batch: split alike)."""
     order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
     order = order[:len(order) - len(order) % whole]
     return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, drop_last=drop_last,

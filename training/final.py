@@ -71,7 +71,7 @@ def write_final(net, tokenizer, folder):
 
 
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), else its last checkpoint."""
+    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), or its newest checkpoint."""
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")

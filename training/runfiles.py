@@ -24,7 +24,7 @@ WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}
 
 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
-    """Fail now, not after the work, if output file `path` may not be written (the rule above; `kind`: its content)."""
+    """Fail now, not after the work, if output `path` may not be written (the module's rule; `kind`: its content)."""
     path = Path(path)
     if problem := output_problem(path, what, own_run):
         raise OutputError(problem)
@@ -101,7 +101,7 @@ def new_run_name():
 
 
 def run_dir_problem(path, program, reuse=True):
-    """None if `path` may hold a run of `program` (new, only BOOKKEEPING, or with `reuse` marked its), else why not."""
+    """None if `path` may hold `program`'s run (new, only BOOKKEEPING, or with `reuse` marked as its), else why not."""
     if problem := output_problem(path, "--out-dir"):
         return problem
     if not path.exists() or path.is_dir() and bookkeeping_only(path):
