@@ -11,12 +11,8 @@ FLOOR = re.compile(r"^\s*([A-Za-z0-9._\-\[\]]+)\s*>=\s*([^\s,;#]+)\s*(?:#.*)?$")
 
 def pins(lines):
     """Each requirement line: its floor pinned, or (no floor, e.g. ninja) as it is; comments dropped."""
-    for line in lines:
-        req = line.split("#", 1)[0].strip()
-        if not req:
-            continue
-        match = FLOOR.match(line)
-        if not match and ("," in req or ">" in req or "<" in req or "~=" in req):
+    for req in filter(None, (line.split("#", 1)[0].strip() for line in lines)):
+        if not (match := FLOOR.match(req)) and ("," in req or ">" in req or "<" in req or "~=" in req):
             sys.exit(f"floors.py: cannot pin {req!r}: only name>=version or a bare name")
         yield f"{match[1]}=={match[2]}" if match else req
 

@@ -13,7 +13,6 @@ from training.flags import Parser, add_output_flags
 
 
 def parser(doc, metrics_help="write the results here as JSON", **kw):
-    """A benchmark's flags parser, described by its docstring's first line, with --metrics-out and --force."""
     p = Parser(description=doc.split("\n")[0], **kw)
     add_output_flags(p, metrics_help)
     return p

@@ -4,8 +4,7 @@
 
 Each run: `torchrun --nproc_per_node 2` of JOB (gloo, a DDP Linear, 5 steps, a barrier) ended by returning, by
 accelerator.end_training() or in training.lifecycle.no_teardown_after_collectives (gpt_train.py's way); aborted:
-a rank printed "terminate called". The abort needs a busy machine: --hogs CPU-bound processes run beside.
-"""
+a rank printed "terminate called". The abort needs a busy machine: --hogs CPU-bound processes run beside."""
 import argparse
 import os
 import subprocess

@@ -5,8 +5,7 @@
 
 Per size, --repeats rounds in which the implementations take turns in a random order, each sample many
 back-to-back calls (on a GPU the launches overlap the kernels, as in training): per-call median and range, ext /
-ATen per round. Bytes per element: x read twice, y, grad and dx once (5 x itemsize).
-"""
+ATen per round. Bytes per element: x read twice, y, grad and dx once (5 x itemsize)."""
 import json
 import os
 import random

@@ -9,8 +9,7 @@
 Rows (ladder_rows.py) from the naive baseline to gpt_train.py's default step, each built by training/step.py;
 one process, one random batch, steady steps after warm-up, --repeats interleaved; the JSON rewritten after every
 row. Each row is read against a matmul of its shape measured just before it in its precision, and on a GPU
-against the datasheet's peak (MFU). Peak memory per row: CUDA's allocator on a GPU, the process's on a CPU.
-"""
+against the datasheet's peak (MFU). Peak memory per row: CUDA's allocator on a GPU, the process's on a CPU."""
 import contextlib
 import gc
 import itertools
@@ -95,8 +94,7 @@ def measure(settings, args, device, profile=False):
            "mfu": fpt * tps / peak if peak else None, "ms_per_step_range": [min(times) * 1e3, max(times) * 1e3],
            "first_step_extra_seconds": first_extra,  # compilation (and warm-up) of the first step
            "loss": loss, "vocab_size": cfg.vocab_size, "matmul_kind": matmul_kind(settings, cuda),
-           "sdpa_backend": step.attention_kernel(run.accelerator.unwrap_model(run.model), acc),
-           "built": run.describe()}
+           "sdpa_backend": step.attention_kernel(run.accelerator.unwrap_model(run.model), acc), "built": run.describe()}
     if profile:
         batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1), device=device))
         out["profile"] = profiled(lambda: run(batch, 1, run.recipe.lr, lambda loss: None), device)[1]
@@ -132,7 +130,6 @@ def matmul_rate(kind, m, device, k=768, n=3072):
 
 
 def try_measure(settings, args, device, profile):
-    """measure()'s result, or {"error": why} where the row failed."""
     try:
         got = measure(settings, args, device, profile=profile)
     except Exception as e:  # any failure of one row (out of memory, a kernel): the other rows still count

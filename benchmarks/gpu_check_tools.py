@@ -222,8 +222,7 @@ def clock(work, metrics, started, ended):
              **{k: m.get(k) for k in ("process_seconds_total", "train_seconds", "phases")},
              # the report quotes process_seconds (report/facts.py); the shell's wall time includes CUDA's
              # teardown after os._exit: a gap over 1 s says the report's figure is short by it
-             "agree_within_1s": process is not None and abs(wall - process) <= 1.0,
-             "report_quotes": "process_seconds"}
+             "agree_within_1s": process is not None and abs(wall - process) <= 1.0, "report_quotes": "process_seconds"}
     with open(Path(work) / "clocks.jsonl", "a") as f:
         f.write(json.dumps(entry) + "\n")
     print(f"clock: {entry['run']}: {wall:.2f} s from the shell, process_seconds {process} (quoted by the report; "

@@ -57,7 +57,6 @@ def ladder(cuda, capability, vocab_size=16384):
 
 
 def accelerations(settings):
-    """A row's settings as training/step.py's Accelerations (the model, dropout and vocabulary aside)."""
     return step.Accelerations(**{k: v for k, v in settings.items() if k not in ("model", "dropout", "vocab_size")})
 
 

@@ -6,8 +6,7 @@
 (One thread on a shared CPU: two threads there wait on each other's time slices.) Per seed, alternating so that
 drift hits all alike: --baseline-epochs of the handout's recipe (batch 64, Adam 1e-3, torchvision's MNIST), then
 `lenet5.py`'s defaults (--lightning: also `--engine lightning`), as a ratio to the original epoch next to it; or,
---act-pair, `--act torch` and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1: gelu_ext faster).
-"""
+--act-pair, `--act torch` and `--act cpp` (gelu_ext), with the paired ratios cpp / torch (below 1: gelu_ext faster)."""
 import argparse
 import os
 import statistics

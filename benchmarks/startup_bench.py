@@ -4,8 +4,7 @@ today's code beside commit 139e3cc's (the code the job-clock issue measured), in
     python benchmarks/startup_bench.py --metrics-out startup_bench_cpu.json                  # ~10 min on 2 cores
 
 Per run: the wall time from the parent (fork to exit), the loop's `train_seconds`, their difference, the current
-code's `process_seconds` and `phases`. The baseline runs from a git worktree; each token cache is warmed untimed.
-"""
+code's `process_seconds` and `phases`. The baseline runs from a git worktree; each token cache is warmed untimed."""
 import json
 import os
 import platform

@@ -34,7 +34,6 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
     datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
     blocks = {name: pack(datasets_blocks[name]) for name in SPLITS}
     try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read
-        folder.mkdir(parents=True, exist_ok=True)
         for name in SPLITS:
             files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
         files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS], stats=stats)
@@ -78,11 +77,9 @@ class Blocks(Dataset):
 
 
 def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
-    """One epoch of the blocks in the order (seed, epoch) fixes: a new loader per epoch makes the position two
-    integers (a resume is `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of this many
-    sequences (the global batch: every process count splits it alike)."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(len(blocks), generator=g).tolist()
+    """One epoch in the order (seed, epoch) fixes: a loader per epoch makes the position two integers (a resume is
+    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of it (the global batch: split alike)."""
+    order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
     order = order[:len(order) - len(order) % whole]
     return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, drop_last=drop_last,
                       collate_fn=torch.Tensor.long, **loader_kwargs)

@@ -48,8 +48,7 @@ def write_json(path, obj):
 def write_atomic(path, data):
     """`data` (bytes, or a function writing a binary file) renamed over `path` (a link there is replaced): one
     OutputError on failure, the old file as it was."""
-    path = Path(path)
-    tmp = None
+    path, tmp = Path(path), None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")  # a short name: never too long
@@ -103,7 +102,6 @@ def inside_another_run(path, what, own_run=None):
 
 
 def output_problem(path, what, own_run=None):
-    """Why `what` `path` may not be written (path_problem, inside_another_run), or None."""
     problem = path_problem(path)
     return f"{what} {path}: {problem}" if problem else inside_another_run(path, what, own_run)
 
@@ -140,8 +138,7 @@ def probe_folder(folder, named):
         raise OutputError(f"{named} cannot be written ({folder} is a file, not a folder)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
-            pass
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-").close()  # made, then removed
     except OSError as e:
         raise OutputError(f"{named} cannot be written ({reason(e)})") from None
 

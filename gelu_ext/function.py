@@ -1,7 +1,6 @@
 """GELU (tanh approximation) as a plain `torch.autograd.Function`, the formulas as tensor ops: the readable
 reference. y = 0.5 x (1 + t) and y' = 0.5 (1 + t) + 0.5 x (1 - t^2) K (1 + 3 C x^2), with t = tanh(K (x + C x^3)).
-The backward is made of differentiable tensor ops, so second derivatives (gradgradcheck) need no y''.
-"""
+The backward is made of differentiable tensor ops, so second derivatives (gradgradcheck) need no y''."""
 import math
 
 import torch

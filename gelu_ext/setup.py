@@ -1,7 +1,6 @@
 """Build gelu_ext._C: the C++ CPU kernels, plus the CUDA kernels wherever nvcc is found (a login node too;
 GELU_EXT_CPU_ONLY=1 skips them). From the repository root, `pip install --no-build-isolation -e ./gelu_ext`:
-against the torch already installed, never a second download. Options: gelu_ext/README.md.
-"""
+against the torch already installed, never a second download. Options: gelu_ext/README.md."""
 import os
 import platform
 import re
@@ -55,12 +54,6 @@ if with_cuda:  # torch's own check of nvcc's CUDA major fails with a traceback d
 print(f"gelu_ext: building {'CPU + CUDA' if with_cuda else 'CPU-only'} kernels"
       + (f" for {os.environ.get('TORCH_CUDA_ARCH_LIST', 'the visible GPU')}" if with_cuda else ""))
 
-setup(
-    name="gelu_ext",
-    version="1.0",
-    description="GELU (tanh approximation) as a Python Function and as C++/CUDA torch ops",
-    packages=["gelu_ext"],
-    package_dir={"gelu_ext": "."},
-    ext_modules=[extension("gelu_ext._C", sources, extra_compile_args=extra)],
-    cmdclass={"build_ext": BuildExtension},
-)
+setup(name="gelu_ext", version="1.0", packages=["gelu_ext"], package_dir={"gelu_ext": "."},
+      description="GELU (tanh approximation) as a Python Function and as C++/CUDA torch ops",
+      ext_modules=[extension("gelu_ext._C", sources, extra_compile_args=extra)], cmdclass={"build_ext": BuildExtension})

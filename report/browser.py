@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 from data import files
-from data.files import UserError
 
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
@@ -37,17 +36,15 @@ TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every poin
 SOURCES = "screenshots.json"  # in --out: {screenshot file: the run folder whose events it shows}
 
 
-class BrowserError(UserError):
+class BrowserError(files.UserError):
     """Chromium failed, hung or wrote nothing: the message says which, in one line."""
 
 
 def is_png(path):
     """A PNG signature and more than a header (Chromium can leave 0 bytes)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(8) == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 64
-    except OSError:
-        return False
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 64
+    return False
 
 
 def find_browser():
@@ -56,9 +53,8 @@ def find_browser():
 
 @contextlib.contextmanager
 def serve_tensorboard(logdir):
-    """TensorBoard in this process on 127.0.0.1, port 0: the URL names the port the kernel gave this server, so no
-    program that took a port first can answer in its place; None if it lists no scalars. Its events are read once,
-    before it serves; no child process, and no .tensorboard-info file (only the `tensorboard` command writes one)."""
+    """TensorBoard in this process on 127.0.0.1, port 0 (the URL names the kernel's pick: no program that took a port
+    first answers in its place), its events read once; None if it lists no scalars. No child, no .tensorboard-info."""
     from tensorboard import program
     board = program.TensorBoard()
     board.configure(logdir=str(logdir), host="127.0.0.1", port=0, load_fast="false", reload_interval=0,
@@ -67,12 +63,10 @@ def serve_tensorboard(logdir):
     server.app = with_settings(server.app, TENSORBOARD_SETTINGS)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        base = server.get_url().rstrip("/")
-        try:
+        base, scalars = server.get_url().rstrip("/"), None
+        with contextlib.suppress(OSError, ValueError):  # no answer, or not JSON: None
             with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=60) as answer:
                 scalars = json.loads(answer.read())
-        except (OSError, ValueError):
-            scalars = None
         yield base if scalars else None
     finally:
         server.shutdown()
@@ -95,8 +89,7 @@ def with_settings(app, items):
 
 
 def browser(folder, *args):
-    """Headless Chromium, its profile in `folder` (private), in its own process group: a hung one is killed with
-    its helpers."""
+    """Headless Chromium, its profile in the private `folder`, in a process group: a hung one dies with its helpers."""
     process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={folder / 'profile'}", *args],
                                env={**os.environ, "TMPDIR": str(folder)},  # its own temporaries there too
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -142,8 +135,7 @@ def crop_to_cards(path):
 
 
 def tensorboard_screenshots(runs, out, problems):
-    """Each run's SHOTS, as a student sees them, and their lines; none after a failure. Chromium and its pictures
-    live in a private folder until a picture is whole; then it is written into `out`."""
+    """Each run's SHOTS, as a student sees them, and their lines (each file written whole); none after a failure."""
     if not find_browser():
         return ["- no TensorBoard screenshots: Chromium not found (`apt-get install chromium`)"]
     lines, taken = [], {}
@@ -175,10 +167,9 @@ def tensorboard_screenshots(runs, out, problems):
 
 def kept_screenshots(out, shown):
     """The screenshots in `out` that SOURCES says show the runs shown now ({kind: inputs.Run})."""
-    try:
+    taken = None  # no SOURCES, or one unreadable: no screenshot is known to show these runs
+    with contextlib.suppress(OSError, ValueError):
         taken = json.loads(files.read_small(out / SOURCES, 1 << 16, follow=True))
-    except (OSError, ValueError):
-        return []
     now = {kind: run.events_source for kind, run in shown.items() if run.events}
     keep = [file for kind, shots in SHOTS.items() for file, _, _ in shots
             if isinstance(taken, dict) and kind in now and taken.get(file) == now[kind]]
@@ -218,8 +209,7 @@ def report_html(markdown_text):
 
 
 def write_pdf(markdown_path, pdf_path, text):
-    """`text` printed to pdf_path whole or not at all (written beside it, then renamed into place). Chromium, in a
-    private folder, prints a page that needs no file: its images, those inside report.md's folder, are inlined."""
+    """`text` printed to pdf_path whole or not at all; a page needing no file (images in report.md's folder inlined)."""
     if not find_browser():
         raise BrowserError("--pdf needs Chromium (apt-get install chromium fonts-noto-cjk)")
     with tempfile.TemporaryDirectory(prefix="lab5-browser-") as folder:
@@ -235,9 +225,8 @@ def write_pdf(markdown_path, pdf_path, text):
 
 
 def inlined(html, folder):
-    """html with each <img src> that names an image file inside `folder` (links resolved) as a data: URL, its name
-    kept as the URL's fragment (pdf.css sizes some images by name). Any other src stays, and the page's CSP refuses
-    to load it."""
+    """html with each <img src> naming an image file inside `folder` (links resolved) as a data: URL, its name kept as
+    the fragment (pdf.css sizes some images by name); any other src stays, for the page's CSP to refuse."""
     root = os.path.realpath(folder)
 
     def inline(m):

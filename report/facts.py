@@ -5,8 +5,7 @@ A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}` (`{{lenet.test_accuracy:
 its figure name, an alias (`lenet`, `gpt`: the run named, else ALIASES), a GPU role or a derived source; FIELD a
 key or list index; FORMAT Python's format spec; `{{SOURCE._source}}` the file read. An unknown source or field, a
 null or a list is a problem, never a blank; a string is filled in as text (inputs.escape), never as Markdown.
-`<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only where NAME is (is not) a source.
-"""
+`<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only where NAME is (is not) a source."""
 import re
 import statistics
 from dataclasses import replace
@@ -60,11 +59,8 @@ def shown_runs(by_kind, results, roles):
     """{kind: Run}: the run named on the command line, else what ALIASES follows in these inputs."""
     shown = {}
     for alias, (kind, default) in ALIASES.items():
-        if run := by_kind.get(kind):
+        if run := by_kind.get(kind) or roles.get(default) or results_run(alias, results, default, kind):
             shown[kind] = replace(run, alias=alias)
-        elif run := (replace(roles[default], alias=alias) if default in roles
-                     else results_run(alias, results, default, kind)):
-            shown[kind] = run
     return shown
 
 
@@ -106,8 +102,7 @@ def gpu_sources(folders, roles):
     if gpt := roles.get("gpu_gpt"):
         runs = [(s, m, *process_seconds(m, gpt.gpu, s)) for s, m in sorted(gpt.gpu.results.items())
                 if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
-        sources["gpu_runs"] = ({"table": gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label},
-                               rel(gpt.gpu.folder))
+        sources["gpu_runs"] = ({"table": gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label}, rel(gpt.gpu.folder))
     return sources
 
 

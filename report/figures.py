@@ -2,6 +2,7 @@
 field (the caller names the file in one problem line), and escapes every string of the inputs it shows."""
 import re
 from datetime import datetime
+from statistics import median_high
 
 import matplotlib
 
@@ -31,8 +32,7 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
             ax.set_ylim(bottom=0, top=max((y for pts in series.values() for _, y in pts), default=1) * 1.1)
         for label, points in series.items():
             if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o" if len(points) < 20 else None, label=label)
+                ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label)
         ax.xaxis.set_major_locator(MaxNLocator(5))  # token counts as 200k, 1.2M: five fit side by side
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         ax.set_xlabel(xlabel)
@@ -92,16 +92,13 @@ def busy_window(text):
     """An nvidia-smi CSV's interval and, while training (first to last sample >= BUSY %), utilisation and power."""
     series = smi_series(text)
     util, power = series.get("utilization.gpu", []), dict(series.get("power.draw", []))
-    steps = sorted(b[0] - a[0] for a, b in zip(util, util[1:]))
-    busy = [i for i, (_, u) in enumerate(util) if u >= BUSY]
-    if not steps or not busy:
+    if len(util) < 2 or not (busy := [i for i, (_, u) in enumerate(util) if u >= BUSY]):
         return {}
     window = util[busy[0]:busy[-1] + 1]
-    values = sorted(u for _, u in window)
-    watts = sorted(power[t] for t, _ in window if t in power)
-    return {"sample_ms": steps[len(steps) // 2] * 1000, "samples": len(window),
-            "seconds": window[-1][0] - window[0][0], "median": values[len(values) // 2], "min": values[0],
-            "max": values[-1], "power_median": watts[len(watts) // 2] if watts else None}
+    values, watts = [u for _, u in window], [power[t] for t, _ in window if t in power]
+    return {"sample_ms": median_high(b[0] - a[0] for a, b in zip(util, util[1:])) * 1000, "samples": len(window),
+            "seconds": window[-1][0] - window[0][0], "median": median_high(values), "min": min(values),
+            "max": max(values), "power_median": median_high(watts) if watts else None}
 
 
 def utilization_figure(panels, path):
@@ -155,7 +152,6 @@ def device_words(name):
 
 
 def fmt(value, spec=".4g"):
-    """A number as `spec`, a missing one as a dash, anything else as text."""
     return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else escape(value)
 
 
@@ -221,8 +217,7 @@ def ladder_compare(gpu, cpu, where, then=None):
     if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
         columns[0][1][last] += f"：{then}"
     columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
-    keys = list(dict.fromkeys(k for _, cells in columns for k in cells))
-    keys.sort(key=lambda k: k.startswith("default without"))  # the rungs, then the leave-one-out rows
+    keys = sorted(dict.fromkeys(k for _, c in columns for k in c), key=lambda k: k.startswith("default without"))
     rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
             "|---" * (len(columns) + 1) + "|"]
     for k in keys:

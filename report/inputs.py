@@ -65,10 +65,8 @@ class Run:
 
 def rel(path):
     """Repository-relative where inside it, so results.md reads the same on any machine."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return str(path)
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else path)
 
 
 def number(text):
@@ -81,8 +79,10 @@ def number(text):
     return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
-def load_json(text):
-    """json.loads, with NaN, integers beyond a float and nesting deeper than MAX_DEPTH each a ValueError."""
+def read_json(path):
+    """A JSON file of the inputs, bounded and never waited on (a FIFO planted as metrics.json); NaN, integers beyond
+    a float and nesting deeper than MAX_DEPTH are each a ValueError."""
+    text = files.read_small(path, 64 << 20, follow=True).decode()
     try:
         value = json.loads(text, parse_constant=number, parse_float=number, parse_int=number)
     except RecursionError:
@@ -98,11 +98,6 @@ def load_json(text):
 
 def run_kind(metrics):
     return "lenet5" if "act" in metrics else "gpt" if "tokens_seen" in metrics else None
-
-
-def read_json(path):
-    """A JSON file of the inputs, bounded and never waited on (a FIFO planted as metrics.json)."""
-    return load_json(files.read_small(path, 64 << 20, follow=True).decode())
 
 
 def read_metrics(run_dir):
@@ -218,8 +213,7 @@ def events_beside(json_path):
     """A committed run's events: the folder named as its JSON, else tb-<kind>-<name> (tb-gpt-12M-cold) beside it."""
     if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are in runs.tar.gz
         return None
-    parts = json_path.stem.split("_")
-    candidates = [json_path.parent / json_path.stem]
+    parts, candidates = json_path.stem.split("_"), [json_path.parent / json_path.stem]
     if len(parts) >= 3:
         candidates += sorted(d for d in json_path.parent.glob("tb-*") if f"{parts[0]}-{parts[2]}" in d.name)
     return next((d for d in candidates if d.is_dir() and any(d.glob("events.out.tfevents.*"))), None)

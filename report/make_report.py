@@ -7,8 +7,7 @@
 
 Naming runs or result files (a gpt_bench.py or gelu_bench.py JSON) builds report/student.md from them alone (never
 report/results, never a run unasked); what they do not answer is a visible gap naming the command that fills it.
-A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank.
-"""
+A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank."""
 import contextlib
 import json
 import os
@@ -97,11 +96,6 @@ def gpu_lines(r, screenshots):
 
 # ----------------------------------------------------------------------------- --out and --pdf-out, written whole
 
-def out_dir(args):
-    """--out; a link to the student's folder: built where it points, the link left as it is."""
-    return args.out.resolve() if args.out.is_symlink() else args.out
-
-
 def built_lines(out):
     marker = out / BUILT
     return marker.read_text().splitlines() if marker.is_file() and not marker.is_symlink() else []
@@ -109,7 +103,7 @@ def built_lines(out):
 
 def printed(args):
     """--pdf-out as BUILT names it: its path from --out after ./ (a line with a slash: never a file's name)."""
-    return "./" + os.path.relpath(os.path.realpath(args.pdf_out), os.path.realpath(out_dir(args)))
+    return "./" + os.path.relpath(os.path.realpath(args.pdf_out), os.path.realpath(args.out_dir))
 
 
 def writable(path, flag):
@@ -185,12 +179,13 @@ def parse_args(argv):
     named = bool(args.runs or args.files or args.runs_root)  # a student's: their files alone, their template
     args.results = args.results or (None if named else RESULTS)
     args.report = args.report or (STUDENT if named else REPORT)
+    args.out_dir = args.out.resolve() if args.out.is_symlink() else args.out  # a link: built where it points, kept
     return args
 
 
 def check_args(args):
     """The user's mistakes, before any work, one line each (no output over an input or in a run); report.md's text."""
-    out, pdf = out_dir(args), args.pdf_out
+    out, pdf = args.out_dir, args.pdf_out
     inputs = {"--report": args.report, "--results": args.results, "--gpu": args.gpu,
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs + args.files}}
@@ -280,8 +275,8 @@ def images(text, built=None, problems=None):
 
 def build(args, r, text, used):
     r.linked = {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
-    keep = browser.kept_screenshots(out_dir(args), r.shown) if args.no_screenshots else []
-    with building(out_dir(args), keep) as r.out:
+    keep = browser.kept_screenshots(args.out_dir, r.shown) if args.no_screenshots else []
+    with building(args.out_dir, keep) as r.out:
         inputs = filter(None, [args.results, *args.files, *(run.events for run in r.by_kind.values())])
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
                  "the files named. Inputs: `" + "`, `".join(escape(rel(p), code=True) for p in inputs) + "`.", ""]
@@ -311,18 +306,17 @@ def main(argv=None):
                     raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
                 r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
                 text = build(args, r, text, used)
-                written.append(out_dir(args))
-            print(f"wrote {out_dir(args) / 'results.md'} and {len(list(out_dir(args).glob('*.png')))} figures"
+                written.append(args.out_dir)
+            print(f"wrote {args.out_dir / 'results.md'} and {len(list(args.out_dir.glob('*.png')))} figures"
                   + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
             for line in r.todo:
                 print(f"GPU figure missing: {line}")
             for problem in r.problems:
                 print(f"warning: {problem}", file=sys.stderr)
             if args.pdf:
-                args.pdf_out.parent.mkdir(parents=True, exist_ok=True)
-                browser.write_pdf(out_dir(args) / "report_filled.md", args.pdf_out, text)  # (its images beside it)
-                if printed(args) not in built_lines(out_dir(args)):
-                    with open(out_dir(args) / BUILT, "a") as f:  # a rebuild may replace it without --force
+                browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
+                if printed(args) not in built_lines(args.out_dir):
+                    with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
                         f.write(f"{printed(args)}\n")
                 print(f"wrote {args.pdf_out}")
         except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole

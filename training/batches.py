@@ -18,8 +18,7 @@ def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed)
                                    process_index=accelerator.process_index, put_on_device=True,
                                    rng_types=[], non_blocking=cuda)
 
-    per_epoch = len(loader(0))
-    epoch, skip = divmod(consumed, per_epoch)
+    epoch, skip = divmod(consumed, len(loader(0)))  # len: this process's batches per epoch
     while True:
         yield from skip_first_batches(loader(epoch), skip) if skip else loader(epoch)
         epoch, skip = epoch + 1, 0

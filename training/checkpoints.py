@@ -13,7 +13,6 @@ from accelerate.utils import broadcast_object_list
 from safetensors import SafetensorError
 
 from data import files
-from data.files import UserError, manifest_problem
 from training import runfiles, step
 
 STATE_FILE = "trainer_state.json"
@@ -97,8 +96,8 @@ def failed_write_explained(tmp, what, remains=None):
         yield
     except (OSError, RuntimeError, files.OutputError, SafetensorError) as e:  # safetensors: a full disk too
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"writing {what} into {tmp} failed ({files.reason(e)}); "
-                        f"{(remains or resume_advice)(tmp.parent)}") from None
+        raise files.UserError(f"writing {what} into {tmp} failed ({files.reason(e)}); "
+                              f"{(remains or resume_advice)(tmp.parent)}") from None
 
 
 def resume_advice(out_dir):
@@ -109,8 +108,7 @@ def resume_advice(out_dir):
 
 
 def restore(accelerator, ckpt):
-    """accelerate's load_state, a damaged file named in one line (random_states_<rank>.pkl too, which accelerate
-    would skip with a log line nobody sees)."""
+    """accelerate's load_state; a damaged file is one line (random_states_<rank>.pkl too: accelerate skips it)."""
     if problem := damaged(ckpt, ckpt / f"random_states_{accelerator.process_index}.pkl"):
         raise problem
     try:
@@ -136,8 +134,8 @@ def damaged(ckpt, path):
         if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its first sentence
             detail = str(error).partition("WeightsUnpickler error:")[2].strip().split(". ")[0].split("\n")[0][:160]
             why = f"not plain tensors and numbers: {detail}".rstrip(": ")
-        return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
-                         f"resume from the checkpoint before it, or pick a new --out-dir")
+        return files.UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
+                               f"resume from the checkpoint before it, or pick a new --out-dir")
 
 
 def remove_checkpoints(accelerator, out_dir):
@@ -153,7 +151,7 @@ def latest_checkpoint(out_dir):
     """(the newest checkpoint that verifies, [(name, why skipped) for newer ones that did not])."""
     skipped = []
     for path in sorted(Path(out_dir).glob("ckpt-*[0-9]"), reverse=True):  # complete renames only
-        if (problem := manifest_problem(path)) is None:
+        if (problem := files.manifest_problem(path)) is None:
             return path, skipped
         skipped.append((path.name, problem))
     return None, skipped
@@ -186,19 +184,17 @@ def run_identity(args, tok, corpus_sha256, precision, world):
 
 def check_same_run(saved, current):
     """Refuse a resume that would change the run, in one line."""
-    differ = [key for key, value in current.items() if key in saved and saved[key] != value]
-    if differ:
-        raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
-                        "; this run has " + ", ".join(f"{k} = {current[k]}" for k in differ) +
-                        f" ({', '.join(dict.fromkeys(identity_flags().get(k, k) for k in differ))}): resume with "
-                        f"the same settings or pick a new --out-dir")
+    if differ := [key for key, value in current.items() if key in saved and saved[key] != value]:
+        raise files.UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
+                              "; this run has " + ", ".join(f"{k} = {current[k]}" for k in differ) +
+                              f" ({', '.join(dict.fromkeys(identity_flags().get(k, k) for k in differ))}): resume with "
+                              f"the same settings or pick a new --out-dir")
 
 
 def continue_position(state, saved, micro):
     """A resume with another micro-batch: the data position recounted in `micro`s (exact: checkpoints follow whole
     steps). Returns the micro-batch the budget and validation are counted in (the run's first)."""
-    old = saved.get("micro_batch")
-    if old and old != micro:
+    if (old := saved.get("micro_batch")) and old != micro:
         state.micro_batches = -(-state.micro_batches * old // micro)  # ceil: exact after a whole step
     return saved.get("budget_micro_batch") or old or micro
 

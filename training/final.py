@@ -71,9 +71,7 @@ def write_final(net, tokenizer, folder):
 
 
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a gpt_train.py run directory: final/ with its own tokenizer
-    (`tokenizer_spec` must be the same), else the newest checkpoint that verifies with the tokenizer
-    `tokenizer_spec` or args.json names, checked against the one the run recorded."""
+    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), or its newest checkpoint."""
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
@@ -112,8 +110,7 @@ def read_config(path):
 
 
 def read_weights(path):
-    """({name: tensor} in training/model.py's names, the config hash recorded or None) of final/'s safetensors
-    or a checkpoint's torch.save file; a damaged one is one line (not pickle's advice)."""
+    """({name: tensor} in model.py's names, the recorded config hash or None) of a weights file; damaged: one line."""
     try:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
@@ -159,8 +156,7 @@ def own_tokenizer(final, cfg, spec):
 
 
 def checkpoint_tokenizer(ckpt, spec):
-    """(the tokenizer `spec` or the run's args.json names, the model's shape), the tokenizer checked against the
-    hash the checkpoint's run identity recorded."""
+    """(the tokenizer `spec` or args.json names, checked against the run identity's hash; the model's shape)."""
     try:
         run = checkpoints.load_state(ckpt)[1]
         shape = dict(n_layer=run["n_layer"], n_head=run["n_head"], n_embd=run["n_embd"], n_positions=run["seq_len"])

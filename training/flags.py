@@ -47,8 +47,7 @@ def path_flag(text):
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path; give a folder or file name (an empty value would mean "
                                          "the current folder)")
-    problem = path_problem(text)
-    if problem:
+    if problem := path_problem(text):
         raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return Path(text)
 

@@ -24,9 +24,7 @@ WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}
 
 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
-    """Fail now, not after the work, if output file `path` may not be written: a bad path, a folder, a bookkeeping
-    name, inside another run's folder than `own_run`, or existing (replaced only with `force`, and only a file of
-    `kind`: a user's notes never). Its folder is made and probed."""
+    """Fail now, not after the work, if output `path` may not be written (the module's rule; `kind`: its content)."""
     path = Path(path)
     if problem := output_problem(path, what, own_run):
         raise OutputError(problem)
@@ -103,16 +101,14 @@ def new_run_name():
 
 
 def run_dir_problem(path, program, reuse=True):
-    """None if `path` may hold a run of `program` (new, empty but for BOOKKEEPING, or, with `reuse`, marked as
-    `program`'s), else why not."""
+    """None if `path` may hold `program`'s run (new, only BOOKKEEPING, or with `reuse` marked as its), else why not."""
     if problem := output_problem(path, "--out-dir"):
         return problem
     if not path.exists() or path.is_dir() and bookkeeping_only(path):
         return None
     if not path.is_dir():
         return f"--out-dir {path} is a file, not a folder"
-    owner = read_owner(path)
-    if owner == program and reuse:
+    if (owner := read_owner(path)) == program and reuse:
         return None
     whose = (f"a finished run of {program} (metrics.json: runs are never overwritten)" if owner == program else
              f"a run of {owner}" if owner else f"files that are not a run of {program} (no {OWNER_FILE})")
@@ -157,8 +153,7 @@ def remove_if_unused(path, made_here):
 
 
 def open_run(path, program, stack):
-    """Claim run folder `path` for `program` unless it holds a finished run; returns whether it holds an
-    unfinished attempt of `program`'s, for the caller to resume or set aside."""
+    """claim_run_dir() unless `path` holds a finished run; whether an unfinished attempt is left (resume, set aside)."""
     claim_run_dir(path, program, stack, reuse=not os.path.lexists(path / FINISHED))
     if os.path.lexists(path / FINISHED):  # finished between the check and the lock: the other run's last write
         raise OutputError(f"--out-dir {path} holds a run of {program} that has just finished (metrics.json); "
@@ -167,8 +162,7 @@ def open_run(path, program, stack):
 
 
 def set_aside_earlier_attempt(out_dir, why):
-    """What an earlier attempt that this run will not continue left goes into earlier-attempt-<time>/: this run's
-    curves are its own, TensorBoard shows the old ones apart."""
+    """An earlier attempt's files into earlier-attempt-<time>/: this run's curves are its own, the old ones apart."""
     left = [p for p in out_dir.iterdir() if p.name not in BOOKKEEPING and not p.name.startswith("earlier-attempt-")]
     if left:
         aside = out_dir / f"earlier-attempt-{new_run_name()}"

@@ -22,7 +22,6 @@ from training.device import eager_mode
 from training.final import load_run
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag
 
-N_PROMPTS, PROMPT_TOKENS = 2, 16  # the fixed validation prompts: how many, tokens each
 TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations at the end of training
 GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and dividing by less can overflow
 MAX_TOKENS = 100_000  # past n_positions each token is a whole pass: hours at the lab shape on a CPU; a typo
@@ -66,7 +65,7 @@ def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None)
     return out[:b], out[b:]
 
 
-def fixed_prompts(blocks, eot, n=N_PROMPTS, length=PROMPT_TOKENS):
+def fixed_prompts(blocks, eot, n=2, length=16):
     """The same prompts every run: the first `length` tokens of a document (after the block's first end-of-text
     where a whole prompt fits after it) in each of the first n validation blocks."""
     prompts = []
@@ -84,9 +83,8 @@ def final_samples(run, tokenizer, validation_blocks, new_tokens, writer, at_step
     prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id("<|endoftext|>"))
     if not prompts or not new_tokens:
         return None
-    accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model)
+    accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model).eval()
     rng = torch.Generator(accelerator.device).manual_seed(SEED)
-    net.eval()
     with eager_mode(), accelerator.autocast():
         greedy, sampled = greedy_and_sampled(net, torch.tensor(prompts, device=accelerator.device), new_tokens, rng,
                                              tokenizer.get_vocab_size(), stop)
@@ -113,9 +111,8 @@ def build_parser():
     p.add_argument("--top-k", type=number(int, 0), default=TOP_K, help="sample among the k most likely; 0: all")
     p.add_argument("--seed", type=number(int, 0, 2**64, high_open=True), default=SEED,
                    help="the sampling's random generator")
-    p.add_argument("--tokenizer", type=path_or_name_flag, default=None,
-                   help="None: the run's own (final/); needed only where it kept none (a checkpoint) and args.json's "
-                        "path moved; always checked against the run")
+    p.add_argument("--tokenizer", type=path_or_name_flag, default=None, help="None: the run's own (final/); needed "
+                   "only where it kept none (a checkpoint) and args.json's path moved; always checked against the run")
     p.add_argument("--device", type=device_flag, default="cpu", help="cpu, cuda, cuda:N or mps, where available")
     add_output_flags(p, "write the text, the settings and the process's time here as JSON")
     return p
@@ -142,8 +139,7 @@ def device_flag(name):
 
 
 def stream_text(decode, tokens, context=4, hold=8):
-    """Each new token's text once its characters are whole (waiting at most `hold` tokens), decoded after
-    `context` tokens as the whole text would be."""
+    """Each new token's text once whole (at most `hold` tokens later), decoded after `context` tokens as in the text."""
     done, pending = [], []
     for token in tokens:
         pending.append(token)

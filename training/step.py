@@ -10,8 +10,7 @@ measures the step that trains. Why each acceleration (where `auto` decides: trai
 To add an acceleration, declare it in Accelerations: `name: type = declare(default, label, why, ...)` (see
 Acceleration); its --name flag, the model's change, metrics.json, the probe's key, a resume's identity and the
 ladder's rows follow. `python benchmarks/gpt_bench.py --list` numbers the rows, `--only 1,N --metrics-out mine.json`
-measures them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md.
-"""
+measures them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md."""
 import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -79,9 +78,8 @@ class Recipe:
 
 def resolve(args, decisions):
     """(Accelerations, Recipe) of gpt_train.py's flags, as training/device.py decided precision, TF32, compile."""
-    chosen = {a.name: a.values()[getattr(args, a.name)] for a in declared()}
-    accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32,
-                                  compile=decisions.compile_mode, **chosen)
+    accelerations = Accelerations(precision=decisions.precision, tf32=decisions.tf32, compile=decisions.compile_mode,
+                                  **{a.name: a.values()[getattr(args, a.name)] for a in declared()})
     return accelerations, Recipe(lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
 
 
@@ -167,12 +165,11 @@ class TrainStep:
 
 def attention_kernel(net, accelerations):
     """The attention kernel the step runs: the forced SDPA backend, torch's own choice, or eager attention."""
-    if getattr(net, "attention", accelerations.attention) != "sdpa":
+    if net.attention != "sdpa":
         return "eager (no SDPA)"
     if accelerations.sdpa_backend:  # in training.device.sdpa_backend's names: SDPBackend's member, lower case
         return SDPA_BACKENDS[accelerations.sdpa_backend].lower() + " (forced)"
-    cfg = getattr(net, "cfg", None) or net.config
-    return device.sdpa_backend(cfg, accelerations.precision, next(net.parameters()).device)
+    return device.sdpa_backend(net.cfg, accelerations.precision, next(net.parameters()).device)
 
 
 def sdpa_context(forced):
@@ -180,7 +177,6 @@ def sdpa_context(forced):
     if not forced:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    member = getattr(SDPBackend, SDPA_BACKENDS[forced], None)
-    if member is None:
+    if (member := getattr(SDPBackend, SDPA_BACKENDS[forced], None)) is None:
         raise RuntimeError(f"torch {torch.__version__} has no SDPBackend.{SDPA_BACKENDS[forced]}")
     return sdpa_kernel([member])
