@@ -21,7 +21,7 @@ ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpu_gpt")
 CPU_LADDER = "gpt_bench_cpu_2x1024"  # the ladder at the lab's shape on the CPU, beside the GPU's
 LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats (their median is quoted)
 # where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
-FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564 的会话"}
+FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564"}
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
 # a block with no block inside it: nested ones are resolved from the innermost out
 BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
