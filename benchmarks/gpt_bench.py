@@ -165,7 +165,7 @@ def main(argv=None):
         "conclusions rest on first, group by group, for a run that may be cut (default: %(default)s)")
     args = common.parse(p, argv)
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
-    args.recipe = default_step(cuda, capability)[1]  # every row computes what gpt_train.py computes
+    args.recipe = default_step(cuda, capability, args.preset)[1]  # every row computes what gpt_train.py does
     args.shape = {k: PRESETS[args.preset][k] for k in ("n_layer", "n_head", "n_embd")}
     rows = ladder(cuda, capability, vocab_size=args.vocab_size)
     if args.list:
