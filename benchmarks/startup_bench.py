@@ -1,5 +1,5 @@
 """The job's clock outside the training loop: each script run as a process, as a grader's `time` sees it,
-today's code beside commit 139e3cc's (the code the job-clock issue measured), interleaved repeats.
+today's code beside commit 139e3cc's (before the changes to the job's clock), interleaved repeats.
 
     python benchmarks/startup_bench.py --metrics-out startup_bench_cpu.json                  # ~10 min on 2 cores
 
