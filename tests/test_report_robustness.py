@@ -201,7 +201,7 @@ def test_a_disk_with_no_room_is_refused_before_and_a_disk_filling_during_the_bui
     build(results, report, disk / "gen", str(run))  # a first build fits: results.md and a figure
     before = snapshot(disk)
     assert (disk / "gen" / "gpt_curves.png").is_file()
-    (disk / "ballast").write_bytes(b"\0" * (1024 * 1024 - sum(map(len, before.values())) - 64 * 1024))
+    (disk / "ballast").write_bytes(b"\0" * (1024 * 1024 - sum(map(len, before.values())) - 16 * 1024))
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen"),
                          "--no-screenshots", str(run)])
     assert message.startswith("error: No space left on device: ") and message.endswith(
