@@ -1,8 +1,9 @@
 """An acceleration declared once (a field of training/step.py's Accelerations, made by declare()) reaches
 everything with no other file edited: gpt_train.py's flag, the step's model, the ladder's rows (its rung and
 its "default without" row, or its candidate row), `gpt_bench.py --list`, a measured ladder's JSON, the
-micro-batch probe's key, a resume's identity and a run's metrics.json. The worked example of the recipe in
-training/step.py's docstring: a dummy acceleration declared the way a student declares theirs."""
+micro-batch probe's key, a resume's identity, a run's metrics.json and the student's report table. The worked
+example of the recipe in training/step.py's docstring: a dummy acceleration declared the way a student declares
+theirs."""
 import json
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from training.model import GPT, GPTConfig
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpt_bench
 import ladder_rows
+from report import make_report
 
 CHANGED = []  # (the model's class, the value) for each model the dummy changed
 
@@ -112,6 +114,10 @@ def test_a_measured_ladder_holds_the_declared_rows_and_their_peak_memory(declare
     assert CHANGED == [("GPT", True), ("GPT", False)]  # each row's model, changed by the declaration
     assert on["tokens_per_second"] > 0 and (out["n_layer"], out["n_embd"]) == (2, 64)
     assert 0 < on["peak_memory_GiB"] < 64 and "resident" in out["peak_memory_GiB_measures"]
+    make_report.main([str(tmp_path / "ladder.json"), "--out", str(tmp_path / "report"), "--no-screenshots"])
+    table = [line for line in (tmp_path / "report" / "report_filled.md").read_text().splitlines()
+             if "dummy boost" in line]  # the student's report: the ladder named is tabled whole
+    assert len(table) == 2 and table[0].startswith("| ") and "default without dummy boost" in table[1], table
 
 
 def test_the_probe_key_and_a_resumes_identity_hold_the_declared_acceleration(declared, tmp_path, monkeypatch):
