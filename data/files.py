@@ -114,21 +114,32 @@ def check_output_dir(path, what):
 
 def check_private(what, *folders):
     """Refuse a folder whose files are trusted (a token cache, a run) where another user may have put them: not the
-    user's, or writable by others or a group not the owner's private one (umask 002's; a sticky bit stops no one)."""
+    user's, or writable by others or a group not the owner's private one (umask 002's; a sticky bit stops no one);
+    with an ACL the group bits are its mask: anyone it names may write."""
     for folder in filter(os.path.exists, folders):  # one not made yet passes: it is made here
-        info = os.stat(folder)
-        shared = info.st_mode & stat.S_IWOTH or info.st_mode & stat.S_IWGRP and not own_group(info)
+        info, acl = os.stat(folder), "system.posix_acl_access" in xattrs(folder)
+        shared = info.st_mode & stat.S_IWOTH or info.st_mode & stat.S_IWGRP and (acl or not own_group(info))
         if info.st_uid != os.geteuid() or shared:
-            why = f"writable by others (mode {info.st_mode & 0o7777:o}: chmod go-w)" if shared else "another user's"
+            fix = "setfacl -b, chmod go-w" if acl else "chmod go-w"
+            why = f"writable by others (mode {info.st_mode & 0o7777:o}: {fix})" if shared else "another user's"
             raise OutputError(f"{what} {folder} is {why}: files there could be anyone's; give a folder of your own")
 
 
 def own_group(info):
-    """Whether a file's group is its owner's private group: named as the owner, no other member."""
+    """Whether a file's group is its owner's private group: named as the owner, no other member (listed, or by
+    its primary group)."""
     with contextlib.suppress(KeyError):
         owner, group = pwd.getpwuid(info.st_uid).pw_name, grp.getgrgid(info.st_gid)
-        return group.gr_name == owner and set(group.gr_mem) <= {owner}
+        others = {u.pw_name for u in pwd.getpwall() if u.pw_gid == group.gr_gid} | set(group.gr_mem)
+        return group.gr_name == owner and others <= {owner}
     return False
+
+
+def xattrs(path):
+    try:
+        return os.listxattr(path)
+    except OSError:  # a file system without extended attributes: no ACL
+        return []
 
 
 def probe_folder(folder, named):

@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -148,3 +149,38 @@ def test_the_check_from_an_unprivileged_users_side(other_user):
             f"folder of your own"], done.stderr
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=True)
+
+
+def test_a_folder_an_acl_opens_to_another_user_is_refused(other_user, tmp_path):
+    """The group bits of a folder with an ACL are its mask: `user:<other>:rwx` shows as a 775 of the owner's own
+    group, yet the other user may write there."""
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o755)
+    undefined = 0xFFFFFFFF
+    entries = [(0x01, 7, undefined), (0x02, 7, other_user.pw_uid), (0x04, 5, undefined), (0x10, 7, undefined),
+               (0x20, 5, undefined)]  # user::rwx user:other:rwx group::r-x mask::rwx other::r-x
+    try:
+        os.setxattr(folder, "system.posix_acl_access",
+                    struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries))
+    except OSError as e:
+        pytest.skip(f"no POSIX ACLs on this file system ({e.strerror})")
+    with pytest.raises(OutputError, match=r"is writable by others \(mode 775: setfacl -b, chmod go-w\)"):
+        files.check_private("--cache-dir", folder)
+
+
+def test_a_group_that_is_another_users_primary_one_is_not_private(other_user, tmp_path):
+    """A group named as its owner is private only if no one else is in it: a user whose primary group it is
+    (not listed among its members) may write a 775 folder of that group."""
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o775)
+    os.chown(folder, other_user.pw_uid, other_user.pw_gid)
+    assert files.own_group(os.stat(folder))
+    member = "lab5-member"
+    made = subprocess.run(["useradd", "--no-create-home", "--no-user-group", "--gid", str(other_user.pw_gid),
+                           "--shell", "/usr/sbin/nologin", member], capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"useradd {member} failed: {made.stderr.strip()}")
+    try:
+        assert not files.own_group(os.stat(folder))
+    finally:
+        subprocess.run(["userdel", member], check=True)
