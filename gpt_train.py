@@ -162,7 +162,7 @@ def set_up(args, argv, stack, phases):
     state, saved = checkpoints.load_state(ckpt) if ckpt else (checkpoints.TrainState(), {})
 
     phases.switch("data")
-    corpus = wos.corpus_identity(text)  # what the text is, by content: the run's identity and its metrics
+    corpus = wos.corpus_identity(text, args.accept_invalid_utf8)  # what it is, by content: identity, metrics
     identity = checkpoints.run_identity(args, tok, corpus["sha256"], decisions.precision, accelerator.num_processes)
     checkpoints.check_same_run(saved, identity)  # a resume continues the same run: one line naming what differs
     set_seed(args.seed)

@@ -119,6 +119,8 @@ def parse_args(argv):
                    help="tokenizer to compare with: a tokenizer.json, a folder, a hub name found locally (the HF "
                         "cache or $LAB5_DATA or data/ + <name>-tokenizer/), or 'none' (default: %(default)s)")
     p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
+    p.add_argument("--accept-invalid-utf8", action="store_true", help="train on a text whose lines are mostly not "
+                   "UTF-8 (their bad bytes as U+FFFD) instead of refusing it")
     add_output_flags(p)  # --metrics-out, and --force: also for --out
     return p.parse_args(argv)
 
@@ -146,7 +148,7 @@ def main(argv=None):
         text = wos.resolve_text(args.text, download=not args.no_download)
         other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
         phases.switch("data")
-        corpus = wos.corpus_identity(text)  # hashed once: the metrics' record and the cache's key
+        corpus = wos.corpus_identity(text, args.accept_invalid_utf8)  # hashed once: the metrics, the cache's key
         splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
         if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
             wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))

@@ -117,7 +117,9 @@ def check_private(what, *folders):
     user's, or writable by others or a group not the owner's private one (umask 002's; a sticky bit stops no one);
     with an ACL the group bits are its mask: anyone it names may write."""
     for folder in filter(os.path.exists, folders):  # one not made yet passes: it is made here
-        info, acl = os.stat(folder), "system.posix_acl_access" in xattrs(folder)
+        info, acl = os.stat(folder), False
+        with contextlib.suppress(OSError):  # a file system without extended attributes has no ACL
+            acl = "system.posix_acl_access" in os.listxattr(folder)
         shared = info.st_mode & stat.S_IWOTH or info.st_mode & stat.S_IWGRP and (acl or not own_group(info))
         if info.st_uid != os.geteuid() or shared:
             fix = "setfacl -b, chmod go-w" if acl else "chmod go-w"
@@ -133,13 +135,6 @@ def own_group(info):
         others = {u.pw_name for u in pwd.getpwall() if u.pw_gid == group.gr_gid} | set(group.gr_mem)
         return group.gr_name == owner and others <= {owner}
     return False
-
-
-def xattrs(path):
-    try:
-        return os.listxattr(path)
-    except OSError:  # a file system without extended attributes: no ACL
-        return []
 
 
 def probe_folder(folder, named):

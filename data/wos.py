@@ -91,7 +91,7 @@ def download_wos(dest):
         files.write_atomic(dest, z.read(member))
 
 
-def check_text(path):
+def check_text(path, accept_invalid=False):
     """The documents' word counts of a text datasets reads rightly, read a line at a time (memory: one line's): >= 2
     usable lines, none over MAX_DOC_BYTES (BPE training would exhaust the memory), UTF-8 (not UTF-16, not Latin-1)."""
     words, invalid = [], 0
@@ -115,20 +115,20 @@ def check_text(path):
     if len(words) < 2:
         raise TextError(f"{path} has 1 usable line; need at least 2 (one document per line)" if words else
                         f"{path} is empty")
-    if invalid > 0.01 * len(words):  # not a few damaged lines (read with U+FFFD): another encoding, as Latin-1
+    if invalid > 0.01 * len(words) and not accept_invalid:  # not a few damaged lines: another encoding (Latin-1)
         raise TextError(f"{path}: {invalid:,} of {len(words):,} lines ({invalid / len(words):.0%}) are not valid "
-                        f"UTF-8; convert it (iconv -f LATIN1 -t UTF-8 {path} > X-utf8.txt) or drop the bad bytes "
-                        f"(iconv -c -f UTF-8 -t UTF-8 {path} > X-utf8.txt)")
+                        f"UTF-8; convert it (iconv -f LATIN1 -t UTF-8 {path} > X-utf8.txt), or pass "
+                        f"--accept-invalid-utf8 to train on it with the bad bytes as U+FFFD")
     if invalid:
         print(f"warning: {invalid} lines of {path} are not valid UTF-8; decoded with replacement characters",
               file=sys.stderr)
     return words
 
 
-def corpus_identity(path):
+def corpus_identity(path, accept_invalid=False):
     """{name, documents, bytes, sha256, basis} of a checked text, by content, never the path: "stand-in" by its known
     hash, "WOS46985" for 46,985 abstract-sized documents (its hash not known here: `basis` says so), else "other"."""
-    words = check_text(path)
+    words = check_text(path, accept_invalid)
     sha, median_words = files.sha256_file(path), statistics.median_high(words)
     if sha == STANDIN_SHA256:
         name, basis = "stand-in", "its sha256 is the known one"

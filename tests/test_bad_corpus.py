@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import gpt_train
 from conftest import REPO, generated_docs, tmpfs
 from data import wos
 
@@ -36,7 +37,7 @@ def latin1_corpus(path):
     return docs
 
 
-def test_a_latin1_corpus_is_refused_with_its_rate_and_how_to_convert_it(tmp_path, capsys):
+def test_a_latin1_corpus_is_refused_with_its_rate_the_flag_and_how_to_convert_it(tmp_path, capsys):
     """It used to train on U+FFFD in place of every accented letter, with one warning, and report success."""
     text = tmp_path / "X.txt"
     docs = latin1_corpus(text)
@@ -45,8 +46,13 @@ def test_a_latin1_corpus_is_refused_with_its_rate_and_how_to_convert_it(tmp_path
     with pytest.raises(wos.TextError) as refused:
         wos.load_splits(text, cache_dir=tmp_path / "cache")
     assert str(refused.value) == (f"{text}: {bad} of 200 lines ({bad / 200:.0%}) are not valid UTF-8; convert it "
-                                  f"(iconv -f LATIN1 -t UTF-8 {text} > X-utf8.txt) or drop the bad bytes (iconv -c "
-                                  f"-f UTF-8 -t UTF-8 {text} > X-utf8.txt)")
+                                  f"(iconv -f LATIN1 -t UTF-8 {text} > X-utf8.txt), or pass --accept-invalid-utf8 "
+                                  f"to train on it with the bad bytes as U+FFFD")
+    import tokenizer_train  # the flag the line names: accepted, with the warning that says what it reads
+    tokenizer_train.main(["--text", str(text), "--accept-invalid-utf8", "--compare", "none", "--seq-len", "0",
+                          "--vocab-size", "512", "--out", str(tmp_path / "tok.json"), "--cache-dir", str(tmp_path)])
+    assert f"warning: {bad} lines of {text} are not valid UTF-8" in capsys.readouterr().err
+    assert gpt_train.parse_args(["--accept-invalid-utf8"]).accept_invalid_utf8  # gpt_train.py takes it too
     if shutil.which("iconv"):  # the advice works
         converted = tmp_path / "X-utf8.txt"
         converted.write_bytes(subprocess.run(["iconv", "-f", "LATIN1", "-t", "UTF-8", str(text)],
