@@ -78,6 +78,8 @@ def token_cache(splits, tokenizer, args, text, sha256, tokenizer_hash):
     try:
         _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction,
                                 args.seed, args.cache_dir, splits=splits, tokenizer_hash=tokenizer_hash)
+        if "unwritten" in stats:
+            raise UserError(f"it was not written ({stats['unwritten']})")
     except UserError as e:
         print(f"warning: no token cache: {e}; the tokenizer is saved in {args.out} (gpt_train.py tokenises the "
               f"corpus itself)", file=sys.stderr)

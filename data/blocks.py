@@ -39,6 +39,7 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
         files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS], stats=stats)
     except (OSError, files.OutputError) as e:
         print(f"warning: the token cache was not written ({e}); the next run packs again", file=sys.stderr)
+        stats = {**stats, "unwritten": str(e)}  # (tokenizer_train.py: the cache is its output)
     return blocks, stats
 
 

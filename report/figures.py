@@ -40,7 +40,7 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title.replace("$", r"\$"), fontsize=10)  # a run's strings, never matplotlib's math
     save(fig, path)
 
 

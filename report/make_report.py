@@ -288,7 +288,7 @@ def build(args, r, text, used):
         text = images(text, r.out, r.problems) if args.pdf else text
         r.problems[:] = list(dict.fromkeys(r.problems))  # a damaged folder read twice is one problem
         if r.problems:
-            lines += ["", "## Problems with the inputs", ""] + [f"- {p}" for p in r.problems]
+            lines += ["", "## Problems with the inputs", ""] + [f"- {escape(p)}" for p in r.problems]  # they quote runs
         (r.out / "results.md").write_text("\n".join(lines) + "\n")
     return text
 

@@ -205,3 +205,11 @@ def test_figure_4_tick_labels_do_not_overlap_and_its_title_is_inside_the_figure(
     monkeypatch.setattr(figures, "save", check)
     figures.gpt_curves(m, tmp_path / "gpt_curves.png")
     assert checked and (tmp_path / "gpt_curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_run_string_with_dollar_signs_is_drawn_as_text_not_math(tmp_path):
+    """matplotlib reads $...$ in a title as mathtext: a device name such as `$x_$` made the curves figure fail,
+    leaving the report without it."""
+    m = json.loads((REPO / "report" / "results" / "gpt_run_tiny_standin_cpu.json").read_text())
+    figures.gpt_curves({**m, "device_name": "$x_$ or $\\frac$"}, tmp_path / "gpt_curves.png")
+    assert browser.is_png(tmp_path / "gpt_curves.png")

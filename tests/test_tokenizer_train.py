@@ -194,6 +194,20 @@ def test_a_token_cache_that_cannot_be_made_keeps_the_trained_tokenizer(tmp_path)
     assert json.loads(metrics_out.read_text())["num_train_tokens"] is None
 
 
+def test_a_token_cache_the_disk_could_not_take_is_not_claimed_written(text_file, tmp_path, monkeypatch, capsys):
+    """The cache's files fail to write (a full disk): the last line names the tokenizer only, never the cache,
+    and the metrics say why there is none."""
+    from data import files
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(files, "write_manifest", full)
+    metrics = tokenizer_train.main(["--text", str(text_file), "--out", str(tmp_path / "t.json"), "--compare", "none",
+                                    "--seq-len", "64", "--vocab-size", "512", "--cache-dir", str(tmp_path / "cache")])
+    assert "No space left on device" in metrics["token_cache_problem"] and metrics["num_train_tokens"] is None
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 't.json'}"
+
+
 @pytest.mark.parametrize("flag, make, message", [
     ("--out", lambda p: (p / "folder").mkdir() or p / "folder", "is a folder"),
     ("--metrics-out", lambda p: (p / "file").write_text("x") and p / "file" / "m.json", "cannot be written"),
