@@ -9,6 +9,7 @@ Naming runs or result files (a gpt_bench.py or gelu_bench.py JSON) builds report
 report/results, never a run unasked); what they do not answer is a visible gap naming the command that fills it.
 A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank."""
 import contextlib
+import html
 import json
 import os
 import re
@@ -288,7 +289,7 @@ def build(args, r, text, used):
         text = images(text, r.out, r.problems) if args.pdf else text
         r.problems[:] = list(dict.fromkeys(r.problems))  # a damaged folder read twice is one problem
         if r.problems:
-            lines += ["", "## Problems with the inputs", ""] + [f"- {escape(p)}" for p in r.problems]  # they quote runs
+            lines += ["", "## Problems with the inputs", ""] + [f"- {html.escape(p, False)}" for p in r.problems]
         (r.out / "results.md").write_text("\n".join(lines) + "\n")
     return text
 

@@ -263,7 +263,9 @@ def newer_run_beside(runs, tmp_path, metrics_text):
 @pytest.mark.parametrize("metrics_text, reason", [("[1, 2]", "is a JSON list, not an object"),
                                                   ("{}", "is neither a LeNet-5 run"),
                                                   ('{"act": "torch", "test_accuracy": "0.99"}',
-                                                   "has 'test_accuracy': \"0.99\", not a number")])
+                                                   "has 'test_accuracy': \"0.99\", not a number"),
+                                                  ('{"act": "torch", "test_accuracy": "<iframe src=x>"}',  # no HTML
+                                                   "has 'test_accuracy': \"&lt;iframe src=x&gt;\", not a number")])
 def test_a_newer_run_with_unusable_metrics_does_not_hide_an_older_good_one(runs, tmp_path, capsys, metrics_text,
                                                                              reason):
     root, newer = newer_run_beside(runs, tmp_path, metrics_text)
