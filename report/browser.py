@@ -61,7 +61,7 @@ def serve_tensorboard(logdir):
                     reload_task="blocking")
     server = board._make_server()  # launch() without its thread: launch() gives no handle to stop the server by
     server.app = with_settings(server.app, TENSORBOARD_SETTINGS)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (serving := threading.Thread(target=server.serve_forever, daemon=True)).start()
     try:
         base, scalars = server.get_url().rstrip("/"), None
         with contextlib.suppress(OSError, ValueError):  # no answer, or not JSON: None
@@ -70,6 +70,7 @@ def serve_tensorboard(logdir):
         yield base if scalars else None
     finally:
         server.shutdown()
+        serving.join()  # its own close (werkzeug's serve_forever closes the socket) done: closed on leaving
         server.server_close()
 
 
