@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from data import REPO, files, wos
 from data.blocks import token_blocks
-from data.files import UserError
+from training.errors import UserError
 from data.tokenizer import open_tokenizer
 from training import checkpoints, device, metrics, runfiles, sample, step
 from training.batches import batch_stream, check_enough, evaluate
@@ -37,6 +37,7 @@ from training.gpt_flags import PRESETS, parse_args
 from training.lifecycle import Phases, StopFlag, process_seconds
 from training.model import GPT, model_config
 from training.watch import StepWatch
+from training import errors
 
 MIN_LR_RATIO = 0.1  # the cosine ends at 10% of the peak learning rate
 
@@ -240,7 +241,7 @@ def finish(setup, state, stats, watch, stop):
             setup.writer.close()
         except OSError as e:
             print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} "
-                  f"({files.reason(e)}); final/ is saved", file=sys.stderr)
+                  f"({errors.reason(e)}); final/ is saved", file=sys.stderr)
         results = write_metrics(setup, results, watch)  # the last output: the process's time is taken just before
         print(metrics.summary_line(results))
     if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
@@ -272,7 +273,7 @@ def main(argv=None):
         try:
             watch = train_loop(setup, state, stop)
         except OSError as e:  # TensorBoard's writer on a full disk (a checkpoint's failure says its own line)
-            raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({files.reason(e)}) after "
+            raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({errors.reason(e)}) after "
                             f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed: exit 3
             if setup.train_step.accelerator.is_main_process:

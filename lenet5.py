@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from data import REPO, data_root
-from data.files import OutputError, UserError, reason, write_atomic, write_json
+from data.files import write_atomic, write_json
+from training.errors import OutputError, UserError, reason
 from data.mnist import Batches, find_mnist, load_train_test
 from training import lenet, runfiles
 from training.device import device_name

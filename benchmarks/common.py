@@ -7,7 +7,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from data.files import OutputError, write_json
+from data.files import write_json
+from training.errors import OutputError
 from training import runfiles
 from training.flags import Parser, add_output_flags
 

@@ -23,7 +23,7 @@ from torchvision import datasets, transforms
 import common
 import lenet5
 from data import data_root
-from data.files import UserError
+from training.errors import UserError
 from data.mnist import find_mnist
 from training.device import cpu_name
 from training.flags import number, seed_flag

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from data import files, wos
 from data.tokenizer import tokenizer_sha256
+from training import errors
 
 VERSION = 1  # part of the folder's name: bump it when the tokenisation or the packing change
 SPLITS = ("train", "validation")
@@ -37,7 +38,7 @@ def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0
         for name in SPLITS:
             files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
         files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS], stats=stats)
-    except (OSError, files.OutputError) as e:
+    except (OSError, errors.OutputError) as e:
         print(f"warning: the token cache was not written ({e}); the next run packs again", file=sys.stderr)
         stats = {**stats, "unwritten": str(e)}  # (tokenizer_train.py: the cache is its output)
     return blocks, stats

@@ -12,24 +12,13 @@ import stat
 import tempfile
 from pathlib import Path
 
+from training.errors import OutputError, reason
+
 NAME_MAX = 255  # bytes in one file name on every file system this runs on (ext4, xfs, NFS, Lustre)
 UMASK = os.umask(0o022)  # read at import (setting it is the only way to read it) and put back at once
 os.umask(UMASK)
 OWNER_FILE = "run.owner"  # in a run folder: names the program whose run it is (training/runfiles.py)
 MANIFEST = "manifest.json"
-
-
-class UserError(Exception):
-    """What a user can get wrong (flags, data, paths): one line on stderr and a non-zero exit, no traceback."""
-
-
-class OutputError(UserError):
-    """An output path that cannot be written: reported as one line before any work starts."""
-
-
-def reason(error):
-    """An OSError's reason without its errno prefix ("No space left on device"), else the error's first line."""
-    return getattr(error, "strerror", None) or (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def strict(obj):

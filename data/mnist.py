@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from data.files import UserError, reason
+from training.errors import UserError, reason
 
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),  # split -> (images, labels): the
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}  # official names, torchvision's layout

@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from data import REPO, data_root
-from data.files import UserError, reason
+from training.errors import UserError, reason
 
 EOT = "<|endoftext|>"
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from data import REPO, data_root, files
 from data.tokenizer import EOT
+from training import errors
 
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
@@ -31,7 +32,7 @@ WOS46985_DOCUMENTS = 46_985
 STANDIN_SHA256 = "621b305827935bdf51ad2582d89300500e2c8d69c9901d8d936baa11fe835f08"  # shared/data/wos-standin
 
 
-class TextError(files.UserError):
+class TextError(errors.UserError):
     """Missing or unusable text."""
 
 
@@ -182,7 +183,7 @@ def read_splits(path, val_fraction, seed, cache_dir, fresh):
     except (pyarrow.ArrowException, OSError, datasets.exceptions.DatasetGenerationError) as e:  # a full disk, wrapped
         if err := next((c for c in (e, e.__cause__) if isinstance(c, OSError) and c.errno is not None), None):
             raise TextError(f"the cache {cache_dir / 'text'}: {err.strerror} ({err.filename or 'documents'})") from None
-        raise DamagedCache(f"documents: {files.reason(e)}") from None  # ArrowInvalid, or OSError without errno
+        raise DamagedCache(f"documents: {errors.reason(e)}") from None  # ArrowInvalid, or OSError without errno
     return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
 
 

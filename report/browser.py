@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from data import files
+from training import errors
 
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
@@ -36,7 +37,7 @@ TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every poin
 SOURCES = "screenshots.json"  # in --out: {screenshot file: the run folder whose events it shows}
 
 
-class BrowserError(files.UserError):
+class BrowserError(errors.UserError):
     """Chromium failed, hung or wrote nothing: the message says which, in one line."""
 
 

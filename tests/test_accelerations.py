@@ -13,7 +13,7 @@ import torch
 
 import gpt_train
 from conftest import REPO, tiny_args
-from data.files import UserError
+from training.errors import UserError
 from training import budget, checkpoints, device, step
 from training.model import GPT, GPTConfig
 

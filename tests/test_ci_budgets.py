@@ -19,10 +19,27 @@ def python_copy(root):
 
 def test_a_module_over_the_budgets_fails_the_check_naming_it(tmp_path):
     root = python_copy(tmp_path / "repo")
-    (root / "training" / "scratch.py").write_text("x = 1\n" * 7001)
+    (root / "training" / "scratch.py").write_text("x = 1\n" * 401)
+    (root / "training" / "scratch2.py").write_text("x = [" + "1, " * 50_000 + "]\n")
     with (root / "gpt_train.py").open("a") as f:
         f.write("\n\ndef long():\n" + "    x = 1\n" * 40)
     done = subprocess.run(["bash", ".ci/budgets.sh"], cwd=root, capture_output=True, text=True)
     assert done.returncode == 1
-    assert "over 7,000" in done.stderr and "training/scratch.py (7001)" in done.stderr
+    assert "Python tokens outside tests/, over 50,000" in done.stderr and "training/scratch.py (401)" in done.stderr
     assert "functions over 40: {'long': 41}" in done.stderr
+
+
+def test_the_token_count_ignores_docstrings_comments_and_layout(tmp_path):
+    root = python_copy(tmp_path / "repo")
+
+    def counted():
+        done = subprocess.run(["bash", ".ci/budgets.sh"], cwd=root, capture_output=True, text=True)
+        return done.stdout.split(" Python tokens")[0].split()[-1]
+
+    before = counted()
+    (root / "training" / "notes.py").write_text('"""A docstring."""\n# a comment\n\n\n')
+    assert counted() == before
+    (root / "training" / "folded.py").write_text("x = f(1,\n      2)\n")
+    spread = counted()
+    (root / "training" / "folded.py").write_text("x = f(1, 2)\n")
+    assert counted() == spread != before

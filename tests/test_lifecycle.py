@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from data.files import OutputError
+from training.errors import OutputError
 from training import lifecycle
 
 

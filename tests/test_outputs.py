@@ -16,6 +16,7 @@ import tokenizer_train
 from conftest import REPO, run_script, tiny_args
 from data import files
 from training import runfiles, sample
+from training import errors
 
 # ------------------------------------------------------------------ 36.1: bookkeeping through a planted link
 
@@ -56,7 +57,7 @@ def test_a_run_lock_that_is_not_a_plain_file_of_one_name_is_refused_and_its_targ
     (folder / "ckpt-0000004").mkdir()
     {"symlink": lambda p: p.symlink_to(victim), "hard link": lambda p: os.link(victim, p),
      "fifo": lambda p: os.mkfifo(p)}[plant](folder / "run.lock")
-    with contextlib.ExitStack() as stack, pytest.raises(runfiles.OutputError, match="is not a run lock"):
+    with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="is not a run lock"):
         runfiles.claim_run_dir(folder, "gpt_train.py", stack)
     assert victim.read_text() == "precious\n"
 
@@ -72,7 +73,7 @@ def test_the_owner_file_is_replaced_not_written_through(tmp_path, victim):
         (folder / runfiles.OWNER_FILE).unlink()
         (folder / runfiles.OWNER_FILE).symlink_to(victim)
         assert runfiles.read_owner(folder) is None  # a link is no owner
-    with contextlib.ExitStack() as stack, pytest.raises(runfiles.OutputError, match="not empty"):
+    with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="not empty"):
         runfiles.claim_run_dir(folder, "gpt_train.py", stack)
     assert victim.read_text() == "precious\n"
 
@@ -157,7 +158,7 @@ def test_tokenizer_train_force_never_replaces_a_file_it_did_not_write(text_file,
 def test_force_replaces_only_a_file_of_the_kind_the_output_is(tmp_path, kind, planted):
     path = tmp_path / "out"
     path.write_bytes(planted)
-    with pytest.raises(runfiles.OutputError, match="exists and is not a"):
+    with pytest.raises(errors.OutputError, match="exists and is not a"):
         runfiles.check_output(path, "--metrics-out", force=True, kind=kind)
     assert path.read_bytes() == planted
 
@@ -166,14 +167,14 @@ def test_an_existing_output_is_replaced_only_with_force(tmp_path):
     path = tmp_path / "m.json"
     runfiles.check_output(path, "--metrics-out")  # new: fine
     files.write_json(path, {"accuracy": 0.99})
-    with pytest.raises(runfiles.OutputError, match=f"^--metrics-out {path} exists; pass --force to replace it"):
+    with pytest.raises(errors.OutputError, match=f"^--metrics-out {path} exists; pass --force to replace it"):
         runfiles.check_output(path, "--metrics-out")
     runfiles.check_output(path, "--metrics-out", force=True)
     torch_file = tmp_path / "w.pt"
     torch.save({"w": torch.zeros(2)}, torch_file)
     runfiles.check_output(torch_file, "--save", force=True, kind="torch.save")
     (tmp_path / "link.json").symlink_to(path)  # a link is never replaced: the file it names may be anyone's
-    with pytest.raises(runfiles.OutputError, match="exists and is a symbolic link, not a file this program writes"):
+    with pytest.raises(errors.OutputError, match="exists and is a symbolic link, not a file this program writes"):
         runfiles.check_output(tmp_path / "link.json", "--metrics-out", force=True)
     assert json.loads(path.read_text()) == {"accuracy": 0.99}
 
@@ -326,7 +327,7 @@ def test_force_replaces_a_torch_archive_never_any_other_zip(tiny_mnist, tmp_path
 def test_a_link_or_dotdot_never_leads_an_output_into_another_run(tmp_path, gpt_run):
     (tmp_path / "deep").symlink_to(gpt_run / "final")
     for path in (tmp_path / "deep" / "x.json", tmp_path / "deep" / ".." / "y.json"):
-        with pytest.raises(runfiles.OutputError, match="the folder of another run"):
+        with pytest.raises(errors.OutputError, match="the folder of another run"):
             runfiles.check_output(path, "--metrics-out")
     assert sorted(p.name for p in gpt_run.iterdir()) == ["final", "metrics.json", "run.owner"]
 
@@ -345,6 +346,6 @@ def test_a_full_disk_under_save_is_one_line_and_leaves_no_part_file(tmp_path, mo
         f.write(b"PK\x03\x04partial")
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 12160 vs 12112")
     monkeypatch.setattr(torch, "save", full)
-    with pytest.raises(files.OutputError, match="cannot write .*w.pt: .enforce fail"):
+    with pytest.raises(errors.OutputError, match="cannot write .*w.pt: .enforce fail"):
         files.write_atomic(tmp_path / "w.pt", lambda f: torch.save({}, f))
     assert list(tmp_path.iterdir()) == []

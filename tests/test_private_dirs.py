@@ -19,9 +19,10 @@ import pytest
 
 from conftest import REPO
 from data import blocks, files, wos
-from data.files import OutputError
+from training.errors import OutputError
 from data.tokenizer import open_tokenizer
 from training import runfiles
+from training import errors
 
 OTHER = "lab5-other"
 
@@ -134,7 +135,7 @@ def test_the_check_from_an_unprivileged_users_side(other_user):
         code = ("import sys; sys.path.insert(0, sys.argv[1]); from data import files\n"
                 "for folder in sys.argv[2:]:\n"
                 "    try:\n        files.check_private('--out-dir', folder); print('used')\n"
-                "    except files.OutputError as e:\n        print(e)")
+                "    except errors.OutputError as e:\n        print(e)")
         for python in (sys.executable, "/usr/bin/python3"):  # a Python of root's own (pyenv) may be closed to them
             with contextlib.suppress(PermissionError, FileNotFoundError):
                 done = subprocess.run([python, "-c", code, str(root / "pkg"), str(ours), str(own), str(open_)],

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO
 from data import files
 from training import flags, runfiles
+from training import errors
 
 
 def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp_path):
@@ -52,16 +53,16 @@ def an_input(tmp_path):
     lambda p: os.link(p, p.parent.parent / "hard.json") or p.parent.parent / "hard.json",     # a hard link
 ])
 def test_an_output_that_is_an_input_is_refused(an_input, spell):
-    with pytest.raises(runfiles.OutputError, match=r"^--metrics-out .* would overwrite --tokenizer .* \(an input\)"):
+    with pytest.raises(errors.OutputError, match=r"^--metrics-out .* would overwrite --tokenizer .* \(an input\)"):
         runfiles.check_outputs_not_inputs({"--metrics-out": spell(an_input)}, {"--tokenizer": an_input, "--x": None})
 
 
 def test_outputs_inside_an_input_folder_and_two_equal_outputs(an_input, tmp_path):
     folder = {"--tokenizer": an_input.parent}
-    with pytest.raises(runfiles.OutputError, match="would overwrite --tokenizer"):
+    with pytest.raises(errors.OutputError, match="would overwrite --tokenizer"):
         runfiles.check_outputs_not_inputs({"--out": an_input}, folder)  # a file of the input folder
     runfiles.check_outputs_not_inputs({"--out": an_input.parent / "new.json"}, folder)  # a new file there: fine
-    with pytest.raises(runfiles.OutputError, match=r"would overwrite --out .* \(an output too\)"):
+    with pytest.raises(errors.OutputError, match=r"would overwrite --out .* \(an output too\)"):
         runfiles.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "a.json"}, {})
     runfiles.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "b.json"}, folder)
     assert an_input.read_text() == "the input"
@@ -101,7 +102,7 @@ def full_disk(tmp_path, monkeypatch):
 
 def test_write_json_on_a_full_disk_is_one_line_and_leaves_no_temporary_file(full_disk):
     target = full_disk / "metrics.json"
-    with pytest.raises(runfiles.OutputError) as error:
+    with pytest.raises(errors.OutputError) as error:
         files.write_json(target, {"loss": 1.0, "pad": "x" * 10_000})
     assert str(error.value) == f"cannot write {target}: No space left on device"
     assert not [p.name for p in full_disk.iterdir() if p.name != "filler"]
@@ -141,7 +142,7 @@ def test_a_run_folder_is_new_empty_or_the_programs_own(tmp_path):
     assert runfiles.run_dir_problem(lenet, "lenet5.py") is None  # its own, to resume
     assert "never overwritten" in runfiles.run_dir_problem(lenet, "lenet5.py", reuse=False)
     before = sorted(p.name for p in stranger.iterdir())
-    with contextlib.ExitStack() as stack, pytest.raises(runfiles.OutputError, match="not empty"):
+    with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="not empty"):
         runfiles.claim_run_dir(stranger, "gpt_train.py", stack)
     assert sorted(p.name for p in stranger.iterdir()) == before  # nothing written
 
@@ -164,7 +165,7 @@ def test_a_failed_start_leaves_no_run_folder_and_a_used_one_stays(tmp_path):
 
 def test_a_run_folder_locked_by_another_run_keeps_its_lock(tmp_path):
     with runfiles.RunLock(tmp_path / "run"), contextlib.ExitStack() as stack:
-        with pytest.raises(runfiles.OutputError, match="in use by another run"):
+        with pytest.raises(errors.OutputError, match="in use by another run"):
             runfiles.claim_run_dir(tmp_path / "run", "gpt_train.py", stack)
         assert (tmp_path / "run" / "run.lock").read_text() == str(os.getpid())
 
@@ -191,6 +192,6 @@ def test_open_run_says_whether_an_attempt_is_there_and_never_reopens_a_finished_
     with contextlib.ExitStack() as stack:
         assert runfiles.open_run(run, "lenet5.py", stack) is True  # an unfinished attempt: resume or set aside
         (run / "metrics.json").write_text("{}")
-    with contextlib.ExitStack() as stack, pytest.raises(runfiles.OutputError, match="holds a finished run of lenet5"):
+    with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="holds a finished run of lenet5"):
         runfiles.open_run(run, "lenet5.py", stack)
     assert sorted(p.name for p in run.iterdir()) == ["args.json", "metrics.json", "run.lock", "run.owner"]

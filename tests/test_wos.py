@@ -12,7 +12,7 @@ from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from conftest import REPO, generated_docs, tmpfs
 from data import wos
 from data.blocks import epoch_loader, pack, token_blocks
-from data.files import OutputError
+from training.errors import OutputError
 from data.tokenizer import EOT
 from data.wos import corpus_identity
 

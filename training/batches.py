@@ -3,7 +3,7 @@ import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
 from data.blocks import epoch_loader
-from data.files import UserError
+from training.errors import UserError
 from training.device import eager_mode
 
 

@@ -13,6 +13,7 @@ import torch
 from data import files
 from training import CACHE_HOME
 from training.device import proc_file
+from training import errors
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def check_model_fits(args, vocab_size, device):
         found = re.search(r"^MemAvailable:\s*(\d+)", proc_file("meminfo"), re.MULTILINE)
         have = found and int(found[1]) * 1024
     if have and 16 * params > have:
-        raise files.UserError(f"a model of --n-layer {args.n_layer} --n-embd {c} --seq-len {args.seq_len} needs "
+        raise errors.UserError(f"a model of --n-layer {args.n_layer} --n-embd {c} --seq-len {args.seq_len} needs "
                               f"~{16 * params / 2**30:,.1f} GiB for its weights, gradients and AdamW alone; "
                               f"{device.type} has {have / 2**30:,.1f} GiB available")
 
@@ -77,7 +78,7 @@ def plan_budget(tokens, global_batch, micro_batch, world, seq_len, unit=None):
     """The Budget of `tokens` in whole micro-batches of `unit` (the run's first), counted in `micro_batch`es: a
     resume with another micro-batch takes the same sequences, so the same steps and learning-rate schedule."""
     if global_batch % (micro_batch * world):
-        raise files.UserError(f"--global-batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
+        raise errors.UserError(f"--global-batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
                               f"{world} processes")
     unit = unit or micro_batch
     sequences = math.ceil(tokens / (unit * world * seq_len)) * unit  # per process
@@ -104,7 +105,7 @@ def choose_micro_batch(flag, model, accelerator, accelerations, global_batch, pr
 def fit_micro_batch(global_batch, world, limit):
     """The largest micro-batch <= limit that divides this process's share of the global batch."""
     if global_batch % world:
-        raise files.UserError(f"--global-batch {global_batch} cannot be split over {world} processes")
+        raise errors.UserError(f"--global-batch {global_batch} cannot be split over {world} processes")
     share = global_batch // world
     return max(m for m in range(1, min(limit, share) + 1) if share % m == 0)
 
@@ -127,7 +128,7 @@ def find_micro_batch(try_step, share):
         # freed here, not inside the except: there its traceback still holds the failed try's tensors
         gc.collect()
         torch.cuda.empty_cache()
-    raise files.UserError("not even a micro-batch of 1 sequence fits on this GPU")
+    raise errors.UserError("not even a micro-batch of 1 sequence fits on this GPU")
 
 
 def probe_micro_batch(model, accelerations, device, share, world=1):
@@ -161,6 +162,6 @@ def probe_micro_batch(model, accelerations, device, share, world=1):
     torch.cuda.reset_peak_memory_stats(device)  # TensorBoard's peak memory: training's, not the failed tries'
     try:
         files.write_json(cache, known)
-    except files.OutputError as e:  # a read-only home: probe again next time
+    except errors.OutputError as e:  # a read-only home: probe again next time
         print(f"warning: the probed micro-batch is not remembered: {e}", file=sys.stderr)
     return known[key], "probed"

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from data import REPO, data_root, files
-from data.files import UserError
+from training.errors import UserError
 from training import lifecycle, runfiles
 from training.flags import Parser, add_output_flags
 

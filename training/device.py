@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from data import files
-from data.files import UserError
+from training.errors import UserError
+from training import errors
 
 PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (fp32 accumulate), TF32, plain fp32
     "H200 NVL": (835, 418, 60), "H200": (989, 494, 67), "H100 NVL": (835, 418, 60), "H100 SXM": (989, 494, 67),
@@ -116,7 +117,7 @@ def use_compile_cache(directory):
         named = "--compile-cache" if os.environ[variable].startswith(str(directory)) else variable
         try:
             files.check_output_dir(os.environ[variable], named)
-        except files.OutputError as e:
+        except errors.OutputError as e:
             raise UserError(f"{e}; give a writable --compile-cache or --compile off") from None
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from data.files import UMASK, UserError, read_small, strict, write_json
+from data.files import UMASK, read_small, strict, write_json
+from training.errors import UserError
 from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
 from training import checkpoints
 from training.checkpoints import failed_write_explained

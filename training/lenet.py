@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.files import UserError
+from training.errors import UserError
 from training.device import gpu_stats
 from training.lifecycle import log_line
 

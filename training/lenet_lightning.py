@@ -5,7 +5,7 @@ import warnings
 
 import torch.nn.functional as F
 
-from data.files import UserError
+from training.errors import UserError
 from training.lenet import end_epoch, log_point, optimizer_and_schedule, start_epoch
 
 try:

@@ -113,7 +113,7 @@ def phases():
 def one_line_errors(interrupted=None):
     """A UserError is `error: ...` on one line and exit 1; a Ctrl-C one line ending in interrupted() (what is kept)
     and exit 130 (None: the StopFlag's). TensorBoard's writer thread's failed write: the main thread's line only."""
-    from data.files import UserError
+    from training.errors import UserError
     if signal.getsignal(signal.SIGINT) is _while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, the line below says it
     previous = threading.excepthook

@@ -15,7 +15,8 @@ import zipfile
 from pathlib import Path
 
 from data import files
-from data.files import OWNER_FILE, OutputError, output_problem, read_small, reason
+from data.files import OWNER_FILE, output_problem, read_small
+from training.errors import OutputError, reason
 
 LOCK_FILE = "run.lock"
 BOOKKEEPING = {LOCK_FILE, OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
