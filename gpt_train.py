@@ -27,17 +27,16 @@ from tqdm import tqdm
 
 from data import REPO, files, wos
 from data.blocks import token_blocks
-from training.errors import UserError
 from data.tokenizer import open_tokenizer
-from training import checkpoints, device, metrics, runfiles, sample, step
+from training import checkpoints, device, errors, metrics, runfiles, sample, step
 from training.batches import batch_stream, check_enough, evaluate
 from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
+from training.errors import UserError
 from training.final import save_final
 from training.gpt_flags import PRESETS, parse_args
 from training.lifecycle import Phases, StopFlag, process_seconds
 from training.model import GPT, model_config
 from training.watch import StepWatch
-from training import errors
 
 MIN_LR_RATIO = 0.1  # the cosine ends at 10% of the peak learning rate
 

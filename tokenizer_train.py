@@ -21,9 +21,9 @@ import torch
 
 from data import files, wos
 from data.blocks import token_blocks
-from training.errors import UserError
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
 from training import device, runfiles
+from training.errors import UserError
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
 

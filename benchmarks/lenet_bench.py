@@ -23,9 +23,9 @@ from torchvision import datasets, transforms
 import common
 import lenet5
 from data import data_root
-from training.errors import UserError
 from data.mnist import find_mnist
 from training.device import cpu_name
+from training.errors import UserError
 from training.flags import number, seed_flag
 
 RECIPE = ("epochs", "batch_size", "lr", "steps")  # what lenet5.py's metrics say of the recipe it ran

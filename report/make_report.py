@@ -27,10 +27,10 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
 from data.files import UMASK, inside_another_run
-from training.errors import UserError
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
+from training.errors import UserError
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"

@@ -13,8 +13,8 @@ import torch
 
 import gpt_train
 from conftest import REPO, tiny_args
-from training.errors import UserError
 from training import budget, checkpoints, device, step
+from training.errors import UserError
 from training.model import GPT, GPTConfig
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -15,8 +15,7 @@ import lenet5
 import tokenizer_train
 from conftest import REPO, run_script, tiny_args
 from data import files
-from training import runfiles, sample
-from training import errors
+from training import errors, runfiles, sample
 
 # ------------------------------------------------------------------ 36.1: bookkeeping through a planted link
 

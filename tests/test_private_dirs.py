@@ -19,10 +19,9 @@ import pytest
 
 from conftest import REPO
 from data import blocks, files, wos
-from training.errors import OutputError
 from data.tokenizer import open_tokenizer
 from training import runfiles
-from training import errors
+from training.errors import OutputError
 
 OTHER = "lab5-other"
 

@@ -17,10 +17,10 @@ import gpt_train
 from conftest import REPO, free_port, tmpfs
 from data import wos
 from data.blocks import pack
-from training.errors import UserError
 from data.tokenizer import open_tokenizer
 from training import batches, budget, device, lifecycle, metrics, watch
 from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
+from training.errors import UserError
 from training.model import GPT, model_config
 from training.step import Accelerations
 

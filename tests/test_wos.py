@@ -12,9 +12,9 @@ from accelerate.data_loader import prepare_data_loader, skip_first_batches
 from conftest import REPO, generated_docs, tmpfs
 from data import wos
 from data.blocks import epoch_loader, pack, token_blocks
-from training.errors import OutputError
 from data.tokenizer import EOT
 from data.wos import corpus_identity
+from training.errors import OutputError
 
 
 def splits_of(path, tmp_path, **kw):

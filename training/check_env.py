@@ -16,8 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from data import REPO, data_root, files
-from training.errors import UserError
 from training import lifecycle, runfiles
+from training.errors import UserError
 from training.flags import Parser, add_output_flags
 
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)

@@ -13,8 +13,7 @@ from accelerate.utils import broadcast_object_list
 from safetensors import SafetensorError
 
 from data import files
-from training import runfiles, step
-from training import errors
+from training import errors, runfiles, step
 
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from data import files
-from training.errors import UserError
 from training import errors
+from training.errors import UserError
 
 PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (fp32 accumulate), TF32, plain fp32
     "H200 NVL": (835, 418, 60), "H200": (989, 494, 67), "H100 NVL": (835, 418, 60), "H100 SXM": (989, 494, 67),

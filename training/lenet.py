@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.errors import UserError
 from training.device import gpu_stats
+from training.errors import UserError
 from training.lifecycle import log_line
 
 TESTS_BETWEEN_EPOCHS = {"cuda"}  # a test pass at every log point: 10 batches against 50 steps (CPU: 60 steps')
