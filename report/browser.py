@@ -263,8 +263,8 @@ def main(argv=None):
             sys.exit(f"error: no TensorBoard events under {logdir} (the runs are under runs/)")
         where = urllib.parse.urlsplit(url)
         print(f"TensorBoard for you only: {url}/ (the path is the key; Ctrl-C stops it). On your laptop:\n"
-              f"  ssh -N -L 6006:127.0.0.1:{where.port} {getpass.getuser()}@{os.uname().nodename}\n"
-              f"then open http://localhost:6006{where.path}/", flush=True)
+              f"  ssh -N -L 127.0.0.1:6006:127.0.0.1:{where.port} {getpass.getuser()}@{os.uname().nodename}\n"
+              f"then open http://127.0.0.1:6006{where.path}/", flush=True)  # (localhost: maybe another's [::1])
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
 

@@ -4,6 +4,7 @@ screenshots' server and the student's `python -m report.browser` alike), a stopp
 Chromium prints a page that reads no file, and the screenshots' tag filters find the loss and accuracy cards under
 both the current and the older tag names."""
 import contextlib
+import getpass
 import http.server
 import json
 import os
@@ -154,8 +155,8 @@ def test_the_tensorboard_url_is_a_port_this_process_listens_on_and_its_runs_are_
 def test_the_tensorboard_command_serves_only_its_printed_url_and_writes_nothing_in_a_shared_tmpdir(tmp_path,
                                                                                                other_uid):
     """`python -m report.browser --logdir runs` (README step 6) under a shared TMPDIR with planted links: it prints
-    a URL on 127.0.0.1 under a secret path, the `ssh -L` line that forwards a laptop's port 6006 to it, and the
-    laptop's URL with the same secret; the runs answer there and nowhere else on the port (404). Nothing is written
+    a URL on 127.0.0.1 under a secret path, the `ssh -L` line that forwards a laptop's 127.0.0.1:6006 to it, and
+    the laptop's URL with the same secret; the runs answer there and nowhere else on the port (404). Nothing is written
     in the TMPDIR nor through its links; Ctrl-C stops it cleanly, and its port is closed."""
     shared, victim, before = planted_tmpdir(tmp_path, other_uid)
     write_events(tmp_path / "runs" / "lenet", LENET_TAGS)
@@ -166,9 +167,9 @@ def test_the_tensorboard_command_serves_only_its_printed_url_and_writes_nothing_
         lines = [process.stdout.readline() for _ in range(3)]
         url = re.search(r"(http://127\.0\.0\.1:(\d+)(/[\w-]{20,})/) ", lines[0])
         assert url, lines
-        assert lines[1].split() == ["ssh", "-N", "-L", f"6006:127.0.0.1:{url[2]}",
-                                    f"{pwd.getpwuid(os.getuid()).pw_name}@{os.uname().nodename}"]
-        assert lines[2].strip() == f"then open http://localhost:6006{url[3]}/"
+        assert lines[1].split() == ["ssh", "-N", "-L", f"127.0.0.1:6006:127.0.0.1:{url[2]}",
+                                    f"{getpass.getuser()}@{os.uname().nodename}"]
+        assert lines[2].strip() == f"then open http://127.0.0.1:6006{url[3]}/"
         with urllib.request.urlopen(f"{url[1]}data/plugin/scalars/tags", timeout=60) as answer:
             assert set(json.loads(answer.read())["lenet"]) == LENET_TAGS
         assert [status(u) for u in without_secret(url[1])] == [404] * 4
