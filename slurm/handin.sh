@@ -14,7 +14,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 WHO=${USER:-$(id -un 2>/dev/null || echo student)}  # an empty $USER named the pack lab5-handin-.tar.gz
 OUT="$REPO/lab5-handin-$WHO.tar.gz"
 WEIGHTS='(^|/)(final|final\.tmp|ckpt-[^/]*)/|\.(safetensors|bin|pt|pth|ckpt|pkl)$'  # a path, as grep -E sees it
-SKIP="$WEIGHTS|\\.lock\$"  # never packed, named or not
+SKIP="$WEIGHTS"'|\.lock$'  # never packed, named or not
 die() { echo "error: $*" >&2; exit 2; }
 FORCE=
 if [ "${1:-}" = --force ]; then FORCE=1; shift; fi
