@@ -2,7 +2,7 @@
 
     python lenet5.py                               # GPU if there is one, else CPU; >= 99.0% test accuracy
     python lenet5.py --act cpp                     # the own C++/CUDA GELU (build: see gelu_ext/README.md)
-    tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
+    python -m report.browser --logdir runs/lenet5  # TensorBoard: curves, filters, feature maps, graph, GPU use
 
 MNIST lives as one tensor on the device; the loop below and --engine lightning share training/lenet.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
