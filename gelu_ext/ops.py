@@ -41,6 +41,9 @@ def _require_built():
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation; matches F.gelu(x, approximate="tanh")."""
     _require_built()
+    if torch.autograd.forward_ad.unpack_dual(x).tangent is not None:  # else a silent zero tangent
+        raise NotImplementedError("gelu_ext.gelu has no forward-mode AD (torch.library registers no jvp for a "
+                                  "custom op): use F.gelu(x, approximate='tanh')")
     return _gelu_forward(x)
 
 

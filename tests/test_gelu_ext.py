@@ -138,6 +138,16 @@ def test_autograd_is_registered_through_torch_library_only():
 
 
 @built
+def test_forward_mode_ad_is_refused_not_a_zero_tangent():
+    """torch.library registers no jvp for a custom op: gelu() says so instead of a silent zero tangent."""
+    x, t = sample((8,), torch.float64), torch.ones(8, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="no forward-mode AD.*F.gelu"):
+        torch.func.jvp(gelu_ext.gelu, (x,), (t,))
+    with torch.autograd.forward_ad.dual_level(), pytest.raises(NotImplementedError, match="forward-mode"):
+        gelu_ext.gelu(torch.autograd.forward_ad.make_dual(x, t))
+
+
+@built
 def test_gradcheck_both_ops_with_batched_gradients():
     """gelu_backward's own backward (what second derivatives use) and vmap over the backward pass."""
     x = (sample((4, 5), torch.float64) * 3).requires_grad_()
