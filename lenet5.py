@@ -21,7 +21,7 @@ from data import REPO, data_root
 from data.files import write_atomic, write_json
 from training.errors import OutputError, UserError, reason
 from data.mnist import Batches, find_mnist, load_train_test
-from training import lenet, runfiles
+from training import lenet, rundir
 from training.device import device_name
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
 
@@ -161,15 +161,15 @@ def main(argv=None):
 
 def open_outputs(args, stack):
     """Outputs checked before training; the run folder locked until `stack` closes, an unfinished run set aside."""
-    runfiles.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
+    rundir.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
                                        "--save": args.save}, {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
         if path:
-            runfiles.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
+            rundir.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
     suffix = f"-{args.engine}" if args.engine != "plain" else ""
-    out_dir = args.out_dir or REPO / "runs" / "lenet5" / f"{runfiles.new_run_name()}-{args.act}{suffix}"
-    if runfiles.open_run(out_dir, "lenet5.py", stack):
-        runfiles.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
+    out_dir = args.out_dir or REPO / "runs" / "lenet5" / f"{rundir.new_run_name()}-{args.act}{suffix}"
+    if rundir.open_run(out_dir, "lenet5.py", stack):
+        rundir.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
     return out_dir
 
 

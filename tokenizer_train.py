@@ -23,7 +23,7 @@ from data import files, wos
 from data.blocks import token_blocks
 from training.errors import UserError
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
-from training import device, runfiles
+from training import device, rundir
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
 
@@ -131,12 +131,12 @@ def check_outputs(args):
     """Before any work: the outputs and the cache folder may be written, and none is an input."""
     outputs = {"--out": args.out, "--metrics-out": args.metrics_out}
     compare = Path(args.compare) if Path(args.compare).exists() else None
-    runfiles.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
+    rundir.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
                                       {"--text": args.text or wos.default_text(), "--compare": compare})
     for flag, path in outputs.items():
         if path:
-            runfiles.check_output(path, flag, args.force)
-    files.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
+            rundir.check_output(path, flag, args.force)
+    files.check_folder(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
 def main(argv=None):

@@ -26,8 +26,9 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, inside_another_run
+from data.files import UMASK
 from training.errors import UserError
+from training.rundir import inside_another_run
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel

@@ -16,8 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from data import REPO, data_root, files
+from training import lifecycle, rundir
 from training.errors import UserError
-from training import lifecycle, runfiles
 from training.flags import Parser, add_output_flags
 
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
@@ -156,7 +156,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     with lifecycle.one_line_errors(lambda: "nothing was written"):  # the checks only read
         if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+            rundir.check_output(args.metrics_out, "--metrics-out", args.force)
         phases.switch("checks")
         checks = check_python_and_packages()  # first: a torch too old or broken says so there
         try:

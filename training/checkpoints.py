@@ -9,12 +9,10 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accelerate.utils import broadcast_object_list
 from safetensors import SafetensorError
 
 from data import files
-from training import runfiles, step
-from training import errors
+from training import errors, step
 
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
@@ -198,28 +196,3 @@ def continue_position(state, saved, micro):
     if (old := saved.get("micro_batch")) and old != micro:
         state.micro_batches = -(-state.micro_batches * old // micro)  # ceil: exact after a whole step
     return saved.get("budget_micro_batch") or old or micro
-
-
-def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs, force):
-    """(out_dir, checkpoint or None): the outputs checked, the folder opened (runfiles.open_run), an attempt
-    without a checkpoint set aside; the main process's answer."""
-    ckpt = None
-    if accelerator.is_main_process:
-        outputs = {"--out-dir": out_dir}
-        for name in ("metrics.json", "args.json", "final", "final.tmp", "final/model.safetensors", "final/config.json"):
-            # --metrics-out may be the run's own metrics.json: counted once
-            if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
-                outputs[f"--out-dir's {name}"] = out_dir / name
-        runfiles.check_outputs_not_inputs({**outputs, "--metrics-out": metrics_out},  # last: a clash names it first
-                                          {k: v for k, v in inputs.items() if v and Path(v).exists()})
-        if metrics_out:
-            runfiles.check_output(metrics_out, "--metrics-out", force, own_run=out_dir)
-        if runfiles.open_run(out_dir, "gpt_train.py", stack):
-            ckpt, skipped = latest_checkpoint(out_dir)
-            for name, why in skipped:
-                print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)
-            if ckpt is None:
-                runfiles.set_aside_earlier_attempt(out_dir, "no checkpoint to resume from")
-    if accelerator.num_processes > 1:  # the main process's choice (its clock named the default folder)
-        ckpt, out_dir = broadcast_object_list([ckpt, out_dir])
-    return out_dir, ckpt

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from data import files
-from training import runfiles
+from training import rundir
 from training.device import eager_mode
 from training.final import load_run
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag
@@ -159,7 +159,7 @@ def main(argv=None):
     try:
         with lifecycle.one_line_errors(lambda: "the text above is what was generated so far"):
             if args.metrics_out:
-                runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+                rundir.check_output(args.metrics_out, "--metrics-out", args.force)
             phases.switch("model")
             model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
             phases.switch("sampling")
