@@ -15,8 +15,7 @@ import lenet5
 import tokenizer_train
 from conftest import REPO, run_script, tiny_args
 from data import files
-from training import rundir, sample
-from training import errors
+from training import errors, rundir, sample
 
 # ------------------------------------------------------------------ 36.1: bookkeeping through a planted link
 
@@ -306,6 +305,18 @@ def test_a_damaged_checkpoint_file_is_named_without_torchs_advice_to_load_it_uns
         message = str(checkpoints.damaged(garbage.parent, garbage))
     assert message.startswith(f"checkpoint file {garbage} is damaged (UnpicklingError: not plain tensors and numbers")
     assert "weights_only" not in message and "\n" not in message and f"delete {garbage.parent}" in message
+
+
+def test_a_training_state_with_a_key_this_version_does_not_know_is_one_line(tmp_path):
+    """A checkpoint written by another version of the kit (its manifest intact): one line, not a TypeError."""
+    from training import checkpoints
+    ckpt = tmp_path / "ckpt-0000004"
+    ckpt.mkdir()
+    (ckpt / checkpoints.STATE_FILE).write_text(json.dumps({"step": 4, "ema_decay": 0.99, "run": {}}))
+    with pytest.raises(errors.UserError) as refused:
+        checkpoints.load_state(ckpt)
+    assert str(refused.value).startswith(f"{ckpt / checkpoints.STATE_FILE} is not a training state this version reads")
+    assert "ema_decay" in str(refused.value) and "\n" not in str(refused.value)
 
 
 # ------------------------------------------------------------------ the --force rule

@@ -12,8 +12,7 @@ import pytest
 
 from conftest import REPO
 from data import files
-from training import flags, rundir
-from training import errors
+from training import errors, flags, rundir
 
 
 def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp_path):

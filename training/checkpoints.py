@@ -59,10 +59,15 @@ def earlier_seconds(out_dir, state):
 
 
 def load_state(ckpt):
-    """(TrainState, the identity of the run that saved it) from a verified checkpoint."""
+    """(TrainState, the identity of the run that saved it) from a verified checkpoint; one written by another
+    version of this file (keys it does not know) is one line."""
     saved = json.loads((ckpt / STATE_FILE).read_text())
-    identity = saved.pop("run")
-    return TrainState(**{**saved, "resumed": True}), identity
+    try:
+        identity = saved.pop("run")
+        return TrainState(**{**saved, "resumed": True}), identity
+    except (KeyError, TypeError) as e:  # TrainState(unknown=...): TypeError
+        raise errors.UserError(f"{ckpt / STATE_FILE} is not a training state this version reads ({errors.reason(e)}); "
+                               f"resume with the version that wrote it, or pick a new --out-dir") from None
 
 
 def save_checkpoint(accelerator, out_dir, state, identity):
