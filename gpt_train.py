@@ -152,9 +152,8 @@ def set_up(args, argv, stack, phases):
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
     accelerations, recipe = step.resolve(args, decisions)
     accelerator = step.make_accelerator(accelerations)
-    out_dir, ckpt = rundir.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / rundir.new_run_name(),
-                                        args.metrics_out, accelerator, stack, force=args.force,
-                                        inputs={"--text": args.text, "--tokenizer": args.tokenizer})
+    out_dir, ckpt = rundir.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / rundir.new_run_name(), args,
+                                        accelerator, stack)
     if args.profile and accelerator.is_main_process:  # the trace's folder, written by C++ that only logs a failure
         files.check_folder(out_dir / "profile", "--profile's trace folder")
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)

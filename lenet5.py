@@ -97,7 +97,7 @@ def parse_args(argv):
     p.add_argument("--epochs", type=number(int, 1), default=2,  # the default recipe: benchmarks/lenet_bench.py
                    help="the shortest measured to clear 99.0%% on seeds 0, 1, 2 (default: %(default)s)")
     p.add_argument("--batch-size", type=number(int, 1), default=128, help="(default: %(default)s)")
-    p.add_argument("--lr", type=number(float, 0, low_open=True), default=8e-3,
+    p.add_argument("--lr", type=number(float, 0, ends="(]"), default=8e-3,
                    help="peak AdamW learning rate of the warm-up + cosine schedule (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0, help="weights and shuffling (default: %(default)s)")
     p.add_argument("--out-dir", type=path_flag, default=None,

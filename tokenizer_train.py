@@ -106,10 +106,10 @@ def parse_args(argv):
     # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
     p.add_argument("--vocab-size", type=number(int, 512, 2**20, multiple=64), default=16384,
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
-    p.add_argument("--min-frequency", type=number(int, 0, 2**32, high_open=True), default=2,
+    p.add_argument("--min-frequency", type=number(int, 0, 2**32, ends="[)"), default=2,
                    help="merges seen fewer times are not learned (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER, help="tokenizer.json (default: %(default)s)")
-    p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
+    p.add_argument("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005,
                    help="held-out documents (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0, help="of the train/validation split (default: %(default)s)")
     p.add_argument("--seq-len", type=number(int, 0), default=1024,

@@ -194,13 +194,14 @@ def set_aside_earlier_attempt(out_dir, why):
         print(f"note: {out_dir} held an earlier attempt ({why}); its files are kept in {aside.name}/", file=sys.stderr)
 
 
-def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs, force):
-    """gpt_train's run folder -> (out_dir, checkpoint or None): the outputs checked, the folder opened (open_run),
-    the newest checkpoint that verifies found, an attempt without one set aside; the main process's answer."""
+def open_run_dir(out_dir, args, accelerator, stack):
+    """gpt_train's run folder -> (out_dir, checkpoint or None): it and --metrics-out checked, the folder opened
+    (open_run), the newest checkpoint that verifies found, an attempt without one set aside; the main process's
+    answer."""
     from accelerate.utils import broadcast_object_list  # here: lenet5.py and check_env never load accelerate
 
     from training.checkpoints import latest_checkpoint
-    ckpt = None
+    ckpt, metrics_out = None, args.metrics_out
     if accelerator.is_main_process:
         outputs = {"--out-dir": out_dir}
         for name in ("metrics.json", "args.json", "final", "final.tmp", "final/model.safetensors", "final/config.json"):
@@ -208,9 +209,10 @@ def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs, force):
             if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
                 outputs[f"--out-dir's {name}"] = out_dir / name
         check_outputs_not_inputs({**outputs, "--metrics-out": metrics_out},  # last: a clash names it first
-                                 {k: v for k, v in inputs.items() if v and Path(v).exists()})
+                                 {k: v for k, v in {"--text": args.text, "--tokenizer": args.tokenizer}.items()
+                                  if v and Path(v).exists()})
         if metrics_out:
-            check_output(metrics_out, "--metrics-out", force, own_run=out_dir)
+            check_output(metrics_out, "--metrics-out", args.force, own_run=out_dir)
         if open_run(out_dir, "gpt_train.py", stack):
             ckpt, skipped = latest_checkpoint(out_dir)
             for name, why in skipped:

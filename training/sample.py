@@ -109,7 +109,7 @@ def build_parser():
     p.add_argument("--temperature", type=number(float, 0), default=TEMPERATURE,
                    help=f"0 (or below {GREEDY_BELOW}): greedy")
     p.add_argument("--top-k", type=number(int, 0), default=TOP_K, help="sample among the k most likely; 0: all")
-    p.add_argument("--seed", type=number(int, 0, 2**64, high_open=True), default=SEED,
+    p.add_argument("--seed", type=number(int, 0, 2**64, ends="[)"), default=SEED,
                    help="the sampling's random generator")
     p.add_argument("--tokenizer", type=path_or_name_flag, default=None, help="None: the run's own (final/); needed "
                    "only where it kept none (a checkpoint) and args.json's path moved; always checked against the run")
