@@ -123,6 +123,8 @@ def shared_problem(folder, info):
     acl = False
     with contextlib.suppress(OSError):  # a file system without extended attributes has no ACL
         acl = "system.posix_acl_access" in os.listxattr(folder)
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:  # a read-only mount: no one writes there, whatever its mode
+        return None
     if info.st_mode & stat.S_IWOTH or info.st_mode & stat.S_IWGRP and (acl or not own_group(info)):
         return f"is writable by others (mode {info.st_mode & 0o7777:o}: {'setfacl -b, ' * acl}chmod go-w)"
     return None

@@ -28,7 +28,7 @@ lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a tracebac
 
 from data.files import UMASK
 from training.errors import UserError
-from training.rundir import inside_another_run
+from training.rundir import output_problem
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
@@ -193,7 +193,7 @@ def check_args(args):
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs + args.files}}
     for flag, path in {"--out": out, **({"--pdf-out": pdf} if args.pdf else {})}.items():
-        if problem := inside_another_run(path, flag):  # a run's files are that run's only record
+        if problem := output_problem(path, flag):  # a run's files are that run's only record
             raise UserError(problem)
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()

@@ -33,11 +33,12 @@ class Device:
 
 def decide(precision_flag, compile_flag):
     """Set this process's GPU (before any CUDA context exists on GPU 0), then decide."""
-    if not torch.cuda.is_available():
-        return decisions_for("cpu", (0, 0), precision_flag, compile_flag, device_name(torch.device("cpu")))
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    return decisions_for("cuda", torch.cuda.get_device_capability(), precision_flag, compile_flag,
-                         device_name(torch.device("cuda")))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    device = torch.device("cuda" if cuda else "cpu")
+    capability = torch.cuda.get_device_capability() if cuda else (0, 0)
+    return decisions_for(device.type, capability, precision_flag, compile_flag, device_name(device))
 
 
 def decisions_for(device_type, capability, precision_flag, compile_flag, name=""):

@@ -31,18 +31,16 @@ FINISHED = "metrics.json"
 WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}
 
 
-def inside_another_run(path, what, own_run=None):
-    """Why `path` may not be written: a folder above it (links, `..` resolved) holds a run not `own_run`; or None."""
+def output_problem(path, what, own_run=None):
+    """Why `path` may not be written, or None: path_problem(), or a folder above it (links, `..` resolved) holds a
+    run not `own_run`."""
+    if problem := path_problem(path):
+        return f"{what} {path}: {problem}"
     run = next((f for f in Path(os.path.realpath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
     if run and not (own_run and os.path.realpath(run) == os.path.realpath(own_run)):
         return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
                 f"run's only record; give a path outside it (nothing was written)")
     return None
-
-
-def output_problem(path, what, own_run=None):
-    problem = path_problem(path)
-    return f"{what} {path}: {problem}" if problem else inside_another_run(path, what, own_run)
 
 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
