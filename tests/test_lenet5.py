@@ -401,7 +401,7 @@ def test_a_run_that_finishes_while_the_lock_is_taken_is_never_set_aside(tiny_mni
     def finishing(path, *a, **kw):
         (path / "metrics.json").write_text("{}")  # the other run's last write, its lock released just after
         return real(path, *a, **kw)
-    monkeypatch.setattr(runfiles, "claim_run_dir", finishing)
+    monkeypatch.setattr(rundir, "claim_run_dir", finishing)
     with pytest.raises(SystemExit, match="holds a run of lenet5.py that has just finished"):
         lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(run), "--device", "cpu"])
     assert not list(run.glob("earlier-attempt-*")) and (run / "metrics.json").read_text() == "{}"

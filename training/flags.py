@@ -67,7 +67,7 @@ def int_or_auto(text):
 
 
 def add_output_flags(parser, metrics_help="write the final metrics here as JSON"):
-    """--metrics-out and --force, alike in every script (training/runfiles.check_output's rule)."""
+    """--metrics-out and --force, alike in every script (training/rundir.check_output's rule)."""
     parser.add_argument("--metrics-out", type=path_flag, default=None, help=metrics_help)
     parser.add_argument("--force", action="store_true", help="replace existing output files, if they are of the kind "
                         "this script writes (a JSON object; --save: a torch.save archive): never any other file")
