@@ -12,7 +12,8 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from data import files
-from training import errors, step
+from training import step
+from training.errors import OutputError, UserError, reason
 
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
@@ -41,7 +42,7 @@ def record_stop_clock(out_dir, step, total_seconds):
     """A stopped process's seconds up to its end; a failure is a warning (exit 3, requeue, must not become 1)."""
     try:
         files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
-    except errors.OutputError as e:
+    except OutputError as e:
         print(f"warning: {e}; the next process counts this one's seconds up to its checkpoint", file=sys.stderr)
 
 
@@ -66,7 +67,7 @@ def load_state(ckpt):
         identity = saved.pop("run")
         return TrainState(**{**saved, "resumed": True}), identity
     except (KeyError, TypeError) as e:  # TrainState(unknown=...): TypeError
-        raise errors.UserError(f"{ckpt / STATE_FILE} is not a training state this version reads ({errors.reason(e)}); "
+        raise UserError(f"{ckpt / STATE_FILE} is not a training state this version reads ({reason(e)}); "
                                f"resume with the version that wrote it, or pick a new --out-dir") from None
 
 
@@ -98,9 +99,9 @@ def failed_write_explained(tmp, what, remains=None):
     """A failed write into `tmp`: the partial folder goes, the run stops in one line saying what remains."""
     try:
         yield
-    except (OSError, RuntimeError, errors.OutputError, SafetensorError) as e:  # safetensors: a full disk too
+    except (OSError, RuntimeError, OutputError, SafetensorError) as e:  # safetensors: a full disk too
         shutil.rmtree(tmp, ignore_errors=True)
-        raise errors.UserError(f"writing {what} into {tmp} failed ({errors.reason(e)}); "
+        raise UserError(f"writing {what} into {tmp} failed ({reason(e)}); "
                               f"{(remains or resume_advice)(tmp.parent)}") from None
 
 
@@ -134,11 +135,11 @@ def damaged(ckpt, path):
             load(path, map_location="cpu")
         return None
     except Exception as error:
-        why = errors.reason(error)
+        why = reason(error)
         if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its first sentence
             detail = str(error).partition("WeightsUnpickler error:")[2].strip().split(". ")[0].split("\n")[0][:160]
             why = f"not plain tensors and numbers: {detail}".rstrip(": ")
-        return errors.UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
+        return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
                                f"resume from the checkpoint before it, or pick a new --out-dir")
 
 
@@ -189,7 +190,7 @@ def run_identity(args, tok, corpus_sha256, precision, world):
 def check_same_run(saved, current):
     """Refuse a resume that would change the run, in one line."""
     if differ := [key for key, value in current.items() if key in saved and saved[key] != value]:
-        raise errors.UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
+        raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
                               "; this run has " + ", ".join(f"{k} = {current[k]}" for k in differ) +
                               f" ({', '.join(dict.fromkeys(identity_flags().get(k, k) for k in differ))}): resume with "
                               f"the same settings or pick a new --out-dir")

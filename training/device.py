@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 
 from data import files
-from training import errors
-from training.errors import UserError
+from training.errors import OutputError, UserError
 
 PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (fp32 accumulate), TF32, plain fp32
     "H200 NVL": (835, 418, 60), "H200": (989, 494, 67), "H100 NVL": (835, 418, 60), "H100 SXM": (989, 494, 67),
@@ -120,7 +119,7 @@ def use_compile_cache(directory):
         named = "--compile-cache" if os.environ[variable].startswith(str(directory)) else variable
         try:
             files.check_folder(os.environ[variable], named)
-        except errors.OutputError as e:
+        except OutputError as e:
             raise UserError(f"{e}; or --compile off") from None
     # precompiled headers: not under TORCHINDUCTOR_CACHE_DIR but in $TMPDIR/torchinductor_$USER, fixed at this
     # module's import; a folder of that name another user made first would be theirs to fill
