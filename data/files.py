@@ -89,6 +89,12 @@ def check_folder(path, what):
         raise OutputError(f"{what} {path}: {problem}")
     if problem := writers_problem(path):
         raise OutputError(f"{what} {path} {problem}: files there could be anyone's; give a folder of your own")
+    make_folder(path, what)
+
+
+def make_folder(path, what):
+    """`path` made (without write for group and others) and a file written there: a read-only folder is one
+    OutputError before any work."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
         raise OutputError(f"{what} {path} cannot be written ({folder} is a file, not a folder)")
@@ -101,7 +107,8 @@ def check_folder(path, what):
 
 
 def writers_problem(path):
-    """Why another user may write into `path` (see check_folder), or None."""
+    """Why another user may write into `path` (see check_folder; a file: its folder's as a folder above it), or
+    None."""
     real = Path(os.path.realpath(path))
     for folder in filter(os.path.exists, (real, *real.parents)):  # one not made yet: made by check_folder
         info = os.stat(folder)

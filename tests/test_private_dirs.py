@@ -266,3 +266,14 @@ def test_no_compile_cache_lands_in_a_tmp_folder_another_user_made_first(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(planted.rglob("*")) == []
     assert any((tmp_path / "cache" / "inductor").rglob("*"))
+
+
+def test_an_output_file_in_a_folder_others_may_write_is_refused_in_a_sticky_one_written(tmp_path):
+    """Without the sticky bit anyone may replace a finished metrics file; with it (/tmp) only its owner."""
+    open_, sticky = tmp_path / "open", tmp_path / "sticky"
+    for folder, mode in ((open_, 0o777), (sticky, 0o1777)):
+        folder.mkdir()
+        folder.chmod(mode)
+    with pytest.raises(OutputError, match=f"^--metrics-out {open_ / 'm.json'} is inside {open_}, which is writable"):
+        rundir.check_output(open_ / "m.json", "--metrics-out")
+    rundir.check_output(sticky / "m.json", "--metrics-out")

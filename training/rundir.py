@@ -21,7 +21,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from data.files import check_folder, path_problem, read_small, write_atomic
+from data.files import check_folder, make_folder, path_problem, read_small, write_atomic, writers_problem
 from training.errors import OutputError, reason
 
 LOCK_FILE = "run.lock"
@@ -60,7 +60,9 @@ def check_output(path, what, force=False, own_run=None, kind="JSON"):
                               f"as it is)")
         if not force:
             raise OutputError(f"{what} {path} exists; pass --force to replace it, or give a new file name")
-    check_folder(path.parent, what)
+    if problem := writers_problem(path):  # a file in /tmp is safe from others (its sticky bit); a folder is not
+        raise OutputError(f"{what} {path} {problem}: they could replace it; give a folder of your own")
+    make_folder(path.parent, what)
 
 
 def written_kind(path):
