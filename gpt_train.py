@@ -28,7 +28,7 @@ from tqdm import tqdm
 from data import REPO, files, wos
 from data.blocks import token_blocks
 from data.tokenizer import open_tokenizer
-from training import checkpoints, device, errors, metrics, runfiles, sample, step
+from training import checkpoints, device, errors, metrics, rundir, sample, step
 from training.batches import batch_stream, check_enough, evaluate
 from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
 from training.errors import UserError
@@ -151,11 +151,10 @@ def set_up(args, argv, stack, phases):
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
     accelerations, recipe = step.resolve(args, decisions)
     accelerator = step.make_accelerator(accelerations)
-    out_dir, ckpt = checkpoints.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / runfiles.new_run_name(),
-                                             args.metrics_out, accelerator, stack, force=args.force,
-                                             inputs={"--text": args.text, "--tokenizer": args.tokenizer})
+    out_dir, ckpt = rundir.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / rundir.new_run_name(), args,
+                                        accelerator, stack)
     if args.profile and accelerator.is_main_process:  # the trace's folder, written by C++ that only logs a failure
-        files.probe_folder(out_dir / "profile", f"--profile's trace folder {out_dir / 'profile'}")
+        files.check_folder(out_dir / "profile", "--profile's trace folder")
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from data import REPO, data_root
 from data.files import write_atomic, write_json
 from data.mnist import Batches, find_mnist, load_train_test
-from training import lenet, runfiles
+from training import lenet, rundir
 from training.device import device_name
 from training.errors import OutputError, UserError, reason
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
@@ -97,7 +97,7 @@ def parse_args(argv):
     p.add_argument("--epochs", type=number(int, 1), default=2,  # the default recipe: benchmarks/lenet_bench.py
                    help="the shortest measured to clear 99.0%% on seeds 0, 1, 2 (default: %(default)s)")
     p.add_argument("--batch-size", type=number(int, 1), default=128, help="(default: %(default)s)")
-    p.add_argument("--lr", type=number(float, 0, low_open=True), default=8e-3,
+    p.add_argument("--lr", type=number(float, 0, ends="(]"), default=8e-3,
                    help="peak AdamW learning rate of the warm-up + cosine schedule (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0, help="weights and shuffling (default: %(default)s)")
     p.add_argument("--out-dir", type=path_flag, default=None,
@@ -161,15 +161,15 @@ def main(argv=None):
 
 def open_outputs(args, stack):
     """Outputs checked before training; the run folder locked until `stack` closes, an unfinished run set aside."""
-    runfiles.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
+    rundir.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
                                        "--save": args.save}, {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
         if path:
-            runfiles.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
+            rundir.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
     suffix = f"-{args.engine}" if args.engine != "plain" else ""
-    out_dir = args.out_dir or REPO / "runs" / "lenet5" / f"{runfiles.new_run_name()}-{args.act}{suffix}"
-    if runfiles.open_run(out_dir, "lenet5.py", stack):
-        runfiles.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
+    out_dir = args.out_dir or REPO / "runs" / "lenet5" / f"{rundir.new_run_name()}-{args.act}{suffix}"
+    if rundir.open_run(out_dir, "lenet5.py", stack):
+        rundir.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
     return out_dir
 
 

@@ -22,7 +22,7 @@ import torch
 from data import files, wos
 from data.blocks import token_blocks
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
-from training import device, runfiles
+from training import device, rundir
 from training.errors import UserError
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
@@ -106,10 +106,10 @@ def parse_args(argv):
     # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
     p.add_argument("--vocab-size", type=number(int, 512, 2**20, multiple=64), default=16384,
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
-    p.add_argument("--min-frequency", type=number(int, 0, 2**32, high_open=True), default=2,
+    p.add_argument("--min-frequency", type=number(int, 0, 2**32, ends="[)"), default=2,
                    help="merges seen fewer times are not learned (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER, help="tokenizer.json (default: %(default)s)")
-    p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
+    p.add_argument("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005,
                    help="held-out documents (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0, help="of the train/validation split (default: %(default)s)")
     p.add_argument("--seq-len", type=number(int, 0), default=1024,
@@ -131,12 +131,12 @@ def check_outputs(args):
     """Before any work: the outputs and the cache folder may be written, and none is an input."""
     outputs = {"--out": args.out, "--metrics-out": args.metrics_out}
     compare = Path(args.compare) if Path(args.compare).exists() else None
-    runfiles.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
+    rundir.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
                                       {"--text": args.text or wos.default_text(), "--compare": compare})
     for flag, path in outputs.items():
         if path:
-            runfiles.check_output(path, flag, args.force)
-    files.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
+            rundir.check_output(path, flag, args.force)
+    files.check_folder(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
 def main(argv=None):

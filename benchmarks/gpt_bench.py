@@ -149,7 +149,7 @@ def main(argv=None):
     """Group by group, each row once per repeat just after a matmul in its precision; the JSON after every row."""
     p = common.parser(__doc__, "write the results here as JSON (after every row)")
     cuda = torch.cuda.is_available()
-    add, positive = p.add_argument, number(int, 0, low_open=True)
+    add, positive = p.add_argument, number(int, 0, ends="(]")
     add("--micro-batch", type=positive, default=16 if cuda else 2, help="sequences per step (default: 16 on GPU, "
         "2 on CPU)")
     add("--preset", choices=list(PRESETS), default="lab", help="gpt_train.py's layers, heads, width (default: lab)")

@@ -145,7 +145,7 @@ def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
     """DatasetDict(train, validation) of {"text"}, split by document (seeded), cached by content; rebuilt if damaged.
     `sha256`: the text's corpus_identity() hash, which checked it; without it, it is checked here."""
     cache_dir = Path(cache_dir or default_cache())
-    files.check_output_dir(cache_dir, "--cache-dir")
+    files.check_folder(cache_dir, "--cache-dir")
     corpus_dir = corpus_cache(cache_dir, sha256 or corpus_identity(path)["sha256"])
     for fresh in (False, True):
         try:
@@ -162,7 +162,7 @@ def corpus_cache(cache_dir, sha256):
     """Everything cached from one corpus content: datasets' tables, data/blocks.py's packed blocks; refused where
     another user may have written it (their tokens would be trained on)."""
     folder = Path(cache_dir) / f"corpus-{sha256[:32]}"
-    files.check_private("--cache-dir", cache_dir, folder)
+    files.check_folder(folder, "--cache-dir")
     return folder
 
 

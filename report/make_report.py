@@ -26,12 +26,13 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, inside_another_run
+from data.files import UMASK
 from report import browser, facts, gpu
 from report.figures import gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
 from training.errors import UserError
 from training.flags import Parser, path_flag
+from training.rundir import output_problem
 
 REPORT = RESULTS.parent / "report.md"
 STUDENT = RESULTS.parent / "student.md"  # the report of a student's own runs
@@ -192,7 +193,7 @@ def check_args(args):
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs + args.files}}
     for flag, path in {"--out": out, **({"--pdf-out": pdf} if args.pdf else {})}.items():
-        if problem := inside_another_run(path, flag):  # a run's files are that run's only record
+        if problem := output_problem(path, flag):  # a run's files are that run's only record
             raise UserError(problem)
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()

@@ -345,7 +345,7 @@ def test_the_own_tokenizer_as_a_file_or_its_folder_is_the_same_run(corpus, tmp_p
 
 
 def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path, capsys):
-    from training.runfiles import RunLock
+    from training.rundir import RunLock
     with RunLock(tmp_path / "run"):  # the first run, still going (flock: another open file is another holder)
         result = in_process(capsys, *tiny_args(corpus, tmp_path / "run"))
     assert result.returncode == 1

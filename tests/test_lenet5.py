@@ -15,7 +15,7 @@ import lenet5
 from conftest import REPO, free_port, run_script, wait_for, write_tiny_mnist
 from conftest import in_process as main_in_process
 from data import files
-from training import runfiles
+from training import rundir
 
 in_process = functools.partial(main_in_process, lenet5.main)  # in_process(capsys, *args)
 
@@ -396,12 +396,12 @@ def test_a_run_that_finishes_while_the_lock_is_taken_is_never_set_aside(tiny_mni
     run.mkdir()
     (run / "run.owner").write_text("lenet5.py\n")
     (run / "args.json").write_text("{}")
-    real = runfiles.claim_run_dir
+    real = rundir.claim_run_dir
 
     def finishing(path, *a, **kw):
         (path / "metrics.json").write_text("{}")  # the other run's last write, its lock released just after
         return real(path, *a, **kw)
-    monkeypatch.setattr(runfiles, "claim_run_dir", finishing)
+    monkeypatch.setattr(rundir, "claim_run_dir", finishing)
     with pytest.raises(SystemExit, match="holds a run of lenet5.py that has just finished"):
         lenet5.main(["--data-dir", str(tiny_mnist), "--no-download", "--out-dir", str(run), "--device", "cpu"])
     assert not list(run.glob("earlier-attempt-*")) and (run / "metrics.json").read_text() == "{}"

@@ -1,8 +1,9 @@
 """The machinery behind the scripts, one module per concern; the scripts keep what a reader comes for
-(gpt_train.py its loop, lenet5.py its model and loop). UserError and the file helpers: data/files.py.
+(gpt_train.py its loop, lenet5.py its model and loop). UserError: errors; the file helpers and the one folder
+check (who else may write it): data/files.py.
 
     lifecycle   a script's life: prologue, one-line errors, Ctrl-C and Slurm's signals, the clock and its phases
-    runfiles    run folders (one run each, locked; finished = metrics.json) and the output rule (--force)
+    rundir      run folders (made private, one run each, locked; finished = metrics.json), the output rule (--force)
     flags       the argparse Parser (one-line errors) and range-checked flag types; gpt_flags: GPT's presets
     device      precision, TF32 and compile per device; peak FLOP/s and MFU; check_env: is this environment ready
     model       GPT-2 with GPT2LMHeadModel's names; step: one optimizer step and its accelerations

@@ -27,15 +27,15 @@ def build_parser():
     add("--micro-batch", type=int_or_auto, default="auto", help="sequences per process per forward pass; auto: "
         f"on a GPU the largest that fits, on CPU the preset's (lab {lab['micro_batch']}, tiny {tiny['micro_batch']})")
     add("--seed", type=seed_flag, default=0, help="weights, data order, split")
-    add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
+    add("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005, help="held-out documents")
     add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--accept-invalid-utf8", action="store_true", help="train on a text mostly not UTF-8 (bad bytes as U+FFFD)")
     add = p.add_argument_group("optimisation and accelerations").add_argument
-    add("--lr", type=number(float, 0, low_open=True), default=lab["lr"], help=f"peak learning rate (tiny {tiny['lr']})")
-    add("--warmup", type=number(float, 0, 1, high_open=True), default=0.1, help="warm-up, fraction of the steps")
+    add("--lr", type=number(float, 0, ends="(]"), default=lab["lr"], help=f"peak learning rate (tiny {tiny['lr']})")
+    add("--warmup", type=number(float, 0, 1, ends="[)"), default=0.1, help="warm-up, fraction of the steps")
     add("--weight-decay", type=number(float, 0), default=0.1, help="on matrices only")
-    add("--grad-clip", type=number(float, 0, low_open=True, why=" (0 clips every gradient to nothing)"), default=1.0,
+    add("--grad-clip", type=number(float, 0, ends="(]", why=" (0 clips every gradient to nothing)"), default=1.0,
         help="gradient norm clipped to this")
     add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from data import files
-from training import runfiles
+from training import rundir
 from training.device import eager_mode
 from training.final import load_run
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag
@@ -109,7 +109,7 @@ def build_parser():
     p.add_argument("--temperature", type=number(float, 0), default=TEMPERATURE,
                    help=f"0 (or below {GREEDY_BELOW}): greedy")
     p.add_argument("--top-k", type=number(int, 0), default=TOP_K, help="sample among the k most likely; 0: all")
-    p.add_argument("--seed", type=number(int, 0, 2**64, high_open=True), default=SEED,
+    p.add_argument("--seed", type=number(int, 0, 2**64, ends="[)"), default=SEED,
                    help="the sampling's random generator")
     p.add_argument("--tokenizer", type=path_or_name_flag, default=None, help="None: the run's own (final/); needed "
                    "only where it kept none (a checkpoint) and args.json's path moved; always checked against the run")
@@ -159,7 +159,7 @@ def main(argv=None):
     try:
         with lifecycle.one_line_errors(lambda: "the text above is what was generated so far"):
             if args.metrics_out:
-                runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+                rundir.check_output(args.metrics_out, "--metrics-out", args.force)
             phases.switch("model")
             model, tok = load_run(args.run_dir, args.tokenizer, torch.device(args.device))
             phases.switch("sampling")
