@@ -20,10 +20,10 @@ import tokenizers
 import torch
 
 from data import files, wos
-from data.blocks import token_blocks
-from training.errors import UserError
+from data.blocks import Packing, token_blocks
 from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
 from training import device, runfiles
+from training.errors import UserError
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
 
@@ -71,13 +71,13 @@ def measures(tokenizer, docs, spec="none", other=None):
                      "val_docs_own_fewer_tokens": sum(r < 1 for r in ratios), "val_token_ratio_per_doc": spread}
 
 
-def token_cache(splits, tokenizer, args, text, sha256, tokenizer_hash):
+def token_cache(corpus, tokenizer, args, tokenizer_hash):
     """The blocks gpt_train.py --seq-len reads, cached; a failure is a warning (gpt_train.py makes them itself)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # datasets' forked workers are the parallelism from here on
     t0 = time.perf_counter()
+    packing = Packing(wos.tokens_per_block(args.seq_len), args.val_fraction, args.seed, args.cache_dir)
     try:
-        _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction,
-                                args.seed, args.cache_dir, splits=splits, tokenizer_hash=tokenizer_hash)
+        _, stats = token_blocks(corpus, tokenizer, packing, tokenizer_hash)
         if "unwritten" in stats:
             raise UserError(f"it was not written ({stats['unwritten']})")
     except UserError as e:
@@ -150,8 +150,8 @@ def main(argv=None):
         text = wos.resolve_text(args.text, download=not args.no_download)
         other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
         phases.switch("data")
-        corpus = wos.corpus_identity(text, args.accept_invalid_utf8)  # hashed once: the metrics, the cache's key
-        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
+        corpus = wos.read_corpus(text, args.accept_invalid_utf8)  # read once: the documents and the cache's key
+        splits = wos.load_splits(corpus, args.val_fraction, args.seed)
         if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
             wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
         train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
@@ -163,7 +163,7 @@ def main(argv=None):
         phases.switch("evaluation")
         metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
                    "train_seconds": round(train_seconds, 3), "num_train_docs": len(train_docs),
-                   "num_val_docs": len(val_docs), "text": str(text), "corpus": corpus, "out": str(args.out),
+                   "num_val_docs": len(val_docs), "text": str(text), "corpus": corpus.identity, "out": str(args.out),
                    "cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                    "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
         metrics.update(measures(tokenizer, val_docs, args.compare, other))
@@ -176,12 +176,12 @@ def main(argv=None):
               + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
         if args.seq_len:
             phases.switch("cache")
-            metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"], metrics["tokenizer_sha256"]))
+            metrics.update(token_cache(corpus, tokenizer, args, metrics["tokenizer_sha256"]))
         phases.switch("teardown")
         metrics = phases.stamp(metrics)  # just before the last output is written
         if args.metrics_out:
             files.write_json(args.metrics_out, metrics)
-        cache = wos.corpus_cache(args.cache_dir or wos.default_cache(), corpus["sha256"])
+        cache = wos.corpus_cache(args.cache_dir or wos.default_cache(), corpus.identity["sha256"])
         print(f"wrote {args.out}" + (f" and the token cache for --seq-len {args.seq_len} in {cache}"
                                      if metrics.get("num_train_tokens") is not None else ""))
         return metrics

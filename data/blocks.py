@@ -4,6 +4,8 @@ without `datasets` (its import and bookkeeping cost ~0.6 s of every warm start).
 import hashlib
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,21 +19,29 @@ VERSION = 1  # part of the folder's name: bump it when the tokenisation or the p
 SPLITS = ("train", "validation")
 
 
-def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None,
-                 tokenizer_hash=None):
-    """({split: tensor}, stats) of `text` (content `sha256`): the verified cache, else made and cached.
+@dataclass(frozen=True)
+class Packing:
+    """How a corpus becomes blocks, and where they are cached: with the corpus and the tokenizer, their cache's key."""
+    block_size: int  # seq_len + 1: wos.tokens_per_block
+    val_fraction: float = 0.005
+    seed: int = 0
+    cache_dir: Path = None  # None: wos.default_cache()
+
+
+def token_blocks(corpus, tokenizer, packing, tokenizer_hash=None):
+    """({split: tensor}, stats) of a wos.Corpus: the verified cache, else made and cached.
     tokenizer_hash: the tokenizer's sha256 where the caller has it (hashing GPT-2's costs a warm start ~50 ms)."""
-    digest = hashlib.sha256(json.dumps([val_fraction, seed, block_size]).encode()).hexdigest()[:8]
+    block_size = packing.block_size
+    digest = hashlib.sha256(json.dumps([packing.val_fraction, packing.seed, block_size]).encode()).hexdigest()[:8]
     tokenizer_hash = tokenizer_hash or tokenizer_sha256(tokenizer)
-    folder = wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / \
+    folder = wos.corpus_cache(packing.cache_dir or wos.default_cache(), corpus.identity["sha256"]) / \
         f"packed-v{VERSION}-{tokenizer_hash[:16]}-{digest}"  # a corpus, tokenizer, split, block size
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
     except (OSError, ValueError, KeyError, TypeError) as e:
         if folder.exists():  # a damaged cache (a missing one is the usual first run)
             print(f"warning: the token cache {folder} is damaged ({e}); packing it again", file=sys.stderr)
-    if splits is None:
-        splits = wos.load_splits(text, val_fraction, seed, cache_dir, sha256=sha256)
+    splits = wos.load_splits(corpus, packing.val_fraction, packing.seed)
     datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
     blocks = {name: pack(datasets_blocks[name]) for name in SPLITS}
     try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read

@@ -15,7 +15,7 @@ import tokenizer_train
 from conftest import REPO, generated_docs, run_script, tmpfs, wait_for
 from conftest import in_process as main_in_process
 from data import tokenizer, wos
-from data.blocks import token_blocks
+from data.blocks import Packing, token_blocks
 from data.tokenizer import EOT, open_tokenizer
 
 in_process = functools.partial(main_in_process, tokenizer_train.main)  # in_process(capsys, *args)
@@ -106,9 +106,8 @@ def test_the_cache_written_is_the_one_gpt_train_reads(text_file, tmp_path):
     metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out", str(out),
                                     "--seq-len", "31", "--cache-dir", str(cache), "--compare", "none"])
     assert not metrics["tokenize_from_cache"]
-    sha = wos.corpus_identity(text_file)["sha256"]  # what gpt_train.py --seq-len 31 does
-    blocks, stats = token_blocks(text_file, sha, open_tokenizer(out).tokenizer, wos.tokens_per_block(31),
-                                 cache_dir=cache)
+    packing = Packing(wos.tokens_per_block(31), cache_dir=cache)  # what gpt_train.py --seq-len 31 does
+    blocks, stats = token_blocks(wos.read_corpus(text_file), open_tokenizer(out).tokenizer, packing)
     assert stats["train"]["from_cache"] and stats["validation"]["from_cache"]
     assert blocks["train"].shape[1] == 32 and stats["train"]["tokens"] == metrics["num_train_tokens"]
 

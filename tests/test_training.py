@@ -275,7 +275,7 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 1
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    splits = wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
+    splits = wos.load_splits(wos.read_corpus(corpus / "X.txt"), 0.2, 0)
     blocks, _ = wos.tokenize_blocks(splits, tok, 33)
     val = batches.evaluate(model, pack(blocks["validation"]), Accelerator(cpu=True), 3, 10)  # partial last batch
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
