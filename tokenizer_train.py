@@ -1,6 +1,7 @@
 """Train an own byte-level BPE tokenizer on the Web of Science abstracts (WOS46985/X.txt).
 
     python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt
+    python tokenizer_train.py --force                           # again: replaces the data/tokenizer/tokenizer.json
     python tokenizer_train.py --text ../shared/data/wos-standin/X.txt --metrics-out tok.json
     python tokenizer_train.py --compare ../shared/data/gpt2-tokenizer   # GPT-2's tokenizer: a folder, a file, or "gpt2"
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
