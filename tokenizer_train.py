@@ -74,7 +74,6 @@ def measures(tokenizer, docs, spec="none", other=None):
 
 def token_cache(corpus, tokenizer, args, tokenizer_hash):
     """The blocks gpt_train.py --seq-len reads, cached; a failure is a warning (gpt_train.py makes them itself)."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # datasets' forked workers are the parallelism from here on
     t0 = time.perf_counter()
     packing = Packing(wos.tokens_per_block(args.seq_len), args.val_fraction, args.seed, args.cache_dir)
     try:
@@ -117,7 +116,7 @@ def parse_args(argv):
                    help="gpt_train.py's --seq-len: also tokenise the corpus into the blocks of seq_len + 1 tokens it "
                         "reads from the cache; 0 = skip (default: %(default)s)")
     p.add_argument("--cache-dir", type=path_flag, default=None,
-                   help="datasets cache (default: the repository's data/cache, LAB5_DATA or not)")
+                   help="the token cache (default: the repository's data/cache, LAB5_DATA or not)")
     p.add_argument("--compare", type=path_or_name_flag, default="gpt2",
                    help="tokenizer to compare with: a tokenizer.json, a folder, a hub name found locally (the HF "
                         "cache or $LAB5_DATA or data/ + <name>-tokenizer/), or 'none' (default: %(default)s)")
@@ -155,7 +154,7 @@ def main(argv=None):
         splits = wos.load_splits(corpus, args.val_fraction, args.seed)
         if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
             wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
-        train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
+        train_docs, val_docs = splits["train"], splits["validation"]
         print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
         phases.switch("loop")
         t0 = time.perf_counter()

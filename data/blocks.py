@@ -1,6 +1,6 @@
 """The token blocks gpt_train.py trains on: one int32 tensor (blocks, seq_len + 1) per split, cached as .npy
-files in the corpus's cache folder (the one cache of the tokens), verified against their manifest and read
-without `datasets` (its import and bookkeeping cost ~0.6 s of every warm start). A batch is one gather."""
+files in the corpus's cache folder (the one cache of the tokens), verified against their manifest. A batch is one
+gather."""
 import hashlib
 import json
 import sys
@@ -42,8 +42,7 @@ def token_blocks(corpus, tokenizer, packing, tokenizer_hash=None):
         if folder.exists():  # a damaged cache (a missing one is the usual first run)
             print(f"warning: the token cache {folder} is damaged ({e}); packing it again", file=sys.stderr)
     splits = wos.load_splits(corpus, packing.val_fraction, packing.seed)
-    datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
-    blocks = {name: pack(datasets_blocks[name]) for name in SPLITS}
+    blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
     try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read
         for name in SPLITS:
             files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
@@ -67,12 +66,6 @@ def read_packed(folder, block_size, vocab_size):
         blocks[name] = torch.from_numpy(array)
     stats = json.loads(files.read_small(folder / files.MANIFEST, 1 << 20))["stats"]
     return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
-
-
-def pack(dataset):
-    """tokenize_blocks' table of "input_ids" blocks (in memory, not a selection) as one int32 tensor."""
-    ids = dataset.data.table.column("input_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return torch.from_numpy(ids.astype(np.int32).reshape(len(dataset), -1))
 
 
 class Blocks(Dataset):

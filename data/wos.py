@@ -4,17 +4,16 @@
       -> read once, hashed as read: documents (UTF-8 checked,   read_corpus(), read_documents()
          blank lines dropped) and what they are, by content
          (stand-in, WOS46985, other)
-      -> train / validation split by document, seeded         load_splits()     (datasets, in memory)
-      -> token ids, documents joined by <|endoftext|>          tokenize_blocks() (datasets map, in memory)
-      -> fixed blocks of seq_len + 1 tokens                    tokens_per_block()
-      -> packed into tensors, cached as .npy (read without datasets), batched in a seeded order: data/blocks.py
+      -> train / validation split by document, seeded         load_splits()
+      -> token ids, documents joined by <|endoftext|>,         tokenize_blocks()
+         in int32 tensors of blocks of seq_len + 1 tokens      tokens_per_block()
+      -> cached as .npy, batched in a seeded order: data/blocks.py
 
 The token cache is keyed by the hash of the bytes the documents were read from (corpus-<sha256>): the file is never
 read a second time, so a file replaced meanwhile cannot put its text under another's name.
 """
 import hashlib
 import io
-import os
 import re
 import shutil
 import statistics
@@ -23,8 +22,10 @@ import tempfile
 import urllib.request
 import zipfile
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from data import REPO, data_root, files
 from data.tokenizer import EOT
@@ -42,15 +43,6 @@ STANDIN_SHA256 = "621b305827935bdf51ad2582d89300500e2c8d69c9901d8d936baa11fe835f
 
 class TextError(errors.UserError):
     """Missing or unusable text."""
-
-
-def need_datasets():
-    try:
-        import datasets
-    except ImportError as e:
-        raise TextError(f"reading the corpus needs the Python package 'datasets' ({e}); "
-                        f"pip install datasets, or see benchmarks/gpu_check.sh --prepare") from None
-    return datasets
 
 
 def default_text():
@@ -177,14 +169,14 @@ def read_documents(f, path, accept_invalid):
 
 
 def load_splits(corpus, val_fraction=0.005, seed=0):
-    """DatasetDict(train, validation) of {"text"}: the corpus's documents split by document (seeded), in memory."""
-    datasets = need_datasets()
-    docs = datasets.Dataset.from_dict({"text": corpus.documents})
+    """{"train": documents, "validation": documents}: the corpus split by document, seeded, as datasets'
+    train_test_split(test_size, shuffle=True, seed) splits it (the held-out documents first in the permutation)."""
+    docs = corpus.documents
     n_val = max(1, round(len(docs) * val_fraction))
     if n_val >= len(docs):
         raise TextError(f"{len(docs)} documents are too few for a validation split of {val_fraction}")
-    parts = docs.train_test_split(test_size=n_val, shuffle=True, seed=seed)
-    return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
+    order = np.random.default_rng(seed).permutation(len(docs))
+    return {"train": [docs[i] for i in order[n_val:]], "validation": [docs[i] for i in order[:n_val]]}
 
 
 def corpus_cache(cache_dir, sha256):
@@ -201,41 +193,31 @@ def tokens_per_block(seq_len):
 
 def check_blocks_fit(splits, block_size):
     """Before a tokenizer is trained: a token is at least one byte, plus one <|endoftext|> a document."""
-    for name, split in splits.items():
-        room = sum(len(text.encode("utf-8")) + 1 for text in split["text"])
+    for name, docs in splits.items():
+        room = sum(len(text.encode("utf-8")) + 1 for text in docs)
         if room < block_size:
-            raise TextError(f"the {name} split ({len(split):,} document{'s' * (len(split) != 1)}, {room:,} bytes) "
+            raise TextError(f"the {name} split ({len(docs):,} document{'s' * (len(docs) != 1)}, {room:,} bytes) "
                             f"cannot fill one block of {block_size} tokens (--seq-len {block_size - 1} + 1): give a "
                             f"smaller --seq-len, --seq-len 0 (no token cache), or more text")
 
 
 def tokenize_blocks(splits, tokenizer, block_size):
-    """(DatasetDict of {"input_ids": block_size ids}, {split: {docs, tokens, bytes, from_cache}}). As in HF's
-    run_clm, each map batch of 1000 documents drops its last partial block (< 0.5% of the tokens)."""
+    """({split: int32 tensor (blocks, block_size)}, {split: {docs, tokens, bytes, from_cache}}). As in HF's run_clm,
+    each batch of 1000 documents drops its last partial block (< 0.5% of the tokens)."""
     if (eot := tokenizer.token_to_id(EOT)) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
-    datasets = need_datasets()
-    num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None  # workers: a large corpus
-
-    def tokenize(batch):
-        ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]
-        return {"ids": ids, "n_tokens": [len(x) - 1 for x in ids],
-                "n_bytes": [len(t.encode("utf-8")) for t in batch["text"]]}
-
-    def group(batch):
-        ids = list(chain.from_iterable(batch["ids"]))
-        return {"input_ids": [ids[i:i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]}
-
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
-    blocks, stats = datasets.DatasetDict(), {}
-    for name, split in splits.items():
-        kwargs = dict(batched=True, keep_in_memory=True, num_proc=num_proc)  # in memory: no unverified cache file
-        ids = split.map(tokenize, remove_columns=split.column_names, desc=f"tokenize {name}", **kwargs)
-        blocks[name] = ids.map(group, remove_columns=ids.column_names, features=features,
-                               desc=f"blocks of {block_size} ({name})", **kwargs)
-        if len(blocks[name]) == 0:
-            raise TextError(f"the {name} split has {sum(ids['n_tokens']):,} tokens, too few for one block of "
-                            f"{block_size} (--seq-len {block_size - 1} + 1): give a smaller --seq-len, or more text")
-        stats[name] = {"docs": len(ids), "tokens": sum(ids["n_tokens"]), "bytes": sum(ids["n_bytes"]),
+    blocks, stats = {}, {}
+    for name, docs in splits.items():
+        parts, tokens = [], 0
+        for i in range(0, len(docs), 1000):
+            encodings = tokenizer.encode_batch(docs[i:i + 1000], add_special_tokens=False)  # threads in Rust
+            ids = np.concatenate([np.array(e.ids + [eot], dtype=np.int32) for e in encodings])
+            tokens += len(ids) - len(encodings)
+            parts.append(ids[:len(ids) - len(ids) % block_size].reshape(-1, block_size))
+        blocks[name] = torch.from_numpy(np.concatenate(parts))
+        if not len(blocks[name]):
+            raise TextError(f"the {name} split has {tokens:,} tokens, too few for one block of {block_size} "
+                            f"(--seq-len {block_size - 1} + 1): give a smaller --seq-len, or more text")
+        stats[name] = {"docs": len(docs), "tokens": tokens, "bytes": sum(len(d.encode("utf-8")) for d in docs),
                        "from_cache": False}
     return blocks, stats

@@ -58,7 +58,7 @@ def test_a_latin1_corpus_is_refused_with_its_rate_the_flag_and_how_to_convert_it
         converted.write_bytes(subprocess.run(["iconv", "-f", "LATIN1", "-t", "UTF-8", str(text)],
                                              capture_output=True, check=True).stdout)
         splits = wos.load_splits(wos.read_corpus(converted))
-        assert sorted(list(splits["train"]["text"]) + list(splits["validation"]["text"])) == sorted(docs)
+        assert sorted(splits["train"] + splits["validation"]) == sorted(docs)
         assert "warning" not in capsys.readouterr().err
 
 

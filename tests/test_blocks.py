@@ -19,14 +19,14 @@ def make(corpus, cache, block_size=33):
     return blocks.token_blocks(wos.read_corpus(corpus / "X.txt"), tok, blocks.Packing(block_size, 0.05, 0, cache))
 
 
-def test_the_packed_blocks_are_the_datasets_blocks_and_a_second_run_reads_them(corpus, tmp_path):
+def test_the_cached_blocks_are_the_tokenised_blocks_and_a_second_run_reads_them(corpus, tmp_path):
     packed, stats = make(corpus, tmp_path / "cache")
     tok = open_tokenizer(corpus / "tok.json").tokenizer
     splits = wos.load_splits(wos.read_corpus(corpus / "X.txt"), 0.05, 0)
     table, _ = wos.tokenize_blocks(splits, tok, 33)
     for name in ("train", "validation"):
         assert packed[name].dtype == torch.int32 and packed[name].shape[1] == 33
-        assert packed[name].tolist() == table[name]["input_ids"]
+        assert torch.equal(packed[name], table[name])
     again, stats2 = make(corpus, tmp_path / "cache")
     assert all(torch.equal(again[n], packed[n]) for n in packed) and stats2["train"]["from_cache"]
     assert {k: v for k, v in stats2["train"].items() if k != "from_cache"} == \

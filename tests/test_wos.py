@@ -2,8 +2,6 @@
 import functools
 import hashlib
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ from tokenizers import Tokenizer
 
 from conftest import REPO, generated_docs
 from data import wos
-from data.blocks import Packing, epoch_loader, pack, token_blocks
+from data.blocks import Packing, epoch_loader, token_blocks
 from data.tokenizer import EOT
 
 
@@ -23,11 +21,20 @@ def splits_of(path, **kw):
 def test_split_is_by_document_disjoint_and_stable(text_file, tmp_path):
     a = splits_of(text_file, val_fraction=0.05, seed=1)
     b = splits_of(text_file, val_fraction=0.05, seed=1)
-    train, val = list(a["train"]["text"]), list(a["validation"]["text"])
+    train, val = a["train"], a["validation"]
     assert len(val) == 20 and len(train) == 380
     assert set(train).isdisjoint(val) and sorted(train + val) == sorted(generated_docs(400))
-    assert list(b["validation"]["text"]) == val  # same file, same seed: the same documents, in a new cache
-    assert list(splits_of(text_file, val_fraction=0.05, seed=2)["validation"]["text"]) != val
+    assert b["validation"] == val  # same file, same seed: the same documents, in a new cache
+    assert splits_of(text_file, val_fraction=0.05, seed=2)["validation"] != val
+
+
+def test_the_split_is_datasets_train_test_split(text_file):
+    """The split of HF datasets' train_test_split(shuffle=True, seed): the documents earlier runs trained on."""
+    datasets = pytest.importorskip("datasets")
+    docs = wos.read_corpus(text_file).documents
+    theirs = datasets.Dataset.from_dict({"text": docs}).train_test_split(test_size=20, shuffle=True, seed=3)
+    ours = splits_of(text_file, val_fraction=0.05, seed=3)
+    assert ours == {"train": theirs["train"]["text"], "validation": theirs["test"]["text"]}
 
 
 def test_blank_lines_skipped_and_a_few_invalid_utf8_lines_replaced_with_warning(tmp_path, capsys):
@@ -36,7 +43,7 @@ def test_blank_lines_skipped_and_a_few_invalid_utf8_lines_replaced_with_warning(
     others = "\n".join(generated_docs(100)).encode()
     path.write_bytes(b"first doc\n\n   \nsecond \xff\xfe doc\r\nthird doc\n\n" + others)
     splits = splits_of(path, val_fraction=0.34)
-    docs = sorted(list(splits["train"]["text"]) + list(splits["validation"]["text"]))
+    docs = sorted(splits["train"] + splits["validation"])
     assert docs == sorted(["first doc", "second \ufffd\ufffd doc", "third doc"] + generated_docs(100))
     assert "warning: 1 lines of" in capsys.readouterr().err
 
@@ -65,20 +72,20 @@ def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
 def test_blocks_have_the_right_length_and_content(text_file, small_tokenizer, tmp_path):
     splits = splits_of(text_file, val_fraction=0.1)
     blocks, stats = wos.tokenize_blocks(splits, small_tokenizer, block_size=64)
-    joined = "".join(d + EOT for d in list(splits["train"]["text"]))
-    for row in blocks["train"].select(range(0, len(blocks["train"]), 7)):
-        assert len(row["input_ids"]) == 64
-        assert small_tokenizer.decode(row["input_ids"], skip_special_tokens=False) in joined
-    first = small_tokenizer.decode(blocks["train"][0]["input_ids"], skip_special_tokens=False)
+    joined = "".join(d + EOT for d in splits["train"])
+    assert blocks["train"].dtype == torch.int32 and blocks["train"].shape[1] == 64
+    for row in blocks["train"][::7].tolist():
+        assert small_tokenizer.decode(row, skip_special_tokens=False) in joined
+    first = small_tokenizer.decode(blocks["train"][0].tolist(), skip_special_tokens=False)
     assert joined.startswith(first)  # block 0 is the start of the first document
     total = stats["train"]["tokens"] + stats["train"]["docs"]  # + one end-of-text per document
     assert total - 64 * len(blocks["train"]) < 64 * ((stats["train"]["docs"] + 999) // 1000)
-    assert stats["train"]["bytes"] == sum(len(d.encode()) for d in list(splits["train"]["text"]))
+    assert stats["train"]["bytes"] == sum(len(d.encode()) for d in splits["train"])
 
 
 @pytest.fixture
 def blocks(text_file, small_tokenizer, tmp_path):
-    return pack(wos.tokenize_blocks(splits_of(text_file), small_tokenizer, 32)[0]["train"])
+    return wos.tokenize_blocks(splits_of(text_file), small_tokenizer, 32)[0]["train"]
 
 
 def batches(loader):
@@ -151,16 +158,6 @@ def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
     assert "warning: WOS download failed" in capsys.readouterr().err
 
 
-def test_without_datasets_the_module_imports_and_the_corpus_functions_say_what_is_missing(text_file):
-    code = ("import sys; sys.modules['datasets'] = None; sys.path.insert(0, sys.argv[1]); from data import wos\n"
-            "try:\n    wos.load_splits(wos.read_corpus(sys.argv[2]))\n"
-            "except wos.TextError as e:\n    print('refused:', e)")
-    result = subprocess.run([sys.executable, "-c", code, str(REPO), str(text_file)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-800:]
-    assert result.stdout.startswith("refused: reading the corpus needs the Python package 'datasets'")
-    assert result.stdout.count("\n") == 1
-
-
 # ------------------------------------------------------------------ what a corpus is, from its content
 
 def test_the_standin_is_named_by_its_content_wherever_it_lies(shared_data, tmp_path):
@@ -221,7 +218,7 @@ def test_a_corpus_rewritten_with_the_same_size_and_mtime_is_read_afresh(text_fil
     text_file.write_bytes(new)
     os.utime(text_file, ns=(before.st_atime_ns, before.st_mtime_ns))
     again = splits_of(text_file)
-    docs = sorted(list(again["train"]["text"]) + list(again["validation"]["text"]))
+    docs = sorted(again["train"] + again["validation"])
     assert docs == sorted(line.strip() for line in new.decode().splitlines() if line.strip())
     blocks, stats = token_blocks(wos.read_corpus(text_file), small_tokenizer, packing)
     assert not stats["train"]["from_cache"] and not torch.equal(blocks["train"], old_blocks["train"])
