@@ -19,10 +19,10 @@ from tqdm import tqdm
 
 from data import REPO, data_root
 from data.files import write_atomic, write_json
-from training.errors import OutputError, UserError, reason
 from data.mnist import Batches, find_mnist, load_train_test
 from training import lenet, runfiles
 from training.device import device_name
+from training.errors import OutputError, UserError, reason
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
 
 

@@ -1,7 +1,7 @@
 """The Web of Science text pipeline of tokenizer_train.py and gpt_train.py (their tokenizer: data/tokenizer.py).
 
     X.txt (one abstract per line)
-      -> read once, hashed as read: documents (UTF-8 checked,   read_corpus(), read_documents()
+      -> read once, hashed as read: documents (UTF-8 checked,   read_corpus(), checked_line()
          blank lines dropped) and what they are, by content
          (stand-in, WOS46985, other)
       -> train / validation split by document, seeded         load_splits()
@@ -13,7 +13,6 @@ The token cache is keyed by the hash of the bytes the documents were read from (
 read a second time, so a file replaced meanwhile cannot put its text under another's name.
 """
 import hashlib
-import io
 import re
 import shutil
 import statistics
@@ -88,21 +87,6 @@ def download_wos(dest):
         files.write_atomic(dest, z.read(member))
 
 
-class Hashed(io.RawIOBase):
-    """A binary file that hashes the bytes read from it: the text decoded is the text hashed."""
-
-    def __init__(self, file):
-        self.file, self.sha256 = file, hashlib.sha256()
-
-    def readable(self):
-        return True
-
-    def readinto(self, buffer):
-        n = self.file.readinto(buffer)
-        self.sha256.update(memoryview(buffer)[:n])
-        return n
-
-
 @dataclass(frozen=True)
 class Corpus:
     """A text read once: what it is (name, documents, bytes, sha256, basis) and its documents come from the same bytes,
@@ -112,14 +96,19 @@ class Corpus:
 
 
 def read_corpus(path, accept_invalid=False):
-    """The Corpus of a checked text, named by content, never the path: "stand-in" by its known hash, "WOS46985" for
-    46,985 abstract-sized documents (its hash not known here: `basis` says so), else "other"."""
+    """The Corpus of a text, its lines checked one at a time (memory: the documents and one line), named by content,
+    never the path: "stand-in" by its known hash, "WOS46985" for 46,985 abstract-sized documents (its hash not known
+    here: `basis` says so), else "other"."""
+    sha, docs, invalid = hashlib.sha256(), [], 0
     with open(path, "rb") as f:
-        hashed = Hashed(f)
-        docs = read_documents(io.TextIOWrapper(io.BufferedReader(hashed, 1 << 20), "utf-8", "surrogateescape"), path,
-                              accept_invalid)
+        for number, line in enumerate(iter(lambda: f.readline(MAX_DOC_BYTES + 1), b""), 1):
+            sha.update(line)
+            doc = checked_line(path, number, line.rstrip(b"\n"))
+            invalid += doc.encode("utf-8") != line.rstrip(b"\n")  # a byte not UTF-8 became U+FFFD
+            docs += [doc.strip()] if doc.strip() else []  # blank lines dropped (and \r of \r\n)
         size = f.tell()
-    sha, median_words = hashed.sha256.hexdigest(), statistics.median_high(len(d.split()) for d in docs)
+    check_documents(path, docs, invalid, accept_invalid)
+    sha, median_words = sha.hexdigest(), statistics.median_high(len(d.split()) for d in docs)
     if sha == STANDIN_SHA256:
         name, basis = "stand-in", "its sha256 is the known one"
     elif len(docs) == WOS46985_DOCUMENTS and 50 <= median_words <= 1000:
@@ -130,42 +119,34 @@ def read_corpus(path, accept_invalid=False):
     return Corpus({"name": name, "documents": len(docs), "bytes": size, "sha256": sha, "basis": basis}, docs)
 
 
-def read_documents(f, path, accept_invalid):
-    """The stripped, non-blank lines of text file `f`, split as datasets' text reader splits them, a line at a time
-    (memory: one line's beyond the documents): >= 2 of them, none over MAX_DOC_BYTES, no word over MAX_WORD_CHARS
-    (BPE's work grows with a word's length), UTF-8 (not UTF-16, not Latin-1)."""
-    docs, invalid = [], 0
-    for number, line in enumerate(iter(lambda: f.readline(MAX_DOC_BYTES + 1), ""), 1):  # \n, \r\n and \r
-        raw = line.rstrip("\n").encode("utf-8", "surrogateescape")  # as in the file
-        if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise TextError(f"{path} is UTF-16 or UTF-32 (byte-order mark {raw[:2].hex(' ')}), not UTF-8: convert "
-                            f"it, e.g. iconv -f UTF-16 -t UTF-8 {path} > X-utf8.txt")
-        if len(raw) > MAX_DOC_BYTES:
-            size = len(raw)  # the rest of the line counted a megabyte at a time, never held whole
-            while not line.endswith("\n") and (line := f.readline(MAX_DOC_BYTES)):
-                size += len(line.rstrip("\n").encode("utf-8", "surrogateescape"))
-            raise TextError(f"{path}: line {number} has {size:,} bytes; expected one document (an abstract) per "
-                            f"line, at most {MAX_DOC_BYTES:,} bytes")
-        if raw.count(0) > len(raw) // 8:
-            raise TextError(f"{path}: line {number} is {raw.count(0) / len(raw):.0%} NUL bytes: UTF-16 or binary, "
-                            f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
-        doc = raw.decode("utf-8", "replace")  # a byte not UTF-8 becomes U+FFFD
-        invalid += doc != line.rstrip("\n")
-        if LONG_WORD.search(doc):
-            raise TextError(f"{path}: line {number} has a word of over {MAX_WORD_CHARS:,} characters (no space in "
-                            f"it): BPE's work grows with a word's length; split it or remove the line")
-        docs += [doc.strip()] if doc.strip() else []
+def checked_line(path, number, raw):
+    """Line `number` decoded (bad bytes as U+FFFD), if it is one document of UTF-8 text (not UTF-16, not binary)
+    whose words BPE can train on (its work grows with a word's length)."""
+    if len(raw) > MAX_DOC_BYTES:
+        raise TextError(f"{path}: line {number} has over {MAX_DOC_BYTES:,} bytes; expected one document (an "
+                        f"abstract) per line")
+    if raw.count(0) > len(raw) // 8:
+        raise TextError(f"{path}: line {number} is {raw.count(0) / len(raw):.0%} NUL bytes: UTF-16 or binary, "
+                        f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
+    doc = raw.decode("utf-8", "replace")
+    if LONG_WORD.search(doc):
+        raise TextError(f"{path}: line {number} has a word of over {MAX_WORD_CHARS:,} characters (no space in "
+                        f"it): BPE's work grows with a word's length; split it or remove the line")
+    return doc
+
+
+def check_documents(path, docs, invalid, accept_invalid):
+    """At least 2 documents, and not many lines that were not UTF-8 (another encoding: Latin-1)."""
     if len(docs) < 2:
         raise TextError(f"{path} has 1 usable line; need at least 2 (one document per line)" if docs else
                         f"{path} is empty")
-    if invalid > 0.01 * len(docs) and not accept_invalid:  # not a few damaged lines: another encoding (Latin-1)
+    if invalid > 0.01 * len(docs) and not accept_invalid:
         raise TextError(f"{path}: {invalid:,} of {len(docs):,} lines ({invalid / len(docs):.0%}) are not valid "
                         f"UTF-8; convert it (iconv -f LATIN1 -t UTF-8 {path} > X-utf8.txt), or pass "
                         f"--accept-invalid-utf8 to train on it with the bad bytes as U+FFFD")
     if invalid:
         print(f"warning: {invalid} lines of {path} are not valid UTF-8; decoded with replacement characters",
               file=sys.stderr)
-    return docs
 
 
 def load_splits(corpus, val_fraction=0.005, seed=0):

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.errors import UserError
 from training.device import gpu_stats
+from training.errors import UserError
 from training.lifecycle import log_line
 
 TESTS_BETWEEN_EPOCHS = {"cuda"}  # a test pass at every log point: 10 batches against 50 steps (CPU: 60 steps')
@@ -30,10 +30,8 @@ class LeNetRun:
     writer: object = None  # TensorBoard's SummaryWriter (open_writer)
     history: list = field(default_factory=list)  # per epoch: test loss and accuracy
     curve: list = field(default_factory=list)  # [step, training loss] every --log-every steps
-    train_accuracy: list = field(default_factory=list)  # [step, accuracy of the batches since the last point]
+    train_accuracy: list = field(default_factory=list)  # [step, accuracy of the step's batch]
     test_accuracy: list = field(default_factory=list)  # [step, test accuracy] at every test pass
-    correct: torch.Tensor = None  # the training batches' right predictions since the last log point, on the device
-    seen: int = 0  # and how many images they were
     steps: int = 0
     train_seconds: float = 0.0  # the training part of the epochs (no test passes, no logging)
     t0: float = 0.0  # the epoch's start (perf_counter)
@@ -95,14 +93,13 @@ def start_epoch(run):
 
 
 def log_point(run, step, logits, y, loss, lr):
-    """After every optimizer step; every --log-every steps the curves (.tolist(): the one CPU-GPU sync)."""
-    hits = (logits.detach().argmax(1) == y).sum()
-    run.correct, run.seen = hits if run.correct is None else run.correct + hits, run.seen + len(y)
+    """After every optimizer step; every --log-every steps the batch's loss and accuracy (.tolist(): the one CPU-GPU
+    sync)."""
     if step % run.args.log_every:
         return
-    value, correct = torch.stack([loss.detach().float(), run.correct.float()]).tolist()
+    value, correct = torch.stack([loss.detach().float(), (logits.detach().argmax(1) == y).sum().float()]).tolist()
     check_finite(value, f"training loss at step {step}")
-    accuracy, run.correct, run.seen = correct / run.seen, None, 0
+    accuracy = correct / len(y)
     run.curve.append([step, value])
     run.train_accuracy.append([step, accuracy])
     for tag, number in (("loss/train", value), ("accuracy/train", accuracy), ("train/lr", lr)):
