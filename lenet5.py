@@ -22,7 +22,7 @@ from data.files import write_atomic, write_json
 from data.mnist import Batches, find_mnist, load_train_test
 from training import lenet, runfiles
 from training.device import device_name
-from training.errors import OutputError, UserError, reason
+from training.errors import UserError, reason
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
 
 
@@ -150,8 +150,8 @@ def main(argv=None):
             lenet.open_writer(run)
             fit(run)
             lenet.close_writer(run)
-        except (OSError, OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
-            finish(run, failed=f"writing the run's logs in {out_dir} failed ({reason(e)})")
+        except OSError as e:  # a full or failing disk under out_dir: TensorBoard's events and images
+            raise UserError(f"writing the run's logs in {out_dir} failed ({reason(e)})") from None
         phases.switch("teardown")
         metrics = finish(run)
         print(f"test accuracy {metrics['test_accuracy']:.2%}, test loss {metrics['test_loss']:.4f}, "
@@ -173,10 +173,9 @@ def open_outputs(args, stack):
     return out_dir
 
 
-def finish(run, failed=None):
-    """--save, --metrics-out, last metrics.json (a finished run's mark); after `failed`, what can be kept, one line."""
-    args, kept = run.args, []
-    last = run.history[-1] if run.history else {"test_accuracy": None, "test_loss": None}
+def finish(run):
+    """--save, --metrics-out, then metrics.json: a finished run's mark."""
+    args, last = run.args, run.history[-1]
     metrics = run.phases.stamp({
         "test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
         "steps": run.steps, "train_seconds": round(run.train_seconds, 3), "device": str(run.device),
@@ -184,22 +183,11 @@ def finish(run, failed=None):
         "params": sum(p.numel() for p in run.model.parameters()), "batch_size": args.batch_size, "lr": args.lr,
         "seed": args.seed, "torch": torch.__version__, "command": "python lenet5.py " + " ".join(args.argv),
         "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
-        "test_accuracy_curve": run.test_accuracy, **({"stopped": failed} if failed else {})})
-    for what, path, write in (
-            ("weights", args.save, lambda p: write_atomic(p, lambda f: torch.save(run.model.state_dict(), f))),
-            ("metrics", args.metrics_out, lambda p: write_json(p, metrics)),
-            ("metrics", None if failed else run.out_dir / "metrics.json", lambda p: write_json(p, metrics))):
-        try:
-            if path is not None:
-                write(path)
-                kept.append(f"{what} in {path}")
-        except (OSError, OutputError) as e:
-            if not failed:
-                raise UserError(f"writing the {what} in {path} failed ({reason(e)})"
-                                + "".join(f"; kept {k}" for k in kept)) from None
-    if failed:
-        done = f"after epoch {run.history[-1]['epoch']}" if run.history else "before the first epoch ended"
-        raise UserError(f"{failed} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept"))
+        "test_accuracy_curve": run.test_accuracy})
+    if args.save:
+        write_atomic(args.save, lambda f: torch.save(run.model.state_dict(), f))
+    for path in filter(None, (args.metrics_out, run.out_dir / "metrics.json")):
+        write_json(path, metrics)
     return metrics
 
 

@@ -13,8 +13,6 @@ from training.device import gpu_stats
 from training.errors import UserError
 from training.lifecycle import log_line
 
-TESTS_BETWEEN_EPOCHS = {"cuda"}  # a test pass at every log point: 10 batches against 50 steps (CPU: 60 steps')
-
 
 @dataclass
 class LeNetRun:
@@ -31,7 +29,7 @@ class LeNetRun:
     history: list = field(default_factory=list)  # per epoch: test loss and accuracy
     curve: list = field(default_factory=list)  # [step, training loss] every --log-every steps
     train_accuracy: list = field(default_factory=list)  # [step, accuracy of the step's batch]
-    test_accuracy: list = field(default_factory=list)  # [step, test accuracy] at every test pass
+    test_accuracy: list = field(default_factory=list)  # [step, test accuracy] after every epoch
     steps: int = 0
     train_seconds: float = 0.0  # the training part of the epochs (no test passes, no logging)
     t0: float = 0.0  # the epoch's start (perf_counter)
@@ -106,12 +104,6 @@ def log_point(run, step, logits, y, loss, lr):
         run.writer.add_scalar(tag, number, step)
     total, seconds = run.args.epochs * len(run.train_loader), run.train_seconds + time.perf_counter() - run.t0
     log_line(None, step, total, [f"loss {value:.4f}", f"accuracy {accuracy:.2%}"], seconds / step * (total - step))
-    if run.device.type in TESTS_BETWEEN_EPOCHS and step % len(run.train_loader):  # (the last step has its own)
-        t0 = time.perf_counter()
-        with run.phases.of("evaluation"):
-            test_pass(run, step)
-        run.model.train()
-        run.train_seconds -= time.perf_counter() - t0  # the epoch's timer runs on: this pass is not training
 
 
 def end_epoch(run, epoch, step):
