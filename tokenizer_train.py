@@ -22,7 +22,15 @@ import torch
 
 from data import files, wos
 from data.blocks import Packing, token_blocks
-from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
+from data.tokenizer import (
+    EOT,
+    OWN_TOKENIZER,
+    TokenizerError,
+    byte_level,
+    looks_like_a_path,
+    open_tokenizer,
+    tokenizer_sha256,
+)
 from training import device, runfiles
 from training.errors import UserError
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
@@ -30,11 +38,8 @@ from training.flags import Parser, add_output_flags, number, path_flag, path_or_
 
 def train_bpe(docs, vocab_size, min_frequency=2):
     """Byte-level BPE, GPT-2 style: any byte sequence encodes, nothing is ever unknown."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tokenizer = byte_level(Tokenizer(models.BPE()))
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=sys.stderr.isatty())  # in a file: only blank lines
@@ -152,8 +157,6 @@ def main(argv=None):
         phases.switch("data")
         corpus = wos.read_corpus(text, args.accept_invalid_utf8)  # read once: the documents and the cache's key
         splits = wos.load_splits(corpus, args.val_fraction, args.seed)
-        if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
-            wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
         train_docs, val_docs = splits["train"], splits["validation"]
         print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
         phases.switch("loop")

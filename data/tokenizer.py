@@ -91,16 +91,22 @@ def tokenizer_from_path(path):
     vocab, merges = path / "vocab.json", path / "merges.txt"
     if not (vocab.is_file() and merges.is_file()):
         raise TokenizerError(f"tokenizer folder {path}: neither tokenizer.json nor vocab.json + merges.txt in it")
-    from tokenizers import decoders, models, pre_tokenizers, processors
+    from tokenizers import models
     try:
-        tokenizer = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+        tokenizer = byte_level(Tokenizer(models.BPE.from_file(str(vocab), str(merges))))
     except Exception as e:  # malformed JSON or merges: tokenizers raises plain Exceptions
         raise TokenizerError(f"tokenizer folder {path}: vocab.json + merges.txt unreadable ({reason(e)})") from None
+    if tokenizer.token_to_id(EOT) is not None:
+        tokenizer.add_special_tokens([EOT])  # matched whole in text, as in GPT-2's tokenizer.json
+    return tokenizer
+
+
+def byte_level(tokenizer):
+    """`tokenizer` (BPE) split, decoded and post-processed byte by byte, as GPT-2's: any text encodes."""
+    from tokenizers import decoders, pre_tokenizers, processors
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    if tokenizer.token_to_id(EOT) is not None:
-        tokenizer.add_special_tokens([EOT])  # matched whole in text, as in GPT-2's tokenizer.json
     return tokenizer
 
 

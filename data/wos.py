@@ -172,16 +172,6 @@ def tokens_per_block(seq_len):
     return seq_len + 1  # the inputs and, shifted by one, the targets
 
 
-def check_blocks_fit(splits, block_size):
-    """Before a tokenizer is trained: a token is at least one byte, plus one <|endoftext|> a document."""
-    for name, docs in splits.items():
-        room = sum(len(text.encode("utf-8")) + 1 for text in docs)
-        if room < block_size:
-            raise TextError(f"the {name} split ({len(docs):,} document{'s' * (len(docs) != 1)}, {room:,} bytes) "
-                            f"cannot fill one block of {block_size} tokens (--seq-len {block_size - 1} + 1): give a "
-                            f"smaller --seq-len, --seq-len 0 (no token cache), or more text")
-
-
 def tokenize_blocks(splits, tokenizer, block_size):
     """({split: int32 tensor (blocks, block_size)}, {split: {docs, tokens, bytes, from_cache}}). As in HF's run_clm,
     each batch of 1000 documents drops its last partial block (< 0.5% of the tokens)."""

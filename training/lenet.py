@@ -130,17 +130,17 @@ def log_images(writer, model, digits, epoch):
         c1, c2 = model.features(digits)
     filters = model.conv1.weight.detach().cpu()
     writer.add_image("layers/conv1_filters", grid(F.interpolate(filters, scale_factor=8), nrow=6), epoch)
-    writer.add_image("layers/input_digits", grid(digits.cpu(), nrow=len(digits), scale_each=False), epoch)
+    writer.add_image("layers/input_digits", grid(digits.cpu(), nrow=len(digits)), epoch)
     for name, maps in (("conv1", c1), ("conv2", c2)):  # one row per digit, one tile per channel
         tiles = maps.detach().cpu().flatten(0, 1).unsqueeze(1)
         writer.add_image(f"layers/{name}_feature_maps", grid(tiles, nrow=maps.shape[1]), epoch)
 
 
-def grid(images, nrow, scale_each=True, pad=2):
-    """(N, 1, H, W) images, `nrow` a row on white: torchvision's make_grid without its second of import."""
+def grid(images, nrow, pad=2):
+    """(N, 1, H, W) images, each scaled to [0, 1], `nrow` a row on white: torchvision's make_grid(normalize=True,
+    scale_each=True) without its second of import."""
     x = images.float()
-    dims = (1, 2, 3) if scale_each else (0, 1, 2, 3)
-    low, high = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
+    low, high = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
     x = F.pad((x - low) / (high - low).clamp_min(1e-5), (pad, 0, pad, 0), value=1.0)  # white above and left
     n, _, h, w = x.shape
     x = x.view(n // nrow, nrow, h, w).transpose(1, 2).reshape(1, n // nrow * h, nrow * w)
