@@ -36,11 +36,11 @@ from training.errors import UserError
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
 
-def train_bpe(docs, vocab_size, min_frequency=2):
+def train_bpe(docs, vocab_size):
     """Byte-level BPE, GPT-2 style: any byte sequence encodes, nothing is ever unknown."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     tokenizer = byte_level(Tokenizer(models.BPE()))
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=sys.stderr.isatty())  # in a file: only blank lines
     tokenizer.train_from_iterator(docs, trainer=trainer, length=len(docs))
@@ -59,22 +59,21 @@ def load_comparison(spec):
 
 
 def measures(tokenizer, docs, spec="none", other=None):
-    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token and the per-document ratio."""
+    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token and the per-document ratio
+    (None without)."""
     own = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
     decoded = tokenizer.decode_batch(own, skip_special_tokens=False)
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
-    result = {"val_bytes_per_token": n_bytes / sum(map(len, own)),
-              "val_round_trip_failures": sum(d != t for d, t in zip(decoded, docs)), "compare": spec}
-    if not other:
-        return result | dict.fromkeys(["compare_source", "compare_sha256", "compare_vocab_size",
-                                       "gpt2_val_bytes_per_token", "val_docs_own_fewer_tokens",
-                                       "val_token_ratio_per_doc"])
-    theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)]
+    theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)] if other else own
     ratios = sorted(len(a) / len(b) for a, b in zip(own, theirs))
-    spread = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
-    return result | {"compare_source": other.source, "compare_sha256": other.sha256, "compare_vocab_size":
-                     other.vocab_size, "gpt2_val_bytes_per_token": n_bytes / sum(map(len, theirs)),
-                     "val_docs_own_fewer_tokens": sum(r < 1 for r in ratios), "val_token_ratio_per_doc": spread}
+    return {"val_bytes_per_token": n_bytes / sum(map(len, own)),
+            "val_round_trip_failures": sum(d != t for d, t in zip(decoded, docs)), "compare": spec,
+            "compare_source": other and other.source, "compare_sha256": other and other.sha256,
+            "compare_vocab_size": other and other.vocab_size,
+            "gpt2_val_bytes_per_token": other and n_bytes / sum(map(len, theirs)),
+            "val_docs_own_fewer_tokens": other and sum(r < 1 for r in ratios),
+            "val_token_ratio_per_doc": other and {"median": statistics.median(ratios), "min": ratios[0],
+                                                  "max": ratios[-1]}}
 
 
 def token_cache(corpus, tokenizer, args, tokenizer_hash):
@@ -111,8 +110,6 @@ def parse_args(argv):
     # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
     p.add_argument("--vocab-size", type=number(int, 512, 2**20, multiple=64), default=16384,
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
-    p.add_argument("--min-frequency", type=number(int, 0, 2**32, high_open=True), default=2,
-                   help="merges seen fewer times are not learned (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER, help="tokenizer.json (default: %(default)s)")
     p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
                    help="held-out documents (default: %(default)s)")
@@ -161,7 +158,7 @@ def main(argv=None):
         print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
         phases.switch("loop")
         t0 = time.perf_counter()
-        tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
+        tokenizer = train_bpe(train_docs, args.vocab_size)
         train_seconds = time.perf_counter() - t0
         phases.switch("evaluation")
         metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),

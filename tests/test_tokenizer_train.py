@@ -231,7 +231,6 @@ def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path, caps
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--min-frequency", "-3"], "--min-frequency: must be in [0, 4294967296)"),
     (["--vocab-size", str(2**40)], "--vocab-size: must be in [512, 1048576]"),
     (["--vocab-size", "2147483584"], "--vocab-size: must be in [512, 1048576]"),  # past int32 once rounded
     (["--vocab-size", "1000"], "--vocab-size: must be a multiple of 64"),
