@@ -136,7 +136,7 @@ def main(argv=None):
         out_dir = args.run_dir = open_outputs(args, stack)
         phases.switch("data")
         files = find_mnist(args.data_dir, not args.no_download)
-        train_set, test_set = (ds.to(device) for ds in load_train_test(files))
+        train_set, test_set = load_train_test(files, device)
         phases.switch("model")
         model = LeNet5(make_gelu(args.act, device)).to(device)
         print(f"LeNet-5 ({sum(p.numel() for p in model.parameters()):,} parameters), act={args.act}, "
