@@ -142,9 +142,8 @@ def main(argv=None):
         print(f"LeNet-5 ({sum(p.numel() for p in model.parameters()):,} parameters), act={args.act}, "
               f"engine={args.engine}, device={device}, {len(train_set):,} train / {len(test_set):,} test images, "
               f"logs in {out_dir}")
-        digits = test_set[torch.arange(8, device=device)][0]  # fixed test digits for the feature-map images
         run = lenet.LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
-                             Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)
+                             Batches(test_set, 1000, shuffle=False), out_dir, device, phases)
         try:
             write_json(out_dir / "args.json", vars(args))
             lenet.open_writer(run)

@@ -1,7 +1,6 @@
 """The token blocks gpt_train.py trains on: one int32 tensor (blocks, seq_len + 1) per split, cached as .npy
 files in the corpus's cache folder (the one cache of the tokens), verified against their manifest. A batch is one
 gather."""
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -32,10 +31,9 @@ def token_blocks(corpus, tokenizer, packing, tokenizer_hash=None):
     """({split: tensor}, stats) of a wos.Corpus: the verified cache, else made and cached.
     tokenizer_hash: the tokenizer's sha256 where the caller has it (hashing GPT-2's costs a warm start ~50 ms)."""
     block_size = packing.block_size
-    digest = hashlib.sha256(json.dumps([packing.val_fraction, packing.seed, block_size]).encode()).hexdigest()[:8]
     tokenizer_hash = tokenizer_hash or tokenizer_sha256(tokenizer)
     folder = wos.corpus_cache(packing.cache_dir or wos.default_cache(), corpus.identity["sha256"]) / \
-        f"packed-v{VERSION}-{tokenizer_hash[:16]}-{digest}"  # a corpus, tokenizer, split, block size
+        f"packed-v{VERSION}-{tokenizer_hash[:16]}-{block_size}-{packing.val_fraction}-{packing.seed}"
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
     except (OSError, ValueError, KeyError, TypeError) as e:

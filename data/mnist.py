@@ -45,8 +45,7 @@ def read_idx(path):
     except (OSError, EOFError, zlib.error) as e:  # unreadable, or a damaged .gz
         raise MNISTError(f"{path}: cannot read ({e})") from e
     if len(payload) != expected:
-        size = f"{len(payload):,} bytes" if len(payload) < expected else "more bytes"
-        raise MNISTError(f"{path}: {size} after its header, which says {dims}: {expected:,} (truncated or corrupt)")
+        raise MNISTError(f"{path}: not {expected:,} bytes after its header, which says {dims} (truncated or corrupt)")
     return torch.from_numpy(np.frombuffer(bytearray(payload), dtype=np.uint8).reshape(dims))
 
 

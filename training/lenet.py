@@ -21,7 +21,6 @@ class LeNetRun:
     model: nn.Module
     train_loader: object  # data.mnist.Batches of the images on the device
     test_loader: object
-    digits: torch.Tensor  # a fixed set of test digits for the feature-map images
     out_dir: Path
     device: torch.device
     phases: object  # training.lifecycle.Phases: where the process's seconds go (loop, evaluation, logging)
@@ -55,7 +54,7 @@ def open_writer(run):
     run.writer = SummaryWriter(run.out_dir)
     with warnings.catch_warnings():  # add_graph traces with torch.jit, which warns it is deprecated
         warnings.simplefilter("ignore")
-        run.writer.add_graph(run.model, run.digits)
+        run.writer.add_graph(run.model, run.test_loader.dataset[:8][0])
 
 
 def close_writer(run):
@@ -117,7 +116,7 @@ def end_epoch(run, epoch, step):
     check_finite(test_loss, f"test loss after epoch {epoch}")
     run.history.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
     run.steps = step
-    log_images(run.writer, run.model, run.digits, epoch)
+    log_images(run.writer, run.model, run.test_loader.dataset[:8][0], epoch)  # 8 fixed digits
     for tag, value in (gpu_stats(run.device) if run.device.type == "cuda" else {}).items():  # NVML, where installed
         run.writer.add_scalar(tag, value, step)
     print(f"epoch {epoch}: test loss {test_loss:.4f}, accuracy {test_acc:.2%} ({run.train_seconds:.1f} s training)")
