@@ -87,14 +87,13 @@ def token_cache(corpus, tokenizer, args, tokenizer_hash):
     except UserError as e:
         print(f"warning: no token cache: {e}; the tokenizer is saved in {args.out} (gpt_train.py tokenises the "
               f"corpus itself)", file=sys.stderr)
-        return dict.fromkeys(["tokenize_seconds", "num_train_tokens", "num_val_tokens", "tokenize_from_cache",
-                              "tokenize_tokens_per_second"]) | {"token_cache_problem": str(e)}
+        return dict.fromkeys(["tokenize_seconds", "num_train_tokens", "num_val_tokens", "tokenize_from_cache"]) | {
+            "token_cache_problem": str(e)}
     seconds, (train, val) = time.perf_counter() - t0, (stats["train"], stats["validation"])
-    tokens = train["tokens"] + val["tokens"]
-    print(f"{'loaded' if train['from_cache'] else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
-          f"({tokens / seconds:,.0f} tokens/s{', from the cache' if train['from_cache'] else ''})")
+    print(f"{'loaded' if train['from_cache'] else 'tokenised'} {train['tokens'] + val['tokens']:,} tokens in "
+          f"{seconds:.1f} s")
     return {"tokenize_seconds": round(seconds, 3), "num_train_tokens": train["tokens"], "num_val_tokens": val["tokens"],
-            "tokenize_from_cache": train["from_cache"], "tokenize_tokens_per_second": round(tokens / seconds)}
+            "tokenize_from_cache": train["from_cache"]}
 
 
 def save_atomic(tokenizer, path):
@@ -145,9 +144,8 @@ def main(argv=None):
     phases = lifecycle.phases()
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    with lifecycle.one_line_errors(lambda: f"{args.out} is saved, the token cache unfinished (gpt_train.py makes it)"
-                                   if getattr(args, "saved", False) else
-                                   f"{args.out} is written only when training ends; run the command again"):
+    with lifecycle.one_line_errors(lambda: f"{args.out} is written when training ends (the token cache after it): "
+                                   f"run the command again, with --force if {args.out} exists"):
         check_outputs(args)
         text = wos.resolve_text(args.text, download=not args.no_download)
         other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
@@ -169,7 +167,6 @@ def main(argv=None):
         metrics.update(measures(tokenizer, val_docs, args.compare, other))
         phases.switch("final_save")
         save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does
-        args.saved = True
         print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
         print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
               + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")

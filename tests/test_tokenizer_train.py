@@ -126,8 +126,8 @@ def test_ctrl_c_is_one_line_and_writes_nothing(text_file, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err and not out.exists(), err[-2000:]
-    assert err.strip().splitlines()[-1] == (f"interrupted (Ctrl-C): {out} is written only when training ends; "
-                                            "run the command again")
+    assert err.strip().splitlines()[-1] == (f"interrupted (Ctrl-C): {out} is written when training ends (the token "
+                                            f"cache after it): run the command again, with --force if {out} exists")
 
 
 @pytest.mark.parametrize("args, message", [(["--vocab-size", "1000"], "multiple of 64"),
