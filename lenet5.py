@@ -181,8 +181,7 @@ def finish(run):
         "device_name": device_name(run.device), "act": args.act, "engine": args.engine, "out_dir": str(run.out_dir),
         "params": sum(p.numel() for p in run.model.parameters()), "batch_size": args.batch_size, "lr": args.lr,
         "seed": args.seed, "torch": torch.__version__, "command": "python lenet5.py " + " ".join(args.argv),
-        "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
-        "test_accuracy_curve": run.test_accuracy})
+        "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy})
     if args.save:
         write_atomic(args.save, lambda f: torch.save(run.model.state_dict(), f))
     for path in filter(None, (args.metrics_out, run.out_dir / "metrics.json")):

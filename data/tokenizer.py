@@ -138,10 +138,9 @@ def tokenizer_from_hub_name(name):
                              f"{constants.HF_HUB_CACHE}, {local}) and the hub is "
                              f"{'off (HF_HUB_OFFLINE)' if offline else 'unreachable'}; put the tokenizer's folder "
                              f"(tokenizer.json, or vocab.json + merges.txt) at {local} or pass its path")
-    from transformers import AutoTokenizer
     try:
-        return AutoTokenizer.from_pretrained(name).backend_tokenizer, f"hub:{name}"
-    except (OSError, ValueError) as e:
+        return Tokenizer.from_pretrained(name), f"hub:{name}"
+    except Exception as e:  # tokenizers raises plain Exceptions for a name the hub does not hold
         raise TokenizerError(f"tokenizer {name!r}: {reason(e)}") from None
 
 

@@ -1,4 +1,5 @@
 """What lenet5.py's two engines share: the run they fill in, the schedule, the logging after steps and epochs."""
+import functools
 import math
 import time
 import warnings
@@ -28,7 +29,6 @@ class LeNetRun:
     history: list = field(default_factory=list)  # per epoch: test loss and accuracy
     curve: list = field(default_factory=list)  # [step, training loss] every --log-every steps
     train_accuracy: list = field(default_factory=list)  # [step, accuracy of the step's batch]
-    test_accuracy: list = field(default_factory=list)  # [step, test accuracy] after every epoch
     steps: int = 0
     train_seconds: float = 0.0  # the training part of the epochs (no test passes, no logging)
     t0: float = 0.0  # the epoch's start (perf_counter)
@@ -77,7 +77,6 @@ def test_pass(run, step):
         logits = run.model(x)
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum()])
     test_loss, test_acc = (v / len(run.test_loader.dataset) for v in sums.tolist())
-    run.test_accuracy.append([step, test_acc])
     run.writer.add_scalar("loss/test", test_loss, step)
     run.writer.add_scalar("accuracy/test", test_acc, step)
     return test_loss, test_acc
@@ -123,7 +122,10 @@ def end_epoch(run, epoch, step):
 
 
 def log_images(writer, model, digits, epoch):
-    """The first conv layer's filters, the input digits and both conv layers' feature maps, as image grids."""
+    """The first conv layer's filters, the input digits and both conv layers' feature maps, as grids on white, each
+    image scaled to [0, 1]."""
+    from torchvision.utils import make_grid  # imported here: it takes a second
+    grid = functools.partial(make_grid, normalize=True, scale_each=True, pad_value=1.0)
     model.eval()
     with torch.no_grad():
         c1, c2 = model.features(digits)
@@ -133,14 +135,3 @@ def log_images(writer, model, digits, epoch):
     for name, maps in (("conv1", c1), ("conv2", c2)):  # one row per digit, one tile per channel
         tiles = maps.detach().cpu().flatten(0, 1).unsqueeze(1)
         writer.add_image(f"layers/{name}_feature_maps", grid(tiles, nrow=maps.shape[1]), epoch)
-
-
-def grid(images, nrow, pad=2):
-    """(N, 1, H, W) images, each scaled to [0, 1], `nrow` a row on white: torchvision's make_grid(normalize=True,
-    scale_each=True) without its second of import."""
-    x = images.float()
-    low, high = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
-    x = F.pad((x - low) / (high - low).clamp_min(1e-5), (pad, 0, pad, 0), value=1.0)  # white above and left
-    n, _, h, w = x.shape
-    x = x.view(n // nrow, nrow, h, w).transpose(1, 2).reshape(1, n // nrow * h, nrow * w)
-    return F.pad(x, (0, pad, 0, pad), value=1.0)  # and below and right of the last row and column
