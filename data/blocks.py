@@ -79,10 +79,12 @@ class Blocks(Dataset):
         return self.tensor[torch.as_tensor(indices)]
 
 
-def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
+def epoch_loader(blocks, batch_size, seed, epoch, whole=1, **loader_kwargs):
     """One epoch in the order (seed, epoch) fixes: a loader per epoch makes the position two integers (a resume is
-    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of it (the global batch: split alike)."""
+    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of it (the global batch: split alike).
+    A last partial batch is dropped unless drop_last=False."""
     order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
     order = order[:len(order) - len(order) % whole]
-    return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, drop_last=drop_last,
-                      collate_fn=torch.Tensor.long, **loader_kwargs)
+    loader_kwargs.setdefault("drop_last", True)
+    return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, collate_fn=torch.Tensor.long,
+                      **loader_kwargs)

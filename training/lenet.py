@@ -17,7 +17,7 @@ from training.lifecycle import log_line
 
 @dataclass
 class LeNetRun:
-    """What an engine is handed (args ... phases) and records as it goes: a failed run reports its epochs."""
+    """What an engine is handed (args ... phases) and records as it goes."""
     args: object  # the parsed flags
     model: nn.Module
     train_loader: object  # data.mnist.Batches of the images on the device
