@@ -65,7 +65,7 @@ class LeNet5(nn.Module):
         return self.fc3(x)
 
 
-def fit_plain(run):
+def train(run):
     """Train `run` (training.lenet.LeNetRun): AdamW, warm-up + cosine, log points, a test pass every epoch."""
     optimizer, scheduler = lenet.optimizer_and_schedule(run)
     step = 0
@@ -130,7 +130,7 @@ def main(argv=None):
         torch.manual_seed(args.seed)
         torch.set_flush_denormal(True)  # tiny activations late in training would hit slow denormal math on CPU
         device = pick_device(args.device)
-        fit = fit_plain
+        fit = train
         if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
             from training.lenet_lightning import fit_lightning as fit
         out_dir = args.run_dir = open_outputs(args, stack)
