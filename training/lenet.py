@@ -70,7 +70,7 @@ def check_finite(value, what):  # a diverged run stops with one line, not with 1
 
 @torch.no_grad()
 def test_pass(run, step):
-    """Mean test loss and accuracy, into TensorBoard and the accuracy curve; the model is left in eval mode."""
+    """Mean test loss and accuracy, also into TensorBoard; the model is left in eval mode."""
     run.model.eval()
     sums = torch.zeros(2, device=run.device)  # summed loss, right predictions
     for x, y in run.test_loader:
