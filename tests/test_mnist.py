@@ -90,7 +90,7 @@ def test_a_gz_that_inflates_past_its_header_is_refused_in_bounded_memory(tmp_pat
             f.write(bytes([0, 0, 8, 3]) + struct.pack(">3I", *dims))
             for _ in range(64):
                 f.write(bytes(1 << 20))
-    for name, message in (("long", r"not 7,840 bytes after its header, which says \(10, 28, 28\) \(truncated or corrupt\)"),
+    for name, message in (("long", r"not 7,840 bytes after its header, which says \(10, 28, 28\) \(truncated"),
                           ("huge", "more than MNIST's files hold")):
         tracemalloc.start()
         try:
