@@ -26,7 +26,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from data import REPO, files, wos
-from data.blocks import token_blocks
+from data.blocks import Packing, token_blocks
 from data.tokenizer import open_tokenizer
 from training import checkpoints, device, errors, metrics, rundir, sample, step
 from training.batches import batch_stream, check_enough, evaluate
@@ -161,18 +161,19 @@ def set_up(args, argv, stack, phases):
     state, saved = checkpoints.load_state(ckpt) if ckpt else (checkpoints.TrainState(), {})
 
     phases.switch("data")
-    corpus = wos.corpus_identity(text, args.accept_invalid_utf8)  # what it is, by content: identity, metrics
-    identity = checkpoints.run_identity(args, tok, corpus["sha256"], decisions.precision, accelerator.num_processes)
+    corpus = wos.read_corpus(text, args.accept_invalid_utf8)  # read once: the documents and what they are
+    identity = checkpoints.run_identity(args, tok, corpus.identity["sha256"], decisions.precision,
+                                        accelerator.num_processes)
     checkpoints.check_same_run(saved, identity)  # a resume continues the same run: one line naming what differs
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
-        blocks, stats = token_blocks(text, corpus["sha256"], tok.tokenizer, wos.tokens_per_block(args.seq_len),
-                                     args.val_fraction, args.seed, args.cache_dir, tokenizer_hash=tok.sha256)
+        packing = Packing(wos.tokens_per_block(args.seq_len), args.val_fraction, args.seed, args.cache_dir)
+        blocks, stats = token_blocks(corpus, tok.tokenizer, packing, tokenizer_hash=tok.sha256)
     check_enough(blocks["train"], args.global_batch)
 
     phases.switch("model")
     train_step, budget, micro_source = build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt)
-    info = metrics.describe_run(args, argv, decisions, train_step, text, corpus, budget)
+    info = metrics.describe_run(args, argv, decisions, train_step, text, corpus.identity, budget)
     writer = announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text,
                       out_dir) if accelerator.is_main_process else None
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}

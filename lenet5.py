@@ -22,7 +22,7 @@ from data.files import write_atomic, write_json
 from data.mnist import Batches, find_mnist, load_train_test
 from training import lenet, rundir
 from training.device import device_name
-from training.errors import OutputError, UserError, reason
+from training.errors import UserError, reason
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
 
 
@@ -65,7 +65,7 @@ class LeNet5(nn.Module):
         return self.fc3(x)
 
 
-def fit_plain(run):
+def train(run):
     """Train `run` (training.lenet.LeNetRun): AdamW, warm-up + cosine, log points, a test pass every epoch."""
     optimizer, scheduler = lenet.optimizer_and_schedule(run)
     step = 0
@@ -130,28 +130,27 @@ def main(argv=None):
         torch.manual_seed(args.seed)
         torch.set_flush_denormal(True)  # tiny activations late in training would hit slow denormal math on CPU
         device = pick_device(args.device)
-        fit = fit_plain
+        fit = train
         if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
             from training.lenet_lightning import fit_lightning as fit
         out_dir = args.run_dir = open_outputs(args, stack)
         phases.switch("data")
         files = find_mnist(args.data_dir, not args.no_download)
-        train_set, test_set = (ds.to(device) for ds in load_train_test(files))
+        train_set, test_set = load_train_test(files, device)
         phases.switch("model")
         model = LeNet5(make_gelu(args.act, device)).to(device)
         print(f"LeNet-5 ({sum(p.numel() for p in model.parameters()):,} parameters), act={args.act}, "
               f"engine={args.engine}, device={device}, {len(train_set):,} train / {len(test_set):,} test images, "
               f"logs in {out_dir}")
-        digits = test_set[torch.arange(8, device=device)][0]  # fixed test digits for the feature-map images
         run = lenet.LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
-                             Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)
+                             Batches(test_set, 1000, shuffle=False), out_dir, device, phases)
         try:
             write_json(out_dir / "args.json", vars(args))
             lenet.open_writer(run)
             fit(run)
             lenet.close_writer(run)
-        except (OSError, OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
-            finish(run, failed=f"writing the run's logs in {out_dir} failed ({reason(e)})")
+        except OSError as e:  # a full or failing disk under out_dir: TensorBoard's events and images
+            raise UserError(f"writing the run's logs in {out_dir} failed ({reason(e)})") from None
         phases.switch("teardown")
         metrics = finish(run)
         print(f"test accuracy {metrics['test_accuracy']:.2%}, test loss {metrics['test_loss']:.4f}, "
@@ -173,33 +172,20 @@ def open_outputs(args, stack):
     return out_dir
 
 
-def finish(run, failed=None):
-    """--save, --metrics-out, last metrics.json (a finished run's mark); after `failed`, what can be kept, one line."""
-    args, kept = run.args, []
-    last = run.history[-1] if run.history else {"test_accuracy": None, "test_loss": None}
+def finish(run):
+    """--save, --metrics-out, then metrics.json: a finished run's mark."""
+    args, last = run.args, run.history[-1]
     metrics = run.phases.stamp({
         "test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
         "steps": run.steps, "train_seconds": round(run.train_seconds, 3), "device": str(run.device),
         "device_name": device_name(run.device), "act": args.act, "engine": args.engine, "out_dir": str(run.out_dir),
         "params": sum(p.numel() for p in run.model.parameters()), "batch_size": args.batch_size, "lr": args.lr,
         "seed": args.seed, "torch": torch.__version__, "command": "python lenet5.py " + " ".join(args.argv),
-        "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
-        "test_accuracy_curve": run.test_accuracy, **({"stopped": failed} if failed else {})})
-    for what, path, write in (
-            ("weights", args.save, lambda p: write_atomic(p, lambda f: torch.save(run.model.state_dict(), f))),
-            ("metrics", args.metrics_out, lambda p: write_json(p, metrics)),
-            ("metrics", None if failed else run.out_dir / "metrics.json", lambda p: write_json(p, metrics))):
-        try:
-            if path is not None:
-                write(path)
-                kept.append(f"{what} in {path}")
-        except (OSError, OutputError) as e:
-            if not failed:
-                raise UserError(f"writing the {what} in {path} failed ({reason(e)})"
-                                + "".join(f"; kept {k}" for k in kept)) from None
-    if failed:
-        done = f"after epoch {run.history[-1]['epoch']}" if run.history else "before the first epoch ended"
-        raise UserError(f"{failed} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept"))
+        "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy})
+    if args.save:
+        write_atomic(args.save, lambda f: torch.save(run.model.state_dict(), f))
+    for path in filter(None, (args.metrics_out, run.out_dir / "metrics.json")):
+        write_json(path, metrics)
     return metrics
 
 

@@ -16,7 +16,6 @@ from transformers import GPT2Config
 import gpt_train
 from conftest import REPO, free_port, tmpfs
 from data import wos
-from data.blocks import pack
 from data.tokenizer import open_tokenizer
 from training import batches, budget, device, lifecycle, metrics, watch
 from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
@@ -275,9 +274,9 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 1
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    splits = wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
+    splits = wos.load_splits(wos.read_corpus(corpus / "X.txt"), 0.2, 0)
     blocks, _ = wos.tokenize_blocks(splits, tok, 33)
-    val = batches.evaluate(model, pack(blocks["validation"]), Accelerator(cpu=True), 3, 10)  # partial last batch
+    val = batches.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
 
 
