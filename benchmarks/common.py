@@ -8,8 +8,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from data.files import write_json
-from training.errors import OutputError
 from training import runfiles
+from training.errors import OutputError
 from training.flags import Parser, add_output_flags
 
 
