@@ -41,7 +41,8 @@ from training.gpt_flags import PRESETS
 from training.model import GPT, model_config
 
 NOISE = 0.05  # a ratio within 1 +- 5% is no effect: what one step costs moves that much on a shared machine
-STARVED = 0.75  # a sample with under 3/4 of the row's best CPU time per second did not get the CPUs it asked for
+ALPHA = 0.005  # each look's risk of a wrong verdict: the pairs are judged again after each new pair (<= 20 looks)
+STARVED = 0.75  # a sample with under 3/4 of the row's usual CPU time per second did not get the CPUs it asked for
 SHAPE = ("n_layer", "n_head", "n_embd")
 
 
@@ -75,7 +76,7 @@ class Row:
     `record` is its JSON, kept when the row is freed."""
 
     def __init__(self, record, args):
-        self.args, self.record, self.best_share = args, record, 0.0
+        self.args, self.record, self.shares = args, record, []
         cuda = args.device.type == "cuda"
         self.sync = torch.cuda.synchronize if cuda else lambda: None
         torch.manual_seed(0)
@@ -88,6 +89,7 @@ class Row:
         self.batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1),
                                                     device=args.device))
         first = [self.step() for _ in range(max(1, args.warmup))][0]
+        record["loss"] = self.loss.item()  # the first step's: the same math gives the same number in every row
         params = sum(p.numel() for p in self.run.model.parameters())
         acc = self.run.accelerations
         self.kind = "tf32" if cuda and acc.tf32 and acc.precision == "fp32" else acc.precision
@@ -108,19 +110,17 @@ class Row:
 
     def sample(self):
         """tokens/s over --steps steps, its FLOP/s over a matmul's timed just before it (at most 1: flagged), and
-        whether it was starved: less CPU time per second than STARVED of this row's best (CPU only)."""
+        whether it was starved: less CPU time per second than STARVED of this row's median (CPU only)."""
         args = self.args
         rate = matmul_rate(self.kind, args.micro_batch * args.seq_len, args.shape["n_embd"], args.device)
         cpu, t0 = time.process_time(), time.perf_counter()  # CPU seconds of all this process's threads
         times = [self.step() for _ in range(args.steps)]
-        share = (time.process_time() - cpu) / (time.perf_counter() - t0)
-        self.best_share = max(self.best_share, share)
-        self.record["loss"] = self.loss.item()
+        self.shares.append((time.process_time() - cpu) / (time.perf_counter() - t0))
         tps = args.micro_batch * args.seq_len / statistics.median(times)
         fraction = self.record["flops_per_token"] * tps / rate
         return {"tokens_per_second": tps, "ms_per_step": statistics.median(times) * 1e3,
                 "fraction_of_matmul_rate": min(fraction, 1.0), "above_matmul": fraction > 1,
-                "starved": args.device.type == "cpu" and share < STARVED * self.best_share}
+                "starved": args.device.type == "cpu" and self.shares[-1] < STARVED * statistics.median(self.shares)}
 
     def free(self):
         self.run.accelerator.free_memory()  # the accelerator's references: the row's memory goes with it
@@ -137,12 +137,12 @@ def matmul_rate(kind, m, k, device):
 
 
 def verdict(ratios, against):
-    """Paired ratios row/reference -> their median, a >= 95% interval of it (the sign test's: the j-th smallest and
-    largest ratio) and the word: faster or slower when the interval is outside 1 +- NOISE, within noise inside."""
+    """Paired ratios row/reference -> their median, a 1 - ALPHA interval of it (the sign test's: the j-th smallest
+    and largest ratio) and the word: faster or slower when the interval is outside 1 +- NOISE, within noise inside."""
     r, n, j = sorted(ratios), len(ratios), 0
-    while j < n // 2 and 2 * sum(math.comb(n, i) for i in range(j + 1)) <= 0.05 * 2**n:
+    while j < n // 2 and 2 * sum(math.comb(n, i) for i in range(j + 1)) <= ALPHA * 2**n:
         j += 1
-    low, high = (r[j - 1], r[n - j]) if j else (r[0], r[-1])  # j = 0: under 6 pairs, no such interval
+    low, high = (r[j - 1], r[n - j]) if j else (r[0], r[-1])  # j = 0: under 9 pairs, no such interval
     word = ("undecided" if not j else "faster" if low > 1 + NOISE else "slower" if high < 1 - NOISE
             else "within noise" if 1 - NOISE <= low and high <= 1 + NOISE else "undecided")
     return {"against": against, "ratio": statistics.median(r), "low": low, "high": high, "pairs": n, "word": word}
@@ -214,8 +214,8 @@ def parse_args(argv):
     add("--warmup", type=number(int, 0), default=3 if cuda else 2, help="untimed steps, compilation included; one "
         "at least (default: 3 on GPU, 2 on CPU)")
     add("--steps", type=positive, default=10 if cuda else 2, help="timed steps a sample (default: 10 on GPU, 2 on CPU)")
-    add("--repeats", type=positive, default=6, help="pairs of samples, row and reference, at least (default: "
-        "%(default)s: fewer give no 95%% interval, and so no verdict)")
+    add("--repeats", type=positive, default=9, help="pairs of samples, row and reference, at least (default: "
+        "%(default)s: fewer give no verdict)")
     add("--max-pairs", type=positive, default=20, help="pairs at most, while undecided (default: %(default)s)")
     add("--only", help="comma-separated row numbers to run, each with its reference (1 = naive; --list numbers them)")
     add("--list", action="store_true", help="print the rows with their numbers and exit, measuring nothing")
@@ -276,7 +276,8 @@ def main(argv=None):
         for j in set(live) - {i, ref}:
             live.pop(j).free()
         for j in (j for j in (ref, i) if j and j not in live and "error" not in records[j]):
-            live[j] = open_row(records[j], args, j in (1, default))
+            if row := open_row(records[j], args, j in (1, default)):
+                live[j] = row
         measure(records[i], live.get(i), live.get(ref), args)
         out = common.write(args, {**head, "rungs": [summary(records[j]) for j in records if records[j]["repeats"]
                                                    or "error" in records[j]]})
