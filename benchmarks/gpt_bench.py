@@ -44,6 +44,7 @@ NOISE = 0.05  # a ratio within 1 +- 5% is no effect: what one step costs moves t
 ALPHA = 0.005  # each look's risk of a wrong verdict: the pairs are judged again after each new pair (<= 20 looks)
 STARVED = 0.75  # a sample with under 3/4 of the row's usual CPU time per second did not get the CPUs it asked for
 SHAPE = ("n_layer", "n_head", "n_embd")
+UNAVAILABLE = ("No available kernel", "No viable backend", "has no SDPBackend")  # a forced SDPA backend's errors
 
 
 class HFLoss(torch.nn.Module):
@@ -110,7 +111,7 @@ class Row:
 
     def sample(self):
         """tokens/s over --steps steps, its FLOP/s over a matmul's timed just before it (at most 1: flagged), and
-        whether it was starved: less CPU time per second than STARVED of this row's median (CPU only)."""
+        whether it was starved: less CPU time per second than STARVED of this row's median."""
         args = self.args
         rate = matmul_rate(self.kind, args.micro_batch * args.seq_len, args.shape["n_embd"], args.device)
         cpu, t0 = time.process_time(), time.perf_counter()  # CPU seconds of all this process's threads
@@ -118,20 +119,16 @@ class Row:
         self.shares.append((time.process_time() - cpu) / (time.perf_counter() - t0))
         tps = args.micro_batch * args.seq_len / statistics.median(times)
         fraction = self.record["flops_per_token"] * tps / rate
-        return {"tokens_per_second": tps, "ms_per_step": statistics.median(times) * 1e3,
-                "fraction_of_matmul_rate": min(fraction, 1.0), "above_matmul": fraction > 1,
-                "starved": args.device.type == "cpu" and self.shares[-1] < STARVED * statistics.median(self.shares)}
-
-    def free(self):
-        self.run.accelerator.free_memory()  # the accelerator's references: the row's memory goes with it
-        del self.run, self.batch
+        return {"tokens_per_second": tps, "fraction_of_matmul_rate": min(fraction, 1.0), "above_matmul": fraction > 1,
+                "starved": self.shares[-1] < STARVED * statistics.median(self.shares)}
 
 
 def matmul_rate(kind, m, k, device):
     """FLOP/s of an (m x k) @ (k x 4k) matmul in `kind` (torch's benchmark Timer, on this process's threads)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind, torch.float32)
     torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
-    a, b = torch.ones(m, k, device=device, dtype=dtype), torch.ones(k, 4 * k, device=device, dtype=dtype)
+    a = torch.ones(m, k, device=device, dtype=dtype)
+    b = a.new_ones(k, 4 * k)
     timer = benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads())
     return 8 * m * k * k / timer.blocked_autorange(min_run_time=0.2).median
 
@@ -142,7 +139,7 @@ def verdict(ratios, against):
     r, n, j = sorted(ratios), len(ratios), 0
     while j < n // 2 and 2 * sum(math.comb(n, i) for i in range(j + 1)) <= ALPHA * 2**n:
         j += 1
-    low, high = (r[j - 1], r[n - j]) if j else (r[0], r[-1])  # j = 0: under 9 pairs, no such interval
+    low, high = r[max(j, 1) - 1], r[n - max(j, 1)]  # j = 0 (under 9 pairs): the extremes, and no verdict
     word = ("undecided" if not j else "faster" if low > 1 + NOISE else "slower" if high < 1 - NOISE
             else "within noise" if 1 - NOISE <= low and high <= 1 + NOISE else "undecided")
     return {"against": against, "ratio": statistics.median(r), "low": low, "high": high, "pairs": n, "word": word}
@@ -193,9 +190,8 @@ def open_row(record, args, profile):
         text = (str(e).strip().splitlines() or [""])[0][:300]
         oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
         record["error"] = "out of memory" if oom else f"{type(e).__name__}: {text}"
-        unavailable = ("No available kernel", "No viable backend", "has no SDPBackend")
-        if record["settings"].get("sdpa_backend") and any(w in text for w in unavailable):
-            record["error"] = f"SDPA's {record['settings']['sdpa_backend']} backend not available here: {text}"
+        if (forced := record["settings"]["sdpa_backend"]) and any(w in text for w in UNAVAILABLE):
+            record["error"] = f"SDPA's {forced} backend not available here: {text}"
         torch._dynamo.reset()
 
 
@@ -224,15 +220,14 @@ def parse_args(argv):
     add("--order", choices=["ladder", "unmeasured"], default="ladder", help="unmeasured: the rows the report's "
         "conclusions rest on first, group by group, for a run that may be cut (default: %(default)s)")
     args = common.parse(p, argv)
-    args.shape = {k: PRESETS[args.preset][k] for k in SHAPE}
     if args.like:  # args.json: the flags as typed; metrics.json (a finished run's): the vocabulary, the micro-batch
         try:
             run = {**json.loads((args.like / "args.json").read_text()),
                    **json.loads((args.like / "metrics.json").read_text())}
-            vars(args).update({k: run[k] for k in ("preset", "vocab_size", "seq_len", "micro_batch")})
-            args.shape = {k: run[k] for k in SHAPE}
+            vars(args).update({k: run[k] for k in ("preset", "vocab_size", "seq_len", "micro_batch", *SHAPE)})
         except (OSError, ValueError, KeyError, TypeError) as e:
             p.error(f"--like {args.like} is not a finished gpt_train.py run ({type(e).__name__}: {e})")
+    args.shape = {k: vars(args).get(k, PRESETS[args.preset][k]) for k in SHAPE}  # --like: the run's
     capability = torch.cuda.get_device_capability() if cuda else (0, 0)
     args.recipe = default_step(cuda, capability, args.preset)[1]  # every row computes what gpt_train.py does
     args.device = torch.device("cuda" if cuda else "cpu")
@@ -253,28 +248,25 @@ def main(argv=None):
     if args.list:
         print("\n".join(f"{i:2d} {name}" for i, (name, _) in enumerate(rows, 1)))
         return rows
-    groups = unmeasured_first(rows) if args.order == "unmeasured" else [list(range(1, len(rows) + 1))]
-    plan = [(i, reference(rows, i)) for group in groups for i in group if i in args.only]
+    order = unmeasured_first(rows) if args.order == "unmeasured" else range(1, len(rows) + 1)
+    plan = [(i, reference(rows, i)) for i in order if i in args.only]
     default = reference(rows, len(rows) + 1)  # the last rung
     if args.profile:  # the default row alone, one step of it profiled
         plan = [(default, None)]
-    records = {i: {"name": rows[i - 1][0], "settings": rows[i - 1][1], "repeats": []}
+    records = {i: dict(zip(("name", "settings"), rows[i - 1]), repeats=[])
                for i in sorted({i for pair in plan for i in pair if i})}
     device_name = training.device.device_name(args.device)
     print(f"{device_name}: GPT-2 {args.preset} preset, vocab {args.vocab_size}, batch {args.micro_batch} x "
           f"{args.seq_len}, {args.steps} steps a sample after {args.warmup} warm-up, {args.repeats} to "
           f"{args.max_pairs} pairs a row")
     head = {"device_name": device_name, **common.run_facts(__file__, argv), "recipe": vars(args.recipe),
-            "micro_batch": args.micro_batch, "seq_len": args.seq_len, "vocab_size": args.vocab_size,
-            "preset": args.preset, **args.shape, "like": args.like and str(args.like.resolve()),
-            "peak_memory_gib_measures": "torch.cuda.max_memory_allocated" if args.device.type == "cuda" else
-            "a fresh process's peak resident memory (ru_maxrss), torch's own included: compare rows",
-            "repeats": args.repeats, "max_pairs": args.max_pairs, "noise": NOISE, "warmup": args.warmup,
-            "steps": args.steps, "order": args.order, "rows_planned": len(records)}
+            **{k: getattr(args, k) for k in ("micro_batch", "seq_len", "vocab_size", "preset", "repeats",
+                                             "max_pairs", "warmup", "steps", "order")},
+            **args.shape, "like": args.like and str(args.like.resolve()), "rows_planned": len(records)}
     live = {}
     for i, ref in plan:
         for j in set(live) - {i, ref}:
-            live.pop(j).free()
+            live.pop(j).run.accelerator.free_memory()  # its references: the row's memory goes with the row
         for j in (j for j in (ref, i) if j and j not in live and "error" not in records[j]):
             if row := open_row(records[j], args, j in (1, default)):
                 live[j] = row
@@ -296,9 +288,6 @@ def measure(record, row, ref, args):
     print(f"{got['name']:60s} {got['tokens_per_second']:10,.0f} tok/s, {got['fraction_of_matmul_rate']:6.1%} of "
           f"{got['matmul_kind']} matmul" + (f", x{v['ratio']:.2f} [{v['low']:.2f}, {v['high']:.2f}] in {v['pairs']} "
                                             f"pairs: {v['word']}" if v else ""), flush=True)
-    if "profile" in record:
-        print("  one step profiled, seconds: " + ", ".join(f"{k} {v:.4f}" for k, v in record["profile"]["groups"]
-                                                          .items()), flush=True)
 
 
 def summary(record):
@@ -307,10 +296,10 @@ def summary(record):
         return {k: record[k] for k in ("name", "error")}
     samples = record["repeats"]
     tps = common.median_range("tokens_per_second", [s["tokens_per_second"] for s in samples])
-    return {**record, **tps, "ms_per_step": statistics.median(s["ms_per_step"] for s in samples),
+    flops = record["flops_per_token"] * tps["tokens_per_second"]
+    return {**record, **tps, "mfu": record["peak_flops"] and flops / record["peak_flops"],
             "fraction_of_matmul_rate": statistics.median(s["fraction_of_matmul_rate"] for s in samples),
-            "above_matmul": any(s["above_matmul"] for s in samples),  # the matmul is no ceiling here: capped at 1
-            "mfu": record["peak_flops"] and record["flops_per_token"] * tps["tokens_per_second"] / record["peak_flops"]}
+            "above_matmul": any(s["above_matmul"] for s in samples)}  # the matmul is no ceiling here: capped at 1
 
 
 if __name__ == "__main__":

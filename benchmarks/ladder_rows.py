@@ -67,11 +67,11 @@ def reference(rows, i):
 
 
 def unmeasured_first(rows):
-    """Groups of row numbers (1-based) for a run that may be cut, each measured whole before the next: the rows the
-    report rests on (naive, default, leave-one-out), then the rest, the compiled rows last."""
+    """The row numbers (1-based) in the order for a run that may be cut: the rows the report rests on (naive,
+    default, leave-one-out), then the rest, the compiled rows last; each group in the ladder's order."""
     default = reference(rows, len(rows) + 1)
-    groups = {}
-    for i, (name, settings) in enumerate(rows, 1):
-        key = 2 if settings["compile"] != "off" else 0 if i in (1, default) or "default without" in name else 1
-        groups.setdefault(key, []).append(i)
-    return [groups[k] for k in sorted(groups)]
+
+    def group(i):
+        name, settings = rows[i - 1]
+        return 2 if settings["compile"] != "off" else 0 if i in (1, default) or "default without" in name else 1
+    return sorted(range(1, len(rows) + 1), key=group)

@@ -2,7 +2,6 @@
 the ladder's naive and default rows. Each operator's own time goes to the step's scope around it (training/step.py
 marks its data and optimizer parts with training.watch.scope), else to a group by its name (group_of); `idle` is
 the rest of the wall time (launch overhead, syncs, Python)."""
-import collections
 import time
 
 import torch
@@ -20,7 +19,6 @@ NAME_RULES = (  # the first rule whose words appear in the lower-cased operator 
     ("matmul", ("aten::mm", "aten::addmm", "aten::matmul", "_addmm_activation", "gemm", "cutlass", "sm90_xmma",
                 "ampere_", "volta_", "turing_")),
 )
-TOP_OPS = 12  # the operators with the most own time, kept beside the groups (what each group is made of)
 
 
 def group_of(name):
@@ -32,7 +30,7 @@ def group_of(name):
 
 
 def profiled(step, device):
-    """(step()'s result, {"step_seconds", "groups", "top_ops"})."""
+    """(step()'s result, {"step_seconds", "groups"})."""
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else lambda: None
     with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
@@ -45,8 +43,8 @@ def profiled(step, device):
 
 
 def grouped(events, wall, cuda):
-    """{"groups": {group: seconds} summing to `wall`, "top_ops": [[operator, group, seconds]...]}."""
-    seconds, ops = dict.fromkeys(GROUPS, 0.0), collections.Counter()
+    """{"groups": {group: seconds} summing to `wall`}."""
+    seconds = dict.fromkeys(GROUPS, 0.0)
     for event in (e for e in events if e.device_type == DeviceType.CPU):  # kernels: counted on their op
         own = event.self_device_time_total if cuda else event.self_cpu_time_total
         if own <= 0:
@@ -56,7 +54,5 @@ def grouped(events, wall, cuda):
             scope = scope.cpu_parent
         group = SCOPES[scope.name] if scope else group_of(event.name)
         seconds[group] += own / 1e6
-        ops[(event.name, group)] += own / 1e6
     seconds["idle"] = max(0.0, wall - sum(seconds.values()))
-    return {"groups": {k: round(v, 6) for k, v in seconds.items()},
-            "top_ops": [[name, group, round(s, 6)] for (name, group), s in ops.most_common(TOP_OPS)]}
+    return {"groups": {k: round(v, 6) for k, v in seconds.items()}}

@@ -47,8 +47,6 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     assert sum(groups.values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)  # groups rounded to 1 µs
     assert groups["matmul"] > 0 and groups["optimizer"] > 0 and groups["loss"] > 0 and groups["data"] > 0
     assert groups["attention"] == 0
-    assert got["top_ops"][0][2] == max(s for _, _, s in got["top_ops"]) and {g for _, g, _ in got["top_ops"]} <= set(
-        step_profile.GROUPS)
     assert watch.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
 
 
