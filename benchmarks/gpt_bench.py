@@ -15,6 +15,7 @@ pair in which either row got less CPU time than it has had (another process took
 Each sample is read against a matmul of its shape in its precision timed just before it, and on a GPU against the
 datasheet's peak (MFU). Peak memory per row: CUDA's allocator on a GPU, a fresh process's on a CPU. The JSON is
 rewritten after every row."""
+import gc
 import itertools
 import json
 import math
@@ -86,7 +87,6 @@ class Row:
             before = torch.cuda.memory_allocated()  # the reference row's, alive beside it
             torch.cuda.reset_peak_memory_stats()
         cfg, self.run = build(record["settings"], args.vocab_size, args.seq_len, args.recipe, **args.shape)
-        self.run.train_model.train()
         self.batch = itertools.repeat(torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len + 1),
                                                     device=args.device))
         first = [self.step() for _ in range(max(1, args.warmup))][0]
@@ -193,6 +193,7 @@ def open_row(record, args, profile):
         if (forced := record["settings"]["sdpa_backend"]) and any(w in text for w in UNAVAILABLE):
             record["error"] = f"SDPA's {forced} backend not available here: {text}"
         torch._dynamo.reset()
+        gc.collect()  # the traceback held the failed row's tensors
 
 
 def parse_args(argv):
