@@ -113,6 +113,7 @@ class Row:
         """tokens/s over --steps steps, its FLOP/s over a matmul's timed just before it (at most 1: flagged), and
         whether it was starved: less CPU time per second than STARVED of this row's median."""
         args = self.args
+        torch.backends.cuda.matmul.allow_tf32 = self.run.accelerations.tf32  # a global: the other row's may differ
         rate = matmul_rate(self.kind, args.micro_batch * args.seq_len, args.shape["n_embd"], args.device)
         cpu, t0 = time.process_time(), time.perf_counter()  # CPU seconds of all this process's threads
         times = [self.step() for _ in range(args.steps)]
@@ -124,9 +125,9 @@ class Row:
 
 
 def matmul_rate(kind, m, k, device):
-    """FLOP/s of an (m x k) @ (k x 4k) matmul in `kind` (torch's benchmark Timer, on this process's threads)."""
+    """FLOP/s of an (m x k) @ (k x 4k) matmul in `kind` (torch's benchmark Timer, on this process's threads); TF32
+    as the caller has set it."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind, torch.float32)
-    torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
     a = torch.ones(m, k, device=device, dtype=dtype)
     b = a.new_ones(k, 4 * k)
     timer = benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=torch.get_num_threads())
@@ -187,7 +188,7 @@ def open_row(record, args, profile):
             record["profile"] = profiled(row.step, args.device)[1]
         return row
     except Exception as e:  # out of memory, a kernel this machine lacks: that row only
-        text = (str(e).strip().splitlines() or [""])[0][:300]
+        text = str(e).strip().split("\n")[0][:300]  # its first line
         oom = isinstance(e, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text
         record["error"] = "out of memory" if oom else f"{type(e).__name__}: {text}"
         if (forced := record["settings"]["sdpa_backend"]) and any(w in text for w in UNAVAILABLE):
@@ -262,7 +263,7 @@ def main(argv=None):
           f"{args.max_pairs} pairs a row")
     head = {"device_name": device_name, **common.run_facts(__file__, argv), "recipe": vars(args.recipe),
             **{k: getattr(args, k) for k in ("micro_batch", "seq_len", "vocab_size", "preset", "repeats",
-                                             "max_pairs", "warmup", "steps", "order")},
+                                             "max_pairs", "warmup", "steps")},
             **args.shape, "like": args.like and str(args.like.resolve()), "rows_planned": len(records)}
     live = {}
     for i, ref in plan:
@@ -286,9 +287,10 @@ def measure(record, row, ref, args):
     if "error" in record:
         return print(f"{record['name']:60s} {record['error']}", flush=True)
     got, v = summary(record), record.get("verdict")
+    judged = (f", x{v['ratio']:.2f} [{v['low']:.2f}, {v['high']:.2f}] in {v['pairs']} pairs ("
+              f"{record['pairs_measured_again']} measured again): {v['word']}") if v else ""
     print(f"{got['name']:60s} {got['tokens_per_second']:10,.0f} tok/s, {got['fraction_of_matmul_rate']:6.1%} of "
-          f"{got['matmul_kind']} matmul" + (f", x{v['ratio']:.2f} [{v['low']:.2f}, {v['high']:.2f}] in {v['pairs']} "
-                                            f"pairs: {v['word']}" if v else ""), flush=True)
+          f"{got['matmul_kind']} matmul{judged}", flush=True)
 
 
 def summary(record):
