@@ -10,8 +10,8 @@
 Rows (ladder_rows.py) from the naive baseline to gpt_train.py's default step, each built by training/step.py.
 Each row is judged against its reference row (the rung before; the default for an indented row): the two are
 built once and timed alternately, --steps steps a sample, and the verdict is read from the paired ratios (a
-sign-test interval of their median against a noise band), pairs added until it decides or --max-pairs. On a CPU a
-pair in which either row got less CPU time than it has had (another process took the cores) is measured again.
+sign-test interval of their median against a noise band), pairs added until it decides or --max-pairs. A pair in
+which either row got under 3/4 of its usual CPU time per second (another process took the cores) is measured again.
 Each sample is read against a matmul of its shape in its precision timed just before it, and on a GPU against the
 datasheet's peak (MFU). Peak memory per row: CUDA's allocator on a GPU, a fresh process's on a CPU. The JSON is
 rewritten after every row."""
