@@ -232,13 +232,13 @@ def ladder_report(bench, source):
     """A ladder JSON whole (report/student.md): a caption from its own fields, every row (candidates and failures
     too) with its peak memory where recorded, then in words its largest step and the rows within noise."""
     try:
-        measured, memory = ladder_cells(bench), any("peak_memory_GiB" in r for r in bench["rungs"])
+        measured, memory = ladder_cells(bench), any("peak_memory_gib" in r for r in bench["rungs"])
         cells = {id(r): cell for r, cell, _, _ in measured}
         rows = ["| 行（↳：与默认配置比，其余与上一行比） | token/s：中位数 [范围]（×）" + " | 峰值内存 GiB" * memory
                 + " |", "|---|---|" + "---|" * memory] + [
             f"| {'↳ ' * r['name'].startswith(' ')}{escape(r['name'])} | "
             + cells.get(id(r), f"失败：{escape(r.get('error'))}")
-            + f" | {fmt(r.get('peak_memory_GiB'), '.2f')}" * memory + " |" for r in bench["rungs"]]
+            + f" | {fmt(r.get('peak_memory_gib'), '.2f')}" * memory + " |" for r in bench["rungs"]]
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)
         caption = (f"*{escape(source)}，{escape(device_words(bench['device_name']))}：每步 "
                    f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 {bench['vocab_size']:,}"

@@ -23,15 +23,15 @@ NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 LADDER = {"device_name": "Test CPU, CPU (3 threads)", "micro_batch": 3, "seq_len": 48, "vocab_size": 300,
           "repeats": 3, "warmup": 1, "steps": 2, "rungs": [
               {"name": "naive: GPT2LMHeadModel, fp32", "tokens_per_second": 101.0,
-               "tokens_per_second_range": [96.0, 104.0], "peak_memory_GiB": 1.53},
+               "tokens_per_second_range": [96.0, 104.0], "peak_memory_gib": 1.53},
               {"name": "+ dropout 0 (no masks)", "tokens_per_second": 183.0,
-               "tokens_per_second_range": [171.0, 191.0], "peak_memory_GiB": 1.47},
+               "tokens_per_second_range": [171.0, 191.0], "peak_memory_gib": 1.47},
               {"name": "+ fused AdamW (= gpt_train.py default)", "tokens_per_second": 187.0,
-               "tokens_per_second_range": [176.0, 203.0], "peak_memory_GiB": None},
+               "tokens_per_second_range": [176.0, 203.0], "peak_memory_gib": None},
               {"name": "  default without dropout 0", "tokens_per_second": 113.0,
-               "tokens_per_second_range": [103.0, 119.0], "peak_memory_GiB": 1.52},
+               "tokens_per_second_range": [103.0, 119.0], "peak_memory_gib": 1.52},
               {"name": "  candidate: activation checkpointing (--act-ckpt)", "tokens_per_second": 151.0,
-               "tokens_per_second_range": [141.0, 166.0], "peak_memory_GiB": 0.91},
+               "tokens_per_second_range": [141.0, 166.0], "peak_memory_gib": 0.91},
               {"name": "  candidate: chunked loss (--loss chunked)", "error": "out of memory"}]}
 
 

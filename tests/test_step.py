@@ -104,7 +104,8 @@ def test_the_ladder_runs_the_same_step_function_as_gpt_train():
         m.setattr(step.TrainStep, "__call__", spy)
         settings = dict(ladder_rows.ladder(False, (0, 0)))
         row = next(s for name, s in settings.items() if name.startswith("naive"))
-        args = type("A", (), {"micro_batch": 1, "seq_len": 8, "warmup": 0, "steps": 1})
-        _, run = gpt_bench.build(row, 64, 8, step.Recipe(lr=1e-3, weight_decay=0.1, grad_clip=1.0))
-        gpt_bench.timed_steps(args, run, 64)
+        args = type("A", (), {"micro_batch": 1, "seq_len": 8, "warmup": 1, "vocab_size": 64, "shape": {},
+                              "device": torch.device("cpu"), "recipe": step.Recipe(lr=1e-3, weight_decay=0.1,
+                                                                                   grad_clip=1.0)})
+        gpt_bench.Row({"settings": row}, args)  # built and warmed up: one step
     assert calls == [ladder_rows.accelerations(row)]
