@@ -30,8 +30,8 @@ from ladder_rows import accelerations, default_step, ladder, unmeasured_first
 from training import step
 from training.flags import number
 from training.gpt_flags import PRESETS
+from training.metrics import profiled
 from training.model import GPT, model_config
-from training.watch import profiled
 
 
 class HFLoss(torch.nn.Module):

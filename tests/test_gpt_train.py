@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 import gpt_train
 from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_for
 from conftest import in_process as main_in_process
-from training import watch
+from training import metrics as instruments
 from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
 
@@ -113,7 +113,7 @@ def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, 
     not count it. Here the loop is told of three skipped steps; that the scale tells them, with a real
     GradScaler and a fused AdamW, is test_training's test_a_step_skipped_by_a_real_grad_scaler..."""
     reports = iter([True] * 3)
-    monkeypatch.setattr(watch.SkippedSteps, "last_skipped", lambda self: next(reports, False))
+    monkeypatch.setattr(instruments.SkippedSteps, "last_skipped", lambda self: next(reports, False))
     metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32), "--keep-checkpoints"))
     state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert state["step"] == 10 and state["lr_step"] == 7 and metrics["skipped_steps"] == 3  # counted in the metrics
@@ -538,7 +538,7 @@ def test_the_loss_window_a_checkpoint_saves_is_every_processs_mean():
     must be their mean (the first log point after a resume then averages as an uninterrupted run's)."""
     import torch
 
-    from training.watch import LossWindow
+    from training.metrics import LossWindow
 
     class TwoRanks:  # this rank's sum is 1.0, the other's 3.0
         def reduce(self, tensor, reduction):

@@ -1,13 +1,9 @@
-"""training/watch.py's profiled(): one training step under torch.profiler, its time grouped by what the hardware
-did; gpt_train.py --profile and the ladder's naive and default rows carry it."""
-import json
-
+"""training/metrics.py's profiled(): one training step under torch.profiler, its time grouped by what the hardware
+did; the ladder's naive and default rows carry it."""
 import pytest
 import torch
 
-import gpt_train
-from conftest import tiny_args
-from training import watch
+from training import metrics as watch
 
 
 @pytest.mark.parametrize("name, group", [
@@ -47,34 +43,3 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     assert got["top_ops"][0][2] == max(s for _, _, s in got["top_ops"]) and {g for _, g, _ in got["top_ops"]} <= set(
         watch.GROUPS)
     assert watch.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
-
-
-@pytest.mark.slow
-def test_gpt_train_profile_records_one_steady_step(corpus, tmp_path):
-    run = tmp_path / "run"
-    metrics = gpt_train.main(tiny_args(corpus, run, "--tokens", "2048", "--profile"))
-    got = metrics["profile"]
-    assert got == json.loads((run / "profile.json").read_text()) == json.loads((run / "metrics.json").read_text())[
-        "profile"]
-    assert got["step"] == 2 and set(got["groups"]) == set(watch.GROUPS)  # the step profiled (the 2nd), not the last
-    assert sum(got["groups"].values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)
-    assert got["groups"]["matmul"] > 0 and got["groups"]["attention"] > 0 and got["groups"]["optimizer"] > 0
-    assert list((run / "profile").glob("*.pt.trace.json"))  # for TensorBoard's profiler plugin
-    plain = gpt_train.main(tiny_args(corpus, tmp_path / "plain", "--tokens", "2048"))
-    assert plain["loss_curve"] == metrics["loss_curve"] and plain["profile"] is None  # the profile changes nothing
-
-
-@pytest.mark.slow
-def test_a_trace_folder_that_cannot_be_written_is_one_line_before_training(corpus, tmp_path, capsys):
-    """The trace is written by the profiler's C++, which only logs a failure (TensorBoard kept an older trace):
-    a resumed --profile run whose profile/ cannot be written stops before its loop, in one line."""
-    run = tmp_path / "run"
-    common = ["--tokens", str(12 * 8 * 32), "--ckpt-every", "4", "--keep-checkpoints"]
-    gpt_train.main(tiny_args(corpus, run, *common))
-    (run / "metrics.json").unlink()  # as if stopped after its last checkpoint
-    (run / "profile").write_text("not a folder")
-    capsys.readouterr()
-    with pytest.raises(SystemExit, match=r"^error: --profile's trace folder .*profile cannot be written \(.* is a "
-                                         r"file, not a folder\)$"):
-        gpt_train.main(tiny_args(corpus, run, *common, "--profile"))
-    assert "train" not in capsys.readouterr().err  # no step ran

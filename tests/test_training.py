@@ -19,7 +19,7 @@ from data import wos
 from data.blocks import pack
 from training.errors import UserError
 from data.tokenizer import open_tokenizer
-from training import batches, budget, device, lifecycle, metrics, watch
+from training import batches, budget, device, lifecycle, metrics
 from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
 from training.model import GPT, model_config
 from training.step import Accelerations
@@ -180,7 +180,7 @@ def test_the_probe_ballast_counts_ddp_buckets(fake_gpu, monkeypatch):
 
 def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
     state = TrainState()
-    perf = watch.Throughput(state)
+    perf = metrics.Throughput(state)
     perf.step_done(31.0, 1000)  # the first step: compilation
     for _ in range(4):
         perf.step_done(1.0, 1000)
@@ -322,7 +322,7 @@ def test_a_step_skipped_by_a_real_grad_scaler_with_fused_adamw_is_seen():
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     optimizer = AcceleratedOptimizer(torch.optim.AdamW([weight], lr=0.1, fused=True), device_placement=False,
                                      scaler=scaler)
-    skips = watch.SkippedSteps(scaler)
+    skips = metrics.SkippedSteps(scaler)
     for grad_is_inf in (True, False, True):
         scaler.scale(weight.sum()).backward()
         if grad_is_inf:
@@ -332,7 +332,7 @@ def test_a_step_skipped_by_a_real_grad_scaler_with_fused_adamw_is_seen():
         optimizer.zero_grad()
         assert skips.last_skipped() == grad_is_inf and torch.equal(weight, before) == grad_is_inf
     assert scaler.get_scale() == 2.0**10
-    assert not watch.SkippedSteps(None).last_skipped()  # bf16/fp32: no scaler, nothing skipped
+    assert not metrics.SkippedSteps(None).last_skipped()  # bf16/fp32: no scaler, nothing skipped
 
 
 # ------------------------------------------------------------------ several processes

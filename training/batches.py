@@ -3,8 +3,8 @@ import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
 from data.blocks import epoch_loader
-from training.errors import UserError
 from training.device import eager_mode
+from training.errors import UserError
 
 
 def batch_stream(blocks, accelerator, micro_batch, global_batch, seed, consumed):

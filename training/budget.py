@@ -11,9 +11,8 @@ from typing import NamedTuple
 import torch
 
 from data import files
-from training import CACHE_HOME
+from training import CACHE_HOME, errors
 from training.device import proc_file
-from training import errors
 
 
 @dataclass(frozen=True)

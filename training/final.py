@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from data.files import UMASK, read_small, strict, write_json
-from training.errors import UserError
 from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
 from training import checkpoints
 from training.checkpoints import failed_write_explained
+from training.errors import UserError
 from training.model import GPT, from_transformers, model_config, to_transformers
 
 HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/

@@ -57,7 +57,6 @@ def build_parser():
         help="steps between checkpoints; 0: only on signals")
     add("--keep-checkpoints", action="store_true",
         help="keep a finished run's checkpoints, one after its last step too (else only final/ stays)")
-    add("--profile", action="store_true", help="one steady step under torch.profiler: profile.json, TensorBoard")
     add_output_flags(outputs)
     return p
 

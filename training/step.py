@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import torch
 
 from training import device
-from training.watch import scope
+from training.metrics import scope
 
 SCALER_INIT = 2.0**12  # fp16's first loss scale: GradScaler's own 2^16 overflows in the first steps
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
