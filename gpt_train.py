@@ -225,7 +225,7 @@ def finish(setup, state, stats, perf, stop):
     phases.switch("evaluation")
     val_loss = validate(setup, state.step)
     phases.switch("final_save")
-    info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
+    info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32")}
     results = {**metrics.final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
                                        setup.info), **info}
     save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer,

@@ -1,6 +1,9 @@
 """final/: a finished run's weights as a transformers model folder, written once after a successful run and read
 back (load_run: an unfinished run's newest verified checkpoint stands in) with nothing trusted unchecked: config.json
-against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape."""
+against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape. The
+declared changes to the model (training/step.py) are its "lab5" section; where GPT-2's config cannot describe
+them final/ holds lab5.json and lab5.safetensors instead: transformers finds no model there (it would load one
+missing or mismatching tensors into a GPT-2) and refuses the folder."""
 import hashlib
 import json
 import os
@@ -11,12 +14,13 @@ import torch
 
 from data.files import UMASK, read_small, strict, write_json
 from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
-from training import checkpoints
+from training import checkpoints, step
 from training.checkpoints import failed_write_explained
 from training.errors import UserError
 from training.model import GPT, from_transformers, model_config, to_transformers
 
 HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
+NAMES = {True: (HF_CONFIG, HF_WEIGHTS), False: ("lab5.json", "lab5.safetensors")}  # by: is it a GPT-2?
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
@@ -54,12 +58,17 @@ def write_final(net, tokenizer, folder):
     written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x cannot open."""
     from safetensors.torch import save_file
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
-    config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot,
+    config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot, "lab5": net.changes,
               "tokenizer_sha256": tokenizer_sha256(tokenizer)}  # training.sample refuses another tokenizer.json
+    if foreign := step.not_gpt2(net.changes):
+        config["transformers"] = f"declined: GPT-2's config cannot describe {' '.join(foreign)}"
+        print(f"final/ is no transformers model: GPT-2's config cannot describe {' '.join(foreign)} "
+              f"(python -m training.sample loads it)")
+    config_name, weights_name = NAMES[not foreign]
     metadata = {"format": "pt", "config_sha256": config_sha256(config)}
-    save_file(to_transformers(net.state_dict()), folder / HF_WEIGHTS, metadata=metadata)  # streamed: no copy in memory
-    os.chmod(folder / HF_WEIGHTS, 0o666 & ~UMASK)  # save_file makes it 0600: the group may read it
-    write_json(folder / HF_CONFIG, config)
+    save_file(to_transformers(net.state_dict()), folder / weights_name, metadata=metadata)  # streamed: no copy
+    os.chmod(folder / weights_name, 0o666 & ~UMASK)  # save_file makes it 0600: the group may read it
+    write_json(folder / config_name, config)
     # the padding rows (vocab up to cfg.vocab_size, whole tiles for the matmuls) are no token: generate()
     # must never pick one; at most 63 ids, masked once per step
     write_json(folder / "generation_config.json", {
@@ -76,11 +85,13 @@ def load_run(run_dir, tokenizer_spec, device):
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    if (final / HF_WEIGHTS).is_file():
-        cfg, path = read_config(final / HF_CONFIG), final / HF_WEIGHTS
+    config, path = NAMES[(final / HF_WEIGHTS).is_file()]
+    config, path = final / config, final / path
+    if path.is_file():
+        cfg = read_config(config)
         state, recorded = read_weights(path)
         if recorded and recorded != cfg.config_sha256:  # a final/ from before the hash: not checked
-            raise UserError(f"{final / HF_CONFIG} was changed after the run wrote it (its content hash "
+            raise UserError(f"{config} was changed after the run wrote it (its content hash "
                             f"{cfg.config_sha256[:16]} is not the {recorded[:16]} {path} records); restore it, or "
                             f"train again")
         tok = own_tokenizer(final, cfg, tokenizer_spec)
@@ -89,8 +100,9 @@ def load_run(run_dir, tokenizer_spec, device):
         path = ckpt and ckpt / "pytorch_model.bin"
         if not path or not path.is_file():
             raise UserError(f"{run_dir}: no weights (neither final/ nor a complete checkpoint)")
-        tok, shape = checkpoint_tokenizer(ckpt, tokenizer_spec)
+        tok, shape, changes = checkpoint_tokenizer(ckpt, tokenizer_spec)
         cfg, (state, _) = model_config(tok.vocab_size, tok.eot, **shape), read_weights(path)
+        cfg.changes = changes
     return build_model(cfg, state, path).to(device), tok
 
 
@@ -107,6 +119,10 @@ def read_config(path):
                         f"eos_token_id {eot!r})")
     cfg = model_config(shape.pop("vocab_size"), eot, **shape)
     cfg.tokenizer_sha256, cfg.config_sha256 = raw.get("tokenizer_sha256"), config_sha256(raw)
+    cfg.changes = raw.get("lab5", {})
+    model_values = {a.name: list(a.values().values()) for a in step.declared() if a.model}
+    if not isinstance(cfg.changes, dict) or any(v not in model_values.get(k, []) for k, v in cfg.changes.items()):
+        raise UserError(f"{path}: changes to the model {cfg.changes} are not ones training/step.py declares")
     return cfg
 
 
@@ -130,7 +146,7 @@ def read_weights(path):
 def build_model(cfg, state, path):
     """GPT(cfg) holding `state`, once every name and shape fits and every value is finite."""
     with torch.device("meta"):  # the expected names and shapes, nothing allocated
-        model = GPT(cfg)
+        model = step.change_model(GPT(cfg), step.Accelerations(**cfg.changes))
     have, want = ({k: tuple(v.shape) for k, v in d.items()} for d in (state, model.state_dict()))
     if have != want:
         name = min(set(have) ^ set(want) or {k for k in want if have[k] != want[k]})
@@ -162,6 +178,7 @@ def checkpoint_tokenizer(ckpt, spec):
         run = checkpoints.load_state(ckpt)[1]
         shape = dict(n_layer=run["n_layer"], n_head=run["n_head"], n_embd=run["n_embd"], n_positions=run["seq_len"])
         expect = run["tokenizer"]
+        changes = {a.name: a.values()[run[a.name]] for a in step.declared() if a.model and a.name in run}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{ckpt}: no readable run identity ({type(e).__name__}: {e})") from None
     if not spec:
@@ -177,4 +194,4 @@ def checkpoint_tokenizer(ckpt, spec):
     if tok.sha256[:16] != expect:
         raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
                         f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")
-    return tok, shape
+    return tok, shape, changes

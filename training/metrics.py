@@ -47,11 +47,12 @@ def scalars(info, budget, loss, grad_norm, lr, tps, dev):
 
 def startup_line(info, budget, micro_source, tokenizer_vocab):
     """Every decision of the run (info: what gpt_train.py records) in two lines, each short enough for a log."""
+    fused = " (fused)" if info["optimizer_settings"].get("fused") else ""
     return ", ".join([
         f"GPT-2 {info['params'] / 1e6:.1f}M params, vocab {tokenizer_vocab} -> {info['vocab_size']}",
         f"{info['device_name']} x {info['world_size']}", f"precision {info['precision']}",
         f"compile {info['compile']}", f"attention {info['attention']}", f"tf32 {info['tf32']}",
-        f"fused AdamW {info['fused_adamw']}\n"
+        f"{info['optimizer']} lr {info['optimizer_settings']['lr']:g}{fused}\n"
         f"batch {info['global_batch']} x {info['seq_len']} (micro {budget.micro_batch} [{micro_source}] x "
         f"{info['world_size']} x accum {budget.accum})",
         f"{budget.total_steps} steps for {budget.total_micro * budget.tokens_per_micro:,} tokens"])
@@ -75,11 +76,14 @@ def describe_run(args, argv, decisions, train_step, text, corpus, budget):
     """The run as the metrics record it, each acceleration too; `corpus`: the text's identity by content."""
     model, world = train_step.accelerator.unwrap_model(train_step.model), train_step.accelerator.num_processes
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
-    return {"accelerations": vars(train_step.accelerations), "precision": decisions.precision,
-            "compile": decisions.compile_mode, "attention": model.attention,
+    optimizer, asked = train_step.optimizer_settings(), dict(vars(train_step.accelerations))
+    if optimizer["name"] != "AdamW":  # fused AdamW: a setting of AdamW's only
+        asked["fused_adamw"] = None
+    return {"accelerations": asked, "optimizer": optimizer.pop("name"), "optimizer_settings": optimizer,
+            "precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
             "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
                              if model.attention == "sdpa" else None),
-            "tf32": "on" if decisions.tf32 else "off", "fused_adamw": args.fused_adamw, "world_size": world,
+            "tf32": "on" if decisions.tf32 else "off", "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
             "text": str(text), "corpus": corpus, "preset": args.preset, "global_batch": args.global_batch,
             "micro_batch": budget.micro_batch, "seq_len": args.seq_len,

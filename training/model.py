@@ -91,6 +91,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, attention="sdpa", loss="plain"):
         super().__init__()
         self.cfg, self.attention, self.loss = cfg, attention, loss
+        self.changes = {}  # the declared accelerations' changes to it, by training/step.py's change_model
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
