@@ -8,7 +8,7 @@
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
 
 Reading order: training/model.py -> training/step.py (one optimizer step, a why per acceleration) ->
-train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/metrics.py."""
+train_loop() below, then set_up() and finish(); flags: build_parser(), instruments: training/metrics.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
 
 lifecycle.start(__name__, stops=True)  # Slurm's warning (USR1) or a scancel (TERM) while starting: remembered
@@ -28,13 +28,21 @@ from tqdm import tqdm
 
 from data import REPO, files, wos
 from data.blocks import token_blocks
-from data.tokenizer import open_tokenizer
-from training import checkpoints, device, errors, metrics, runfiles, sample, step
-from training.batches import batch_stream, check_enough, evaluate
-from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
+from data.tokenizer import default_tokenizer, open_tokenizer
+from training import CACHE_HOME, checkpoints, device, errors, metrics, runfiles, step
+from training.budget import (
+    Budget,
+    batch_stream,
+    check_enough,
+    check_model_fits,
+    choose_micro_batch,
+    due,
+    evaluate,
+    plan_budget,
+)
 from training.errors import UserError
-from training.final import save_final
-from training.gpt_flags import PRESETS, parse_args
+from training.final import final_samples, save_final
+from training.flags import Parser, add_output_flags, int_or_auto, number, path_flag, path_or_name_flag, seed_flag
 from training.lifecycle import Phases, StopAgreement, StopFlag, process_seconds
 from training.model import GPT, model_config
 
@@ -43,7 +51,7 @@ MIN_LR_RATIO = 0.1  # the cosine ends at 10% of the peak learning rate
 
 # ----------------------------------------------------------------------------- the loop
 
-@dataclass(frozen=True)
+@dataclass
 class Setup:
     """What the loop works with, built once by set_up()."""
     args: argparse.Namespace
@@ -54,7 +62,7 @@ class Setup:
     identity: dict  # what a resume must match
     info: dict  # the run's description: device, precision, params... (start-up line, metrics)
     tokenizer: object  # the run's tokenizers.Tokenizer: saved into final/ beside the weights
-    writer: SummaryWriter | None  # TensorBoard, on the main process
+    writer: SummaryWriter | None  # TensorBoard, on the main process (announce() opens it)
     phases: Phases  # where the process's seconds go
     earlier_seconds: float  # process seconds of the run's earlier processes (a resume), up to their exit
 
@@ -90,7 +98,8 @@ def train_loop(setup, state, stop):
             stopping = agreement(at_sync_point=when.log or untimed_follows)  # a signal: every process stops here
             perf.step_done(time.perf_counter() - t0, tokens)  # the step's clock stops
             if when.log:
-                log_point(setup, state, mean_loss, grad_norm, lr, perf.window_tokens_per_second(), bar)
+                point = {"loss/train": mean_loss, "train/grad_norm": grad_norm, "train/lr": lr}
+                log_point(setup, state, point, perf.window_tokens_per_second(), bar)
             bar.update()
             if when.evaluate:
                 with setup.phases.of("evaluation"):
@@ -115,8 +124,9 @@ def lr_at(step, peak, total, warmup_fraction):
     return peak * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def log_point(setup, state, mean_loss, grad_norm, lr, tps, bar):
+def log_point(setup, state, point, tps, bar):
     """Every --log-every steps and at the end: the loss curve, throughput, TensorBoard, the bar or a line."""
+    mean_loss = point["loss/train"]  # over the steps since the last log point
     if not math.isfinite(mean_loss):
         ckpt, _ = checkpoints.latest_checkpoint(setup.out_dir)
         raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
@@ -125,8 +135,7 @@ def log_point(setup, state, mean_loss, grad_norm, lr, tps, bar):
     if tps:
         state.throughput.append([state.step, tps])
     if setup.writer:  # the main process
-        for k, v in metrics.scalars(setup.info, setup.budget, mean_loss, grad_norm, lr, tps,
-                                    setup.train_step.accelerator.device).items():
+        for k, v in metrics.scalars(setup.info, setup.budget, point, tps, setup.train_step.accelerator.device).items():
             setup.writer.add_scalar(k, v, state.step)
         tokens_left = (setup.budget.total_micro - state.micro_batches) * setup.budget.tokens_per_micro
         values = [f"loss {mean_loss:.3f}", f"{tps or 0:,.0f} tok/s"]  # then the ETA, at the steady pace so far
@@ -178,43 +187,45 @@ def set_up(args, argv, stack, phases):
     check_enough(blocks["train"], args.global_batch)
 
     phases.switch("model")
-    train_step, budget, micro_source = build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt)
-    info = metrics.describe_run(args, argv, decisions, train_step, text, corpus, budget)
-    writer = announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text,
-                      out_dir) if accelerator.is_main_process else None
+    train_step, budget, micro_source = build_step(args, tok, accelerator, (accelerations, recipe), state, saved)
+    if ckpt:
+        checkpoints.restore(accelerator, ckpt)  # a damaged file: one line naming it
+    info = metrics.describe_run(args, decisions, train_step, budget, {
+        "text": str(text), "corpus": corpus, "command": "python gpt_train.py " + " ".join(argv),
+        "micro_batch_source": micro_source})
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
     earlier = checkpoints.earlier_seconds(out_dir, state) if ckpt else 0.0
-    return Setup(args, train_step, budget, blocks, out_dir, identity, info, tok.tokenizer, writer, phases,
-                 earlier), state, stats
+    setup = Setup(args, train_step, budget, blocks, out_dir, identity, info, tok.tokenizer, None, phases, earlier)
+    if accelerator.is_main_process:
+        if not ckpt:
+            files.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
+        announce(setup, state, stats, ckpt, decisions.note)
+    return setup, state, stats
 
 
-def build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt):
-    """The model made on its device, the micro-batch that fits, the token budget, the TrainStep (restored)."""
+def build_step(args, tok, accelerator, plan, state, saved):
+    """The model made on its device, the micro-batch that fits, the token budget, the TrainStep for `plan`
+    (step.resolve's accelerations and recipe)."""
+    accelerations, recipe = plan
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
     with accelerator.device:  # weights made where they train: on a GPU no CPU init and no 0.5 GB host-to-device copy
         model = step.change_model(GPT(cfg, attention=accelerations.attention), accelerations)
-    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, accelerations,
-                                             args.global_batch, PRESETS[args.preset]["micro_batch"],
-                                             saved.get("micro_batch"))
+    micro, micro_source = choose_micro_batch(args, model, accelerator, accelerations,
+                                             PRESETS[args.preset]["micro_batch"], saved.get("micro_batch"))
     unit = checkpoints.continue_position(state, saved, micro)  # another micro-batch than the checkpoint's: recounted
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len, unit)
-    train_step = step.build(model, accelerations, recipe, accelerator)
-    if ckpt:
-        checkpoints.restore(accelerator, ckpt)  # a damaged file: one line naming it
-    return train_step, budget, micro_source
+    return step.build(model, accelerations, recipe, accelerator), budget, micro_source
 
 
-def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text, out_dir):
-    """The main process's start-up lines, args.json (a new run) and the TensorBoard writer."""
-    print(metrics.startup_line(info, budget, micro_source, tok.vocab_size) +
-          (f"; {decisions.note}" if decisions.note else "") +
-          (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
-    print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
-          f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}; run folder {out_dir}")
-    if not ckpt:
-        files.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
-    return SummaryWriter(out_dir, purge_step=state.step if ckpt else None)  # a resume: later points redone
+def announce(setup, state, stats, ckpt, note):
+    """The main process's start-up lines; the TensorBoard writer opened."""
+    print(metrics.startup_line(setup.info, setup.budget, setup.tokenizer.get_vocab_size()) +
+          (f"; {note}" if note else "") + (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
+    print(f"data: {setup.info['text']} ({stats['train']['docs']:,} train docs, {len(setup.blocks['train']):,} "
+          f"blocks; {stats['validation']['docs']} validation docs); tokenizer {setup.args.tokenizer}; run folder "
+          f"{setup.out_dir}")
+    setup.writer = SummaryWriter(setup.out_dir, purge_step=state.step if ckpt else None)  # a resume: points redone
 
 
 def finish(setup, state, stats, perf, stop):
@@ -232,8 +243,11 @@ def finish(setup, state, stats, perf, stop):
                keep_metrics=lambda: write_metrics(setup, results, perf))
     phases.switch("sampling")
     if main and args.sample_tokens:
-        results["samples"] = sample.final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
-                                                  args.sample_tokens, setup.writer, state.step, val_loss, stop)
+        results["samples"] = samples = final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
+                                                     args.sample_tokens, stop)
+        for kind in ("greedy", "sampled") if samples else ():  # TensorBoard's text tab
+            setup.writer.add_text(f"samples/{kind}", "\n\n".join(f"*{c['prompt']}* **→** {c[kind]}"
+                                                                 for c in samples["continuations"]), state.step)
     phases.switch("teardown")
     if main:  # the phases into TensorBoard; the weights are saved by now: a failing disk here is a warning
         try:
@@ -260,6 +274,82 @@ def write_metrics(setup, results, perf):
     for path in [setup.out_dir / "metrics.json"] + ([setup.args.metrics_out] if setup.args.metrics_out else []):
         files.write_json(path, results)
     return results
+
+
+# ----------------------------------------------------------------------------- the flags
+
+PRESETS = {  # model shape, batch, and the optimizer's peak learning rate times lr_scale; everything else is a flag
+    "lab": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, micro_batch=16, global_batch=64, lr_scale=1),
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, seq_len=64, micro_batch=8, global_batch=16, lr_scale=3),
+}
+
+
+def build_parser():
+    p = Parser(description="Train GPT-2 (124M structure, random init) on Web of Science abstracts for 12M tokens.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    lab, tiny = PRESETS["lab"], PRESETS["tiny"]
+    add = p.add_argument_group("data, model and batch").add_argument
+    add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
+    add("--text", type=path_flag, default=None,
+        help="X.txt, one document per line; None: data/WebOfScience/WOS46985/X.txt, downloaded if missing")
+    add("--tokenizer", type=path_or_name_flag, default=default_tokenizer(),
+        help="tokenizer.json, a folder or 'gpt2'; default: tokenizer_train.py's once it ran")
+    add("--tokens", type=number(int, 1, 10**13), default=12_000_000, help="training budget in tokens, all processes")
+    for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
+        add(f"--{name.replace('_', '-')}", type=number(int, 1), default=lab[name], help=f"(tiny preset: {tiny[name]})")
+    add("--micro-batch", type=int_or_auto, default="auto", help="sequences per process per forward pass; auto: "
+        f"on a GPU the largest that fits, on CPU the preset's (lab {lab['micro_batch']}, tiny {tiny['micro_batch']})")
+    add("--seed", type=seed_flag, default=0, help="weights, data order, split")
+    add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
+    add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
+    add("--no-download", action="store_true", help="never try to download the WOS archive")
+    add("--accept-invalid-utf8", action="store_true", help="train on a text mostly not UTF-8 (bad bytes as U+FFFD)")
+    add = p.add_argument_group("optimisation and accelerations").add_argument
+    add("--lr", type=number(float, 0, low_open=True), default=None, help="peak learning rate; None: the optimizer's "
+        f"(training/step.py) x the preset's lr_scale (AdamW: {step.OPTIMIZERS['adamw'].lr:g}, tiny "
+        f"x{tiny['lr_scale']})")
+    add("--warmup", type=number(float, 0, 1, high_open=True), default=0.1, help="warm-up, fraction of the steps")
+    add("--weight-decay", type=number(float, 0), default=None, help="on matrices only; None: the optimizer's")
+    add("--grad-clip", type=number(float, 0, low_open=True, why=" (0 clips every gradient to nothing)"), default=1.0,
+        help="gradient norm clipped to this")
+    add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
+    add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
+        help="torch.compile each block (regional) or the whole model; auto: off (training/device.py)")
+    add("--compile-cache", type=path_flag, default=CACHE_HOME / "torch-compile", help="inductor/Triton cache")
+    for a in step.declared():  # declared in training/step.py
+        add(a.flag, choices=list(a.values()), default={v: k for k, v in a.values().items()}[a.default],
+            help=f"{a.label}: {a.why}")
+    outputs = p.add_argument_group("evaluation, checkpoints and outputs")
+    add = outputs.add_argument
+    add("--out-dir", type=path_flag, default=None, help="the run's folder: new, empty, or one of gpt_train.py's "
+        "(with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
+    add("--eval-every", type=number(int, 1), default=50, help="steps between validation losses")
+    add("--val-batches", type=number(int, 1), default=20, help="micro-batches per validation")
+    add("--log-every", type=number(int, 1), default=10, help="steps between logged points")
+    add("--sample-tokens", type=number(int, 0, 1024), default=48,
+        help="tokens continuing fixed validation prompts after training; 0: none")
+    add("--ckpt-every", type=number(int, 0, why=" (0: only on signals)"), default=100,
+        help="steps between checkpoints; 0: only on signals")
+    add("--keep-checkpoints", action="store_true",
+        help="keep a finished run's checkpoints, one after its last step too (else only final/ stays)")
+    add_output_flags(outputs)
+    return p
+
+
+def parse_args(argv):
+    """The flags, defaults from the chosen preset (a first pass reads --preset)."""
+    p = build_parser()
+    preset = PRESETS[p.parse_known_args(argv)[0].preset]
+    p.set_defaults(**{k: v for k, v in preset.items() if k not in ("micro_batch", "lr_scale")})
+    args = p.parse_args(argv)
+    optimizer = step.OPTIMIZERS[args.optimizer]  # its own defaults
+    args.lr = args.lr or optimizer.lr * preset["lr_scale"]
+    args.weight_decay = optimizer.weight_decay if args.weight_decay is None else args.weight_decay
+    if args.n_embd % args.n_head:
+        p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
+    if args.preset == "lab" and args.seq_len > 1024:
+        p.error(f"--seq-len {args.seq_len} exceeds GPT-2's 1024 positions")
+    return args
 
 
 def main(argv=None):

@@ -59,8 +59,7 @@ def use_norm(net, norm):
 
 @dataclass(frozen=True)
 class WithNormAndOptimizer(step.Accelerations):
-    optimizer: str = step.declare("sgd", "optimizer", "the update rule", optimizers={
-        **step.OPTIMIZERS, "sgd": step.Optimizer(sgd, lr=0.05, weight_decay=0.0, settings={"momentum": 0.9})})
+    optimizer: str = step.declare("sgd", "optimizer", "the update rule", choices=("adamw", "sgd"))
     norm: str = step.declare("rms", "RMSNorm", "a stand-in", choices=("layernorm", "rms"), model=use_norm,
                              gpt2_values=("layernorm",))
 
@@ -69,6 +68,8 @@ class WithNormAndOptimizer(step.Accelerations):
 def declared(request, monkeypatch):
     """Accelerations with the dummy declared in it, as a student's edit of training/step.py would make it."""
     monkeypatch.setattr(step, "Accelerations", request.param)
+    monkeypatch.setitem(step.OPTIMIZERS, "sgd", step.Optimizer(sgd, lr=0.05, weight_decay=0.0,
+                                                               settings={"momentum": 0.9}))
     CHANGED.clear()
     return request.param
 

@@ -175,7 +175,7 @@ def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path
 
 def test_batches_come_without_worker_processes(corpus, tmp_path, monkeypatch):
     seen = []
-    from training import batches
+    from training import budget as batches
     original = batches.epoch_loader
 
     def spy(*args, **kwargs):
@@ -553,15 +553,15 @@ def test_the_loss_window_a_checkpoint_saves_is_every_processs_mean():
 def test_final_weights_are_written_before_the_samples_and_a_stop_ends_the_samples(corpus, tmp_path, monkeypatch):
     """The final samples come after final/ (a job cut short while sampling has its weights), and a stop
     signal ends them early, keeping what was generated."""
-    from training import sample
+    from training import final
     seen = {}
-    real = sample.greedy_and_sampled
+    real = final.greedy_and_sampled
 
     def stopping(model, idx, new_tokens, generator, vocab_size, stop=None):
         seen["final"] = (tmp_path / "run" / "final" / "model.safetensors").is_file()
         stop.signal = "SIGUSR1"  # Slurm's warning arrives as sampling starts
         return real(model, idx, new_tokens, generator, vocab_size, stop)
-    monkeypatch.setattr(sample, "greedy_and_sampled", stopping)
+    monkeypatch.setattr(final, "greedy_and_sampled", stopping)
     metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "2048", "--sample-tokens", "1024"))
     assert seen["final"] and metrics["samples"]["new_tokens"] == 0
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["samples"]["new_tokens"] == 0

@@ -1,9 +1,15 @@
-"""training/metrics.py's profiled(): one training step under torch.profiler, its time grouped by what the hardware
-did; the ladder's naive and default rows carry it."""
+"""benchmarks/step_profile.py's profiled(): one training step under torch.profiler, its time grouped by what the
+hardware did; the ladder's naive and default rows carry it."""
+import sys
+
 import pytest
 import torch
 
-from training import metrics as watch
+from conftest import REPO
+from training.metrics import scope
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import step_profile as watch  # noqa: E402
 
 
 @pytest.mark.parametrize("name, group", [
@@ -25,11 +31,11 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 
     def step():
-        with watch.scope("data"):
+        with scope("data"):
             batch = x.clone()
         loss = torch.nn.functional.cross_entropy(model(batch), y)
         loss.backward()
-        with watch.scope("optimizer"):
+        with scope("optimizer"):
             optimizer.step()
             optimizer.zero_grad()
         return loss
@@ -42,4 +48,4 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     assert groups["communication"] == groups["attention"] == 0
     assert got["top_ops"][0][2] == max(s for _, _, s in got["top_ops"]) and {g for _, g, _ in got["top_ops"]} <= set(
         watch.GROUPS)
-    assert watch.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
+    assert scope("data").__class__.__name__ == "nullcontext"  # free outside a profile

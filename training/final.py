@@ -3,7 +3,8 @@ back (load_run: an unfinished run's newest verified checkpoint stands in) with n
 against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape. The
 declared changes to the model (training/step.py) are its "lab5" section; where GPT-2's config cannot describe
 them final/ holds lab5.json and lab5.safetensors instead: transformers finds no model there (it would load one
-missing or mismatching tensors into a GPT-2) and refuses the folder."""
+missing or mismatching tensors into a GPT-2) and refuses the folder. At the end, what the model writes: the
+KV-cached token stream (training/sample.py's command line prints it) and a finished run's samples."""
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ from data.files import UMASK, read_small, strict, write_json
 from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
 from training import checkpoints, step
 from training.checkpoints import failed_write_explained
+from training.device import eager_mode
 from training.errors import UserError
 from training.model import GPT, from_transformers, model_config, to_transformers
 
@@ -195,3 +197,76 @@ def checkpoint_tokenizer(ckpt, spec):
         raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
                         f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")
     return tok, shape, changes
+
+
+# ----------------------------------------------------------------------------- what the model writes
+
+TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations at the end of training
+GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and dividing by less can overflow
+
+
+@torch.no_grad()
+def token_stream(model, idx, new_tokens, choose, vocab_size=None, stop=None):
+    """Each next token (B, 1) after the (B, T) prompt ids, `choose`n from the logits cut to vocab_size (no padding
+    row), until a stop signal. The KV cache runs only new tokens; past n_positions the window slides: all run again."""
+    cache, n = [[] for _ in range(model.cfg.n_layer)], model.cfg.n_positions
+    for _ in range(new_tokens):
+        if stop is not None and stop.signal:  # Slurm's warning: the job must end in time, samples or not
+            return
+        if idx.size(1) > n:
+            logits = model(idx[:, -n:])
+        else:
+            logits = model(idx[:, cache[0][0].size(2) if cache[0] else 0:], cache=cache)
+        token = choose(logits.float()[:, :vocab_size])
+        idx = torch.cat([idx, token], dim=1)
+        yield token
+
+
+def pick(logits, temperature, top_k, generator):
+    """(B, 1) next tokens from (B, V) logits: the most likely, or sampled at `temperature` among the top k."""
+    if temperature < GREEDY_BELOW:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+
+
+def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None):
+    """The greedy and the sampled (B, n <= new_tokens) continuations of the (B, T) prompts, as one batch of 2B rows."""
+    rows, b = torch.cat([idx, idx]), idx.size(0)
+
+    def both(logits):
+        return torch.cat([pick(logits[:b], 0.0, 0, None), pick(logits[b:], TEMPERATURE, TOP_K, generator)])
+    out = torch.cat([rows[:, :0], *token_stream(model, rows, new_tokens, both, vocab_size, stop)], dim=1)
+    return out[:b], out[b:]
+
+
+def fixed_prompts(blocks, eot, n=2, length=16):
+    """The same prompts every run: the first `length` tokens of a document (after the block's first end-of-text
+    where a whole prompt fits after it) in each of the first n validation blocks."""
+    prompts = []
+    for ids in (b.tolist() for b in blocks[:n]):
+        size = min(length, len(ids) // 2)
+        start = ids.index(eot) + 1 if eot in ids and ids.index(eot) + 1 + size <= len(ids) else 0
+        prompts.append(ids[start:start + size])
+    size = min(map(len, prompts), default=0)
+    return [p[:size] for p in prompts]
+
+
+def final_samples(run, tokenizer, validation_blocks, new_tokens, stop=None):
+    """After final/ (main process): the fixed prompts' continuations for TensorBoard and the metrics' `samples`;
+    eager (nothing recompiles), the model unwrapped from DDP (no collectives)."""
+    prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id(EOT))
+    if not prompts or not new_tokens:
+        return None
+    accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model).eval()
+    rng = torch.Generator(accelerator.device).manual_seed(SEED)
+    with eager_mode(), accelerator.autocast():
+        greedy, sampled = greedy_and_sampled(net, torch.tensor(prompts, device=accelerator.device), new_tokens, rng,
+                                             tokenizer.get_vocab_size(), stop)
+    decode = tokenizer.decode
+    return {"new_tokens": greedy.size(1), "temperature": TEMPERATURE, "top_k": TOP_K, "seed": SEED,
+            "continuations": [{"prompt": decode(p), "greedy": decode(g), "sampled": decode(s)}
+                              for p, g, s in zip(prompts, greedy.tolist(), sampled.tolist())]}

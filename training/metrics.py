@@ -1,24 +1,21 @@
 """What a GPT run measures and reports: the loop's instruments (the steady steps' clock, the loss window, fp16's
-skipped steps), TensorBoard scalars, the final metrics, the start-up and summary lines; profiled(): one step's time
-by GROUPS (benchmarks/gpt_bench.py --profile)."""
-import collections
+skipped steps), TensorBoard scalars, the final metrics, the start-up and summary lines; scope(): the step's parts
+named for a profile (benchmarks/step_profile.py)."""
 import contextlib
 import math
-import time
 
 import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
 from training.device import flops_per_token, gpu_stats, mfu, sdpa_backend
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
+FINAL_POINTS = 5  # final_train_loss: the mean of the last logged points (one point's window is noisy)
 
 
 def final_metrics(state, val_loss, v, tokens_per_second, info):
     """What the run measured (`v`: the validation split's counts); `info` gives the MFU."""
-    tail = [loss for _, loss in state.losses[-5:]]  # the last step is always logged: never empty
+    tail = [loss for _, loss in state.losses[-FINAL_POINTS:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
     bits_per_byte = val_loss / math.log(2) * (v["tokens"] + v["docs"]) / v["bytes"]  # comparable across vocabularies
     return {
@@ -32,9 +29,10 @@ def final_metrics(state, val_loss, v, tokens_per_second, info):
         "val_curve": state.val_losses + [[state.step, val_loss]], "throughput_curve": state.throughput}
 
 
-def scalars(info, budget, loss, grad_norm, lr, tps, dev):
-    """A log point's TensorBoard scalars: loss, gradient norm, LR; throughput and MFU once steady; GPU use."""
-    out = {"loss/train": loss, "train/grad_norm": float(grad_norm), "train/lr": lr}
+def scalars(info, budget, point, tps, dev):
+    """A log point's TensorBoard scalars: `point`'s (loss, gradient norm, LR); throughput and MFU once steady;
+    GPU use."""
+    out = {k: float(v) for k, v in point.items()}
     if tps:
         out["perf/tokens_per_second"] = tps
         out["perf/step_ms"] = budget.accum * budget.tokens_per_micro / tps * 1e3
@@ -45,7 +43,7 @@ def scalars(info, budget, loss, grad_norm, lr, tps, dev):
     return out
 
 
-def startup_line(info, budget, micro_source, tokenizer_vocab):
+def startup_line(info, budget, tokenizer_vocab):
     """Every decision of the run (info: what gpt_train.py records) in two lines, each short enough for a log."""
     fused = " (fused)" if info["optimizer_settings"].get("fused") else ""
     return ", ".join([
@@ -53,8 +51,8 @@ def startup_line(info, budget, micro_source, tokenizer_vocab):
         f"{info['device_name']} x {info['world_size']}", f"precision {info['precision']}",
         f"compile {info['compile']}", f"attention {info['attention']}", f"tf32 {info['tf32']}",
         f"{info['optimizer']} lr {info['optimizer_settings']['lr']:g}{fused}\n"
-        f"batch {info['global_batch']} x {info['seq_len']} (micro {budget.micro_batch} [{micro_source}] x "
-        f"{info['world_size']} x accum {budget.accum})",
+        f"batch {info['global_batch']} x {info['seq_len']} (micro {budget.micro_batch} "
+        f"[{info['micro_batch_source']}] x {info['world_size']} x accum {budget.accum})",
         f"{budget.total_steps} steps for {budget.total_micro * budget.tokens_per_micro:,} tokens"])
 
 
@@ -67,13 +65,15 @@ def summary_line(m):
     here = f" over all its processes, this one {m['process_seconds']:.1f} s" if total > m["process_seconds"] else ""
     return (f"{m['tokens_seen']:,} tokens in {m['train_seconds']:.1f} s of training loop, "
             f"{total:.1f} s end to end{here} ({m['tokens_per_second']:,.0f} tokens/s steady"
-            f"{mfu_part}{compile_part}): train loss {m['final_train_loss']:.3f}, val loss {m['final_val_loss']:.3f} "
+            f"{mfu_part}{compile_part}): train loss {m['final_train_loss']:.3f} (the mean of the last "
+            f"{min(FINAL_POINTS, len(m['loss_curve']))} logged points), val loss {m['final_val_loss']:.3f} "
             f"-> {verdict}{SUCCESS_LOSS:g} (val {m['val_bits_per_byte']:.3f} bits/byte, comparable across "
             f"vocabularies; the loss is not)")
 
 
-def describe_run(args, argv, decisions, train_step, text, corpus, budget):
-    """The run as the metrics record it, each acceleration too; `corpus`: the text's identity by content."""
+def describe_run(args, decisions, train_step, budget, facts):
+    """The run as the metrics record it, each acceleration too; `facts`: what set-up found (the text, its identity
+    by content, the command, where the micro-batch came from)."""
     model, world = train_step.accelerator.unwrap_model(train_step.model), train_step.accelerator.num_processes
     cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
     optimizer, asked = train_step.optimizer_settings(), dict(vars(train_step.accelerations))
@@ -85,9 +85,8 @@ def describe_run(args, argv, decisions, train_step, text, corpus, budget):
                              if model.attention == "sdpa" else None),
             "tf32": "on" if decisions.tf32 else "off", "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
-            "text": str(text), "corpus": corpus, "preset": args.preset, "global_batch": args.global_batch,
-            "micro_batch": budget.micro_batch, "seq_len": args.seq_len,
-            "command": "python gpt_train.py " + " ".join(argv), "peak": decisions.peak,
+            "preset": args.preset, "global_batch": args.global_batch, "micro_batch": budget.micro_batch,
+            "seq_len": args.seq_len, "peak": decisions.peak, **facts,
             "flops_per_token": flops_per_token(cfg, args.seq_len, params - cfg.n_positions * cfg.n_embd)}
 
 
@@ -167,75 +166,11 @@ class SkippedSteps:
         return self.scale < before
 
 
-# the step's time split so that an acceleration can be shown removing a part of it: each operator's own time to its
-# scope(), else to a group by its name (group_of); `idle`: the rest of the wall time (launch overhead, syncs, Python)
-GROUPS = ("matmul", "attention", "elementwise", "loss", "optimizer", "communication", "data", "idle")
-SCOPES = {"lab5.data": "data", "lab5.optimizer": "optimizer"}
-NAME_RULES = (  # the first rule whose words appear in the lower-cased operator name decides
-    ("communication", ("nccl", "all_reduce", "allreduce", "gloo", "c10d::", "broadcast")),
-    ("loss", ("cross_entropy", "nll_loss", "nllloss", "log_softmax", "logsoftmax", "logsumexp", "chunkedcrossentropy")),
-    # a batched matmul is attention's QK^T and AV in these models (their linear layers are mm/addmm): the
-    # eager attention's bmm counts where SDPA's kernel would, so the two compare
-    ("attention", ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha", "softmax",
-                   "aten::bmm", "aten::baddbmm", "bmmbackward")),
-    ("matmul", ("aten::mm", "aten::addmm", "aten::matmul", "_addmm_activation", "gemm", "cutlass", "sm90_xmma",
-                "ampere_", "volta_", "turing_")),
-)
-TOP_OPS = 12  # the operators with the most own time, kept beside the groups (what each group is made of)
-_active = [False]  # whether a profile is being taken (scope() marks only then)
+PROFILING = [False]  # whether benchmarks/step_profile.py is taking a profile (scope() marks the step only then)
 
 
 def scope(name):
-    """A named part of the step in the profile, only while one is taken."""
-    if not _active[0]:
+    """A named part of the step (training/step.py's "data", "optimizer") in a profile, only while one is taken."""
+    if not PROFILING[0]:
         return contextlib.nullcontext()
     return torch.profiler.record_function(f"lab5.{name}")
-
-
-def group_of(name):
-    lowered = name.lower()
-    for group, words in NAME_RULES:
-        if any(w in lowered for w in words):
-            return group
-    return "elementwise"  # norms, GELU, adds, copies, embeddings: everything that is not a matmul
-
-
-def profiled(step, device, trace_dir=None):
-    """(step()'s result, {"step_seconds", "groups", "top_ops"}); the trace into `trace_dir` for TensorBoard."""
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    handler = tensorboard_trace_handler(str(trace_dir)) if trace_dir else None
-    _active[0] = True
-    try:
-        with profile(activities=activities, on_trace_ready=handler) as prof:
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            result = step()
-            if cuda:
-                torch.cuda.synchronize()  # sync point: the step's kernels are in the wall time
-            wall = time.perf_counter() - t0
-    finally:
-        _active[0] = False
-    return result, {"step_seconds": wall, **grouped(prof.events(), wall, cuda)}
-
-
-def grouped(events, wall, cuda):
-    """{"groups": {group: seconds} summing to `wall`, "top_ops": [[operator, group, seconds]...]}."""
-    seconds, ops = dict.fromkeys(GROUPS, 0.0), collections.Counter()
-    for event in (e for e in events if e.device_type == DeviceType.CPU):  # kernels: counted on their op
-        if cuda:  # an older torch names it self_cuda_time_total
-            own = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-        else:
-            own = event.self_cpu_time_total
-        if own <= 0:
-            continue
-        scope = event
-        while scope is not None and scope.name not in SCOPES:  # the innermost scope() around it decides
-            scope = scope.cpu_parent
-        group = SCOPES[scope.name] if scope else group_of(event.name)
-        seconds[group] += own / 1e6
-        ops[(event.name, group)] += own / 1e6
-    seconds["idle"] = max(0.0, wall - sum(seconds.values()))
-    return {"groups": {k: round(v, 6) for k, v in seconds.items()},
-            "top_ops": [[name, group, round(s, 6)] for (name, group), s in ops.most_common(TOP_OPS)]}

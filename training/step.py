@@ -14,10 +14,10 @@ the ladder's rows follow. A change to the model, e.g. RMSNorm in place of LayerN
     norm: str = declare("layernorm", "RMSNorm", "one statistic fewer per token", choices=("layernorm", "rms"),
                         model=use_norm, gpt2_values=("layernorm",))  # use_norm(net, value) swaps the modules
 
-final/ records it; sampling and a resume rebuild it; with "rms" final/ has no config.json (transformers' GPT-2
-cannot describe it) and says so. An optimizer, e.g. Lion, is one more entry of OPTIMIZERS with its own defaults:
-`"lion": Optimizer(make_lion, lr=1e-4, weight_decay=1.0, settings={"betas": (0.9, 0.99)})`; --optimizer lion
-builds it, --lr and --weight-decay default to its values, metrics.json names it with its settings.
+final/ records it; sampling and a resume rebuild it; with "rms" final/ holds no transformers model (GPT-2's
+config cannot describe it) and the run says so. An optimizer, e.g. Lion, is one more entry of OPTIMIZERS with its
+own defaults: `"lion": Optimizer(make_lion, lr=1e-4, weight_decay=1.0, settings={"betas": (0.9, 0.99)})`;
+--optimizer lion builds it, --lr and --weight-decay default to its values, metrics.json names it with its settings.
 
 A declaration changes the numbers (a resume must keep it) unless it says changes_numbers=False.
 `python benchmarks/gpt_bench.py --list` numbers the ladder's rows, `--only 1,N --metrics-out mine.json` measures
@@ -46,7 +46,6 @@ class Acceleration:
     naive: object = None  # the ladder's naive value: then a rung of its own and a "default without" row
     model: Callable | None = None  # model(net, value): its change to the model built (training/model.py's GPT)
     gpt2_values: tuple = ()  # the values with which the changed model is still GPT-2's (transformers loads final/)
-    optimizers: dict | None = None  # {choice: Optimizer}: the optimizer to build
     changes_numbers: bool = True  # a resume must keep it (training/checkpoints.py's identity); False: the same math
     name: str = ""  # the field's (declared() fills it in): metrics.json's, the ladder's rows'
     flag: str = ""  # gpt_train.py's: --name, dashes for underscores
@@ -56,7 +55,6 @@ class Acceleration:
 
 
 def declare(default, label, why, **more):
-    more.setdefault("choices", tuple(more.get("optimizers") or ()))
     return field(default=default, metadata={"acceleration": Acceleration(label, why, default, **more)})
 
 
@@ -73,7 +71,9 @@ def adamw(groups, accelerations, **settings):
     return torch.optim.AdamW(groups, **settings, fused=accelerations.fused_adamw or None)  # None: foreach
 
 
-OPTIMIZERS = {"adamw": Optimizer(adamw, lr=1e-3, weight_decay=0.1, settings={"betas": (0.9, 0.95), "eps": 1e-8})}
+OPTIMIZERS = {  # --optimizer's choices
+    "adamw": Optimizer(adamw, lr=1e-3, weight_decay=0.1, settings={"betas": (0.9, 0.95), "eps": 1e-8}),
+}
 
 
 @dataclass(frozen=True)
@@ -84,23 +84,18 @@ class Accelerations:
     sdpa_backend: str | None = None  # a forced SDPA kernel (SDPA_BACKENDS; the ladder's rows); None: torch's choice
     compile: str = "off"  # off | regional | whole
     # with a flag of their own: declare(default, label, why, ...), see Acceleration; the ladder's rungs in this order
-    optimizer: str = declare("adamw", "optimizer", "the update rule", optimizers=OPTIMIZERS)
+    optimizer: str = declare("adamw", "optimizer", "the update rule (OPTIMIZERS)", choices=tuple(OPTIMIZERS))
     fused_adamw: bool = declare(True, "fused AdamW", "the whole AdamW update in one kernel reading each parameter "
                                 "once (foreach makes several passes)", naive=False, changes_numbers=False)
     loss: str = declare("plain", "chunked loss", "no full fp32 logits", choices=("plain", "chunked"),
                         model=lambda net, loss: setattr(net, "loss", loss), gpt2_values=("plain", "chunked"),
-                        changes_numbers=False)  # training/lm_loss.py: the same math, in pieces
+                        changes_numbers=False)  # training/model.py's chunked_cross_entropy: the same math
 
 
 def declared():
     """The accelerations made by declare(), named: gpt_train.py's flags, the ladder's rows, the model's changes."""
     return [replace(f.metadata["acceleration"], name=f.name, flag="--" + f.name.replace("_", "-"))
             for f in fields(Accelerations) if "acceleration" in f.metadata]
-
-
-def optimizer_named(name):
-    """The Optimizer `optimizer`'s declaration holds under `name`."""
-    return next(a for a in declared() if a.name == "optimizer").optimizers[name]
 
 
 def not_gpt2(changes):
@@ -155,7 +150,7 @@ def build(model, accelerations, recipe, accelerator):
     """The TrainStep for `model` (on the accelerator's device): the optimizer, accelerate's prepare (DDP), compile."""
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings; biases and norms do not
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    declared_one = optimizer_named(accelerations.optimizer)
+    declared_one = OPTIMIZERS[accelerations.optimizer]
     optimizer = declared_one.make([{"params": decay, "weight_decay": recipe.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], accelerations, lr=recipe.lr,
                                   **declared_one.settings)
