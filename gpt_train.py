@@ -8,7 +8,7 @@
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
 
 Reading order: training/model.py -> training/step.py (one optimizer step, a why per acceleration) ->
-train_loop() below, then set_up() and finish(); flags: build_parser(), instruments: training/metrics.py."""
+train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/metrics.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
 
 lifecycle.start(__name__, stops=True)  # Slurm's warning (USR1) or a scancel (TERM) while starting: remembered
@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from data import REPO, files, wos
 from data.blocks import token_blocks
-from data.tokenizer import default_tokenizer, open_tokenizer
-from training import CACHE_HOME, checkpoints, device, errors, metrics, runfiles, step
+from data.tokenizer import open_tokenizer
+from training import checkpoints, device, errors, metrics, runfiles, step
 from training.budget import (
     Budget,
     batch_stream,
@@ -42,7 +42,7 @@ from training.budget import (
 )
 from training.errors import UserError
 from training.final import final_samples, save_final
-from training.flags import Parser, add_output_flags, int_or_auto, number, path_flag, path_or_name_flag, seed_flag
+from training.gpt_flags import PRESETS, parse_args
 from training.lifecycle import Phases, StopAgreement, StopFlag, process_seconds
 from training.model import GPT, model_config
 
@@ -75,10 +75,9 @@ def train_loop(setup, state, stop):
                            args.seed, state.micro_batches)
     perf, losses = metrics.Throughput(state), metrics.LossWindow(state.loss_window, accelerator.device)
     skips, agreement = metrics.SkippedSteps(accelerator.scaler), StopAgreement(accelerator, stop)
-    cuda = accelerator.device.type == "cuda"
-    train_step.train_model.train()
+    stopping = False  # a signal: every process stops after the same step, checkpointed (main() says so)
     with tqdm(total=budget.total_steps, initial=state.step, desc="train", mininterval=2) as bar:  # see lifecycle.start
-        while state.step < budget.total_steps:
+        while state.step < budget.total_steps and not stopping:
             n_micro = budget.micro_in_step(state.micro_batches)
             lr = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
             t0 = time.perf_counter()  # the step's clock
@@ -93,24 +92,19 @@ def train_loop(setup, state, stop):
             untimed_follows = perf.first_step_seconds is None or when.evaluate or when.checkpoint
             if when.log:
                 mean_loss = losses.mean(accelerator)  # over all processes: a sync point (the loss is read)
-            elif cuda and untimed_follows:
+            elif accelerator.device.type == "cuda" and untimed_follows:
                 torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
-            stopping = agreement(at_sync_point=when.log or untimed_follows)  # a signal: every process stops here
+            stopping = agreement(at_sync_point=when.log or untimed_follows)
             perf.step_done(time.perf_counter() - t0, tokens)  # the step's clock stops
             if when.log:
                 point = {"loss/train": mean_loss, "train/grad_norm": grad_norm, "train/lr": lr}
                 log_point(setup, state, point, perf.window_tokens_per_second(), bar)
             bar.update()
             if when.evaluate:
-                with setup.phases.of("evaluation"):
-                    state.val_losses.append([state.step, validate(setup, state.step)])
+                state.val_losses.append([state.step, validate(setup, state.step)])
             if stopping or when.checkpoint:
                 with setup.phases.of("checkpoints"):
                     save_checkpoint(setup, state, losses)
-            if stopping and not when.last:  # accelerator.print: on the main process only
-                accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; "
-                                  f"run again with --out-dir {setup.out_dir} to resume", file=sys.stderr)
-                break
     perf.close()  # this process's compile seconds into the run's
     return perf
 
@@ -145,8 +139,9 @@ def log_point(setup, state, point, tps, bar):
 
 def validate(setup, at_step):
     """The validation loss (every process takes part), logged to TensorBoard; outside the timed loop."""
-    val = evaluate(setup.train_step.model, setup.blocks["validation"], setup.train_step.accelerator,
-                   setup.budget.micro_batch, setup.args.val_batches, setup.budget.val_unit)
+    with setup.phases.of("evaluation"):
+        val = evaluate(setup.train_step.model, setup.blocks["validation"], setup.train_step.accelerator,
+                       setup.budget.micro_batch, setup.args.val_batches, setup.budget.val_unit)
     if setup.writer:
         setup.writer.add_scalar("loss/val", val, at_step)
     return val
@@ -233,7 +228,6 @@ def finish(setup, state, stats, perf, stop):
     checkpoints go: a kill at any moment leaves a run the same command resumes, or one that has its weights."""
     args, phases, train_step = setup.args, setup.phases, setup.train_step
     main = train_step.accelerator.is_main_process
-    phases.switch("evaluation")
     val_loss = validate(setup, state.step)
     phases.switch("final_save")
     info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32")}
@@ -276,82 +270,6 @@ def write_metrics(setup, results, perf):
     return results
 
 
-# ----------------------------------------------------------------------------- the flags
-
-PRESETS = {  # model shape, batch, and the optimizer's peak learning rate times lr_scale; everything else is a flag
-    "lab": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, micro_batch=16, global_batch=64, lr_scale=1),
-    "tiny": dict(n_layer=2, n_head=2, n_embd=64, seq_len=64, micro_batch=8, global_batch=16, lr_scale=3),
-}
-
-
-def build_parser():
-    p = Parser(description="Train GPT-2 (124M structure, random init) on Web of Science abstracts for 12M tokens.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    lab, tiny = PRESETS["lab"], PRESETS["tiny"]
-    add = p.add_argument_group("data, model and batch").add_argument
-    add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
-    add("--text", type=path_flag, default=None,
-        help="X.txt, one document per line; None: data/WebOfScience/WOS46985/X.txt, downloaded if missing")
-    add("--tokenizer", type=path_or_name_flag, default=default_tokenizer(),
-        help="tokenizer.json, a folder or 'gpt2'; default: tokenizer_train.py's once it ran")
-    add("--tokens", type=number(int, 1, 10**13), default=12_000_000, help="training budget in tokens, all processes")
-    for name in ("n_layer", "n_head", "n_embd", "seq_len", "global_batch"):
-        add(f"--{name.replace('_', '-')}", type=number(int, 1), default=lab[name], help=f"(tiny preset: {tiny[name]})")
-    add("--micro-batch", type=int_or_auto, default="auto", help="sequences per process per forward pass; auto: "
-        f"on a GPU the largest that fits, on CPU the preset's (lab {lab['micro_batch']}, tiny {tiny['micro_batch']})")
-    add("--seed", type=seed_flag, default=0, help="weights, data order, split")
-    add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
-    add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
-    add("--no-download", action="store_true", help="never try to download the WOS archive")
-    add("--accept-invalid-utf8", action="store_true", help="train on a text mostly not UTF-8 (bad bytes as U+FFFD)")
-    add = p.add_argument_group("optimisation and accelerations").add_argument
-    add("--lr", type=number(float, 0, low_open=True), default=None, help="peak learning rate; None: the optimizer's "
-        f"(training/step.py) x the preset's lr_scale (AdamW: {step.OPTIMIZERS['adamw'].lr:g}, tiny "
-        f"x{tiny['lr_scale']})")
-    add("--warmup", type=number(float, 0, 1, high_open=True), default=0.1, help="warm-up, fraction of the steps")
-    add("--weight-decay", type=number(float, 0), default=None, help="on matrices only; None: the optimizer's")
-    add("--grad-clip", type=number(float, 0, low_open=True, why=" (0 clips every gradient to nothing)"), default=1.0,
-        help="gradient norm clipped to this")
-    add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
-    add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
-        help="torch.compile each block (regional) or the whole model; auto: off (training/device.py)")
-    add("--compile-cache", type=path_flag, default=CACHE_HOME / "torch-compile", help="inductor/Triton cache")
-    for a in step.declared():  # declared in training/step.py
-        add(a.flag, choices=list(a.values()), default={v: k for k, v in a.values().items()}[a.default],
-            help=f"{a.label}: {a.why}")
-    outputs = p.add_argument_group("evaluation, checkpoints and outputs")
-    add = outputs.add_argument
-    add("--out-dir", type=path_flag, default=None, help="the run's folder: new, empty, or one of gpt_train.py's "
-        "(with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
-    add("--eval-every", type=number(int, 1), default=50, help="steps between validation losses")
-    add("--val-batches", type=number(int, 1), default=20, help="micro-batches per validation")
-    add("--log-every", type=number(int, 1), default=10, help="steps between logged points")
-    add("--sample-tokens", type=number(int, 0, 1024), default=48,
-        help="tokens continuing fixed validation prompts after training; 0: none")
-    add("--ckpt-every", type=number(int, 0, why=" (0: only on signals)"), default=100,
-        help="steps between checkpoints; 0: only on signals")
-    add("--keep-checkpoints", action="store_true",
-        help="keep a finished run's checkpoints, one after its last step too (else only final/ stays)")
-    add_output_flags(outputs)
-    return p
-
-
-def parse_args(argv):
-    """The flags, defaults from the chosen preset (a first pass reads --preset)."""
-    p = build_parser()
-    preset = PRESETS[p.parse_known_args(argv)[0].preset]
-    p.set_defaults(**{k: v for k, v in preset.items() if k not in ("micro_batch", "lr_scale")})
-    args = p.parse_args(argv)
-    optimizer = step.OPTIMIZERS[args.optimizer]  # its own defaults
-    args.lr = args.lr or optimizer.lr * preset["lr_scale"]
-    args.weight_decay = optimizer.weight_decay if args.weight_decay is None else args.weight_decay
-    if args.n_embd % args.n_head:
-        p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
-    if args.preset == "lab" and args.seq_len > 1024:
-        p.error(f"--seq-len {args.seq_len} exceeds GPT-2's 1024 positions")
-    return args
-
-
 def main(argv=None):
     phases = lifecycle.phases()
     argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
@@ -366,6 +284,8 @@ def main(argv=None):
             raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({errors.reason(e)}) after "
                             f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed: exit 3
+            setup.train_step.accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; "
+                                               f"run again with --out-dir {setup.out_dir} to resume", file=sys.stderr)
             if setup.train_step.accelerator.is_main_process:
                 checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
             raise SystemExit(metrics.STOP_EXIT_CODE)

@@ -26,11 +26,11 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import common
 import training.device
-from gpt_train import PRESETS
 from ladder_rows import accelerations, default_step, ladder, unmeasured_first
 from step_profile import profiled
 from training import step
 from training.flags import number
+from training.gpt_flags import PRESETS
 from training.model import GPT, model_config
 
 

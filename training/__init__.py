@@ -3,7 +3,7 @@
 
     lifecycle   a script's life: prologue, one-line errors, Ctrl-C and Slurm's signals, the clock and its phases
     runfiles    run folders (one run each, locked; finished = metrics.json) and the output rule (--force)
-    flags       the argparse Parser (one-line errors) and range-checked flag types (GPT's presets: gpt_train.py)
+    flags       the argparse Parser (one-line errors) and range-checked flag types; gpt_flags: GPT's presets
     device      precision, TF32 and compile per device; peak FLOP/s and MFU; check_env: is this environment ready
     model       GPT-2 with GPT2LMHeadModel's names, its chunked loss; step: one optimizer step, its accelerations
     budget      the token budget in whole micro-batches, the micro-batch probe, this rank's batches, evaluation

@@ -1,10 +1,15 @@
 """final/: a finished run's weights as a transformers model folder, written once after a successful run and read
 back (load_run: an unfinished run's newest verified checkpoint stands in) with nothing trusted unchecked: config.json
-against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape. The
-declared changes to the model (training/step.py) are its "lab5" section; where GPT-2's config cannot describe
-them final/ holds lab5.json and lab5.safetensors instead: transformers finds no model there (it would load one
-missing or mismatching tensors into a GPT-2) and refuses the folder. At the end, what the model writes: the
-KV-cached token stream (training/sample.py's command line prints it) and a finished run's samples."""
+against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape.
+
+The declared changes to the model (training/step.py) are its "lab5"
+section; where GPT-2's config cannot describe them, final/ holds
+lab5.json and lab5.safetensors instead: transformers finds no model
+there (it would load one missing or mismatching tensors into a GPT-2)
+and refuses the folder.
+
+At the end, what the model writes: the KV-cached token stream
+(training/sample.py's command line prints it), a finished run's samples."""
 import hashlib
 import json
 import os

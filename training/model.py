@@ -141,9 +141,11 @@ def from_transformers(tensors):
     return state
 
 
-# The LM loss without the full fp32 logits (4 GiB per lab batch; `--loss chunked`, a speed candidate): each chunk of
-# tokens gets its logits, loss and at once the logits' gradient (softmax - one-hot) / tokens, turned into the hidden
-# states' and LM head's gradients (as Liger-Kernel's fused linear cross-entropy).
+# The LM loss without the full fp32 logits (4 GiB per lab batch;
+# `--loss chunked`, a speed candidate): each chunk of tokens gets its
+# logits, loss and at once the logits' gradient (softmax - one-hot) /
+# tokens, turned into the hidden states' and LM head's gradients (as
+# Liger-Kernel's fused linear cross-entropy).
 CHUNK_TOKENS = 4096  # 4,096 x 50,304 fp32 logits = 0.8 GB at most at a time
 
 

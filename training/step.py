@@ -7,21 +7,33 @@ measures the step that trains. Why each acceleration (where `auto` decides: trai
   accumulation   micro-batches as large as fit, gradients all-reduced once per optimizer step (no_sync)
   optimizer, fused AdamW, chunked loss: flags of their own, each declared once (with its why) in Accelerations.
 
-To add an acceleration, declare it in Accelerations: `name: type = declare(default, label, why, ...)` (see
-Acceleration); its --name flag, the model's change, metrics.json, the probe's key, a resume's identity, final/ and
-the ladder's rows follow. A change to the model, e.g. RMSNorm in place of LayerNorm:
+To add an acceleration, declare it in Accelerations:
+`name: type = declare(default, label, why, ...)` (see Acceleration);
+its --name flag, the model's change, metrics.json, the probe's key,
+a resume's identity, final/ and the ladder's rows follow.
+A change to the model, e.g. RMSNorm in place of LayerNorm:
 
-    norm: str = declare("layernorm", "RMSNorm", "one statistic fewer per token", choices=("layernorm", "rms"),
-                        model=use_norm, gpt2_values=("layernorm",))  # use_norm(net, value) swaps the modules
+    norm: str = declare("layernorm", "RMSNorm", "one statistic fewer",
+                        choices=("layernorm", "rms"), model=use_norm,
+                        gpt2_values=("layernorm",))
 
-final/ records it; sampling and a resume rebuild it; with "rms" final/ holds no transformers model (GPT-2's
-config cannot describe it) and the run says so. An optimizer, e.g. Lion, is one more entry of OPTIMIZERS with its
-own defaults: `"lion": Optimizer(make_lion, lr=1e-4, weight_decay=1.0, settings={"betas": (0.9, 0.99)})`;
---optimizer lion builds it, --lr and --weight-decay default to its values, metrics.json names it with its settings.
+(use_norm(net, value) swaps the modules). final/ records it; sampling
+and a resume rebuild it; with "rms" final/ holds no transformers model
+(GPT-2's config cannot describe it) and the run says so.
+An optimizer, e.g. Lion, is one more entry of OPTIMIZERS, with its own
+defaults:
 
-A declaration changes the numbers (a resume must keep it) unless it says changes_numbers=False.
-`python benchmarks/gpt_bench.py --list` numbers the ladder's rows, `--only 1,N --metrics-out mine.json` measures
-them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md."""
+    "lion": Optimizer(make_lion, lr=1e-4, weight_decay=1.0,
+                      settings={"betas": (0.9, 0.99)}),
+
+--optimizer lion builds it, --lr and --weight-decay default to its
+values, metrics.json names it with its settings.
+
+A declaration changes the numbers (a resume must keep it) unless it
+says changes_numbers=False. `python benchmarks/gpt_bench.py --list`
+numbers the ladder's rows, `--only 1,N --metrics-out mine.json`
+measures them; name mine.json to report/make_report.py.
+A worked example: benchmarks/README.md."""
 import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
