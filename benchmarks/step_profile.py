@@ -1,6 +1,6 @@
 """One training step under torch.profiler, its time grouped by what the hardware did: gpt_bench.py --profile, and
 the ladder's naive and default rows. Each operator's own time goes to the step's scope around it (training/step.py
-marks its data and optimizer parts with training.watch.scope), else to a group by its name (group_of); `idle` is
+marks its data and optimizer parts with training.metrics.scope), else to a group by its name (group_of); `idle` is
 the rest of the wall time (launch overhead, syncs, Python)."""
 import time
 
@@ -9,7 +9,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 GROUPS = ("matmul", "attention", "elementwise", "loss", "optimizer", "data", "idle")
-SCOPES = {"lab5.data": "data", "lab5.optimizer": "optimizer"}  # training.watch.scope(name) records "lab5.<name>"
+SCOPES = {"lab5.data": "data", "lab5.optimizer": "optimizer"}  # training.metrics.scope(name) records "lab5.<name>"
 NAME_RULES = (  # the first rule whose words appear in the lower-cased operator name decides
     ("loss", ("cross_entropy", "nll_loss", "nllloss", "log_softmax", "logsoftmax", "logsumexp", "chunkedcrossentropy")),
     # a batched matmul is attention's QK^T and AV in these models (their linear layers are mm/addmm): the

@@ -5,6 +5,8 @@ micro-batch probe's key, a resume's identity, a run's metrics.json and the stude
 example of the recipe in training/step.py's docstring: a dummy acceleration declared the way a student declares
 theirs."""
 import json
+import re
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -13,8 +15,9 @@ import torch
 
 import gpt_train
 from conftest import REPO, tiny_args
-from training import budget, checkpoints, device, step
+from training import budget, checkpoints, device, sample, step
 from training.errors import UserError
+from training.final import load_run
 from training.model import GPT, GPTConfig
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -42,10 +45,31 @@ class WithCandidate(step.Accelerations):
     dummy_boost: bool = step.declare(False, "dummy boost", "a stand-in that marks the model", model=mark)
 
 
+def sgd(groups, accelerations, **settings):
+    return torch.optim.SGD(groups, **settings)
+
+
+def use_norm(net, norm):
+    """A model change GPT-2's config cannot describe: RMSNorm (no bias) in place of each LayerNorm."""
+    if norm == "rms":
+        for block in net.h:
+            block.ln_1, block.ln_2 = torch.nn.RMSNorm(net.cfg.n_embd), torch.nn.RMSNorm(net.cfg.n_embd)
+        net.ln_f = torch.nn.RMSNorm(net.cfg.n_embd)
+
+
+@dataclass(frozen=True)
+class WithNormAndOptimizer(step.Accelerations):
+    optimizer: str = step.declare("sgd", "optimizer", "the update rule", choices=("adamw", "sgd"))
+    norm: str = step.declare("rms", "RMSNorm", "a stand-in", choices=("layernorm", "rms"), model=use_norm,
+                             gpt2_values=("layernorm",))
+
+
 @pytest.fixture(params=[WithRung])
 def declared(request, monkeypatch):
     """Accelerations with the dummy declared in it, as a student's edit of training/step.py would make it."""
     monkeypatch.setattr(step, "Accelerations", request.param)
+    monkeypatch.setitem(step.OPTIMIZERS, "sgd", step.Optimizer(sgd, lr=0.05, weight_decay=0.0,
+                                                               settings={"momentum": 0.9}))
     CHANGED.clear()
     return request.param
 
@@ -149,3 +173,37 @@ def test_a_runs_metrics_record_the_declared_acceleration(declared, corpus, tmp_p
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert saved["accelerations"]["dummy_boost"] is False and saved["accelerations"] == metrics["accelerations"]
     assert saved["accelerations"]["fused_adamw"] is True and saved["accelerations"]["loss"] == "plain"
+    assert saved["optimizer"] == "AdamW" and saved["optimizer_settings"]["betas"] == [0.9, 0.95]
+
+
+@pytest.mark.parametrize("declared", [WithNormAndOptimizer], indirect=True)
+def test_a_declared_model_change_and_optimizer_reach_final_sampling_and_a_resume(declared, corpus, tmp_path, capsys):
+    """A model GPT-2's config cannot describe (RMSNorm) trained by a declared optimizer (SGD, its own lr):
+    metrics.json names the optimizer as built; final/ records the change and, holding no config.json, transformers
+    refuses it; sampling rebuilds the model from final/ and from a checkpoint; a resume with another value or
+    another optimizer is refused in one line."""
+    run = tmp_path / "run"
+    common = ["--tokens", "1024", "--ckpt-every", "2", "--keep-checkpoints", "--sample-tokens", "4"]
+    metrics = gpt_train.main(tiny_args(corpus, run, *common))
+    assert metrics["optimizer"] == "SGD" and metrics["optimizer_settings"]["momentum"] == 0.9
+    assert metrics["optimizer_settings"]["lr"] == pytest.approx(0.05 * 3)  # its own lr, x the tiny preset's scale
+    assert metrics["accelerations"]["fused_adamw"] is None and metrics["accelerations"]["norm"] == "rms"
+    assert "final/ is no transformers model: GPT-2's config cannot describe --norm rms" in capsys.readouterr().out
+    final = run / "final"
+    assert not (final / "config.json").exists() and not (final / "model.safetensors").exists()
+    own = json.loads((final / "lab5.json").read_text())
+    assert own["lab5"] == {"norm": "rms", "loss": "plain"} and own["transformers"].startswith("declined")
+    from transformers import GPT2LMHeadModel
+    with pytest.raises(OSError, match="model.safetensors"):
+        GPT2LMHeadModel.from_pretrained(final, local_files_only=True)
+    model, _ = load_run(run, None, torch.device("cpu"))
+    assert isinstance(model.ln_f, torch.nn.RMSNorm) and model.changes["norm"] == "rms"
+    assert sample.main([str(run), "--prompt", "The", "--tokens", "3", "--temperature", "0"])
+    (run / "metrics.json").unlink()  # unfinished: resumed from its checkpoint, sampled from it
+    shutil.rmtree(final)
+    assert isinstance(load_run(run, None, torch.device("cpu"))[0].ln_f, torch.nn.RMSNorm)
+    for change, message in [(["--norm", "layernorm"], "norm = rms; this run has norm = layernorm (--norm)"),
+                            (["--optimizer", "adamw"], "this run has lr = 0.003, weight_decay = 0.1, optimizer = "
+                                                       "adamw (--lr, --weight-decay, --optimizer)")]:
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            gpt_train.main(tiny_args(corpus, run, *common, *change))

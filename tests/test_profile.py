@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from training import watch
+from training import metrics
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpt_bench
@@ -26,17 +26,17 @@ def test_an_operator_goes_to_its_group_by_name(name, group):
 
 
 def test_a_profiled_step_splits_its_wall_time_into_the_groups():
-    """training/step.py's scopes (training.watch.scope) mark the data and optimizer parts under any profiler."""
+    """training/step.py's scopes (training.metrics.scope) mark the data and optimizer parts under any profiler."""
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
     optimizer = torch.optim.AdamW(model.parameters())
     x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 
     def step():
-        with watch.scope("data"):
+        with metrics.scope("data"):
             batch = x.clone()
         loss = torch.nn.functional.cross_entropy(model(batch), y)
         loss.backward()
-        with watch.scope("optimizer"):
+        with metrics.scope("optimizer"):
             optimizer.step()
             optimizer.zero_grad()
         return loss
@@ -47,7 +47,7 @@ def test_a_profiled_step_splits_its_wall_time_into_the_groups():
     assert sum(groups.values()) == pytest.approx(got["step_seconds"], rel=1e-3, abs=1e-5)  # groups rounded to 1 µs
     assert groups["matmul"] > 0 and groups["optimizer"] > 0 and groups["loss"] > 0 and groups["data"] > 0
     assert groups["attention"] == 0
-    assert watch.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
+    assert metrics.scope("data").__class__.__name__ == "nullcontext"  # free outside a profile
 
 
 @pytest.mark.slow

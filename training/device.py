@@ -91,7 +91,8 @@ def cpu_has_bf16():
 def resolve_compile(requested, device_type, capability):
     """auto: off, as in 12M tokens the faster steps do not win a cold compile back (report/results/README.md)."""
     if requested == "auto":
-        return "off", "torch.compile off (a 12M-token run does not repay a cold compile; --compile regional)"
+        return "off", "torch.compile off (measured: 12M tokens did not repay a cold compile, fewer repay it less; " \
+                      "--compile regional)"
     if requested != "off" and not compile_supported(device_type, capability):
         raise UserError(f"--compile {requested}: inductor needs sm70+, this GPU is sm{capability[0]}{capability[1]}")
     return requested, ""
