@@ -186,7 +186,7 @@ def set_up(args, argv, stack, phases):
     if ckpt:
         checkpoints.restore(accelerator, ckpt)  # a damaged file: one line naming it
     info = metrics.describe_run(args, decisions, train_step, budget, {
-        "text": str(text), "corpus": corpus, "command": "python gpt_train.py " + " ".join(argv),
+        "text": str(text), "corpus": corpus.identity, "command": "python gpt_train.py " + " ".join(argv),
         "micro_batch_source": micro_source})
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
     earlier = checkpoints.earlier_seconds(out_dir, state) if ckpt else 0.0
