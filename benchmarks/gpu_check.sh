@@ -1,28 +1,18 @@
 #!/bin/bash
 # Every GPU-side check and measurement in one call, made for the lent H200, in the order a TA grades them:
-# the own tokenizer; the 12M-token GPT run as a student runs it (slurm/gpt.sh with its defaults, caches cold),
-# its job time from here; LeNet-5 with --act torch and --act cpp (the gelu_ext build runs beside); compile off
-# vs regional, cold and warm; the ladder's key rows; fp16 + GradScaler; the CUDA tests; GPT-2's vocabulary;
-# GELU bandwidth; the report. nvidia-smi is logged during each training.
+# the own tokenizer; the 12M-token GPT run as a student runs it (slurm/gpt.sh, caches cold), its job time from
+# here; LeNet-5 with --act torch and --act cpp; compile off vs regional, cold and warm; the ladder's key rows;
+# fp16 + GradScaler; the CUDA tests; GPT-2's vocabulary; GELU bandwidth; the report. nvidia-smi is logged
+# during each training. benchmarks/README.md: what each step does and which file of OUT holds each figure.
 #
 #   bash benchmarks/gpu_check.sh --prepare DIR [--python 3.12]   here: what a bare machine lacks (<= 48 MiB)
 #   bash benchmarks/gpu_check.sh --from DIR --out OUT [--budget S] [--only a,b] [--cap STEP=S]   there
 #   bash benchmarks/gpu_check.sh --out OUT [--mnist D] [--text X.txt] [--gpt2-tokenizer F]   a GPU node
-#   bash benchmarks/gpu_check.sh --rehearse [--from DIR] --out OUT [--budget S]   the same plumbing on a CPU
+#   bash benchmarks/gpu_check.sh --rehearse [--from DIR] --out OUT [--budget S]   the same steps, smallest, on a CPU
 #
-# OUT holds results.json (what ran where; each step's status; every result; `clocks`: each run's wall time
-# from this shell beside its own process_seconds), logs.tar.gz, runs.tar.gz, report.tar.gz and gpu_check.log,
-# rewritten as each step ends: a call cut short keeps what it finished (benchmarks/README.md says where each
-# figure is). The --budget clock (default 540 s; 900 s rehearsed) starts at once; each step runs under
-# `timeout` at the smaller of its cap and what the budget leaves; the last line is the second call for what
-# was cut or failed. OUT is locked; Ctrl-C or TERM stops the running steps and records it.
-#
-# --prepare DIR carries the wheels of datasets and its dependencies but numpy and pyarrow (the image's), MNIST,
-# the corpus, GPT-2's tokenizer, and prep.txt (the Python and platform the wheels are for, the corpus's source
-# and size). There DIR is checked before any work; only the wheels of packages the machine lacks are installed
-# (--no-deps, into the run's own folder on PYTHONPATH), then checked by `pip check`.
-# --rehearse runs every step on the CPU at the smallest sizes (1,000 documents, the tiny GPT preset for 4,096
-# tokens, fp32 for fp16, GELU at 2^10 and 2^12, the ladder at sequence 16, only the warm compile pair).
+# OUT (locked) is rewritten as each step ends: a call cut short keeps what it finished. The --budget clock
+# (default 540 s; 900 s rehearsed) starts at once; each step runs under `timeout` at the smaller of its cap and
+# what the budget leaves; the last line is the second call for what was cut or failed.
 set -uo pipefail
 START=$(date +%s)  # the budget's clock: install, unpacking and build count
 CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
@@ -91,6 +81,7 @@ if [ "$MODE" = prepare ]; then
     [ ! -e "$PREP" ] || [ -z "$(ls -A "$PREP")" ] || die "$PREP is not empty: prepare into a new folder"
     mkdir -p "$PREP/wheels" "$PREP/MNIST/raw" "$PREP/gpt2-tokenizer"
     echo '*' > "$PREP/.gitignore"  # never committed, wherever DIR is
+    # datasets 5.2.0: its requirements the lent image meets (pyarrow >= 24, huggingface-hub >= 1.31, fsspec <= 2026.9)
     python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$PREP/wheels" datasets==5.2.0 || die "pip download of datasets for Python $PYVER failed"
@@ -128,12 +119,13 @@ if [ -n "$PREP" ]; then  # DIR whole and made for this Python and platform: one 
         [ -e "$PREP/$f" ] || die "$PREP/$f not found: make DIR with --prepare"
     done
     here=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    grep -qx "python $here" "$PREP/prep.txt" || die "$PREP was prepared for $(sed -n 's/^python /Python /p' "$PREP/prep.txt"), \
-$PY is $here: prepare again with --python $here"
+    made=$(sed -n 's/^python //p' "$PREP/prep.txt")
+    [ "$made" = "$here" ] || die "$PREP was prepared for Python $made, $PY is $here: prepare again with --python $here"
     grep -qx "platform linux-$(uname -m)" "$PREP/prep.txt" || die "$PREP was prepared for another platform"
     CORPUS=$(sed -n 's/^corpus //p' "$PREP/prep.txt") DOCS=$(sed -n 's/^documents //p' "$PREP/prep.txt")
     [[ $CORPUS == /* && $DOCS =~ ^[1-9][0-9]*$ ]] || die "$PREP/prep.txt names no corpus: make DIR again with --prepare"
-    why=$(gzip -t "$PREP/X.txt.gz" "$PREP"/MNIST/raw/*.gz 2>&1) || die "$(grep -m1 . <<< "$why"): make DIR again with --prepare"
+    why=$(gzip -t "$PREP/X.txt.gz" "$PREP"/MNIST/raw/*.gz 2>&1) \
+        || die "$(grep -m1 . <<< "$why"): make DIR again with --prepare"
 else
     [ -f "$TEXT" ] || die "corpus $TEXT not found (--text)"
     [ -z "$GPT2TOK" ] || [ ! -d "$GPT2TOK" ] || GPT2TOK="$GPT2TOK/tokenizer.json"  # a folder as data/gpt2-tokenizer/
@@ -290,8 +282,9 @@ fi
 # gelu_ext/ as it is).
 build() {
     local so
-    rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cp -r gelu_ext "$WORK/build/" && rm -f "$WORK"/build/gelu_ext/_C.*.so \
-        && (cd "$WORK/build/gelu_ext" && TORCH_CUDA_ARCH_LIST=$ARCH python setup.py -q build_ext --inplace) \
+    rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cp -r gelu_ext "$WORK/build/" || return 1
+    rm -f "$WORK"/build/gelu_ext/_C.*.so
+    (cd "$WORK/build/gelu_ext" && TORCH_CUDA_ARCH_LIST=$ARCH python setup.py -q build_ext --inplace) \
         && PYTHONPATH="$WORK/build" python "$TOOLS" cuda-ready "$REHEARSE" && so=$(ls "$WORK"/build/gelu_ext/_C.*.so) \
         || return 1
     [ "$REHEARSE" = 0 ] || { echo "rehearsal: built and checked in $WORK/build; gelu_ext/ left as it is"; return 0; }
@@ -344,7 +337,7 @@ else
     TOKENS=12M AB_RUNS="off-warm-1 regional-warm-1 off-cold-2 regional-cold-2 off-warm-2 regional-warm-2" ARCH=""
 fi
 export -f build cuda_tests lenet gpt fp16 compile_ab report
-export REPO WORK RESULTS GPU MNIST TEXT TOOLS REHEARSE TOKENS AB_RUNS ARCH SMALL_LENET SMALL_GPT FP16 TESTS
+export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS REHEARSE TOKENS AB_RUNS ARCH SMALL_LENET SMALL_GPT FP16 TESTS
 
 # In the order a TA grades. The build runs beside the first steps (niced, so that what is measured meanwhile
 # keeps its CPU); nothing before lenet-cpp waits for it.

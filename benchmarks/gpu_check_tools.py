@@ -107,30 +107,21 @@ def clocked(work, metrics, *command):
           f"({'within 1 s' if entry['agree_within_1s'] else 'they DISAGREE by over 1 s'})")
 
 
-AB_KEYS = ("process_seconds", "compile_seconds", "train_seconds", "tokens_per_second")
-
-
 def compile_ab(work, tokens, gpu):
-    """results/compile_ab_GPU.json: each compile off / regional run so far in its cell, cold (fresh compile and
-    micro-batch caches) or warm (a cold run's again), and the cells' medians: does compile pay?"""
-    work = Path(work)
-    clocks = {c.get("run"): c.get("shell_wall_seconds") for c in read_lines(work / "clocks.jsonl")}
+    """results/compile_ab_GPU.json: the process seconds of each compile off / regional run so far in its cell,
+    cold (fresh compile and micro-batch caches) or warm (a cold run's again), and each cell's median: does
+    compile pay? (Each run's metrics and wall time from here are in results.json.)"""
     cells = {}
-    for path in sorted((work / "results").glob(f"gpt_run_{tokens}-own-vocab-*_{gpu}.json")):
+    for path in sorted((Path(work) / "results").glob(f"gpt_run_{tokens}-own-vocab-*_{gpu}.json")):
         name = path.stem.removeprefix(f"gpt_run_{tokens}-own-vocab-").removesuffix(f"_{gpu}")
         ab = re.fullmatch(r"ab-(off|regional)-(cold|warm)-\d+", name)  # the graded and regional runs: the first cold
         cell = {"cold": "off_cold", "regional-compile-cold": "regional_cold"}.get(name) or ab and f"{ab[1]}_{ab[2]}"
         if cell:  # not fp16 and the like
-            m = json.loads(path.read_text())
-            cells.setdefault(cell, []).append({"run": path.stem, **{k: m.get(k) for k in AB_KEYS},
-                                               "shell_wall_seconds": clocks.get(path.stem)})
-    median = {cell: {k: statistics.median([r[k] for r in runs if r[k] is not None] or [None])  # none: None
-                     for k in ("process_seconds", "shell_wall_seconds", "compile_seconds")}
-              for cell, runs in cells.items()}
-    write_json(work / "results" / f"compile_ab_{gpu}.json",
-               {"gpu": gpu, "tokens": tokens, "runs": cells, "median": median, "report_quotes": "process_seconds"})
-    print("compile A/B, median process seconds: " + ", ".join(f"{c} {v['process_seconds']} ({len(cells[c])} runs)"
-                                                             for c, v in sorted(median.items())))
+            cells.setdefault(cell, {})[path.stem] = json.loads(path.read_text())["process_seconds"]
+    median = {cell: statistics.median(runs.values()) for cell, runs in sorted(cells.items())}
+    write_json(Path(work) / "results" / f"compile_ab_{gpu}.json",
+               {"gpu": gpu, "tokens": tokens, "process_seconds": cells, "median_process_seconds": median})
+    print(f"compile A/B, median process seconds: {median}")
 
 
 def gpt_verdict(metrics, rehearsal="0"):
