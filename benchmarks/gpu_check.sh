@@ -164,7 +164,13 @@ publish() {
             | tar -czf "$OUT/$d.tar.gz.tmp" --null -T -) && mv -f "$OUT/$d.tar.gz.tmp" "$OUT/$d.tar.gz"
     done
 }
-record() { "$PY" "$TOOLS" record "$WORK" "$@"; say "$1: $2"; publish; }  # record STEP STATUS [SECONDS]
+AGAIN=""  # the steps cut or failed, for the second call; the ladder cut at its cap is done (it takes what is left)
+record() {  # record STEP STATUS [SECONDS]: one JSON line (any byte of a message survives), said, published
+    "$PY" "$TOOLS" record "$WORK" "$@"
+    say "$1: $2"
+    [[ $2 == ok || $2 == "skipped: not asked"* || ($1 == ladder && $2 == "cut at"*) ]] || AGAIN+="$1,"
+    publish
+}
 
 # nvidia-smi beside a training: every 250 ms into a CSV, and the full snapshot at the highest utilisation
 # seen once the step's log shows its training loop: the handout's screenshot, never of the start-up.
@@ -177,7 +183,9 @@ smi_start() {  # smi_start STEP PATTERN
           grep -aqE "$2" "$LOGS/$1.log" 2>/dev/null || continue
           snap=$(timeout 5 nvidia-smi) || break
           util=$(timeout 5 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -n 1)
-          [[ $util =~ ^[0-9]+$ ]] && [ "$util" -ge "$best" ] && { best=$util; echo "$snap" > "$LOGS/nvidia-smi-during-$1.txt"; }
+          [[ $util =~ ^[0-9]+$ ]] && [ "$util" -gt "$best" ] || continue
+          best=$util  # written beside and renamed: a kill of this loop never leaves a cut snapshot
+          echo "$snap" > "$LOGS/.snapshot-$1" && mv -f "$LOGS/.snapshot-$1" "$LOGS/nvidia-smi-during-$1.txt"
       done ) &
     SMI_PIDS+=" $!"
 }
@@ -372,6 +380,9 @@ for n in gpt-own-vocab gpt-own-vocab-regional-compile lenet-torch; do  # the rep
 done
 step report 60 bash -c report
 
-# the summary, the second call for what was cut or failed; exit 0 when every step asked for is done
-say "the end"
-python "$TOOLS" end "$WORK" "$OUT" "$([ "$REHEARSE" = 0 ] || echo --rehearse) ${PREP:+--from $PREP}"
+# exit 0 when every step asked for is done, else the second call for what was cut or failed
+say "done; OUT: $(ls "$OUT" | paste -sd ' ')"
+[ -n "$AGAIN" ] || { echo "second call: none needed (every step asked for is done)"; exit 0; }
+echo "second call: bash benchmarks/gpu_check.sh $([ "$REHEARSE" = 0 ] || echo "--rehearse ")${PREP:+--from $PREP }\
+--out $OUT-2 --only ${AGAIN/report,/}report"
+exit 1

@@ -78,12 +78,7 @@ def results(work, out):
     head = json.loads((work / "facts.json").read_text()) if (work / "facts.json").exists() else {}
     if (work / "interrupted").exists():
         head["interrupted"] = (work / "interrupted").read_text().strip()
-    found = {}
-    for path in sorted((work / "results").glob("*.json")):
-        try:
-            found[path.stem] = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # a step cut while writing: say so, keep the rest
-            found[path.stem] = {"unreadable": str(e)}
+    found = {path.stem: json.loads(path.read_text()) for path in sorted((work / "results").glob("*.json"))}
     write_json(out, {**head, "steps": read_lines(work / "steps.jsonl"), "clocks": read_lines(work / "clocks.jsonl"),
                      "results": found})
 
@@ -130,21 +125,6 @@ def gpt_verdict(metrics, rehearsal="0"):
     print(f"{m['precision']}: train loss {m['final_train_loss']:.3f} ({'below' if m['success'] else 'NOT below'} 7), "
           f"{m['skipped_steps']} of {m['steps']} steps skipped by GradScaler")
     return 0 if m["success"] or rehearsal == "1" else 1
-
-
-def end(work, out, flags=""):
-    """The summary; the last line: the call for what was cut or failed (gpu_check.sh adds what those need);
-    exit 0 when every step asked for is done: ok, not asked, or the ladder cut at its cap (it takes what the
-    budget leaves, by design)."""
-    steps = read_lines(Path(work) / "steps.jsonl")
-    again = [s["step"] for s in steps if s["status"] not in ("ok", "skipped: not asked (--only)")
-             and not (s["step"] == "ladder" and s["status"].startswith("cut at"))]
-    print(f"{len(steps) - len(again)} of {len(steps)} steps done; OUT: "
-          + " ".join(sorted(p.name for p in Path(out).iterdir())))
-    only = ",".join([step for step in again if step != "report"] + ["report"])
-    call = ["bash", "benchmarks/gpu_check.sh", *flags.split(), "--out", f"{out}-2", "--only", only]
-    print("second call: " + " ".join(call) if again else "second call: none needed (every step asked for is done)")
-    return 1 if again else 0
 
 
 if __name__ == "__main__":

@@ -59,17 +59,14 @@ def main(argv=None):
                            capture_output=True)
 
 
-def command(case, tree, **fill):
-    script, *flags = CASES[case] + OUT
-    return [sys.executable, str(tree / script)] + [f.format(**fill) for f in flags]
-
-
 def measure_all(args, argv, versions, tmp):
     """Each case's token cache made once per version, untimed; then the repeats, each case and version in turn."""
     def run(case, version, out):
         shutil.rmtree(out, ignore_errors=True)
         Path(f"{out}.json").unlink(missing_ok=True)  # the other version's: a script replaces only what it wrote
-        cmd = command(case, versions[version], mnist=args.mnist, cache=tmp / f"cache-{version}", out=out)
+        script, *flags = CASES[case] + OUT
+        fill = {"mnist": args.mnist, "cache": tmp / f"cache-{version}", "out": out}
+        cmd = [sys.executable, str(versions[version] / script)] + [f.format(**fill) for f in flags]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=versions[version])
         wall = time.perf_counter() - t0
@@ -84,8 +81,6 @@ def measure_all(args, argv, versions, tmp):
     head = {"machine": {"cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
             **common.run_facts(__file__, argv), "baseline": git("rev-parse", BASELINE), "repeats": args.repeats,
             "goals_outside_loop_seconds": {c: GOALS[c] for c in args.cases},
-            "commands": {c: " ".join(command(c, Path("."), mnist=args.mnist, cache="CACHE", out="OUT")[1:])
-                         for c in args.cases},
             "load_average_at_start": os.getloadavg()[0]}
     runs = {case: {v: [] for v in versions} for case in args.cases}
     for _ in range(args.repeats):

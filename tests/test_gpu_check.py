@@ -215,7 +215,7 @@ def test_a_cut_step_a_failed_step_and_a_failed_import_leave_a_line_each_and_the_
     """A step past its cap is cut and says so; a failure's message, a tab, a carriage return and a byte that is
     not UTF-8 in it, is its status and results.json stays valid; a module that does not import fails its step
     with the reason (the image without datasets' dependencies); the report after them is still built from the
-    results; OUT holds its five files."""
+    results; OUT holds its five files; the last line is the second call for what was cut or failed."""
     fake = tmp_path / "fake" / "datasets"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError(\"No module named 'dill'\")\n")
@@ -230,6 +230,8 @@ def test_a_cut_step_a_failed_step_and_a_failed_import_leave_a_line_each_and_the_
     assert status["lenet-cpp"] == "failed (exit 1): a failure with a tab and a carriage return in it \u00ff"
     assert status["tokenizer"].startswith("failed (exit ") and "No module named 'dill'" in status["tokenizer"]
     assert status["report"] == "ok"  # results.json kept updating after them
+    assert result.stdout.splitlines()[-1] == (f"second call: bash benchmarks/gpu_check.sh --rehearse --out "
+                                              f"{tmp_path / 'out'}-2 --only tokenizer,lenet-torch,lenet-cpp,report")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "gpu_check.log", "logs.tar.gz", "report.tar.gz", "results.json", "runs.tar.gz"]
     with tarfile.open(tmp_path / "out" / "report.tar.gz") as tar:
@@ -474,19 +476,6 @@ def test_the_compile_ab_summary_puts_each_run_in_its_cell(tmp_path):
                                             "regional_warm": 12.0}
     assert ab["process_seconds"]["off_cold"] == {"gpt_run_4K-own-vocab-cold_X": 10.0,
                                                  "gpt_run_4K-own-vocab-ab-off-cold-2_X": 11.0}
-
-
-def test_the_second_call_is_for_what_failed_or_was_cut(tmp_path, capsys):
-    """The ladder cut at its cap is done (it takes what the budget leaves); the report always comes along."""
-    for step, status in [("build", "ok"), ("tokenizer", "ok"), ("lenet-cpp", "skipped: not asked (--only)"),
-                         ("compile-ab", "cut at 500 s (cap 300 s)"), ("ladder", "cut at 520 s (cap 300 s)"),
-                         ("cuda-tests", "skipped: budget spent (4 s left of 540 s)"), ("report", "ok")]:
-        gpu_check_tools.record(tmp_path, step, status, 1)
-    (tmp_path / "out").mkdir()
-    assert gpu_check_tools.end(tmp_path, tmp_path / "out", "--rehearse --from /prep") == 1
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        f"second call: bash benchmarks/gpu_check.sh --rehearse --from /prep --out {tmp_path / 'out'}-2 "
-        "--only compile-ab,cuda-tests,report")
 
 
 FAKE_GPT_TRAIN = """import json, os, sys
