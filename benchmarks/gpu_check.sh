@@ -63,8 +63,7 @@ done
 # token cache, the extension's users need it built (once made, it is installed into gelu_ext/)
 [[ " $ONLY " == *" compile-ab "* ]] && ONLY+=" gpt-own-vocab gpt-own-vocab-regional-compile"
 [[ " $ONLY " =~ \ (gpt-own-vocab|compile-ab) ]] && ONLY+=" tokenizer"
-[[ $REHEARSE = 0 && " $ONLY " =~ \ (lenet-cpp|cuda-tests|gelu-bench) ]] && ! ls gelu_ext/_C.*.so >/dev/null 2>&1 \
-    && ONLY+=" build"
+[[ " $ONLY " =~ \ (lenet-cpp|cuda-tests|gelu-bench) ]] && ! ls gelu_ext/_C.*.so >/dev/null 2>&1 && ONLY+=" build"
 [ -n "$ONLY" ] || ONLY=${STEPS% lenet-lightning report}" report"  # Lightning only when asked for
 
 # ---------------------------------------------------------------------------- --prepare (here)
@@ -231,8 +230,10 @@ interrupted() {  # the running steps' process groups stopped (timeout leads each
     local n
     trap '' INT TERM
     smi_stop
+    for n in $RUNNING; do kill -TERM -- "-${PID[$n]}" 2>/dev/null; done
+    sleep 2  # then whatever is left of them
     for n in $RUNNING; do
-        kill -TERM -- "-${PID[$n]}" 2>/dev/null
+        kill -KILL -- "-${PID[$n]}" 2>/dev/null
         "$PY" "$TOOLS" record "$WORK" "$n" "interrupted by SIG$1" "$(( $(date +%s) - T0[$n] ))"
     done
     echo "SIG$1 at $(now) s" > "$WORK/interrupted"
@@ -285,8 +286,8 @@ if [ "$REHEARSE" = 1 ]; then  # the first 1,000 documents (the folder's name kep
 fi
 
 # The extension, built in a copy of its sources, its CUDA kernels checked compiled in there, then renamed into
-# gelu_ext/ (a process that has the old one loaded keeps it); on a GPU for this GPU only (a rehearsal leaves
-# gelu_ext/ as it is).
+# gelu_ext/ (a process that has the old one loaded keeps it); on a GPU for this GPU only (a rehearsal keeps an
+# extension built here before).
 build() {
     local so
     rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cp -r gelu_ext "$WORK/build/" || return 1
@@ -294,7 +295,8 @@ build() {
     (cd "$WORK/build/gelu_ext" && TORCH_CUDA_ARCH_LIST=$ARCH python setup.py -q build_ext --inplace) \
         && PYTHONPATH="$WORK/build" python "$TOOLS" cuda-ready "$REHEARSE" && so=$(ls "$WORK"/build/gelu_ext/_C.*.so) \
         || return 1
-    [ "$REHEARSE" = 0 ] || { echo "rehearsal: built and checked in $WORK/build; gelu_ext/ left as it is"; return 0; }
+    [ "$REHEARSE" = 0 ] || ! ls gelu_ext/_C.*.so >/dev/null 2>&1 \
+        || { echo "rehearsal: built and checked in $WORK/build; the extension built here before stays"; return 0; }
     cp "$so" "gelu_ext/.${so##*/}.tmp" && mv -f "gelu_ext/.${so##*/}.tmp" "gelu_ext/${so##*/}"
 }
 cuda_tests() {  # only where the kernels are there: without them every CUDA test would skip and pytest pass

@@ -230,8 +230,9 @@ def test_a_cut_step_a_failed_step_and_a_failed_import_leave_a_line_each_and_the_
     assert status["lenet-cpp"] == "failed (exit 1): a failure with a tab and a carriage return in it \u00ff"
     assert status["tokenizer"].startswith("failed (exit ") and "No module named 'dill'" in status["tokenizer"]
     assert status["report"] == "ok"  # results.json kept updating after them
-    assert result.stdout.splitlines()[-1] == (f"second call: bash benchmarks/gpu_check.sh --rehearse --out "
-                                              f"{tmp_path / 'out'}-2 --only tokenizer,lenet-torch,lenet-cpp,report")
+    again = result.stdout.splitlines()[-1]  # the build came along where gelu_ext is not built (and failed)
+    assert again.startswith(f"second call: bash benchmarks/gpu_check.sh --rehearse --out {tmp_path / 'out'}-2 --only ")
+    assert set(again.split()[-1].split(",")) - {"build"} == {"tokenizer", "lenet-torch", "lenet-cpp", "report"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "gpu_check.log", "logs.tar.gz", "report.tar.gz", "results.json", "runs.tar.gz"]
     with tarfile.open(tmp_path / "out" / "report.tar.gz") as tar:
