@@ -5,7 +5,8 @@
 
 Per size, --repeats rounds in which the implementations take turns in a random order, each sample many
 back-to-back calls (on a GPU the launches overlap the kernels, as in training): per-call median and range, ext /
-ATen per round. Bytes per element: x read twice, y, grad and dx once (5 x itemsize)."""
+ATen per round; on a GPU also the kernels' own times at the largest size (torch.profiler). Bytes per element: x
+read twice, y, grad and dx once (5 x itemsize)."""
 import os
 import random
 import statistics
@@ -71,11 +72,11 @@ def timed_round_robin(fns, device, repeats):
 
 
 def ext_missing_reason(device):
+    """Why the op cannot be measured on this device; None when it can."""
     if not gelu_ext.is_built():
         return gelu_ext.BUILD_HINT
     if device.type == "cuda" and not gelu_ext.built_with_cuda():
         return "gelu_ext was built without its CUDA kernel (no nvcc, or its CUDA did not match torch's)"
-    return None
 
 
 def measure_size(n, impls, device, dtype, repeats, calls):
@@ -103,11 +104,11 @@ def measure_size(n, impls, device, dtype, repeats, calls):
     return row
 
 
-def kernel_times(n, impls, dtype, runs=5):
-    """The CUDA kernels' own time (torch.profiler) per kernel, `runs` calls of ATen and the op at n elements."""
+def kernel_times(n, impls, dtype):
+    """The CUDA kernels' own time (torch.profiler) per kernel, 5 calls of ATen and the op at n elements."""
     from torch.profiler import ProfilerActivity, profile
     x = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
-    calls = [forward_backward(impls[name], x, torch.randn_like(x), runs) for name in ("aten", "ext")]
+    calls = [forward_backward(impls[name], x, torch.randn_like(x), 5) for name in ("aten", "ext")]
     torch.cuda.synchronize()  # no warm-up: the table's rounds at this size ran both just before
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for call in calls:
@@ -117,10 +118,10 @@ def kernel_times(n, impls, dtype, runs=5):
             for e in prof.key_averages() if e.device_time_total > 0]
 
 
-def max_backward_error(n=1_000_000):
-    """Largest |dx - exact| of the op's and ATen's over n float32 inputs, exact in float64 (gelu_ext/README)."""
-    x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
-    grad = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+def max_backward_error():
+    """Largest |dx - exact| of the op's and ATen's over a million float32 inputs, exact in float64 (gelu_ext/README)."""
+    x = torch.randn(1_000_000, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4
+    grad = torch.randn(1_000_000, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
     def dx(name, dtype):
         xi = x.to(dtype, copy=True).requires_grad_()
@@ -134,20 +135,16 @@ def measure_sizes(args, impls, device, dtype):
     """The table's rows, smallest size first, and why it stopped early (None: it did not)."""
     cuda = device.type == "cuda"
     rows = []
-    print(f"{device}, {args.dtype}, forward+backward, ms per call, median of {args.repeats} rounds")
     for log2 in args.log2 or (range(16, 29, 2) if cuda else [10, 13, 16, 20, 24]):
         # back-to-back calls per sample: more than one call's launch latency or a timer tick; on a GPU at least 10
         # (with 2-4, 2^24-2^26 rounds ranged 0.4-1.9x on an H200; 20-call runs of ext and ATen agreed to 1-2%)
-        calls = args.calls or (max(10, min(100, 2**28 >> log2)) if cuda else max(1, min(1000, 2**20 >> log2)))
+        calls = max(10, min(100, 2**28 >> log2)) if cuda else max(1, min(1000, 2**20 >> log2))
         try:
             rows.append(measure_size(2**log2, impls, device, dtype, args.repeats, calls))
         except torch.cuda.OutOfMemoryError:  # a 2080 Ti at 2^28: the sizes before it stay
             torch.cuda.empty_cache()
-            stopped = f"2^{log2}: out of GPU memory; the table ends before it"
-            print(f"note: {stopped}")
-            return rows, stopped
-        print(f"2^{log2}, {calls} calls: " + ", ".join(f"{k} {v:.4g}" for k, v in rows[-1].items()
-                                                     if k.endswith(("_ms", "_aten", "GBps"))), flush=True)
+            return rows, f"2^{log2}: out of GPU memory; the table ends before it"
+        print(f"2^{log2}: {calls} calls measured", flush=True)  # progress: a GPU's table takes minutes
     return rows, None
 
 
@@ -161,18 +158,13 @@ def main(argv=None):
     add("--log2", type=number(int, 0, 32), nargs="+", help="sizes as powers of two (default: 10 13 16 20 24 on "
         "CPU, LeNet-5's activations among them; 16 18 ... 28 on GPU, where only the largest are bandwidth-bound)")
     add("--repeats", type=number(int, 0), default=0, help="rounds (default: 7 on CPU, 20 on GPU)")
-    add("--calls", type=number(int, 0), default=0, help="back-to-back calls per sample (default: by size, from "
-        "1000 at 2^10 down to 1 on CPU, 100 down to 10 on GPU)")
-    add("--skip", nargs="*", default=[], choices=[k for k in IMPLS if k != "aten"], help="implementations left out")
-    add("--kernel-times", action="store_true", help="on a GPU, also profile ATen's and the op's kernels at the "
-        "largest size")
     args = common.parse(p, argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but torch sees no CUDA GPU")
     args.repeats = args.repeats or (20 if device.type == "cuda" else 7)
     missing = ext_missing_reason(device)
-    impls = {k: v for k, v in IMPLS.items() if k not in args.skip and not (k == "ext" and missing)}
+    impls = {k: v for k, v in IMPLS.items() if not (k == "ext" and missing)}
     if missing:
         print(f"note: the ext op is not measured: {missing}", flush=True)
     load_before = os.getloadavg()[0]  # on a shared machine, how busy it was is part of the result
@@ -185,7 +177,7 @@ def main(argv=None):
               "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
               "float32_max_backward_error": max_backward_error() if gelu_ext.is_built() else None,
               **{k: v for k, v in rows[-1].items() if k in LAST_ROW}, "rows": rows}
-    if args.kernel_times and device.type == "cuda" and "ext" in impls:
+    if device.type == "cuda" and "ext" in impls:
         result["kernel_times"] = kernel_times(rows[-1]["n"], impls, dtype)
     return common.write(args, result)
 

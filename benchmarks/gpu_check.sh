@@ -1,18 +1,13 @@
 #!/bin/bash
-# Every GPU-side check and measurement in one call, made for the lent H200, in the order a TA grades them:
-# the own tokenizer; the 12M-token GPT run as a student runs it (slurm/gpt.sh, caches cold), its job time from
-# here; LeNet-5 with --act torch and --act cpp; compile off vs regional, cold and warm; the ladder's key rows;
-# fp16 + GradScaler; the CUDA tests; GPT-2's vocabulary; GELU bandwidth; the report. nvidia-smi is logged
-# during each training. benchmarks/README.md: what each step does and which file of OUT holds each figure.
+# Every GPU-side check and measurement in one call, made for the lent H200, in the order a TA grades them;
+# benchmarks/README.md: what each step does and which file of OUT holds each figure.
 #
 #   bash benchmarks/gpu_check.sh --prepare DIR [--python 3.12]   here: what a bare machine lacks (<= 48 MiB)
 #   bash benchmarks/gpu_check.sh --from DIR --out OUT [--budget S] [--only a,b] [--cap STEP=S]   there
 #   bash benchmarks/gpu_check.sh --out OUT [--mnist D] [--text X.txt] [--gpt2-tokenizer F]   a GPU node
 #   bash benchmarks/gpu_check.sh --rehearse [--from DIR] --out OUT [--budget S]   the same steps, smallest, on a CPU
-#
-# OUT (locked) is rewritten as each step ends: a call cut short keeps what it finished. The --budget clock
-# (default 540 s; 900 s rehearsed) starts at once; each step runs under `timeout` at the smaller of its cap and
-# what the budget leaves; the last line is the second call for what was cut or failed.
+# OUT (locked) is rewritten as each step ends. The --budget clock (default 540 s; 900 s rehearsed) starts at
+# once; the last line is the second call for what was cut or failed.
 set -uo pipefail
 START=$(date +%s)  # the budget's clock: install, unpacking and build count
 CALLER=$PWD  # paths a user types mean what they meant there; the script works from the repository
@@ -56,8 +51,7 @@ done
 [[ $PYVER =~ ^3\.[0-9]+$ ]] || die "--python takes a version like 3.12, not '$PYVER'" 2
 for s in $ONLY; do [[ " $STEPS " == *" $s "* ]] || die "--only: no step '$s' (steps: $STEPS)" 2; done
 for c in $CAPS; do
-    [[ $c =~ ^([a-z0-9-]+)=([0-9]+)$ ]] && [[ " $STEPS " == *" ${BASH_REMATCH[1]} "* ]] \
-        || die "--cap takes STEP=SECONDS with a step of: $STEPS (not '$c')" 2
+    [[ " $STEPS " == *" ${c%%=*} "* && ${c#*=} =~ ^[0-9]+$ ]] || die "--cap takes STEP=SECONDS, not '$c'" 2
 done
 # what a step needs comes along: compile-ab warms its cold runs' caches, the GPT runs read the own tokenizer's
 # token cache, the extension's users need it built (once made, it is installed into gelu_ext/)
@@ -90,7 +84,7 @@ if [ "$MODE" = prepare ]; then
     done
     gzip -c "$corpus" > "$PREP/X.txt.gz"
     cp "$gpt2"/* "$PREP/gpt2-tokenizer/"
-    printf 'python %s\nplatform linux-x86_64\ncorpus %s\ndocuments %s\n' "$PYVER" "$(realpath "$corpus")" \
+    printf 'python %s\ncorpus %s\ndocuments %s\n' "$PYVER" "$(realpath "$corpus")" \
         "$(grep -c '[^[:space:]]' "$corpus")" > "$PREP/prep.txt"
     size=$(du -sm "$PREP" | cut -f1)
     echo "prepared $PREP for Python $PYVER: ${size} MiB (limit 48)"
@@ -107,12 +101,7 @@ if [ "$REHEARSE" = 0 ]; then
     [ $rc -eq 0 ] || die "no NVIDIA GPU here (nvidia-smi -L failed; --rehearse runs on a CPU)"
 fi
 [ ! -e "$OUT" ] || [ -z "$(ls -A "$OUT")" ] || die "$OUT is not empty: give a new or empty folder"
-PY=""  # the interpreter that holds torch (found, not imported: an import takes seconds)
-for p in python3 python; do
-    command -v "$p" >/dev/null && "$p" -c 'import importlib.util as u, sys; sys.exit(not u.find_spec("torch"))' \
-        2>/dev/null && { PY=$(command -v "$p"); break; }
-done
-[ -n "$PY" ] || die "neither python3 nor python has torch here"
+PY=$(command -v python3 || command -v python) || die "no python3 here"  # its torch: checked below
 if [ -n "$PREP" ]; then  # DIR whole and made for this Python and platform: one line, not a late traceback
     for f in wheels MNIST/raw X.txt.gz gpt2-tokenizer/tokenizer.json prep.txt; do
         [ -e "$PREP/$f" ] || die "$PREP/$f not found: make DIR with --prepare"
@@ -120,9 +109,7 @@ if [ -n "$PREP" ]; then  # DIR whole and made for this Python and platform: one 
     here=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     made=$(sed -n 's/^python //p' "$PREP/prep.txt")
     [ "$made" = "$here" ] || die "$PREP was prepared for Python $made, $PY is $here: prepare again with --python $here"
-    grep -qx "platform linux-$(uname -m)" "$PREP/prep.txt" || die "$PREP was prepared for another platform"
     CORPUS=$(sed -n 's/^corpus //p' "$PREP/prep.txt") DOCS=$(sed -n 's/^documents //p' "$PREP/prep.txt")
-    [[ $CORPUS == /* && $DOCS =~ ^[1-9][0-9]*$ ]] || die "$PREP/prep.txt names no corpus: make DIR again with --prepare"
     why=$(gzip -t "$PREP/X.txt.gz" "$PREP"/MNIST/raw/*.gz 2>&1) \
         || die "$(grep -m1 . <<< "$why"): make DIR again with --prepare"
 else
@@ -135,16 +122,13 @@ fi
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || die "cannot make $OUT"
 exec 9<"$OUT"
 flock -n 9 || die "$OUT is in use by another gpu_check.sh: give another --out (its results are left as they are)"
-[ -z "$(ls -A "$OUT")" ] || die "$OUT is not empty: give a new or empty folder"
-printf '{"started": "%s", "budget_seconds": %s, "steps": []}\n' "$(date -u +%FT%TZ)" "$BUDGET" > "$OUT/results.json"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1  # the whole console comes back too
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 RESULTS="$WORK/results" LOGS="$WORK/logs"
 mkdir -p "$RESULTS" "$LOGS" "$WORK/runs" "$WORK/bin"
-# `python` (slurm/gpt.sh's) and `python3`: exec wrappers of the interpreter that holds torch, never links (a
-# venv's python3 linked from another folder, the lent image's, finds no pyvenv.cfg and starts without torch);
-# caches start cold (XDG_CACHE_HOME); PYTHONPATH: the carried packages, never over the image's
+# `python` (slurm/gpt.sh's) and `python3`: exec wrappers, never links (a venv's python3 linked from elsewhere
+# starts without the venv); caches start cold (XDG_CACHE_HOME); PYTHONPATH: the carried packages
 for p in python python3; do printf '#!/bin/bash\nexec %q "$@"\n' "$PY" > "$WORK/bin/$p" && chmod +x "$WORK/bin/$p"; done
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$WORK/cache" PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}" \
@@ -171,15 +155,14 @@ record() {  # record STEP STATUS [SECONDS]: one JSON line (any byte of a message
     publish
 }
 
-# nvidia-smi beside a training: every 250 ms into a CSV, and the full snapshot at the highest utilisation
-# seen once the step's log shows its training loop: the handout's screenshot, never of the start-up.
-smi_start() {  # smi_start STEP PATTERN
+# nvidia-smi beside a step: every 250 ms into a CSV, and the full snapshot at the highest utilisation
+# seen: the handout's screenshot, of the training loop rather than the start-up.
+smi_start() {  # smi_start STEP
     [ "$REHEARSE" = 0 ] || return 0
     nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,memory.used,power.draw,clocks.sm \
         --format=csv -lms 250 > "$LOGS/nvidia-smi-$1.csv" 2>&1 &
     SMI_PIDS="$!"
     ( best=-1; while sleep 0.25; do
-          grep -aqE "$2" "$LOGS/$1.log" 2>/dev/null || continue
           snap=$(timeout 5 nvidia-smi) || break
           util=$(timeout 5 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -n 1)
           [[ $util =~ ^[0-9]+$ ]] && [ "$util" -gt "$best" ] || continue
@@ -190,14 +173,12 @@ smi_start() {  # smi_start STEP PATTERN
 }
 smi_stop() { [ -z "${SMI_PIDS:-}" ] || kill $SMI_PIDS 2>/dev/null; SMI_PIDS=""; }
 
-# step NAME CAP [--smi PATTERN] [--bg] CMD...: CMD under timeout (its own process group) at min(CAP, what the
-# budget leaves less 30 s for the report), its output in logs/NAME.log; then (--bg: at `finish NAME`) its status.
-declare -A PID T0 CAP
-RUNNING=""
+# step NAME CAP [--bg] CMD...: CMD under timeout (its own process group) at min(CAP, what the budget leaves less
+# 30 s for the report), output in logs/NAME.log, nvidia-smi beside it; then its status (--bg: at `finish NAME`).
+declare -A PID T0 CAP  # PID: the steps running
 step() {
-    local name=$1 cap=$2 smi="" bg="" left
+    local name=$1 cap=$2 bg="" left
     shift 2
-    [ "$1" != --smi ] || { smi=$2; shift 2; }
     [ "$1" != --bg ] || { bg=1; shift; }
     [[ " $ONLY " == *" $name "* ]] || { record "$name" "skipped: not asked (--only)"; return; }
     for c in $CAPS; do [ "${c%%=*}" = "$name" ] && cap=${c#*=}; done
@@ -208,18 +189,16 @@ step() {
     say "$name: start (cap ${cap} s)"
     T0[$name]=$(date +%s) CAP[$name]=$cap
     timeout -k 5 "$cap" "$@" > "$LOGS/$name.log" 2>&1 9<&- &
-    PID[$name]=$! RUNNING+=" $name"
-    [ -z "$smi" ] || smi_start "$name" "$smi"
-    [ -n "$bg" ] || finish "$name"
+    PID[$name]=$!
+    [ -n "$bg" ] || { smi_start "$name"; finish "$name"; }
 }
 finish() {
     local name=$1 rc seconds
     [ -n "${PID[$name]:-}" ] || return 0  # skipped: already recorded
     wait "${PID[$name]}"; rc=$?
-    RUNNING=${RUNNING/ $name/}
-    [ "$name" = build ] || smi_stop
+    unset "PID[$name]"
+    smi_stop
     seconds=$(( $(date +%s) - T0[$name] ))
-    tail -n 3 "$LOGS/$name.log" | cut -c1-300 | sed 's/^/    /'
     case $rc in
         0) record "$name" ok "$seconds" ;;
         124|137) record "$name" "cut at $(( T0[$name] - START + CAP[$name] )) s (cap ${CAP[$name]} s)" "$seconds" ;;
@@ -227,17 +206,15 @@ finish() {
     esac
 }
 interrupted() {  # the running steps' process groups stopped (timeout leads each), recorded, OUT updated
-    local n
     trap '' INT TERM
     smi_stop
-    for n in $RUNNING; do kill -TERM -- "-${PID[$n]}" 2>/dev/null; done
+    for n in "${!PID[@]}"; do kill -TERM -- "-${PID[$n]}" 2>/dev/null; done
     sleep 2  # then whatever is left of them
-    for n in $RUNNING; do
+    for n in "${!PID[@]}"; do
         kill -KILL -- "-${PID[$n]}" 2>/dev/null
         "$PY" "$TOOLS" record "$WORK" "$n" "interrupted by SIG$1" "$(( $(date +%s) - T0[$n] ))"
     done
     echo "SIG$1 at $(now) s" > "$WORK/interrupted"
-    say "interrupted by SIG$1; steps stopped:${RUNNING:- none}"
     publish
     exit "$2"
 }
@@ -245,13 +222,11 @@ trap 'interrupted INT 130' INT
 trap 'interrupted TERM 143' TERM
 
 # What the run is, first: the versions that decide whether the extension gets CUDA kernels (nvcc where
-# gelu_ext/setup.py looks too; the build's check names a mismatch); the GPU; the corpus (a stand-in is never
-# quoted as WOS).
+# gelu_ext/setup.py looks too); the GPU; the corpus (a stand-in is never quoted as WOS).
 NVCC=$(timeout -k 2 "$PRE" "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version 2>/dev/null \
     | grep -o 'release [0-9.]*' | cut -d' ' -f2)
 read -r TORCH TORCH_CUDA < <(timeout -k 2 "$PRE" python -c 'import torch; print(torch.__version__, torch.version.cuda or "")')
-[ -n "${TORCH:-}" ] || die "$WORK/bin/python (slurm/gpt.sh's python, exec $PY) does not import torch"
-say "python (exec $PY): nvcc ${NVCC:-not found}; torch $TORCH with CUDA ${TORCH_CUDA:-none}"
+[ -n "${TORCH:-}" ] || die "$PY (slurm/gpt.sh's python here) does not import torch"
 GPU=rehearsal_cpu
 if [ "$REHEARSE" = 0 ]; then
     GPU=$(timeout 5 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr -c 'A-Za-z0-9\n' '_' | tr -s '_')
@@ -277,20 +252,17 @@ if [ -n "$PREP" ]; then  # a bare machine: the carried packages it lacks, the da
     TEXT="$WORK/corpus/$(basename "$(dirname "$CORPUS")")/X.txt"  # the source's folder name tells a stand-in
     mkdir -p "$(dirname "$TEXT")" && gunzip -c "$PREP/X.txt.gz" > "$TEXT"
     GPT2TOK="$PREP/gpt2-tokenizer/tokenizer.json"
-elif [ -z "$GPT2TOK" ] && [ -f "$SHARED/gpt2-tokenizer/tokenizer.json" ]; then
-    GPT2TOK="$SHARED/gpt2-tokenizer/tokenizer.json"
 fi
 if [ "$REHEARSE" = 1 ]; then  # the first 1,000 documents (the folder's name kept: it tells a stand-in)
     small="$WORK/small/$(basename "$(dirname "$TEXT")")"
     mkdir -p "$small" && head -n 1000 "$TEXT" > "$small/X.txt" && TEXT="$small/X.txt"
 fi
 
-# The extension, built in a copy of its sources, its CUDA kernels checked compiled in there, then renamed into
-# gelu_ext/ (a process that has the old one loaded keeps it); on a GPU for this GPU only (a rehearsal keeps an
-# extension built here before).
+# The extension, built in a copy of its sources, its CUDA kernels checked there, then renamed into gelu_ext/
+# (a process that has the old one loaded keeps it); on a GPU for this GPU only (a rehearsal keeps one built here).
 build() {
     local so
-    rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cp -r gelu_ext "$WORK/build/" || return 1
+    mkdir -p "$WORK/build" && cp -r gelu_ext "$WORK/build/" || return 1
     rm -f "$WORK"/build/gelu_ext/_C.*.so
     (cd "$WORK/build/gelu_ext" && TORCH_CUDA_ARCH_LIST=$ARCH python setup.py -q build_ext --inplace) \
         && PYTHONPATH="$WORK/build" python "$TOOLS" cuda-ready "$REHEARSE" && so=$(ls "$WORK"/build/gelu_ext/_C.*.so) \
@@ -299,10 +271,6 @@ build() {
         || { echo "rehearsal: built and checked in $WORK/build; the extension built here before stays"; return 0; }
     cp "$so" "gelu_ext/.${so##*/}.tmp" && mv -f "gelu_ext/.${so##*/}.tmp" "gelu_ext/${so##*/}"
 }
-cuda_tests() {  # only where the kernels are there: without them every CUDA test would skip and pytest pass
-    [ "$REHEARSE" = 1 ] || python "$TOOLS" cuda-ready 0 || return 1
-    python -m pytest -q -p no:cacheprovider tests/test_gelu_ext.py $TESTS
-}
 lenet() {  # lenet NAME FLAGS...: one run, clocked from here
     local name=$1; shift
     python "$TOOLS" clocked "$WORK" "$RESULTS/lenet_run_${name}_$GPU.json" python lenet5.py --data-dir "$MNIST" \
@@ -310,43 +278,28 @@ lenet() {  # lenet NAME FLAGS...: one run, clocked from here
         $SMALL_LENET "$@"
 }
 # CACHES names a run's compile and micro-batch caches (XDG_CACHE_HOME): a new name is cold, one used before warm
-gpt() {  # gpt NAME CACHES gpt_train.py|gpt.sh FLAGS...: one run, end to end, clocked from here
-    local name=$1 caches=$2 run=(python gpt_train.py); shift 2
-    [ "$1" = gpt.sh ] && run=(bash slurm/gpt.sh)
-    shift
+gpt() {  # gpt NAME CACHES FLAGS...: one run as a student starts it (slurm/gpt.sh), clocked from here
+    local name=$1 caches=$2; shift 2
     XDG_CACHE_HOME="$WORK/cache-$caches" python "$TOOLS" clocked "$WORK" "$RESULTS/gpt_run_${name}_$GPU.json" \
-        "${run[@]}" --text "$TEXT" --tokenizer "$WORK/tokenizer.json" --cache-dir "$WORK/data-cache-tokenizer" \
+        bash slurm/gpt.sh --text "$TEXT" --tokenizer "$WORK/tokenizer.json" --cache-dir "$WORK/data-cache-tokenizer" \
         --out-dir "$WORK/runs/gpt/$GPU-$name" --metrics-out "$RESULTS/gpt_run_${name}_$GPU.json" $SMALL_GPT "$@"
 }
-fp16() {  # the fp16 + GradScaler path a 2080Ti takes: loss < 7 and the steps GradScaler skipped
-    gpt "$TOKENS-own-vocab-fp16" fp16 gpt_train.py --precision $FP16 \
-        && python "$TOOLS" gpt-verdict "$RESULTS/gpt_run_$TOKENS-own-vocab-fp16_$GPU.json" "$REHEARSE"
-}
-compile_ab() {  # off and regional, warm (the caches the cold runs left) and cold again; the summary after each
-    local run mode state r
-    for run in $AB_RUNS; do
-        IFS=- read -r mode state r <<< "$run"
-        gpt "$TOKENS-own-vocab-ab-$run" "$mode-$r" gpt_train.py --compile "$mode" \
-            && python "$TOOLS" compile-ab "$WORK" "$TOKENS" "$GPU" || return 1
+compile_ab() {  # off and regional, warm (the caches the cold runs left) and cold again
+    local run
+    for run in $AB_RUNS; do  # MODE-STATE-N: with the caches of MODE's Nth cold run
+        gpt "$TOKENS-own-vocab-ab-$run" "${run%%-*}-${run##*-}" --compile "${run%%-*}" || return 1
     done
 }
-report() {
-    local runs=()
-    for d in "$WORK/runs/lenet5/$GPU-torch" "$WORK/runs/gpt/$GPU-$TOKENS-own-vocab-cold"; do [ -d "$d" ] && runs+=("$d"); done
-    python report/make_report.py "${runs[@]}" --runs-root "$WORK/runs" --results "$RESULTS" --gpu-logs "$LOGS" \
-        --out "$WORK/report" --no-screenshots
-}
+SMALL_LENET="" SMALL_GPT="" SMALL_LADDER="--repeats 3" SMALL_TOK="" GELU="--device cuda" TESTS="" FP16=fp16
+TOKENS=12M AB_RUNS="off-warm-1 regional-warm-1 off-cold-2 regional-cold-2 off-warm-2 regional-warm-2" ARCH=""
 if [ "$REHEARSE" = 1 ]; then  # a CPU compiles for minutes: the warm pair shows the plumbing
     SMALL_LENET="--epochs 1 --device cpu" SMALL_GPT="--preset tiny --tokens 4096 --val-batches 2" TOKENS=4K
     SMALL_LADDER="--seq-len 16 --micro-batch 1 --vocab-size 64 --warmup 0 --steps 1 --repeats 1"
     SMALL_TOK="--vocab-size 1024 --seq-len 64" GELU="--device cpu --log2 10 12 --repeats 2" TESTS="-k cuda"
     FP16=fp32 AB_RUNS="off-warm-1 regional-warm-1" ARCH=${TORCH_CUDA_ARCH_LIST:-9.0}  # no device to ask
-else
-    SMALL_LENET="" SMALL_GPT="" SMALL_LADDER="--repeats 3" SMALL_TOK="" GELU="--device cuda" TESTS="" FP16=fp16
-    TOKENS=12M AB_RUNS="off-warm-1 regional-warm-1 off-cold-2 regional-cold-2 off-warm-2 regional-warm-2" ARCH=""
 fi
-export -f build cuda_tests lenet gpt fp16 compile_ab report
-export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS REHEARSE TOKENS AB_RUNS ARCH SMALL_LENET SMALL_GPT FP16 TESTS
+export -f build lenet gpt compile_ab
+export REPO WORK RESULTS LOGS GPU MNIST TEXT TOOLS REHEARSE TOKENS AB_RUNS ARCH SMALL_LENET SMALL_GPT
 
 # In the order a TA grades. The build runs beside the first steps (niced, so that what is measured meanwhile
 # keeps its CPU); nothing before lenet-cpp waits for it.
@@ -354,36 +307,34 @@ step build $(( REHEARSE ? 600 : 240 )) --bg nice -n 10 bash -c build  # a CPU's 
 step tokenizer 90 python tokenizer_train.py --text "$TEXT" --out "$WORK/tokenizer.json" --force \
     --compare "${GPT2TOK:-none}" --cache-dir "$WORK/data-cache-tokenizer" --metrics-out "$RESULTS/tokenizer_$GPU.json" \
     $SMALL_TOK
-# the graded run: slurm/gpt.sh with its defaults (compile off), cold, end to end; its clock is the job's
-step gpt-own-vocab 120 --smi 'train:' bash -c "gpt $TOKENS-own-vocab-cold off-1 gpt.sh"
-step lenet-torch 60 --smi 'LeNet-5 [(]' bash -c "lenet torch --act torch"
+# the graded run: slurm/gpt.sh with its defaults (compile off), cold, end to end
+step gpt-own-vocab 120 bash -c "gpt $TOKENS-own-vocab-cold off-1"
+step lenet-torch 60 bash -c "lenet torch --act torch"
 finish build  # --act cpp needs it
-step lenet-cpp 60 --smi 'LeNet-5 [(]' bash -c "lenet cpp --act cpp"
+step lenet-cpp 60 bash -c "lenet cpp --act cpp"
 # does compile pay? off (the graded run) against regional, cold, then warm and repeated
-step gpt-own-vocab-regional-compile 150 --smi 'train:' \
-    bash -c "gpt $TOKENS-own-vocab-regional-compile-cold regional-1 gpt_train.py --compile regional"
+step gpt-own-vocab-regional-compile 150 --smi \
+    bash -c "gpt $TOKENS-own-vocab-regional-compile-cold regional-1 --compile regional"
 step compile-ab 400 bash -c compile_ab
-# the ladder's key rows first (naive, default, the default without each acceleration; the default's step
-# profiled), repeats interleaved; gpt_bench.py rewrites its JSON after every row, so a cut keeps the rows done
+# the ladder's key rows first; gpt_bench.py rewrites its JSON after every row, so a cut keeps the rows done
 step ladder 300 python benchmarks/gpt_bench.py --order unmeasured --metrics-out "$RESULTS/gpt_bench_$GPU.json" \
     $SMALL_LADDER
-step gpt-own-vocab-fp16 120 --smi 'train:' bash -c fp16
-step cuda-tests 150 bash -c cuda_tests
-if [ -n "$GPT2TOK" ] || [[ " $ONLY " != *" gpt-gpt2-vocab "* ]]; then
-    step gpt-gpt2-vocab 150 --smi 'train:' bash -c "gpt $TOKENS-gpt2-vocab-cold gpt2 gpt_train.py --tokenizer '$GPT2TOK'"
-else
-    record gpt-gpt2-vocab "skipped: no GPT-2 tokenizer (--gpt2-tokenizer or --from DIR)"
-fi
+# the fp16 + GradScaler path a 2080Ti takes (its metrics: loss < 7 or not, the steps GradScaler skipped)
+step gpt-own-vocab-fp16 120 bash -c "gpt $TOKENS-own-vocab-fp16 fp16 --precision $FP16"
+step cuda-tests 150 bash -c "python '$TOOLS' cuda-ready $REHEARSE \
+    && python -m pytest -q -p no:cacheprovider tests/test_gelu_ext.py $TESTS"
+step gpt-gpt2-vocab 150 bash -c "gpt $TOKENS-gpt2-vocab-cold gpt2 --tokenizer '$GPT2TOK'"
 step gelu-bench 90 python benchmarks/gelu_bench.py $GELU --metrics-out "$RESULTS/gelu_bench_$GPU.json"
-step lenet-lightning 75 --smi 'LeNet-5 [(]' bash -c "lenet lightning --engine lightning"
-for n in gpt-own-vocab gpt-own-vocab-regional-compile lenet-torch; do  # the report's figure: one during training
-    [ ! -f "$LOGS/nvidia-smi-during-$n.txt" ] || { cp "$LOGS/nvidia-smi-during-$n.txt" "$LOGS/nvidia-smi.txt"; break; }
+step lenet-lightning 75 bash -c "lenet lightning --engine lightning"
+REPORT_RUNS=()
+for d in "$WORK/runs/lenet5/$GPU-torch" "$WORK/runs/gpt/$GPU-$TOKENS-own-vocab-cold"; do
+    [ -d "$d" ] && REPORT_RUNS+=("$d")
 done
-step report 60 bash -c report
+step report 60 python report/make_report.py "${REPORT_RUNS[@]}" --runs-root "$WORK/runs" --results "$RESULTS" \
+    --gpu-logs "$LOGS" --out "$WORK/report" --no-screenshots
 
 # exit 0 when every step asked for is done, else the second call for what was cut or failed
-say "done; OUT: $(ls "$OUT" | paste -sd ' ')"
-[ -n "$AGAIN" ] || { echo "second call: none needed (every step asked for is done)"; exit 0; }
+[ -n "$AGAIN" ] || exit 0
 echo "second call: bash benchmarks/gpu_check.sh $([ "$REHEARSE" = 0 ] || echo "--rehearse ")${PREP:+--from $PREP }\
 --out $OUT-2 --only ${AGAIN/report,/}report"
 exit 1

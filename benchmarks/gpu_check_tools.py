@@ -17,10 +17,10 @@ sys.path.append(str(REPO))  # appended: cuda_ready's gelu_ext is the first on PY
 from data.files import write_json
 
 
-def one_line(text, limit=400):
+def one_line(text):
     """Tabs, newlines and carriage returns (progress bars) as spaces; any byte as text (not UTF-8: U+FFFD)."""
     text = os.fsencode(text).decode("utf-8", "replace")
-    return re.sub(r"[\t\r\n]+", " ", text).strip()[:limit]
+    return re.sub(r"[\t\r\n]+", " ", text).strip()[:400]
 
 
 def missing_wheels(wheel_dir):
@@ -37,13 +37,10 @@ def cuda_ready(rehearsal="0"):
     would skip and pytest pass; on a GPU, torch also sees the device (a rehearsal has none to see)."""
     import torch
 
-    import gelu_ext
-    problems = [(rehearsal != "1" and not torch.cuda.is_available(),
-                 f"torch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda or 'none'})"),
-                (not gelu_ext.is_built(), "gelu_ext is not built (the build step failed or did not run)"),
-                (not gelu_ext.built_with_cuda(),
-                 f"gelu_ext was built without CUDA kernels (no usable nvcc for torch's CUDA {torch.version.cuda})")]
-    problem = next((message for bad, message in problems if bad), None)
+    import gelu_ext  # before gelu_bench, whose path puts the repository's gelu_ext first
+    from gelu_bench import ext_missing_reason
+    problem = (rehearsal != "1" and not torch.cuda.is_available() and f"torch {torch.__version__} sees no CUDA "
+               f"device (built for CUDA {torch.version.cuda or 'none'})") or ext_missing_reason(torch.device("cuda"))
     print(problem or f"gelu_ext: CPU + CUDA kernels ({Path(gelu_ext.__file__).parent})")
     return 1 if problem else 0
 
@@ -63,8 +60,7 @@ def record(work, step, status, seconds=""):
 
 
 def facts(work, *pairs):
-    """WORK/facts.json, results.json's head, from KEY=VALUE pairs (what ran where, as the shell read it); the
-    corpus is what it is, not what it is called: a stand-in must never be quoted as WOS."""
+    """WORK/facts.json, results.json's head: what ran where (KEY=VALUE, as the shell read it)."""
     head = {key: one_line(value) or None for key, _, value in (p.partition("=") for p in pairs)}
     head |= {"rehearsal": head["rehearsal"] == "1", "budget_seconds": int(head["budget_seconds"]),
              "corpus": {"source": head.pop("corpus"), "documents": int(head.pop("documents"))},
@@ -73,58 +69,41 @@ def facts(work, *pairs):
 
 
 def results(work, out):
-    """results.json: the facts, each step's entry in order, an interruption, every JSON result by file name."""
+    """results.json: the facts, the steps in order, an interruption, the clocks, the compile A/B, every result."""
     work = Path(work)
     head = json.loads((work / "facts.json").read_text()) if (work / "facts.json").exists() else {}
     if (work / "interrupted").exists():
         head["interrupted"] = (work / "interrupted").read_text().strip()
     found = {path.stem: json.loads(path.read_text()) for path in sorted((work / "results").glob("*.json"))}
     write_json(out, {**head, "steps": read_lines(work / "steps.jsonl"), "clocks": read_lines(work / "clocks.jsonl"),
-                     "results": found})
+                     "compile_ab": compile_ab(found), "results": found})
 
 
 def clocked(work, metrics, *command):
-    """COMMAND, and its wall time from here (fork to exit) beside the metrics' own process_seconds and phases,
-    into clocks.jsonl. The report quotes process_seconds; a gap over 1 s (CUDA's teardown after os._exit is
-    outside it) says that figure is short by it."""
+    """COMMAND, and its wall time from here (fork to exit) beside the metrics' own process_seconds (which the
+    report quotes; CUDA's teardown after os._exit is outside it), into clocks.jsonl."""
     started = time.perf_counter()
     code = subprocess.run(command).returncode
     wall = time.perf_counter() - started
     if code:  # a failure's last line stays its own
         return code
-    m = json.loads(Path(metrics).read_text())
-    process = m.get("process_seconds")
-    entry = {"run": Path(metrics).stem, "shell_wall_seconds": round(wall, 3), "process_seconds": process,
-             **{k: m.get(k) for k in ("process_seconds_total", "train_seconds", "phases")},
-             "agree_within_1s": process is not None and abs(wall - process) <= 1.0, "report_quotes": "process_seconds"}
-    append_line(Path(work) / "clocks.jsonl", entry)
-    print(f"clock: {entry['run']}: {wall:.2f} s from here, process_seconds {process} "
-          f"({'within 1 s' if entry['agree_within_1s'] else 'they DISAGREE by over 1 s'})")
+    process = json.loads(Path(metrics).read_text())["process_seconds"]
+    append_line(Path(work) / "clocks.jsonl", {"run": Path(metrics).stem, "shell_wall_seconds": round(wall, 3),
+                                              "process_seconds": process})
 
 
-def compile_ab(work, tokens, gpu):
-    """results/compile_ab_GPU.json: the process seconds of each compile off / regional run so far in its cell,
-    cold (fresh compile and micro-batch caches) or warm (a cold run's again), and each cell's median: does
-    compile pay? (Each run's metrics and wall time from here are in results.json.)"""
+# the graded run (compile off), the regional-compile step's and compile-ab's runs: the cell of each, e.g. off_cold
+AB_RUN = re.compile(r"gpt_run_[^-]+-own-vocab-(?:ab-)?(?P<mode>off|regional|)(?:-compile)?-?(?P<cache>cold|warm)[-_]")
+
+
+def compile_ab(found):
+    """Does compile pay? Each run's process seconds in its cell (cold: fresh caches; warm: a cold run's), medians."""
     cells = {}
-    for path in sorted((Path(work) / "results").glob(f"gpt_run_{tokens}-own-vocab-*_{gpu}.json")):
-        name = path.stem.removeprefix(f"gpt_run_{tokens}-own-vocab-").removesuffix(f"_{gpu}")
-        ab = re.fullmatch(r"ab-(off|regional)-(cold|warm)-\d+", name)  # the graded and regional runs: the first cold
-        cell = {"cold": "off_cold", "regional-compile-cold": "regional_cold"}.get(name) or ab and f"{ab[1]}_{ab[2]}"
-        if cell:  # not fp16 and the like
-            cells.setdefault(cell, {})[path.stem] = json.loads(path.read_text())["process_seconds"]
-    median = {cell: statistics.median(runs.values()) for cell, runs in sorted(cells.items())}
-    write_json(Path(work) / "results" / f"compile_ab_{gpu}.json",
-               {"gpu": gpu, "tokens": tokens, "process_seconds": cells, "median_process_seconds": median})
-    print(f"compile A/B, median process seconds: {median}")
-
-
-def gpt_verdict(metrics, rehearsal="0"):
-    """The lab's criterion (train loss < 7) and the steps GradScaler skipped, from a run's metrics."""
-    m = json.loads(Path(metrics).read_text())
-    print(f"{m['precision']}: train loss {m['final_train_loss']:.3f} ({'below' if m['success'] else 'NOT below'} 7), "
-          f"{m['skipped_steps']} of {m['steps']} steps skipped by GradScaler")
-    return 0 if m["success"] or rehearsal == "1" else 1
+    for stem, metrics in found.items():
+        if (run := AB_RUN.match(stem)) and "process_seconds" in metrics:
+            cells.setdefault(f"{run['mode'] or 'off'}_{run['cache']}", {})[stem] = metrics["process_seconds"]
+    return {"process_seconds": cells,
+            "median_process_seconds": {cell: statistics.median(runs.values()) for cell, runs in sorted(cells.items())}}
 
 
 if __name__ == "__main__":

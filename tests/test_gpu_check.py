@@ -106,8 +106,8 @@ def test_prepare_for_another_python_carries_what_a_bare_image_lacks(tmp_path):
         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
         "train-labels-idx1-ubyte.gz"]
     assert f"prepared {prep} for Python 3.11" in result.stdout
-    assert (prep / "prep.txt").read_text() == (f"python 3.11\nplatform linux-x86_64\n"
-                                               f"corpus {tmp_path / 'wos-standin' / 'X.txt'}\ndocuments 300\n")
+    corpus = tmp_path / "wos-standin" / "X.txt"
+    assert (prep / "prep.txt").read_text() == f"python 3.11\ncorpus {corpus}\ndocuments 300\n"
 
 
 def test_only_the_wheels_of_missing_packages_are_installed(tmp_path):
@@ -132,7 +132,7 @@ def make_prep(tmp_path, tokenizer=None):
         tokenizer.save(str(prep / "gpt2-tokenizer" / "tokenizer.json"))
     else:
         (prep / "gpt2-tokenizer" / "tokenizer.json").write_text("{}")
-    (prep / "prep.txt").write_text(f"python {sys.version_info[0]}.{sys.version_info[1]}\nplatform linux-x86_64\n"
+    (prep / "prep.txt").write_text(f"python {sys.version_info[0]}.{sys.version_info[1]}\n"
                                    "corpus /data/wos-standin/X.txt\ndocuments 300\n")
     return prep
 
@@ -265,7 +265,7 @@ def fake_gpu_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(fake_gpu_run):
+def test_nvidia_smi_is_logged_during_a_step_and_stopped_after_it(fake_gpu_run):
     """The GPU path's own plumbing: the GPU's name in the results, the 250 ms CSV (a few samples of the seconds-long
     step) and the snapshot taken during the step, both logged only while it runs."""
     tmp_path, result = fake_gpu_run
@@ -274,7 +274,6 @@ def test_nvidia_smi_is_logged_during_a_training_and_stopped_after_it(fake_gpu_ru
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
         csv = tar.extractfile("logs/nvidia-smi-lenet-torch.csv").read().decode().splitlines()
         snapshot = tar.extractfile("logs/nvidia-smi-during-lenet-torch.txt").read().decode()
-        assert tar.extractfile("logs/nvidia-smi.txt").read().decode() == snapshot  # the report's figure
     assert csv[0] == "timestamp, utilization.gpu [%]" and len(csv) >= 4 and snapshot.startswith("| Fake GPU 80GB")
     still = subprocess.run(["pgrep", "-f", str(tmp_path / "bin")], capture_output=True, text=True).stdout
     assert still == "", "nvidia-smi loggers left running"
@@ -296,7 +295,7 @@ def one_line_error(result, code=1):
 
 def test_a_prep_for_another_python_is_refused_in_one_line_within_seconds(tmp_path):
     prep = make_prep(tmp_path)
-    (prep / "prep.txt").write_text("python 3.9\nplatform linux-x86_64\n")
+    (prep / "prep.txt").write_text("python 3.9\n")
     t0 = time.time()
     result = gpu_check("--rehearse", "--from", prep, "--out", tmp_path / "out")
     assert one_line_error(result) and "was prepared for Python 3.9" in result.stderr
@@ -304,15 +303,9 @@ def test_a_prep_for_another_python_is_refused_in_one_line_within_seconds(tmp_pat
     assert time.time() - t0 < 30 and not (tmp_path / "out").exists()
 
 
-def without_corpus(prep):
-    text = (prep / "prep.txt").read_text()
-    (prep / "prep.txt").write_text(text.replace("documents 300", "documents many"))
-
-
 @pytest.mark.parametrize("damage, message", [
     (lambda p: (p / "X.txt.gz").write_bytes(b"plain text, not gzip\n"), "X.txt.gz: not in gzip format"),
     (lambda p: (p / "X.txt.gz").write_bytes((p / "X.txt.gz").read_bytes()[:-20]), "X.txt.gz: unexpected end"),
-    (without_corpus, "prep.txt names no corpus"),
 ])
 def test_a_damaged_prep_is_refused_in_one_line_before_any_work(tmp_path, damage, message):
     prep = make_prep(tmp_path)
@@ -358,7 +351,7 @@ def test_cuda_ready_names_a_cpu_only_build(monkeypatch, capsys):
     monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: False)
     assert gpu_check_tools.cuda_ready() == 1
     out = capsys.readouterr().out
-    assert out.startswith("gelu_ext was built without CUDA kernels") and len(out.splitlines()) == 1
+    assert out.startswith("gelu_ext was built without its CUDA kernel") and len(out.splitlines()) == 1
 
 
 def test_a_second_call_into_a_locked_out_refuses_and_leaves_it_alone(tmp_path):
@@ -418,15 +411,16 @@ def test_ctrl_c_stops_the_running_step_records_it_and_exits(tmp_path, tiny_mnist
 def test_the_graded_gpt_step_is_slurm_gpt_sh_and_its_clock_is_the_shells(from_rehearsal):
     """gpt-own-vocab runs slurm/gpt.sh with its defaults after the tokenizer step (its tokenizer and token
     cache), no compile or micro-batch cache; results.json's clocks put the wall time from the check beside
-    the run's own process_seconds and phases, within a second of each other."""
+    the run's own process_seconds (its phases sum to it), within a second of each other."""
     out, result, _ = from_rehearsal
     assert result.returncode == 0, result.stdout[-3000:]
     results = json.loads((out / "results.json").read_text())
     clocks = {c["run"]: c for c in results["clocks"]}
     assert set(clocks) == {"gpt_run_4K-own-vocab-cold_rehearsal_cpu", "lenet_run_torch_rehearsal_cpu"}
-    for c in clocks.values():
-        assert c["agree_within_1s"] and abs(c["shell_wall_seconds"] - c["process_seconds"]) <= 1.0, c
-        assert abs(sum(c["phases"].values()) - c["process_seconds"]) <= 0.02 * c["process_seconds"]
+    for run, c in clocks.items():
+        assert abs(c["shell_wall_seconds"] - c["process_seconds"]) <= 1.0, c
+        phases = results["results"][run]["phases"]
+        assert abs(sum(phases.values()) - c["process_seconds"]) <= 0.02 * c["process_seconds"]
     with tarfile.open(out / "logs.tar.gz") as tar:
         log = tar.extractfile("logs/gpt-own-vocab.log").read().decode()
     assert any(line.startswith("out ") for line in log.splitlines())  # slurm/gpt.sh's own line
@@ -444,7 +438,7 @@ def test_a_rehearsal_checks_the_built_cuda_kernels_without_a_device(monkeypatch,
     assert gpu_check_tools.cuda_ready("1") == 0 and capsys.readouterr().out.startswith("gelu_ext: CPU + CUDA kernels")
     monkeypatch.setattr(gelu_ext, "built_with_cuda", lambda: False)
     assert gpu_check_tools.cuda_ready("1") == 1
-    assert capsys.readouterr().out.startswith("gelu_ext was built without CUDA kernels")
+    assert capsys.readouterr().out.startswith("gelu_ext was built without its CUDA kernel")
 
 
 def test_the_clock_entry_compares_the_wall_time_from_outside_with_the_runs(tmp_path):
@@ -453,30 +447,26 @@ def test_the_clock_entry_compares_the_wall_time_from_outside_with_the_runs(tmp_p
     (tmp_path / "m.json").write_text(json.dumps({"process_seconds": 1.0, "phases": {"loop": 1.0}}))
     assert tools("clocked", tmp_path, tmp_path / "m.json", *sleep).returncode == 0
     (tmp_path / "n.json").write_text(json.dumps({"process_seconds": 8.0, "phases": {"loop": 8.0}}))
-    assert "DISAGREE" in tools("clocked", tmp_path, tmp_path / "n.json", *sleep).stdout
+    assert tools("clocked", tmp_path, tmp_path / "n.json", *sleep).returncode == 0
     assert tools("clocked", tmp_path, tmp_path / "m.json", sys.executable, "-c", "raise SystemExit(3)").returncode == 3
     entries = [json.loads(line) for line in (tmp_path / "clocks.jsonl").read_text().splitlines()]
-    assert [(e["run"], e["agree_within_1s"]) for e in entries] == [("m", True), ("n", False)]
+    assert [(e["run"], e["process_seconds"]) for e in entries] == [("m", 1.0), ("n", 8.0)]
     assert all(1.0 <= e["shell_wall_seconds"] < 3.0 for e in entries)
 
 
-def write_runs(work, gpu, runs):
-    (work / "results").mkdir(parents=True)
-    for name, seconds in runs.items():
-        (work / "results" / f"gpt_run_4K-own-vocab-{name}_{gpu}.json").write_text(
-            json.dumps({"process_seconds": seconds, "compile_seconds": 0.0, "train_seconds": seconds / 2}))
-
-
-def test_the_compile_ab_summary_puts_each_run_in_its_cell(tmp_path):
-    """The graded run is compile off's first cold run, the regional-compile step regional's; fp16 is neither."""
-    write_runs(tmp_path, "X", {"cold": 10.0, "regional-compile-cold": 30.0, "ab-off-warm-1": 9.0, "fp16": 1.0,
-                               "ab-regional-warm-1": 12.0, "ab-off-cold-2": 11.0})
-    assert tools("compile-ab", tmp_path, "4K", "X").returncode == 0
-    ab = json.loads((tmp_path / "results" / "compile_ab_X.json").read_text())
+def test_the_compile_ab_summary_puts_each_run_in_its_cell():
+    """The graded run is compile off's first cold run, the regional-compile step regional's; fp16, GPT-2's
+    vocabulary and a run without process_seconds are none."""
+    runs = {"cold": 10.0, "regional-compile-cold": 30.0, "ab-off-warm-1": 9.0, "fp16": 1.0, "ab-regional-warm-1": 12.0,
+            "ab-off-cold-2": 11.0}
+    found = {f"gpt_run_4K-own-vocab-{name}_Fake_GPU": {"process_seconds": s} for name, s in runs.items()}
+    found |= {"gpt_run_4K-gpt2-vocab-cold_Fake_GPU": {"process_seconds": 5.0},
+              "gpt_run_4K-own-vocab-ab-off-warm-2_Fake_GPU": {}}
+    ab = gpu_check_tools.compile_ab(found)
     assert ab["median_process_seconds"] == {"off_cold": 10.5, "off_warm": 9.0, "regional_cold": 30.0,
                                             "regional_warm": 12.0}
-    assert ab["process_seconds"]["off_cold"] == {"gpt_run_4K-own-vocab-cold_X": 10.0,
-                                                 "gpt_run_4K-own-vocab-ab-off-cold-2_X": 11.0}
+    assert ab["process_seconds"]["off_cold"] == {"gpt_run_4K-own-vocab-cold_Fake_GPU": 10.0,
+                                                 "gpt_run_4K-own-vocab-ab-off-cold-2_Fake_GPU": 11.0}
 
 
 FAKE_GPT_TRAIN = """import json, os, sys
