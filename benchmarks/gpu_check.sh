@@ -313,7 +313,7 @@ step lenet-torch 60 bash -c "lenet torch --act torch"
 finish build  # --act cpp needs it
 step lenet-cpp 60 bash -c "lenet cpp --act cpp"
 # does compile pay? off (the graded run) against regional, cold, then warm and repeated
-step gpt-own-vocab-regional-compile 150 --smi \
+step gpt-own-vocab-regional-compile 150 \
     bash -c "gpt $TOKENS-own-vocab-regional-compile-cold regional-1 --compile regional"
 step compile-ab 400 bash -c compile_ab
 # the ladder's key rows first; gpt_bench.py rewrites its JSON after every row, so a cut keeps the rows done
