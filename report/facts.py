@@ -1,16 +1,26 @@
-"""A report's placeholders (report.md's, student.md's), filled from results.md's inputs, and what is derived for
-them (runs shown, GPU roles, ladders).
+"""A report's Jinja2 template (report.md's, student.md's) filled from results.md's inputs, and what is derived for
+it (runs shown, GPU roles, ladders).
 
-A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}` (`{{lenet.test_accuracy:.2%}}`): SOURCE a results file by
-its figure name, an alias (`lenet`, `gpt`: the run named, else ALIASES), a GPU role or a derived source; FIELD a
-key or list index; FORMAT Python's format spec; `{{SOURCE._source}}` the file read. An unknown source or field, a
-null or a list is a problem, never a blank; a string is filled in as text (inputs.escape), never as Markdown.
-`<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only where NAME is (is not) a source."""
+Each source is a name in the template: a results file by its figure name, an alias (`lenet`, `gpt`: the run named,
+else ALIASES), a GPU role or a derived source; `{{ lenet.test_accuracy|f(".2%") }}` formats a field with Python's
+format spec, `{{ x._source }}` is the file read, `{% if gpt %}` keeps a block where the source is. An unknown source
+or field, a null or a list is a problem, never a blank; a string is filled in as text (inputs.escape), never as
+Markdown."""
 import re
 import statistics
 from dataclasses import replace
 
-from report.figures import busy_window, device_words, gpu_runs_table, ladder_compare, ladder_report
+import jinja2
+
+from report.figures import (
+    busy_window,
+    compare_table,
+    device_words,
+    gpu_runs_table,
+    ladder_compare,
+    ladder_report,
+    lenet_table,
+)
 from report.gpu import LENET_CSV, ROLES, SLOTS, answer, logged_process_seconds, runs_archive_events
 from report.inputs import NUMBER, Markdown, Run, escape, events_beside, figure_name, rel, result_name, run_kind
 from training.metrics import SUCCESS_LOSS
@@ -22,10 +32,6 @@ CPU_LADDER = "gpt_bench_cpu_2x1024"  # the ladder at the lab's shape on the CPU,
 LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats (their median is quoted)
 # where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
 FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564"}
-PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
-# a block with no block inside it: nested ones are resolved from the innermost out
-BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
-                   r"<!--\s*/\1\s*-->\n?", re.S)
 
 
 def results_run(alias, results, name, kind=None):
@@ -106,7 +112,7 @@ def gpu_sources(folders, roles):
     return sources
 
 
-def derived_sources(results, shown, roles, folders, by_kind):
+def derived_sources(results, shown, roles, folders, runs):
     """Every source report.md may name: the results files by figure name, the aliases, GPU roles and derived facts."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
@@ -144,7 +150,12 @@ def derived_sources(results, shown, roles, folders, by_kind):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
         sources["lenet_lightning"] = ({"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
                                        "repeats": len(ratios)}, f"{bench[1]} (all_lightning_to_plain's median)")
-    if nvml := [r for r in by_kind.values() if r.scalars.get("system/gpu_utilization_percent")]:
+    for kind, table in (("gpt", compare_table), ("lenet5", lenet_table)):
+        if len(group := [run for run in runs if run.kind == kind]) > 1:  # each against the first named
+            table = table(group, [process_seconds(run.metrics)[0] for run in group])
+            sources[f"compare_{kind}"] = ({"table": table, "baseline": group[0].events_source, "runs": len(group)},
+                                          ", ".join(run.events_source for run in group))
+    if nvml := [r for r in runs if r.scalars.get("system/gpu_utilization_percent")]:
         sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(r.events_source for r in nvml)
     files = [(data, rel(path)) for data, path in results.values() if isinstance(data, dict)]
     if ladders := [(data, path) for data, path in files if isinstance(data.get("rungs"), list)]:  # each one whole
@@ -155,54 +166,87 @@ def derived_sources(results, shown, roles, folders, by_kind):
     return sources
 
 
-def select_blocks(text, present):
-    """report.md's `<!-- if/unless NAME -->` blocks kept or dropped by `present`; the figures left numbered (`图 #`)."""
-    while (kept := BLOCK.sub(lambda m: "\n" + m.group(3).strip("\n") + "\n\n"  # a paragraph of its own
-                             if (m.group(2) in present) == (m.group(1) == "if") else "", text)) != text:
-        text = kept
-    numbers = iter(range(1, 1000))
-    return re.sub(r"\n{3,}", "\n\n", re.sub("图 #", lambda m: f"图 {next(numbers)}", text))
+class Field:
+    """A value of the inputs as a template reaches it (`gpt.steps`, `run.loss_curve.0`), with the file it came from."""
 
+    def __init__(self, value, source, key):
+        self.value, self.source, self.key = value, source, key
 
-def look_up(sources, key):
-    """(value, source) of a placeholder's key; KeyError with the reason when it names nothing usable."""
-    name, _, path = key.partition(".")
-    if name not in sources:
-        raise KeyError(f"no input named '{name}'")
-    value, source = sources[name]
-    if path == "_source":
-        return source, source
-    for part in path.split(".") if path else []:
+    def __getattr__(self, part):
+        if part.startswith("__"):  # Python's and Jinja2's own probes (__html__, ...): not a field
+            raise AttributeError(part)
+        return self[part]
+
+    def __getitem__(self, part):
         try:
-            value = value[int(part)] if isinstance(value, list) else value[part]
+            value = self.value[int(part)] if isinstance(self.value, list) else self.value[part]
         except (KeyError, IndexError, ValueError, TypeError):
-            raise KeyError(f"{source} has no '{part}' in '{key}'") from None
-    if value is None:
-        raise KeyError(f"{source}: '{key}' is null (missing or invalid when measured)")
-    if isinstance(value, (list, dict)):
-        raise KeyError(f"{source}: '{key}' is a {type(value).__name__}, not one value")
-    return value, source
+            return Missing(f"{self.source} has no '{part}' in '{self.key}'", name=f"{self.key}.{part}")
+        return Field(value, self.source, f"{self.key}.{part}")
+
+    def __bool__(self):
+        return bool(self.value)
+
+
+class Missing(jinja2.ChainableUndefined):
+    """A name or field the inputs do not have: false in `{% if %}`, a problem line where it is shown."""
+
+    def __getattr__(self, part):
+        if part.startswith("__"):
+            raise AttributeError(part)
+        return Missing(self._undefined_hint, name=f"{self._undefined_name}.{part}")
+
+    def __getitem__(self, part):
+        return self.__getattr__(str(part))
+
+
+class Shown(Markdown):
+    """A field formatted for the report; `used` says which field, how, and from where (results.md lists them)."""
+    used = None
+
+
+def shown(field, spec, code=False):
+    """`{{ x|f(".2%") }}`: the field's value formatted; a string of the inputs escaped as text."""
+    if not isinstance(field, Field):
+        return field  # a Missing: named where it is shown
+    value, key = field.value, f"{{{{{field.key}{':' * bool(spec)}{spec}}}}}"
+    if value is None or isinstance(value, (list, dict)):
+        what = f"a {type(value).__name__}, not one value" if value is not None else \
+            "null (missing or invalid when measured)"
+        return Missing(f"{field.source}: '{field.key}' is {what}", name=field.key)
+    try:
+        text = format(value, spec) if spec or isinstance(value, (bool, str)) else \
+            f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
+    except (ValueError, TypeError) as e:
+        return Missing(f"format '{spec}' does not fit {value!r} ({e})", name=field.key)
+    text = Shown(text if isinstance(value, Markdown) or not isinstance(value, str) else escape(text, code))
+    text.used = (key, str(text), field.source)
+    return text
 
 
 def fill(text, sources):
-    """(text filled, [problem], [(placeholder, value, source)]); one that cannot be filled stays as written."""
+    """(the Jinja2 template `text` filled from `sources`, [problem], [(field, shown, source)]); a name or field that
+    cannot be filled stays visible as `{{name}}` and is a problem. Values reach Markdown, then HTML, only through
+    `shown`: escaped as text (a code span's with `|code`), never as markup."""
     problems, used = [], []
 
-    def one(match):
-        key, spec = match.group(1), (match.group(2) or "").strip()
-        try:
-            value, source = look_up(sources, key)
-            shown = format(value, spec) if spec or isinstance(value, (bool, str)) else \
-                f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
-        except KeyError as e:
-            problems.append(f"report placeholder {match.group(0)}: {e.args[0]}")
-            return match.group(0)
-        except (ValueError, TypeError) as e:
-            problems.append(f"report placeholder {match.group(0)}: format '{spec}' does not fit {value!r} ({e})")
-            return match.group(0)
-        if isinstance(value, str) and not isinstance(value, Markdown):  # a string of the inputs: text
-            line = text.rfind("\n", 0, match.start()) + 1
-            shown = escape(shown, code=text.count("`", line, match.start()) % 2 == 1)
-        used.append((match.group(0), shown, source))
-        return shown
-    return PLACEHOLDER.sub(one, text), problems, used
+    def finalize(value):
+        value = shown(value, "") if isinstance(value, Field) else value
+        if isinstance(value, Missing):
+            hint = value._undefined_hint or f"no input named '{value._undefined_name.split('.')[0]}'"
+            problems.append(f"report placeholder {{{{{value._undefined_name}}}}}: {hint}")
+            return f"{{{{{value._undefined_name}}}}}"
+        if isinstance(value, Shown):
+            used.append(value.used)
+        return value
+    env = jinja2.Environment(undefined=Missing, finalize=finalize, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters |= {"f": shown, "code": lambda field: shown(field, "", code=True)}
+    context = {name: Field(data | {"_source": source} if isinstance(data, dict) else data, source, name)
+               for name, (data, source) in sources.items()}
+    try:
+        filled = env.from_string(text).render(context)
+    except jinja2.TemplateError as e:
+        return text, [f"report template: {type(e).__name__}: {e}"], []
+    numbers = iter(range(1, 1000))  # the figures numbered in the order they are kept
+    return re.sub(r"\n{3,}", "\n\n", re.sub("图 #", lambda m: f"图 {next(numbers)}", filled)), problems, used

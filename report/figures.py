@@ -32,7 +32,7 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
             ax.set_ylim(bottom=0, top=max((y for pts in series.values() for _, y in pts), default=1) * 1.1)
         for label, points in series.items():
             if points:
-                ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label)
+                ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label.replace("$", r"\$"))
         ax.xaxis.set_major_locator(MaxNLocator(5))  # token counts as 200k, 1.2M: five fit side by side
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         ax.set_xlabel(xlabel)
@@ -151,6 +151,10 @@ def device_words(name):
     return f"{cpu[1]} 处理器（{cpu[2]} 线程）" if cpu else name
 
 
+def seconds(value):
+    return "—" if value is None else f"{value:.0f} s"
+
+
 def fmt(value, spec=".4g"):
     return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else escape(value)
 
@@ -253,3 +257,77 @@ def ladder_report(bench, source):
         return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{words}。")
     except FIELD_ERRORS as e:
         return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(repr(e))}）")
+
+
+# ----------------------------------------------------------------------------- several runs against the first
+
+# flags that change where a run writes or what it prints, never what it measures
+NOT_A_CHANGE = {"out_dir", "argv", "metrics_out", "force", "cache_dir", "compile_cache", "no_download", "log_every",
+                "sample_tokens", "ckpt_every", "keep_checkpoints", "profile"}
+
+
+def settings(run):
+    """A run's flags (args.json) and the accelerations and optimizer its metrics.json names, one level deep."""
+    named = {k: run.metrics[k] for k in ("accelerations", "optimizer") if k in run.metrics}
+    flat = {f"{k}.{n}": v for k, value in named.items() if isinstance(value, dict) for n, v in value.items()}
+    return run.args | flat | {k: v for k, v in named.items() if not isinstance(v, dict)}
+
+
+def changes(run, base):
+    """What `run` set otherwise than `base`, as `flag: base's → its`."""
+    mine, theirs = settings(run), settings(base)
+    return "；".join(f"`{escape(k, code=True)}`: {fmt(theirs.get(k))} → {fmt(v)}" for k, v in sorted(mine.items())
+                    if theirs.get(k) != v and k not in NOT_A_CHANGE) or "（与基线相同）"
+
+
+def loss_clock(run):
+    """[(seconds since the job started, train loss)]: the steps' end times from the events where kept (else the
+    loop's seconds spread evenly over its steps), after the seconds before the loop (metrics' phases)."""
+    m = run.metrics
+    phases = list((m.get("phases") or {}).items())
+    before = sum(s for name, s in phases[:[n for n, _ in phases].index("loop")]) if "loop" in dict(phases) else 0
+    per_step = m["train_seconds"] / max(1, m["steps"])
+    walls = dict(run.scalars.get("time/loss/train", []))
+    curve = run.scalars.get("loss/train") or m.get("loss_curve") or []
+    if walls and curve and curve[0][0] in walls:
+        first = curve[0][0]
+        return [(before + first * per_step + walls[s] - walls[first], loss) for s, loss in curve if s in walls]
+    return [(before + s * per_step, loss) for s, loss in curve]
+
+
+def compare_table(runs, seconds):
+    """GPT runs (the first the baseline) and their job seconds: what each changed -> its effect."""
+    base = runs[0].metrics
+    rows = ["| 运行 | 相对基线的改动 | token | 作业进程 | 训练损失首次 < 7 | 训练 / 验证损失 | token/s（× 基线） "
+            "| 峰值显存 GiB |", "|---" * 8 + "|"]
+    for run, job in zip(runs, seconds):
+        m, clock = run.metrics, loss_clock(run)
+        below = next((f"{t:.0f} s" for t, loss in clock if loss < SUCCESS_LOSS), "未达到")
+        peak = m.get("peak_memory_gib") or max((v for _, v in run.scalars.get(
+            "system/gpu_max_memory_allocated_GiB", [])), default=None)
+        name = "（基线）" if run is runs[0] else changes(run, runs[0])
+        rows.append(f"| `{escape(run.events.name, code=True)}` | {name} | {m['tokens_seen']:,} | {seconds(job)} | "
+                    f"{below} | {m['final_train_loss']:.2f} / {m['final_val_loss']:.2f} | "
+                    f"{m['tokens_per_second']:,.0f}（×{m['tokens_per_second'] / base['tokens_per_second']:.2f}） | "
+                    f"{fmt(peak, '.2f')} |")
+    return Markdown("\n".join(rows))
+
+
+def lenet_table(runs, seconds):
+    """LeNet-5 runs (the first the baseline): what each changed -> accuracy and time."""
+    base = runs[0].metrics["train_seconds"]
+    rows = ["| 运行 | 相对基线的改动 | epoch | 测试准确率 | 训练循环（× 基线） | 作业进程 |", "|---" * 6 + "|"]
+    for run, job in zip(runs, seconds):
+        m = run.metrics
+        name = "（基线）" if run is runs[0] else changes(run, runs[0])
+        rows.append(f"| `{escape(run.events.name, code=True)}` | {name} | {m['epochs']} | {m['test_accuracy']:.2%} "
+                    f"| {m['train_seconds']:.1f} s（×{m['train_seconds'] / base:.2f}） | {seconds(job)} |")
+    return Markdown("\n".join(rows))
+
+
+def compare_figure(runs, path):
+    """Train loss against the job's clock, one line a run."""
+    plot_lines(path, [("train loss (nats/token)", {run.events.name: loss_clock(run) for run in runs},
+                       "seconds since the job started")], "GPT runs compared",
+               hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"))
+    return [f"![GPT runs compared]({path.name})"]

@@ -135,14 +135,17 @@ def load_events(run_dir, problems):
             events = EventAccumulator(str(path), size_guidance={"scalars": 0})
             events.Reload()
             for tag in events.Tags()["scalars"]:
-                scalars.setdefault(OLD_TAGS.get(tag, tag), []).extend((e.step, e.value) for e in events.Scalars(tag))
+                tag, points = OLD_TAGS.get(tag, tag), events.Scalars(tag)
+                scalars.setdefault(tag, []).extend((e.step, e.value) for e in points)
+                if tag == "loss/train":  # when each step ended: the loss against the job's clock
+                    scalars.setdefault("time/loss/train", []).extend((e.step, e.wall_time) for e in points)
         except Exception as e:  # truncated or foreign file: say so, keep going
             problems.append(f"corrupt event file {path}: {type(e).__name__}: {e}")
     return {tag: sorted(points) for tag, points in scalars.items()}
 
 
 def find_runs(runs, runs_root, problems):
-    """{kind: Run}: the first run of each kind named, or the newest readable one of each under runs_root."""
+    """[Run]: every run named, in order, then the newest readable one of each kind under runs_root."""
     dirs = list(runs)
     for root in [runs_root / k for k in ("lenet5", "gpt")] if runs_root else []:
         for run_dir in sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
@@ -151,7 +154,7 @@ def find_runs(runs, runs_root, problems):
                 dirs.append(run_dir)
                 break
             problems.append(f"skipped the newer run {run_dir}: {problem}")
-    by_kind = {}
+    runs = []
     for run_dir in dirs:
         metrics, problem = read_metrics(run_dir)
         if metrics is None:
@@ -163,8 +166,8 @@ def find_runs(runs, runs_root, problems):
             run = Run(None, run_kind(metrics), metrics, f"{rel(run_dir)}/metrics.json", events=run_dir,
                       events_source=rel(run_dir), scalars=load_events(run_dir, problems),
                       args=args if isinstance(args, dict) else {})
-            by_kind.setdefault(run.kind, run)
-    return by_kind
+            runs.append(run)
+    return runs
 
 
 def load_results(results, problems, prefix=""):

@@ -27,10 +27,10 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
 from data.files import UMASK, inside_another_run
-from training.errors import UserError
 from report import browser, facts, gpu
-from report.figures import gpt_curves, gpu_figure
+from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
+from training.errors import UserError
 from training.flags import Parser, path_flag
 
 REPORT = RESULTS.parent / "report.md"
@@ -48,7 +48,8 @@ class Report:
     problems: list
     results: dict  # results key -> (its JSON, where from)
     args: object  # the command line: what was named
-    by_kind: dict = field(default_factory=dict)  # kind -> inputs.Run named on the command line
+    runs: list = field(default_factory=list)  # inputs.Run named on the command line, in order
+    by_kind: dict = field(default_factory=dict)  # kind -> its first run named: the baseline
     folders: list = field(default_factory=list)  # gpu.GpuFolder, first answering first
     shown: dict = field(default_factory=dict)  # kind -> inputs.Run its section shows
     sources: dict = field(default_factory=dict)  # placeholder source -> (facts, where from)
@@ -77,16 +78,28 @@ def alias_section(r, kind):
     return [f"- no {'LeNet-5' if kind == 'lenet5' else 'GPT'} run found {where}"]
 
 
+def compare_lines(r):
+    """Every GPT run named, against the first: the figure the report links."""
+    gpts = [run for run in r.runs if run.kind == "gpt"]
+    if len(gpts) < 2 or "gpt_compare.png" not in r.linked:
+        return []
+    try:
+        return ["", "## GPT runs compared", ""] + compare_figure(gpts, r.out / "gpt_compare.png")
+    except FIELD_ERRORS as e:
+        r.problems.append(f"left out the comparison of the GPT runs: {type(e).__name__}: {e}")
+        return []
+
+
 def run_lines(r):
     files = [f"- `{escape(rel(path), code=True)}`: placeholders `{{{{{figure_name(key, r.results)}.…}}}}`"
              for key, (_, path) in sorted(r.results.items())]
     return (["## LeNet-5", ""] + alias_section(r, "lenet5") + ["", "## GPT-2", ""]
-            + alias_section(r, "gpt") + ["", "## Results files", ""]
+            + alias_section(r, "gpt") + compare_lines(r) + ["", "## Results files", ""]
             + (files or [f"- no results files found in {r.args.results or 'the files named'}"]))
 
 
 def gpu_lines(r, screenshots):
-    lines = ["", "## GPU utilisation", ""] + gpu_figure(list(r.by_kind.values()), r.out) + [
+    lines = ["", "## GPU utilisation", ""] + gpu_figure(r.runs, r.out) + [
         "", "## GPU figures the report links", ""] + gpu.slot_lines(r.folders, r.out, r.linked, r.todo, r.problems)
     if not screenshots:
         return lines
@@ -251,7 +264,8 @@ def imported_gpu(args):
 def gather(args, report_text, scratch, gpu_folder=None):
     """Every input, read once: --results (a folder), the files and runs named, --gpu; nothing else."""
     r = Report([], {}, args)
-    r.by_kind = find_runs(args.runs, args.runs_root, r.problems)
+    r.runs = find_runs(args.runs, args.runs_root, r.problems)
+    r.by_kind = {run.kind: run for run in reversed(r.runs)}
     for results in filter(None, [args.results, *args.files]):
         r.results |= load_results(results, r.problems)
     if gpu_folder and not (args.results and gpu_folder.resolve().is_relative_to(args.results.resolve())):
@@ -259,8 +273,8 @@ def gather(args, report_text, scratch, gpu_folder=None):
     r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
     roles = facts.role_runs(r.folders, r.results, scratch)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
-    r.sources = facts.derived_sources(r.results, r.shown, roles, r.folders, r.by_kind)
-    r.report_text = facts.select_blocks(report_text, {*r.sources, "team"})  # (an older report.md's wrapper)
+    r.sources = facts.derived_sources(r.results, r.shown, roles, r.folders, r.runs)
+    r.report_text = report_text
     return r
 
 
@@ -276,10 +290,10 @@ def images(text, built=None, problems=None):
 
 
 def build(args, r, text, used):
-    r.linked = {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
+    r.linked = {Path(link).name for link in IMAGE_LINK.findall(text)}
     keep = browser.kept_screenshots(args.out_dir, r.shown) if args.no_screenshots else []
     with building(args.out_dir, keep) as r.out:
-        inputs = filter(None, [args.results, *args.files, *(run.events for run in r.by_kind.values())])
+        inputs = filter(None, [args.results, *args.files, *(run.events for run in r.runs)])
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
                  "the files named. Inputs: `" + "`, `".join(escape(rel(p), code=True) for p in inputs) + "`.", ""]
         lines += run_lines(r) + gpu_lines(r, not args.no_screenshots)

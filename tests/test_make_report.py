@@ -141,7 +141,8 @@ def test_every_image_link_in_the_report_resolves(tmp_path):
     report = REPO / "report" / "report.md"
     args = make_report.parse_args(["--out", str(tmp_path / "out")])
     inputs = make_report.gather(args, make_report.check_args(args), tmp_path)
-    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", inputs.report_text)
+    filled = make_report.facts.fill(inputs.report_text, inputs.sources)[0]
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", filled)
     assert len(links) >= 5  # nvidia-smi, its snapshot, three TensorBoard screenshots
     for link in links:
         assert (report.parent / link).is_file(), link
@@ -285,7 +286,7 @@ def test_a_string_where_a_number_belongs_in_a_results_file_is_one_line(tmp_path,
     lenet = {"act": "torch", "test_accuracy": "0.99", "test_loss": 0.05, "epochs": 2, "train_seconds": 1.5,
              "device": "cpu", "params": 44426}
     (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet))  # the run the LeNet-5 section shows
-    (tmp_path / "r.md").write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}}.\n")
+    (tmp_path / "r.md").write_text("# R\n\nAccuracy {{ lenet.test_accuracy|f('.2%') }}.\n")
     out = tmp_path / "out"
     make_report.main(["--results", str(results), "--report", str(tmp_path / "r.md"), "--out", str(out),
                       "--no-screenshots"])

@@ -82,7 +82,7 @@ def test_after_a_gpu_call_one_command_replaces_every_2026_11_30_figure_and_cavea
     assert "NVIDIA H200，gpu_check 2026-12-05" in filled and "§6 的 GPT 运行" in filled
     assert f"`{copied}/runs.tar.gz: NVIDIA_H200-12M-own-vocab-cold`" in filled  # its screenshot: OUT's own events
     committed = (REPO / "report" / "report.md").read_text()
-    assert all(f"{{{{{role}." in committed for role in ("gpu_gpt", "gpu_lenet", "gpu_gelu", "ladder"))
+    assert all(f"{{{{ {role}." in committed for role in ("gpu_gpt", "gpu_lenet", "gpu_gelu", "ladder"))
 
 
 def test_a_rehearsal_shaped_folder_replaces_what_it_answers_and_the_caveats_say_both(tmp_path, monkeypatch):

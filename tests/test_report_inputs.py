@@ -28,7 +28,7 @@ def committed(tmp_path):
     results.mkdir()
     (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics(0.9876)))
     report = tmp_path / "report.md"
-    report.write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}} after {{lenet.epochs}} epochs.\n")
+    report.write_text("# R\n\nAccuracy {{ lenet.test_accuracy|f('.2%') }} after {{ lenet.epochs }} epochs.\n")
     return results, report
 
 
@@ -84,10 +84,10 @@ def test_a_named_run_shows_its_numbers_in_tables_and_placeholders(tmp_path, comm
 
 def test_an_unknown_placeholder_is_a_problem_line_and_refuses_the_pdf(tmp_path, committed, capsys):
     results, report = committed
-    report.write_text("# R\n\n{{lenet.nope}} and {{nosuch.x:.1f}}\n")
+    report.write_text("# R\n\n{{ lenet.nope }} and {{ nosuch.x|f('.1f') }}\n")
     out, text = build(tmp_path, results, report)
     assert "report placeholder {{lenet.nope}}: " in text and "has no 'nope'" in text
-    assert "report placeholder {{nosuch.x:.1f}}: no input named 'nosuch'" in text
+    assert "report placeholder {{nosuch.x}}: no input named 'nosuch'" in text
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         make_report.main(["--results", str(results), "--report", str(report), "--out", str(tmp_path / "o2"), "--pdf",

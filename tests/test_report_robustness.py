@@ -32,7 +32,7 @@ def inputs(tmp_path):
     results.mkdir()
     (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics()))
     report = tmp_path / "report.md"
-    report.write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}}.\n")
+    report.write_text("# R\n\nAccuracy {{ lenet.test_accuracy|f('.2%') }}.\n")
     return results, report
 
 

@@ -153,9 +153,9 @@ def test_strings_of_a_crafted_metrics_json_stay_literal_text(mine, tmp_path):
     assert "<iframe src=file:///etc/passwd></iframe> ![](/abs/x.png) 训练损失 **2.01** 达到目标" in words
 
 
-def test_a_placeholder_in_a_code_span_keeps_its_text_and_outside_one_is_escaped():
+def test_a_string_in_a_code_span_keeps_its_text_and_outside_one_is_escaped():
     sources = {"x": ({"s": "a_b <i> `c` *d*"}, "x.json")}
-    text, problems, _ = facts.fill("`{{x.s}}` and {{x.s}}", sources)
+    text, problems, _ = facts.fill("`{{ x.s|code }}` and {{ x.s }}", sources)
     assert problems == [] and text == "`a_b &lt;i&gt; 'c' *d*` and a\\_b &lt;i&gt; \\`c\\` \\*d\\*"
 
 
