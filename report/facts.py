@@ -22,7 +22,18 @@ from report.figures import (
     lenet_table,
 )
 from report.gpu import LENET_CSV, ROLES, SLOTS, answer, logged_process_seconds, runs_archive_events
-from report.inputs import NUMBER, Markdown, Run, escape, events_beside, figure_name, rel, result_name, run_kind
+from report.inputs import (
+    FIELD_ERRORS,
+    NUMBER,
+    Markdown,
+    Run,
+    escape,
+    events_beside,
+    figure_name,
+    rel,
+    result_name,
+    run_kind,
+)
 from training.metrics import SUCCESS_LOSS
 
 # alias -> (run kind, what it follows when no run of that kind is named): the committed CPU run of the
@@ -152,7 +163,10 @@ def derived_sources(results, shown, roles, folders, runs):
                                        "repeats": len(ratios)}, f"{bench[1]} (all_lightning_to_plain's median)")
     for kind, table in (("gpt", compare_table), ("lenet5", lenet_table)):
         if len(group := [run for run in runs if run.kind == kind]) > 1:  # each against the first named
-            table = table(group, [process_seconds(run.metrics)[0] for run in group])
+            try:
+                table = table(group, [process_seconds(run.metrics)[0] for run in group])
+            except FIELD_ERRORS as e:
+                table = Markdown(f"（这些运行比较不成：{escape(repr(e))}）")
             sources[f"compare_{kind}"] = ({"table": table, "baseline": group[0].events_source, "runs": len(group)},
                                           ", ".join(run.events_source for run in group))
     if nvml := [r for r in runs if r.scalars.get("system/gpu_utilization_percent")]:
@@ -172,11 +186,6 @@ class Field:
     def __init__(self, value, source, key):
         self.value, self.source, self.key = value, source, key
 
-    def __getattr__(self, part):
-        if part.startswith("__"):  # Python's and Jinja2's own probes (__html__, ...): not a field
-            raise AttributeError(part)
-        return self[part]
-
     def __getitem__(self, part):
         try:
             value = self.value[int(part)] if isinstance(self.value, list) else self.value[part]
@@ -186,6 +195,13 @@ class Field:
 
     def __bool__(self):
         return bool(self.value)
+
+
+class Fields(jinja2.Environment):
+    """`x.name` is always the field `name` of the inputs, never an attribute of Field (its `source`, `key`)."""
+
+    def getattr(self, obj, attribute):
+        return obj[attribute] if isinstance(obj, Field) else super().getattr(obj, attribute)
 
 
 class Missing(jinja2.ChainableUndefined):
@@ -239,7 +255,7 @@ def fill(text, sources):
         if isinstance(value, Shown):
             used.append(value.used)
         return value
-    env = jinja2.Environment(undefined=Missing, finalize=finalize, trim_blocks=True, lstrip_blocks=True,
+    env = Fields(undefined=Missing, finalize=finalize, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     env.filters |= {"f": shown, "code": lambda field: shown(field, "", code=True)}
     context = {name: Field(data | {"_source": source} if isinstance(data, dict) else data, source, name)

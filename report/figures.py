@@ -14,6 +14,7 @@ from report.inputs import FIELD_ERRORS, NUMBER, Markdown, corpus_name, escape
 from training.metrics import SUCCESS_LOSS
 
 BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
+MAX_ROWS = 200  # a ladder's rows tabled (ours has ~15): a PDF of thousands of rows is never printed
 
 
 def save(fig, path):
@@ -156,7 +157,8 @@ def seconds(value):
 
 
 def fmt(value, spec=".4g"):
-    return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else escape(value)
+    number = isinstance(value, NUMBER) and not isinstance(value, bool)  # a flag: True, not 1
+    return "—" if value is None else format(value, spec) if number else escape(value)
 
 
 # ----------------------------------------------------------------------------- tables and words
@@ -186,24 +188,53 @@ RUNG_NAMES = {"naive": "朴素基线", "+ dropout 0": "dropout 0",
               "+ fused AdamW": "fused AdamW（= 默认配置）"}
 
 
+VERDICTS = {"faster": "更快", "slower": "更慢", "within noise": "噪声内", "undecided": "未定"}
+
+
 def rung_key(name):
     """A ladder row's name without its explanation: what the same row is called on every device."""
     return name.strip().split(" (")[0].split(":")[0]
 
 
+def rung_label(name):
+    """A ladder row as the Chinese report names it; a row it does not know, as its JSON does."""
+    key, name = rung_key(name), str(name).strip()
+    if key.startswith("default without"):
+        what = rung_label("+ " + key.removeprefix("default without ")).strip("*").split("（")[0]
+        return f"默认配置去掉{' ' * what[:1].isascii()}{what}"
+    if name.startswith("candidate:"):
+        return "候选：" + escape(name.removeprefix("candidate:").strip())
+    return RUNG_NAMES.get(key) or escape(name)
+
+
+def verdict(row):
+    """The row's paired verdict against its reference row (gpt_bench.py's): word, ratio [low–high], pairs."""
+    v = row.get("verdict")
+    if not isinstance(v, dict):
+        return "—"
+    return (f"{VERDICTS.get(v.get('word'), escape(v.get('word')))} ×{fmt(v.get('ratio'), '.2f')} "
+            f"[{fmt(v.get('low'), '.2f')}–{fmt(v.get('high'), '.2f')}]，{fmt(v.get('pairs'))} 对，比 "
+            f"{rung_label(v.get('against', '—'))}")
+
+
+def peak(row):
+    return row.get("peak_memory_gib", row.get("peak_memory_GiB"))
+
+
 def ladder_cells(bench):
     """[(row, cell, ×, noisy)] of every row measured: tokens/s [range]（× the rung above, an indented row's × the
     default (the last rung)；噪声内 where the two's repeats overlap）."""
-    rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
+    rows = [r for r in bench["rungs"][:MAX_ROWS] if isinstance(r.get("tokens_per_second"), NUMBER)]
     rungs, out, previous = [r for r in rows if not r["name"].startswith(" ")], [], None
     for r in rows:
         base = previous if r in rungs else rungs[-1] if rungs else None
         span = r.get("tokens_per_second_range") if bench.get("repeats", 1) > 1 else None
         b = base and base.get("tokens_per_second_range")
         cell = f"{r['tokens_per_second']:,.0f}" + (" [{:,.0f}–{:,.0f}]".format(*span) if span else "")
-        ratio = base and r["tokens_per_second"] / base["tokens_per_second"]
+        ratio = base and base["tokens_per_second"] and r["tokens_per_second"] / base["tokens_per_second"]
         noisy = bool(span and b and span[0] <= b[1] and b[0] <= span[1])
-        cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{'，噪声内' * noisy}）" if base else ""
+        if isinstance(ratio, float):  # (none against a row of 0 token/s)
+            cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{'，噪声内' * noisy}）"
         out.append((r, cell, ratio, noisy))
         previous = r if r in rungs else previous
     return out
@@ -225,36 +256,29 @@ def ladder_compare(gpu, cpu, where, then=None):
     rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
             "|---" * (len(columns) + 1) + "|"]
     for k in keys:
-        what = RUNG_NAMES.get("+ " + k.removeprefix("default without "), escape(k)).strip("*").split("（")[0]
-        name = RUNG_NAMES.get(k) or (f"默认配置去掉{' ' * what[:1].isascii()}{what}" if k.startswith("default")
-                                     else escape(k))
-        rows.append(f"| {name} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
+        rows.append(f"| {rung_label(k)} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
     return Markdown("\n".join(rows))
 
 
 def ladder_report(bench, source):
     """A ladder JSON whole (report/student.md): a caption from its own fields, every row (candidates and failures
-    too) with its peak memory where recorded, then in words its largest step and the rows within noise."""
+    too, up to MAX_ROWS) with its paired verdict and peak memory where recorded."""
     try:
-        measured, memory = ladder_cells(bench), any("peak_memory_GiB" in r for r in bench["rungs"])
-        cells = {id(r): cell for r, cell, _, _ in measured}
-        rows = ["| 行（↳：与默认配置比，其余与上一行比） | token/s：中位数 [范围]（×）" + " | 峰值内存 GiB" * memory
-                + " |", "|---|---|" + "---|" * memory] + [
-            f"| {'↳ ' * r['name'].startswith(' ')}{escape(r['name'])} | "
-            + cells.get(id(r), f"失败：{escape(r.get('error'))}")
-            + f" | {fmt(r.get('peak_memory_GiB'), '.2f')}" * memory + " |" for r in bench["rungs"]]
+        rungs, cells = bench["rungs"][:MAX_ROWS], {id(r): cell for r, cell, _, _ in ladder_cells(bench)}
+        extra = [("判定（配对比值）", verdict)] * any("verdict" in r for r in rungs) + [
+            ("峰值内存 GiB", lambda r: fmt(peak(r), ".2f"))] * any(peak(r) is not None for r in rungs)
+        rows = [["行（↳：与默认配置比，其余与上一行比）", "token/s：中位数 [范围]（×）", *(h for h, _ in extra)],
+                ["---"] * (2 + len(extra))]
+        for r in rungs:
+            rows.append([f"{'↳ ' * r['name'].startswith(' ')}{rung_label(r['name'])}",
+                         cells.get(id(r), f"失败：{escape(r.get('error'))}"), *(cell(r) for _, cell in extra)])
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)
+        left = f"另有 {len(bench['rungs']) - MAX_ROWS:,} 行没有列出；" if len(bench["rungs"]) > MAX_ROWS else ""
         caption = (f"*{escape(source)}，{escape(device_words(bench['device_name']))}：每步 "
                    f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 {bench['vocab_size']:,}"
-                   f"{shape}；每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
+                   f"{shape}；{left}每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
                    f"{escape(bench.get('warmup', '—'))} 步、计时 {escape(bench.get('steps', '—'))} 步）。*")
-        best = max(((ratio, r["name"]) for r, _, ratio, noisy in measured if ratio and not noisy
-                    and not r["name"].startswith(" ")), default=None)  # a rung over the rung above it
-        noisy = "、".join(f"“{escape(r['name'].strip())}”" for r, _, _, noisy in measured if noisy) or "没有"
-        words = (f"相对上一行最大的一步是“{escape(best[1])}”（×{best[0]:.2f}）；" if best else "") + (
-            f"与比较的那一行重复范围重叠（噪声内，不算收益也不算损失）的：{noisy}" if bench.get("repeats", 1) > 1
-            else "每行只测了 1 次，没有范围，看不出噪声")
-        return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{words}。")
+        return Markdown(f"{caption}\n\n" + "\n".join(f"| {' | '.join(row)} |" for row in rows))
     except FIELD_ERRORS as e:
         return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(repr(e))}）")
 
@@ -295,12 +319,12 @@ def loss_clock(run):
     return [(before + s * per_step, loss) for s, loss in curve]
 
 
-def compare_table(runs, seconds):
+def compare_table(runs, jobs):
     """GPT runs (the first the baseline) and their job seconds: what each changed -> its effect."""
     base = runs[0].metrics
     rows = ["| 运行 | 相对基线的改动 | token | 作业进程 | 训练损失首次 < 7 | 训练 / 验证损失 | token/s（× 基线） "
             "| 峰值显存 GiB |", "|---" * 8 + "|"]
-    for run, job in zip(runs, seconds):
+    for run, job in zip(runs, jobs):
         m, clock = run.metrics, loss_clock(run)
         below = next((f"{t:.0f} s" for t, loss in clock if loss < SUCCESS_LOSS), "未达到")
         peak = m.get("peak_memory_gib") or max((v for _, v in run.scalars.get(
@@ -313,11 +337,11 @@ def compare_table(runs, seconds):
     return Markdown("\n".join(rows))
 
 
-def lenet_table(runs, seconds):
+def lenet_table(runs, jobs):
     """LeNet-5 runs (the first the baseline): what each changed -> accuracy and time."""
     base = runs[0].metrics["train_seconds"]
     rows = ["| 运行 | 相对基线的改动 | epoch | 测试准确率 | 训练循环（× 基线） | 作业进程 |", "|---" * 6 + "|"]
-    for run, job in zip(runs, seconds):
+    for run, job in zip(runs, jobs):
         m = run.metrics
         name = "（基线）" if run is runs[0] else changes(run, runs[0])
         rows.append(f"| `{escape(run.events.name, code=True)}` | {name} | {m['epochs']} | {m['test_accuracy']:.2%} "

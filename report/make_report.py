@@ -274,6 +274,11 @@ def gather(args, report_text, scratch, gpu_folder=None):
     roles = facts.role_runs(r.folders, r.results, scratch)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
     r.sources = facts.derived_sources(r.results, r.shown, roles, r.folders, r.runs)
+    if args.no_screenshots:  # a screenshot's caption only where one taken before is kept
+        kept = browser.kept_screenshots(args.out_dir, r.shown)
+        for alias, (kind, _) in facts.ALIASES.items():
+            if not any(file in kept for file, _, _ in browser.SHOTS[kind]):
+                r.sources.pop(f"{alias}_tb", None)
     r.report_text = report_text
     return r
 
