@@ -9,6 +9,7 @@ Naming runs or result files (a gpt_bench.py or gelu_bench.py JSON) builds report
 report/results, never a run unasked); what they do not answer is a visible gap naming the command that fills it.
 A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank."""
 import contextlib
+import fcntl
 import html
 import json
 import os
@@ -26,7 +27,7 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, inside_another_run
+from data.files import UMASK, check_private, inside_another_run
 from report import browser, facts, gpu
 from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
@@ -41,6 +42,7 @@ GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # w
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
 BUILT = ".built-by-make_report"  # in --out: the files a build wrote, then ./<path> of each PDF it printed
 TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's name
+LOCK = ".make_report.lock"  # in --out: held while a build writes it, linked into each new --out (one inode)
 
 
 @dataclass
@@ -134,11 +136,41 @@ def writable(path, flag):
 
 
 @contextlib.contextmanager
+def locked(out):
+    """--out written by one build at a time: a second waits. The lock file keeps its inode across `building`'s
+    swap (linked into the new folder), so a build that locked the old one is checked against the one in place."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # --out is between another build's two renames
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"another make_report.py is writing {out}; waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(out / LOCK).st_ino == os.fstat(fd).st_ino:
+                break
+        os.close(fd)  # locked a folder since replaced: lock the one in place
+    try:
+        yield
+    finally:
+        if made and [p.name for p in out.iterdir()] == [LOCK]:  # nothing built: as if never made
+            (out / LOCK).unlink()
+            out.rmdir()
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def building(out, keep):
     """A fresh folder beside `out`, renamed into place once built; a file no build wrote (a student's) is kept."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=TMP, dir=out.parent))
     tmp.chmod(0o777 & ~UMASK)  # mkdtemp's 0700 would become --out's: as mkdir makes it
+    os.link(out / LOCK, tmp / LOCK)
     old, moved = None, []
     try:
         for name in keep:
@@ -223,7 +255,9 @@ def check_args(args):
                 or printed(args) in built_lines(out)):  # the repository's, in git, or one this --out printed
             raise UserError(f"--pdf-out {pdf} exists; pass --force to replace it, or give a new file name "
                             "(nothing written)")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / BUILT).is_file())):
+    check_private("--out", out)
+    if out.exists() and (not out.is_dir() or ({p.name for p in out.iterdir()} - {LOCK}
+                                              and not (out / BUILT).is_file())):
         raise UserError(f"--out {args.out} is not a folder this program wrote (no {BUILT}); give a new or empty one "
                         "(nothing written)")
     if args.gpu and not args.gpu.is_dir():
@@ -306,6 +340,11 @@ def build(args, r, text, used):
             [f"- `{p}` -> {v} -> `{escape(s, code=True)}`" for p, v, s in used] or ["- none"])
         if used:
             (r.out / "report_filled.md").write_text(images(text))
+        named = [args.report, args.results, args.gpu, args.runs_root, *args.runs, *args.files]
+        (r.out / "sources.json").write_text(json.dumps({  # what slurm/handin.sh packs beside the PDF
+            "inputs": [os.path.abspath(path) for path in named if path],
+            "markdown": os.path.abspath(args.out_dir / "report_filled.md") if used else None,
+            "pdf": os.path.abspath(args.pdf_out) if args.pdf else None}, indent=1))
         text = images(text, r.out, r.problems) if args.pdf else text
         r.problems[:] = list(dict.fromkeys(r.problems))  # a damaged folder read twice is one problem
         if r.problems:
@@ -320,30 +359,34 @@ def main(argv=None):
     with lifecycle.one_line_errors(lambda: kept(args, written)):
         try:
             report_text = check_args(args)
-            with tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:  # events unpacked from a GPU folder
-                r = gather(args, report_text, Path(scratch), imported_gpu(args))
+            with locked(args.out_dir), tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:
+                r = gather(args, report_text, Path(scratch), imported_gpu(args))  # (scratch: a GPU folder's events)
                 text, unfilled, used = facts.fill(r.report_text, r.sources)
                 if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
                     raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
                 r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
                 text = build(args, r, text, used)
                 written.append(args.out_dir)
-            print(f"wrote {args.out_dir / 'results.md'} and {len(list(args.out_dir.glob('*.png')))} figures"
-                  + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
-            for line in r.todo:
-                print(f"GPU figure missing: {line}")
-            for problem in r.problems:
-                print(f"warning: {problem}", file=sys.stderr)
-            if args.pdf:
-                browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
-                if printed(args) not in built_lines(args.out_dir):
-                    with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
-                        f.write(f"{printed(args)}\n")
-                print(f"wrote {args.pdf_out}")
+                said(args, r)
+                if args.pdf:
+                    browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
+                    if printed(args) not in built_lines(args.out_dir):
+                        with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
+                            f.write(f"{printed(args)}\n")
+                    print(f"wrote {args.pdf_out}")
         except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
             if e.errno not in DISK_ERRORS:
                 raise
             sys.exit(f"error: {e.strerror}: {e.filename or args.out}; {kept(args, written)}")
+
+
+def said(args, r):
+    print(f"wrote {args.out_dir / 'results.md'} and {len(list(args.out_dir.glob('*.png')))} figures"
+          + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
+    for line in r.todo:
+        print(f"GPU figure missing: {line}")
+    for problem in r.problems:
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def kept(args, written):

@@ -3,6 +3,7 @@ float, JSON nested too deep, a 1 GiB log in a GPU folder, a PDF given as --repor
 read-only or full disk, and --out's mode. Each ends in one line, and what was there before is left as it was."""
 import contextlib
 import errno
+import fcntl
 import io
 import json
 import os
@@ -499,3 +500,36 @@ def test_a_gpu_figure_on_a_full_disk_stops_the_build_other_errors_are_one_proble
     else:
         gpu.slot_lines(*args)
         assert len(problems) == 1 and "does not fit (OSError" in problems[0] and len(todo) == 1
+
+
+# --------------------------------------------------------------------- two builds of one --out
+
+def test_a_second_build_of_one_out_waits_for_the_first_and_neither_loses_a_students_file(inputs, tmp_path):
+    """While one build holds --out's lock, another waits (says so, writes nothing); released, it builds, keeping a
+    student's notes.txt, and sources.json names its inputs, its Markdown and no PDF."""
+    results, report = inputs
+    out = tmp_path / "out"
+    build(results, report, out)
+    (out / "notes.txt").write_text("mine")
+    with open(out / make_report.LOCK) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiting = subprocess.Popen([sys.executable, str(REPO / "report" / "make_report.py"), "--results",
+                                    str(results), "--report", str(report), "--out", str(out), "--no-screenshots"],
+                                   stdout=subprocess.PIPE, text=True)
+        first = waiting.stdout.readline()  # printed once it found the lock held
+        assert "waiting" in first and waiting.poll() is None
+        before = snapshot(out)
+    assert waiting.wait(timeout=120) == 0 and "wrote" in waiting.stdout.read()
+    assert snapshot(out).keys() == before.keys() and (out / "notes.txt").read_text() == "mine"
+    sources = json.loads((out / "sources.json").read_text())
+    assert sources == {"inputs": [str(report), str(results)], "markdown": str(out / "report_filled.md"),
+                       "pdf": None}
+
+
+def test_an_out_others_may_write_is_refused_in_one_line(inputs, tmp_path):
+    results, report = inputs
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots"])
+    assert "writable by others" in message and list(out.iterdir()) == []
