@@ -50,6 +50,8 @@ def results_run(alias, results, name, kind=None):
     if (key := next((k for k in results if result_name(k) == name), None)) is None:
         return None
     data, path = results[key]
+    if not isinstance(data, dict):
+        return None  # (load_results lists it; nothing to show)
     events = events_beside(path)
     return Run(alias, kind or run_kind(data), data, rel(path), name, events, rel(events) if events else None)
 
@@ -123,8 +125,8 @@ def gpu_sources(folders, roles):
     return sources
 
 
-def derived_sources(results, shown, roles, folders, runs):
-    """Every source report.md may name: the results files by figure name, the aliases, GPU roles and derived facts."""
+def run_sources(results, shown, roles):
+    """The results files by figure name, and the runs the aliases and GPU roles show, their clocks and events."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
         where = run.gpu.label if run.gpu else device_words(run.metrics.get("device_name") or run.metrics.get("device"))
@@ -137,7 +139,14 @@ def derived_sources(results, shown, roles, folders, runs):
             sources[f"{run.alias}_tb"] = {"source": run.events_source}, run.events_source
         if run.args:
             sources[f"{run.alias}_args"] = run.args, f"{run.events_source}/args.json"
-    if gpt := shown.get("gpt"):  # whether it reached the lab's goal, and when its training loss first fell below it
+    return sources
+
+
+def goal_sources(shown):
+    """gpt_goal: whether the GPT run reached the lab's goal, and when its training loss first fell below it;
+    lenet_curve: the accuracy curve's points a TensorBoard screenshot shows."""
+    sources = {}
+    if gpt := shown.get("gpt"):
         m, final = gpt.metrics, gpt.metrics.get("final_train_loss")
         per_step = m.get("tokens_seen", 0) / max(1, m.get("steps") or 1)
         first = next((step for step, loss in m.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
@@ -146,37 +155,60 @@ def derived_sources(results, shown, roles, folders, runs):
         text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
                 f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
         sources["gpt_goal"] = {"verdict": Markdown(verdict), "text": Markdown(text)}, gpt.source
-    if lenet := shown.get("lenet5"):  # the accuracy curve's points a TensorBoard screenshot shows
+    if lenet := shown.get("lenet5"):
         m, epochs = lenet.metrics, max(1, lenet.metrics.get("epochs") or 1)
         train, test = (len(m.get(f"{k}_accuracy_curve") or []) / epochs for k in ("train", "test"))
         sources["lenet_curve"] = {"text": Markdown(f"每个 epoch `accuracy/train` {train:.0f} 个点、`accuracy/test` "
                                                    f"{max(1, test):.0f} 个点")}, lenet.source
-    sources |= gpu_sources(folders, roles)
-    cpu, gpu = sources.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
+    return sources
+
+
+def bench_sources(results, roles):
+    """ladder (the GPU's beside the CPU's), lenet_lightning (its repeats' median), bench (each ladder whole), gelu."""
+    sources, named = {}, {result_name(key): entry for key, entry in results.items()}
+    cpu, gpu = named.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
     if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
         then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
         table = ladder_compare(gpu and gpu.metrics, cpu, gpu.gpu.label if gpu else None, then)
         sources["ladder"] = {"table": table}, "ladder"
-    if (bench := sources.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
+    if (bench := named.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
         sources["lenet_lightning"] = ({"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
-                                       "repeats": len(ratios)}, f"{bench[1]} (all_lightning_to_plain's median)")
-    for kind, table in (("gpt", compare_table), ("lenet5", lenet_table)):
-        if len(group := [run for run in runs if run.kind == kind]) > 1:  # each against the first named
-            try:
-                table = table(group, [process_seconds(run.metrics)[0] for run in group])
-            except FIELD_ERRORS as e:
-                table = Markdown(f"（这些运行比较不成：{escape(repr(e))}）")
-            sources[f"compare_{kind}"] = ({"table": table, "baseline": group[0].events_source, "runs": len(group)},
-                                          ", ".join(run.events_source for run in group))
-    if nvml := [r for r in runs if r.scalars.get("system/gpu_utilization_percent")]:
-        sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(r.events_source for r in nvml)
+                                       "repeats": len(ratios)}, f"{rel(bench[1])} (all_lightning_to_plain's median)")
     files = [(data, rel(path)) for data, path in results.values() if isinstance(data, dict)]
     if ladders := [(data, path) for data, path in files if isinstance(data.get("rungs"), list)]:  # each one whole
         sources["bench"] = {"text": Markdown("\n\n".join(ladder_report(*ladder) for ladder in ladders))}, \
             ", ".join(path for _, path in ladders)
     if gelu := next(((data, path) for data, path in files if "ext_ms" in data), None):
         sources["gelu"] = gelu[0] | {"where": device_words(gelu[0].get("device_name"))}, gelu[1]
+    return sources
+
+
+def named_sources(runs):
+    """compare_gpt / compare_lenet5: the runs of a kind against the first named; gpu_nvml: runs with NVML curves."""
+    sources = {}
+    for kind, table in (("gpt", compare_table), ("lenet5", lenet_table)):
+        if len(group := [run for run in runs if run.kind == kind]) > 1:
+            table = table(group, [process_seconds(run.metrics)[0] for run in group])
+            sources[f"compare_{kind}"] = ({"table": table, "baseline": group[0].events_source, "runs": len(group)},
+                                          ", ".join(run.events_source for run in group))
+    if nvml := [r for r in runs if r.scalars.get("system/gpu_utilization_percent")]:
+        sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(r.events_source for r in nvml)
+    return sources
+
+
+def derived_sources(r, roles):
+    """Every source a template may name (r: make_report's Report); what a file's wrong field stops, a problem."""
+    sources = {}
+    for name, part in (("the runs", lambda: run_sources(r.results, r.shown, roles)),
+                       ("the goals", lambda: goal_sources(r.shown)), ("the GPU folders", lambda: gpu_sources(
+                           r.folders, roles)), ("the benchmarks", lambda: bench_sources(r.results, roles)),
+                       ("the comparison of the runs named", lambda: named_sources(r.runs))):
+        try:
+            sources |= part()
+        except FIELD_ERRORS as e:
+            r.problems.append(f"left out what {name} give: a field is missing or of the wrong type "
+                              f"({type(e).__name__}: {e})")
     return sources
 
 

@@ -127,6 +127,9 @@ def load_events(run_dir, problems):
     """{tag: [(step, value)]} of a run's scalars; a corrupt file becomes a problem line."""
     scalars = {}
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        if not path.is_file():  # a FIFO or a device named as one would be waited on forever
+            problems.append(f"left out {path}: not a regular file")
+            continue
         try:  # every record read first, CRCs checked: tensorboard's loader stops silently at corruption
             reader = PyRecordReader_New(str(path))
             with contextlib.suppress(errors.OutOfRangeError):  # the end of the file

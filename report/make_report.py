@@ -178,7 +178,7 @@ def building(out, keep):
                 shutil.copy2(out / name, tmp / name)
         yield tmp
         built = built_lines(out)
-        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir()))
+        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir()) if p.name != LOCK)
                                  + "".join(f"{line}\n" for line in built if "/" in line))  # the PDFs printed
         for path in sorted(out.iterdir()) if out.is_dir() else []:
             if path.name not in built and not (tmp / path.name).exists():
@@ -307,9 +307,11 @@ def gather(args, report_text, scratch, gpu_folder=None):
     r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
     roles = facts.role_runs(r.folders, r.results, scratch)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
-    r.sources = facts.derived_sources(r.results, r.shown, roles, r.folders, r.runs)
-    if args.no_screenshots:  # a screenshot's caption only where one taken before is kept
-        kept = browser.kept_screenshots(args.out_dir, r.shown)
+    r.sources = facts.derived_sources(r, roles)
+    if args.no_screenshots:  # a screenshot's caption only where one is kept: taken before, or put there by hand
+        built = built_lines(args.out_dir)
+        kept = [*browser.kept_screenshots(args.out_dir, r.shown),
+                *(p.name for p in args.out_dir.glob("*.png") if p.name not in built)]
         for alias, (kind, _) in facts.ALIASES.items():
             if not any(file in kept for file, _, _ in browser.SHOTS[kind]):
                 r.sources.pop(f"{alias}_tb", None)

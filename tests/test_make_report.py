@@ -489,7 +489,7 @@ def test_a_students_report_from_own_cpu_runs_names_only_those_runs(runs, tmp_pat
     make_report.main([str(lenet), str(gpt), "--out", str(out), "--no-screenshots"])
     body = (out / "report_filled.md").read_text().split("# 附录")[0]
     captions = [line for line in body.splitlines() if line.startswith("*图 ")]
-    assert len(captions) >= 2 and "{{" not in body
+    assert len(captions) >= 1 and "{{" not in body  # the GPT curves (--no-screenshots: no TensorBoard caption)
     for word in TEAM_WORDS:
         assert word not in body, word
     lenet_m, gpt_m = (json.loads((d / "metrics.json").read_text()) for d in (lenet, gpt))

@@ -64,7 +64,8 @@ def rebuild(tmp_path, monkeypatch, out):
     shutil.copytree(COMMITTED, results)
     monkeypatch.setattr(make_report, "RESULTS", results)
     generated = tmp_path / "generated"
-    make_report.main(["--gpu", str(out), "--out", str(generated), "--no-screenshots"])
+    monkeypatch.setattr(make_report.browser, "tensorboard_screenshots", lambda runs, out, problems: [])  # (taken)
+    make_report.main(["--gpu", str(out), "--out", str(generated)])
     return (generated / "report_filled.md").read_text(), (generated / "results.md").read_text(), results
 
 

@@ -533,3 +533,52 @@ def test_an_out_others_may_write_is_refused_in_one_line(inputs, tmp_path):
     out.chmod(0o777)
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots"])
     assert "writable by others" in message and list(out.iterdir()) == []
+
+
+# --------------------------------------------------------------------- crafted inputs: one line each, in seconds
+
+@pytest.mark.parametrize("name, text", [
+    ("gpt_bench_cpu_2x1024.json", json.dumps({"device_name": "x", "micro_batch": 1, "seq_len": 2, "vocab_size": 3,
+                                              "rungs": [{"name": "naive", "tokens_per_second": 0},
+                                                        {"name": "+ dropout 0", "tokens_per_second": 5}]})),
+    ("lenet_bench_cpu.json", '{"all_lightning_to_plain": [1.1, "x"]}'),
+    ("lenet_bench_cpu.json", '{"all_lightning_to_plain": 5}'),
+    ("lenet_run_2x128_cpu.json", "[1, 2]"),
+    ("lenet_run_2x128_cpu.json", '{"act": "torch", "epochs": "x", "test_accuracy": null}')])
+def test_a_results_file_with_a_special_name_and_wrong_fields_is_at_most_one_line(inputs, tmp_path, capsys, name,
+                                                                                  text):
+    """The files the report derives facts from (the CPU ladder beside the GPU's, the Lightning repeats, the LeNet-5
+    run shown): a row of 0 tokens/s or a field of the wrong type is a problem line, the rest of the report built."""
+    results, report = inputs
+    (results / name).write_text(text)
+    build(results, report, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (tmp_path / "out" / "results.md").is_file()
+    assert len([line for line in err.splitlines() if "left out what" in line]) <= 1
+
+
+def test_a_fifo_named_as_an_event_file_is_left_out_never_waited_on(tmp_path):
+    """A run folder holding a FIFO called events.out.tfevents.*: one line, the build done in seconds."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps(lenet_metrics()))
+    os.mkfifo(run / "events.out.tfevents.1.fifo")
+    done = subprocess.run([sys.executable, str(REPO / "report" / "make_report.py"), str(run), "--out",
+                           str(tmp_path / "out"), "--no-screenshots"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and f"left out {run / 'events.out.tfevents.1.fifo'}: not a regular file" in done.stderr
+
+
+def test_a_ladder_of_100000_rows_is_tabled_to_its_limit_saying_how_many_are_left_out(tmp_path):
+    """A ladder JSON of 100,000 rows: MAX_ROWS tabled and the rest counted, in seconds, not a PDF of thousands of
+    pages that Chromium never finishes."""
+    from report import figures
+    rows = [{"name": f"+ row {i}", "tokens_per_second": 100.0 + i} for i in range(100_000)]
+    ladder = tmp_path / "gpt_bench_big.json"
+    ladder.write_text(json.dumps({"device_name": "x", "micro_batch": 1, "seq_len": 2, "vocab_size": 3,
+                                  "rungs": rows}))
+    started = time.monotonic()
+    make_report.main([str(ladder), "--out", str(tmp_path / "out"), "--no-screenshots"])
+    assert time.monotonic() - started < 60
+    filled = (tmp_path / "out" / "report_filled.md").read_text()
+    assert f"另有 {100_000 - figures.MAX_ROWS:,} 行没有列出" in filled
+    assert filled.count("| + row ") == figures.MAX_ROWS and f"| + row {figures.MAX_ROWS} |" not in filled

@@ -259,3 +259,12 @@ def test_the_student_writes_principles_and_conclusions_and_lists_references(mine
     assert "tensorboard" not in filled.lower().split("## 4.")[0].split("## 3.")[1].replace(
         "tensorboard 截图", "")  # §3: the gaps only, no image and no caption
     assert "SCALARS 页" not in filled and not list((tmp_path / "out").glob("*tensorboard*"))
+
+
+def test_a_screenshot_put_in_out_by_hand_keeps_its_caption_with_no_screenshots(mine, tmp_path):
+    out = tmp_path / "out"
+    build(out, mine / "runs" / "gpt" / "b")
+    shutil.copy(REPO / "report" / "generated" / "gpt_tensorboard_scalars.png", out)  # taken by hand
+    filled, _ = build(out, mine / "runs" / "gpt" / "b")
+    assert "](gpt_tensorboard_scalars.png)" in filled and "SCALARS 页" in filled
+    assert (out / "gpt_tensorboard_scalars.png").is_file()
