@@ -248,48 +248,38 @@ class Missing(jinja2.ChainableUndefined):
         return self.__getattr__(str(part))
 
 
-class Shown(Markdown):
-    """A field formatted for the report; `used` says which field, how, and from where (results.md lists them)."""
-    used = None
-
-
-def shown(field, spec, code=False):
-    """`{{ x|f(".2%") }}`: the field's value formatted; a string of the inputs escaped as text."""
-    if not isinstance(field, Field):
-        return field  # a Missing: named where it is shown
-    value, key = field.value, f"{{{{{field.key}{':' * bool(spec)}{spec}}}}}"
-    if value is None or isinstance(value, (list, dict)):
-        what = f"a {type(value).__name__}, not one value" if value is not None else \
-            "null (missing or invalid when measured)"
-        return Missing(f"{field.source}: '{field.key}' is {what}", name=field.key)
-    try:
-        text = format(value, spec) if spec or isinstance(value, (bool, str)) else \
-            f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
-    except (ValueError, TypeError) as e:
-        return Missing(f"format '{spec}' does not fit {value!r} ({e})", name=field.key)
-    text = Shown(text if isinstance(value, Markdown) or not isinstance(value, str) else escape(text, code))
-    text.used = (key, str(text), field.source)
-    return text
-
-
 def fill(text, sources):
     """(the Jinja2 template `text` filled from `sources`, [problem], [(field, shown, source)]); a name or field that
     cannot be filled stays visible as `{{name}}` and is a problem. Values reach Markdown, then HTML, only through
     `shown`: escaped as text (a code span's with `|code`), never as markup."""
     problems, used = [], []
 
-    def finalize(value):
-        value = shown(value, "") if isinstance(value, Field) else value
-        if isinstance(value, Missing):
-            hint = value._undefined_hint or f"no input named '{value._undefined_name.split('.')[0]}'"
-            problems.append(f"report placeholder {{{{{value._undefined_name}}}}}: {hint}")
-            return f"{{{{{value._undefined_name}}}}}"
-        if isinstance(value, Shown):
-            used.append(value.used)
-        return value
-    env = Fields(undefined=Missing, finalize=finalize, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
-    env.filters |= {"f": shown, "code": lambda field: shown(field, "", code=True)}
+    def unfilled(name, why):
+        problems.append(f"report placeholder {{{{{name}}}}}: {why}")
+        return f"{{{{{name}}}}}"
+
+    def shown(field, spec="", code=False):
+        """`{{ x|f(".2%") }}`: the field's value formatted, a string of the inputs escaped as text."""
+        if isinstance(field, Missing):
+            name = field._undefined_name
+            return unfilled(name, field._undefined_hint or f"no input named '{name.split('.')[0]}'")
+        if not isinstance(field, Field):
+            return field  # the template's own text
+        value, key = field.value, field.key
+        if value is None or isinstance(value, (list, dict)):
+            what = f"a {type(value).__name__}, not one value" if value is not None else "null (missing or invalid)"
+            return unfilled(key, f"{field.source}: '{key}' is {what}")
+        try:
+            text = format(value, spec) if spec or isinstance(value, (bool, str)) else \
+                f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
+        except (ValueError, TypeError) as e:
+            return unfilled(key, f"format '{spec}' does not fit {value!r} ({e})")
+        text = text if isinstance(value, Markdown) or not isinstance(value, str) else escape(text, code)
+        used.append((f"{{{{{key}{':' * bool(spec)}{spec}}}}}", text, field.source))
+        return Markdown(text)
+    env = Fields(undefined=Missing, finalize=lambda v: v if isinstance(v, Markdown) else shown(v),
+                 trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters |= {"f": shown, "code": lambda field: shown(field, code=True)}
     context = {name: Field(data | {"_source": source} if isinstance(data, dict) else data, source, name)
                for name, (data, source) in sources.items()}
     try:

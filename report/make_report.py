@@ -2,12 +2,15 @@
 
     python report/make_report.py --pdf                    # report.md from report/results only: report/report.pdf
     python report/make_report.py runs/lenet5/A runs/gpt/B runs/ladder.json --out runs/myreport   # yours
+    python report/make_report.py runs/gpt/base runs/gpt/bf16 runs/gpt/compiled --out runs/cmp   # each vs the first
     python report/make_report.py --runs-root runs --out runs/myreport        # the newest runs of yours
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
 Naming runs or result files (a gpt_bench.py or gelu_bench.py JSON) builds report/student.md from them alone (never
 report/results, never a run unasked); what they do not answer is a visible gap naming the command that fills it.
-A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank."""
+A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank. One build at a
+time writes an --out (a second waits); it replaces only what a build wrote there, and names its inputs in
+sources.json."""
 import contextlib
 import fcntl
 import html
