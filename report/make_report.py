@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,12 +143,12 @@ def writable(path, flag):
 def locked(out):
     """--out written by one build at a time: a second waits. The lock file keeps its inode across `building`'s
     swap (linked into the new folder), so a build that locked the old one is checked against the one in place."""
-    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     while True:
         try:
             fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        except FileNotFoundError:  # --out is between another build's two renames
+        except FileNotFoundError:  # --out is between another build's two renames, for microseconds
+            time.sleep(0.01)
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -161,9 +162,6 @@ def locked(out):
     try:
         yield
     finally:
-        if made and [p.name for p in out.iterdir()] == [LOCK]:  # nothing built: as if never made
-            (out / LOCK).unlink()
-            out.rmdir()
         os.close(fd)
 
 
@@ -364,34 +362,36 @@ def main(argv=None):
     with lifecycle.one_line_errors(lambda: kept(args, written)):
         try:
             report_text = check_args(args)
-            with locked(args.out_dir), tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:
-                r = gather(args, report_text, Path(scratch), imported_gpu(args))  # (scratch: a GPU folder's events)
+            with tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:  # a GPU folder's events
+                r = gather(args, report_text, Path(scratch), imported_gpu(args))
                 text, unfilled, used = facts.fill(r.report_text, r.sources)
                 if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
                     raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
                 r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
-                text = build(args, r, text, used)
-                written.append(args.out_dir)
-                said(args, r)
-                if args.pdf:
-                    browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
-                    if printed(args) not in built_lines(args.out_dir):
-                        with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
-                            f.write(f"{printed(args)}\n")
-                    print(f"wrote {args.pdf_out}")
+                with locked(args.out_dir):
+                    write(args, r, text, used, written)
         except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
             if e.errno not in DISK_ERRORS:
                 raise
             sys.exit(f"error: {e.strerror}: {e.filename or args.out}; {kept(args, written)}")
 
 
-def said(args, r):
+def write(args, r, text, used, written):
+    """--out (and --pdf-out) written, by this build alone; `written` says when --out is in place."""
+    text = build(args, r, text, used)
+    written.append(args.out_dir)
     print(f"wrote {args.out_dir / 'results.md'} and {len(list(args.out_dir.glob('*.png')))} figures"
           + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
     for line in r.todo:
         print(f"GPU figure missing: {line}")
     for problem in r.problems:
         print(f"warning: {problem}", file=sys.stderr)
+    if args.pdf:
+        browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
+        if printed(args) not in built_lines(args.out_dir):
+            with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
+                f.write(f"{printed(args)}\n")
+        print(f"wrote {args.pdf_out}")
 
 
 def kept(args, written):
