@@ -21,7 +21,7 @@ from report.figures import (
     ladder_report,
     lenet_table,
 )
-from report.gpu import LENET_CSV, ROLES, SLOTS, answer, logged_process_seconds, runs_archive_events
+from report.gpu import LENET_CSV, ROLES, SLOTS, answer, runs_archive_events
 from report.inputs import (
     FIELD_ERRORS,
     NUMBER,
@@ -83,23 +83,22 @@ def shown_runs(by_kind, results, roles):
     return shown
 
 
-def process_seconds(metrics, gpu=None, stem=None):
+def process_seconds(metrics):
     """(seconds, how) of a run's whole process, or (None, why not); a resumed run's: process_seconds_total."""
     here, total = metrics.get("process_seconds"), metrics.get("process_seconds_total")
-    if isinstance(here, NUMBER):
-        if isinstance(total, NUMBER) and total > here + 0.05:
-            return total, "process_seconds_total"
-        if metrics.get("resumed") and not isinstance(total, NUMBER):
-            return None, "未记录（续跑的运行没有可用的 process_seconds_total）"
-        return here, "process_seconds"
-    seconds = logged_process_seconds(gpu, stem) if gpu and stem else None
-    return (seconds, "步骤日志，整秒") if seconds is not None else (None, "未记录（早于 process_seconds 的代码）")
+    if not isinstance(here, NUMBER):
+        return None, "未记录（早于 process_seconds 的代码）"
+    if isinstance(total, NUMBER) and total > here + 0.05:
+        return total, "process_seconds_total"
+    if metrics.get("resumed") and not isinstance(total, NUMBER):
+        return None, "未记录（续跑的运行没有可用的 process_seconds_total）"
+    return here, "process_seconds"
 
 
 def clock_facts(run):
     """`{{<alias>_clock.…}}`: process_text always (the time, or why there is none), process_seconds if measured."""
-    seconds, how = process_seconds(run.metrics, run.gpu, run.stem)
-    facts = {"how": how, "process_text": f"{seconds:.0f} s" if seconds is not None else how}
+    seconds, how = process_seconds(run.metrics)
+    facts = {"process_text": f"{seconds:.0f} s" if seconds is not None else how}
     return facts | ({"process_seconds": seconds} if seconds is not None else {})
 
 
@@ -119,7 +118,7 @@ def gpu_sources(folders, roles):
         if f := next((f for f in used if f.older == older), None):
             sources[name] = ({"where": f.label, "folder": rel(f.folder)}, rel(f.folder))
     if gpt := roles.get("gpu_gpt"):
-        runs = [(s, m, *process_seconds(m, gpt.gpu, s)) for s, m in sorted(gpt.gpu.results.items())
+        runs = [(s, m, *process_seconds(m)) for s, m in sorted(gpt.gpu.results.items())
                 if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
         sources["gpu_runs"] = ({"table": gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label}, rel(gpt.gpu.folder))
     return sources

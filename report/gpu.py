@@ -33,7 +33,6 @@ PREFERRED = ("own-vocab", "cold", "torch")  # of several matching files: the gra
 ARCHIVE_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)  # not a tarball, cut, unreadable
 # gpu_check.sh's logs: its biggest, the 250 ms nvidia-smi CSV of a 20-minute run, is ~2 MB
 MAX_LOG_BYTES, MAX_LOGS_BYTES = 64 << 20, 256 << 20
-STEP_LINE = re.compile(r"^\[(\d+)\s*s\]\s+(?:([\w.-]+):? (start\b|rc=(-?\d+)))?")
 
 
 @dataclass
@@ -131,30 +130,6 @@ def answer(folders, pattern, older=True, results=False):
         if name:
             return f, name
     return None, None
-
-
-def logged_process_seconds(found, stem):
-    """A run's process time from its folder's step log: the longest step inside its name (gpt_run_12M-cold_...)."""
-    parts = stem.split("_")
-    if len(parts) < 3 or re.search(r"_call\d+$", stem):
-        return None
-    steps, starts, previous = {}, {}, None
-    for name in sorted(n for n in found.files if re.fullmatch(r"steps_call\d+\.log", n)):
-        for m in filter(None, map(STEP_LINE.match, map(str.strip, found.files[name]().splitlines()))):
-            at, step = int(m.group(1)), m.group(2)
-            if m.group(3) == "start":
-                starts[step] = at
-            elif m.group(4) == "0" and (begun := starts.pop(step, previous)) is not None:
-                steps[step] = at - begun
-            previous = at
-    for entry in found.facts.get("steps") or []:
-        if isinstance(entry, dict) and entry.get("status") == "ok" and isinstance(entry.get("seconds"), int):
-            steps[str(entry.get("step"))] = entry["seconds"]
-    kind, own = parts[0], parts[2]
-    mine = {step.removeprefix(f"{kind}-"): seconds for step, seconds in steps.items()  # not another kind's step
-            if step.startswith(f"{kind}-") or step.split("-")[0] not in ("gpt", "lenet")}
-    best = max((bare for bare in mine if bare in own), key=len, default=None)
-    return float(mine[best]) if best else None
 
 
 def runs_archive_events(found, stem, into):
