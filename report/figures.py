@@ -156,6 +156,11 @@ def seconds(value):
     return "—" if value is None else f"{value:.0f} s"
 
 
+def table(header, rows):
+    """A Markdown table: the header's cells, then each row's (cells already Markdown, strings of the inputs escaped)."""
+    return Markdown("\n".join(f"| {' | '.join(row)} |" for row in [header, ["---"] * len(header), *rows]))
+
+
 def fmt(value, spec=".4g"):
     number = isinstance(value, NUMBER) and not isinstance(value, bool)  # a flag: True, not 1
     return "—" if value is None else format(value, spec) if number else escape(value)
@@ -165,20 +170,19 @@ def fmt(value, spec=".4g"):
 
 def gpu_runs_table(runs, headline):
     """A GPU folder's GPT runs [(stem, metrics, seconds, how)], the headline bold, rounded as the text quotes."""
-    rows = ["| 运行 | 词表 | 编译 | 进程时间 | 训练循环（其中编译） | token/s | MFU | 训练 / 验证损失 | bits/byte |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for stem, m, seconds, how in runs:
+    rows = []
+    for stem, m, process, _ in runs:
         tag = stem.split("_")[2] if stem.count("_") >= 2 else stem
         cache = "，冷缓存" if "cold" in tag else "，热缓存" if "warm" in tag else ""
         compiling = escape(m.get("compile", "off"))
         loop = f"{m['train_seconds']:.1f} s" + (f"（{m['compile_seconds']:.1f} s）" if compiling != "off"
                                                  and isinstance(m.get("compile_seconds"), NUMBER) else "")
-        process = "—" if seconds is None else f"{seconds:.0f} s"  # a step log's whole seconds: page 1's box says so
         name = f"**`{escape(tag, code=True)}`**" if stem == headline else f"`{escape(tag, code=True)}`"
-        rows.append(f"| {name} | {m['vocab_size']:,} | {compiling}{cache} | {process} | {loop} | "
-                    f"{m['tokens_per_second']:,.0f} | {fmt(m.get('mfu'), '.1%')} | {m['final_train_loss']:.2f} / "
-                    f"{m['final_val_loss']:.2f} | {m['val_bits_per_byte']:.3f} |")
-    return Markdown("\n".join(rows))
+        rows.append([name, f"{m['vocab_size']:,}", compiling + cache, seconds(process), loop,
+                     f"{m['tokens_per_second']:,.0f}", fmt(m.get("mfu"), ".1%"),
+                     f"{m['final_train_loss']:.2f} / {m['final_val_loss']:.2f}", f"{m['val_bits_per_byte']:.3f}"])
+    return table(["运行", "词表", "编译", "进程时间", "训练循环（其中编译）", "token/s", "MFU", "训练 / 验证损失",
+                  "bits/byte"], rows)
 
 
 RUNG_NAMES = {"naive": "朴素基线", "+ dropout 0": "dropout 0",
@@ -253,11 +257,8 @@ def ladder_compare(gpu, cpu, where, then=None):
         columns[0][1][last] += f"：{then}"
     columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
     keys = sorted(dict.fromkeys(k for _, c in columns for k in c), key=lambda k: k.startswith("default without"))
-    rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
-            "|---" * (len(columns) + 1) + "|"]
-    for k in keys:
-        rows.append(f"| {rung_label(k)} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
-    return Markdown("\n".join(rows))
+    rows = [[rung_label(k), *(cells.get(k, "—") for _, cells in columns)] for k in keys]
+    return table(["在上一行之上再加", *(f"{head} token/s（× 上一行）" for head, _ in columns)], rows)
 
 
 def ladder_report(bench, source):
@@ -267,18 +268,16 @@ def ladder_report(bench, source):
         rungs, cells = bench["rungs"][:MAX_ROWS], {id(r): cell for r, cell, _, _ in ladder_cells(bench)}
         extra = [("判定（配对比值）", verdict)] * any("verdict" in r for r in rungs) + [
             ("峰值内存 GiB", lambda r: fmt(peak(r), ".2f"))] * any(peak(r) is not None for r in rungs)
-        rows = [["行（↳：与默认配置比，其余与上一行比）", "token/s：中位数 [范围]（×）", *(h for h, _ in extra)],
-                ["---"] * (2 + len(extra))]
-        for r in rungs:
-            rows.append([f"{'↳ ' * r['name'].startswith(' ')}{rung_label(r['name'])}",
-                         cells.get(id(r), f"失败：{escape(r.get('error'))}"), *(cell(r) for _, cell in extra)])
+        rows = [[f"{'↳ ' * r['name'].startswith(' ')}{rung_label(r['name'])}",
+                 cells.get(id(r), f"失败：{escape(r.get('error'))}"), *(cell(r) for _, cell in extra)] for r in rungs]
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)
         left = f"另有 {len(bench['rungs']) - MAX_ROWS:,} 行没有列出；" if len(bench["rungs"]) > MAX_ROWS else ""
         caption = (f"*{escape(source)}，{escape(device_words(bench['device_name']))}：每步 "
                    f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 {bench['vocab_size']:,}"
                    f"{shape}；{left}每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
                    f"{escape(bench.get('warmup', '—'))} 步、计时 {escape(bench.get('steps', '—'))} 步）。*")
-        return Markdown(f"{caption}\n\n" + "\n".join(f"| {' | '.join(row)} |" for row in rows))
+        head = ["行（↳：与默认配置比，其余与上一行比）", "token/s：中位数 [范围]（×）", *(h for h, _ in extra)]
+        return Markdown(f"{caption}\n\n{table(head, rows)}")
     except FIELD_ERRORS as e:
         return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(repr(e))}）")
 
@@ -322,31 +321,31 @@ def loss_clock(run):
 def compare_table(runs, jobs):
     """GPT runs (the first the baseline) and their job seconds: what each changed -> its effect."""
     base = runs[0].metrics
-    rows = ["| 运行 | 相对基线的改动 | token | 作业进程 | 训练损失首次 < 7 | 训练 / 验证损失 | token/s（× 基线） "
-            "| 峰值显存 GiB |", "|---" * 8 + "|"]
+    rows = []
     for run, job in zip(runs, jobs):
         m, clock = run.metrics, loss_clock(run)
         below = next((f"{t:.0f} s" for t, loss in clock if loss < SUCCESS_LOSS), "未达到")
         peak = m.get("peak_memory_gib") or max((v for _, v in run.scalars.get(
             "system/gpu_max_memory_allocated_GiB", [])), default=None)
         name = "（基线）" if run is runs[0] else changes(run, runs[0])
-        rows.append(f"| `{escape(run.events.name, code=True)}` | {name} | {m['tokens_seen']:,} | {seconds(job)} | "
-                    f"{below} | {m['final_train_loss']:.2f} / {m['final_val_loss']:.2f} | "
-                    f"{m['tokens_per_second']:,.0f}（×{m['tokens_per_second'] / base['tokens_per_second']:.2f}） | "
-                    f"{fmt(peak, '.2f')} |")
-    return Markdown("\n".join(rows))
+        rows.append([f"`{escape(run.events.name, code=True)}`", name, f"{m['tokens_seen']:,}", seconds(job), below,
+                     f"{m['final_train_loss']:.2f} / {m['final_val_loss']:.2f}",
+                     f"{m['tokens_per_second']:,.0f}（×{m['tokens_per_second'] / base['tokens_per_second']:.2f}）",
+                     fmt(peak, ".2f")])
+    return table(["运行", "相对基线的改动", "token", "作业进程", "训练损失首次 < 7", "训练 / 验证损失",
+                  "token/s（× 基线）", "峰值显存 GiB"], rows)
 
 
 def lenet_table(runs, jobs):
     """LeNet-5 runs (the first the baseline): what each changed -> accuracy and time."""
     base = runs[0].metrics["train_seconds"]
-    rows = ["| 运行 | 相对基线的改动 | epoch | 测试准确率 | 训练循环（× 基线） | 作业进程 |", "|---" * 6 + "|"]
+    rows = []
     for run, job in zip(runs, jobs):
         m = run.metrics
         name = "（基线）" if run is runs[0] else changes(run, runs[0])
-        rows.append(f"| `{escape(run.events.name, code=True)}` | {name} | {m['epochs']} | {m['test_accuracy']:.2%} "
-                    f"| {m['train_seconds']:.1f} s（×{m['train_seconds'] / base:.2f}） | {seconds(job)} |")
-    return Markdown("\n".join(rows))
+        rows.append([f"`{escape(run.events.name, code=True)}`", name, str(m["epochs"]), f"{m['test_accuracy']:.2%}",
+                     f"{m['train_seconds']:.1f} s（×{m['train_seconds'] / base:.2f}）", seconds(job)])
+    return table(["运行", "相对基线的改动", "epoch", "测试准确率", "训练循环（× 基线）", "作业进程"], rows)
 
 
 def compare_figure(runs, path):

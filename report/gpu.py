@@ -2,7 +2,6 @@
 is answered by the first folder that can: --gpu's, then the newest under --results. A damaged folder is named once
 and answers nothing; nothing here raises on what a folder holds."""
 import contextlib
-import json
 import re
 import tarfile
 import zlib
@@ -89,17 +88,11 @@ def read_gpu_folder(folder):
         found.damage = f"logs.tar.gz {e}"
     try:
         if (folder / "results.json").is_file():
-            data = read_json(folder / "results.json")  # bounded, never waited on
-            if not isinstance(data, dict):
-                raise ValueError(f"is a JSON {type(data).__name__}, not an object")
-            if not isinstance(data.get("results", {}), dict):
-                raise ValueError(f"has 'results': {json.dumps(data['results'])[:40]}, not an object")
-            found.facts = data
-            found.results.update({s: d for s, d in data.get("results", {}).items() if isinstance(d, dict)})
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        found.damage = f"results.json is cut or not JSON ({e})"
-    except ValueError as e:
-        found.damage = f"results.json {e}"
+            facts = read_json(folder / "results.json")  # bounded, never waited on
+            found.results.update({s: d for s, d in facts.get("results", {}).items() if isinstance(d, dict)})
+            found.facts = facts
+    except (OSError, *FIELD_ERRORS) as e:  # cut, not JSON, or not gpu_check.sh's object of results
+        found.damage = f"results.json is not gpu_check.sh's ({type(e).__name__}: {e})"
     return found
 
 

@@ -42,7 +42,6 @@ REPORT = RESULTS.parent / "report.md"
 STUDENT = RESULTS.parent / "student.md"  # the report of a student's own runs
 GPU_NAME, DATE = re.compile(r"[A-Za-z0-9_-]+"), re.compile(r"\d{4}-\d{2}-\d{2}")  # --gpu OUT's folder: <GPU>-<date>
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
-GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # what a GPU call's OUT keeps
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
 BUILT = ".built-by-make_report"  # in --out: the files a build wrote, then ./<path> of each PDF it printed
 TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's name
@@ -273,7 +272,7 @@ def check_args(args):
 
 
 def imported_gpu(args):
-    """--gpu; for the committed report, a gpu_check.sh OUT first copied into report/results/<GPU>-<date>/."""
+    """--gpu; for the committed report, a gpu_check.sh OUT first copied whole into report/results/<GPU>-<date>/."""
     committed = args.results and args.results.resolve() == RESULTS.resolve()  # report.md's own inputs
     if not (args.gpu and committed and (args.gpu / "results.json").is_file()) \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
@@ -281,16 +280,14 @@ def imported_gpu(args):
     try:
         facts = json.loads((args.gpu / "results.json").read_text())
         name, date = str(facts["gpu"]), str(facts["started_utc"])[:10]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"--gpu {args.gpu}: results.json names no gpu and started_utc ({e})") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        name = date = ""
     if not GPU_NAME.fullmatch(name) or not DATE.fullmatch(date):  # never a folder a JSON field chose
         raise UserError(f"--gpu {args.gpu}: results.json's gpu {name[:40]!r} or started_utc {date!r} is not a GPU "
                         "name ([A-Za-z0-9_-]) and a YYYY-MM-DD date; nothing copied")
     target = RESULTS / f"{name}-{date}"
-    target.mkdir(exist_ok=True)
-    for name in (name for name in GPU_FILES if (args.gpu / name).is_file()):
-        shutil.copy2(args.gpu / name, target / name)
-    print(f"copied {args.gpu}'s {', '.join(n for n in GPU_FILES if (target / n).is_file())} into {rel(target)}")
+    shutil.copytree(args.gpu, target, dirs_exist_ok=True)
+    print(f"copied {args.gpu} into {rel(target)}")
     return target
 
 

@@ -145,9 +145,9 @@ def whole_logs(tmp_path):
 
 
 @pytest.mark.parametrize("damage, results_json, logs", [
-    ("results.json is a JSON list, not an object", "[1, 2]", None),
-    ("results.json has 'results': \"y\", not an object", '{"results": "y"}', None),
-    ("results.json is cut or not JSON (Unterminated string", '{"started_utc": "2026-12-02T06:59:00Z", "resu', None),
+    ("results.json is not gpu_check.sh's (AttributeError: 'list'", "[1, 2]", None),
+    ("results.json is not gpu_check.sh's (AttributeError: 'str'", '{"results": "y"}', None),
+    ("results.json is not gpu_check.sh's (JSONDecodeError: Unterminated string", '{"started_utc": "2026-12-02T06:59:00Z", "resu', None),
     ("logs.tar.gz is not a whole tarball", None, b"not a tarball at all"),
     ("logs.tar.gz is not a whole tarball", None, "cut")])
 def test_a_damaged_gpu_folder_is_one_problem_line_and_its_slots_missing(tmp_path, committed, capsys, damage,

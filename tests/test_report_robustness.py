@@ -64,7 +64,7 @@ DEEP = "[" * 5000 + "]" * 5000  # RecursionError in the parser (or in any walk o
 @pytest.mark.parametrize("text, why", [
     (json.dumps(lenet_metrics(train_seconds=0)).replace('"train_seconds": 0', f'"train_seconds": {HUGE}'),
      "(401 digits) does not fit a float"),
-    (json.dumps(lenet_metrics(history=[])).replace('"history": []', f'"history": {DEEP}'), "nested deeper than 64")],
+    (json.dumps(lenet_metrics(history=[])).replace('"history": []', f'"history": {DEEP}'), "nested too deep to read")],
     ids=["huge-int", "deep"])
 def test_a_results_file_or_a_runs_metrics_python_cannot_hold_is_one_line(tmp_path, inputs, capsys, text, why):
     results, report = inputs
@@ -92,8 +92,9 @@ def test_a_gpu_folders_results_json_nested_too_deep_is_one_line(tmp_path, inputs
     build(results, report, tmp_path / "out")
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert [line for line in err.splitlines() if "nested deeper" in line] == [
-        f"warning: GPU results folder {folder}: results.json nested deeper than 64 levels; its figures are left out"]
+    assert [line for line in err.splitlines() if "nested too deep" in line] == [
+        f"warning: GPU results folder {folder}: results.json is not gpu_check.sh's (ValueError: nested too deep to "
+        "read); its figures are left out"]
 
 
 # --------------------------------------------------------------------- a 1 GiB log
