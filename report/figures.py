@@ -10,7 +10,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from report.inputs import FIELD_ERRORS, NUMBER, Markdown, corpus_name, escape
+from report.inputs import FIELD_ERRORS, NUMBER, Markdown, escape
 from training.metrics import SUCCESS_LOSS
 
 BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
@@ -55,7 +55,8 @@ def gpt_curves(m, path, scalars=None):
     tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
               for tag in ("loss/train", "loss/val", "perf/tokens_per_second")}
     size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
-    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(corpus_name(m), "other corpus, not WOS")
+    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(
+        (m.get("corpus") or {}).get("name"), "other corpus, not WOS")  # as the corpus's content was identified
     title = (f"GPT-2 structure, {size}, {corpus}\n{m['device_name']} x {m['world_size']}, {m['precision']}, "
              f"{m['tokens_seen']:,} tokens")  # two lines: one is wider than the figure, and centred it is cut
     plot_lines(path, [("loss (nats/token)", {"train": tokens["loss/train"], "validation": tokens["loss/val"]},

@@ -29,10 +29,6 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
             "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
             "vocab_size": int},
 }
-# TensorBoard tags as older runs (and the committed events) named them -> as the trainers name them now
-OLD_TAGS = {"train/loss": "loss/train", "val/loss": "loss/val", "test/loss": "loss/test",
-            "train/accuracy": "accuracy/train", "test/accuracy": "accuracy/test", **{f"gpu/{stat}": f"system/gpu_{stat}"
-            for stat in ("utilization_percent", "memory_used_GiB", "memory_allocated_GiB", "max_memory_allocated_GiB")}}
 MARKDOWN_ACTIVE = re.compile(r"([\\`*_{}\[\]!|])")  # what Python-Markdown (with tables) reads after a backslash
 
 
@@ -58,7 +54,7 @@ class Run:
     events: Path | None = None
     events_source: str | None = None
     gpu: object = None
-    scalars: dict = field(default_factory=dict)  # tag (as named now: OLD_TAGS) -> [(step, value)]
+    scalars: dict = field(default_factory=dict)  # tag -> [(step, value)]
     args: dict = field(default_factory=dict)  # its args.json: the model's shape (n_layer, n_embd, ...)
 
 
@@ -130,7 +126,7 @@ def load_events(run_dir, problems):
             events = EventAccumulator(str(path), size_guidance={"scalars": 0})
             events.Reload()
             for tag in events.Tags()["scalars"]:
-                tag, points = OLD_TAGS.get(tag, tag), events.Scalars(tag)
+                points = events.Scalars(tag)
                 scalars.setdefault(tag, []).extend((e.step, e.value) for e in points)
                 if tag == "loss/train":  # when each step ended: the loss against the job's clock
                     scalars.setdefault("time/loss/train", []).extend((e.step, e.wall_time) for e in points)
@@ -197,14 +193,6 @@ def figure_name(key, results):
     """A results file's figure and placeholder source: its file name, or where two share it, its path with '_'."""
     name = result_name(key)
     return key.removesuffix(".json").replace("/", "_") if sum(result_name(k) == name for k in results) > 1 else name
-
-
-def corpus_name(m):
-    """The corpus a JSON records ("stand-in", "WOS46985", "other"); older JSON: read from its `text` path."""
-    corpus = m.get("corpus")
-    if isinstance(corpus, dict) and corpus.get("name"):
-        return corpus["name"]
-    return "stand-in" if "standin" in str(m.get("text") or "") else "WOS46985"
 
 
 def events_beside(json_path):

@@ -75,7 +75,7 @@ def test_corrupt_event_file_is_reported_not_fatal(runs, tmp_path, capsys):
     run.mkdir()
     (run / "metrics.json").write_text((runs / "runs" / "lenet5" / "a" / "metrics.json").read_text())
     writer = SummaryWriter(run)
-    writer.add_scalar("test/accuracy", 0.5, 1)
+    writer.add_scalar("accuracy/test", 0.5, 1)
     writer.close()
     (run / "events.out.tfevents.0.broken").write_bytes(b"\x00garbage, not a record" * 10)
     out = tmp_path / "out"
@@ -353,16 +353,6 @@ def test_results_files_with_one_name_in_two_folders_are_both_reported(tmp_path):
     for kind in ("gelu_bench_x", "gpt_bench_x"):
         for path, name in ((results / f"{kind}.json", kind), (results / "h200" / f"{kind}.json", f"h200_{kind}")):
             assert f"- `{path}`: placeholders `{{{{{name}.…}}}}`" in text
-
-
-@pytest.mark.parametrize("metrics, name", [
-    ({"corpus": {"name": "stand-in"}, "text": "/d/WebOfScience/WOS46985/X.txt"}, "stand-in"),  # content decides
-    ({"corpus": {"name": "WOS46985"}, "text": "/d/wos-standin/X.txt"}, "WOS46985"),
-    ({"corpus": {"name": "other"}, "text": "/d/mine/X.txt"}, "other"),
-    ({"text": "/d/wos-standin/X.txt"}, "stand-in"),  # older JSON: the path rule
-    ({"text": "/d/WebOfScience/WOS46985/X.txt"}, "WOS46985")])
-def test_the_corpus_is_named_from_the_recorded_identity_first(metrics, name):
-    assert inputs.corpus_name(metrics) == name
 
 
 # --------------------------------------------------------------------- the PDF

@@ -51,7 +51,7 @@ def gpu_call_out(tmp_path, gpu="NVIDIA_H200", size="12M", smi=True):
     for run in runs.glob("*/*"):
         writer = SummaryWriter(run)
         for step, loss in ((1, 9.7), (100, 6.0), (184, 5.6)):
-            writer.add_scalar("train/loss", loss, step)
+            writer.add_scalar("loss/train", loss, step)
         writer.close()
     tar(runs, out / "runs.tar.gz")
     return out
