@@ -21,7 +21,7 @@ from report.figures import (
     ladder_report,
     lenet_table,
 )
-from report.gpu import LENET_CSV, ROLES, SLOTS, answer, runs_archive_events
+from report.gpu import LENET_CSV, ROLES, SLOTS, answer
 from report.inputs import (
     FIELD_ERRORS,
     NUMBER,
@@ -45,32 +45,32 @@ LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats
 FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564"}
 
 
-def results_run(alias, results, name, kind=None):
-    """The Run of the results file `name` (its events beside it), or None where there is none."""
-    if (key := next((k for k in results if result_name(k) == name), None)) is None:
-        return None
-    data, path = results[key]
+def json_run(alias, data, path, kind=None, gpu=None):
+    """The Run of a committed JSON file (its events beside it), or None where it holds no run."""
     if not isinstance(data, dict):
         return None  # (load_results lists it; nothing to show)
     events = events_beside(path)
-    return Run(alias, kind or run_kind(data), data, rel(path), name, events, rel(events) if events else None)
+    where = events and rel(events)
+    return Run(alias, kind or run_kind(data), data, rel(path), path.stem, events, where, gpu)
 
 
-def role_runs(folders, results, scratch):
+def results_run(alias, results, name, kind=None):
+    """The Run of the results file `name`, or None where there is none."""
+    key = next((k for k in results if result_name(k) == name), None)
+    return json_run(alias, *results[key], kind) if key else None
+
+
+def role_runs(folders, results):
     """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer."""
     roles = {}
     for role, (pattern, older, fallback) in ROLES.items():
         found, stem = answer(folders, pattern, older, results=True)
-        if not found:
-            if fallback and (run := results_run(role, results, fallback)):
-                roles[role] = run
-            continue
-        loose, data = found.folder / f"{stem}.json", found.results[stem]
-        path = loose if loose.is_file() else None
-        source = rel(loose) if path else f"{rel(found.folder / 'results.json')}: results.{stem}"
-        events = events_beside(path) if path else runs_archive_events(found, stem, scratch)
-        where = (rel(events) if path else f"{rel(found.folder)}/runs.tar.gz: {events.name}") if events else None
-        roles[role] = Run(role, run_kind(data), data, source, stem, events, where, found)
+        if found:
+            run = json_run(role, found.results[stem], found.folder / f"{stem}.json", gpu=found)
+        else:
+            run = fallback and results_run(role, results, fallback)
+        if run:
+            roles[role] = run
     return roles
 
 

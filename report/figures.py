@@ -55,8 +55,8 @@ def gpt_curves(m, path, scalars=None):
     tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
               for tag in ("loss/train", "loss/val", "perf/tokens_per_second")}
     size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
-    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(
-        (m.get("corpus") or {}).get("name"), "other corpus, not WOS")  # as the corpus's content was identified
+    named = (m.get("corpus") or {}).get("name")  # as the corpus's content was identified
+    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(named, "other corpus, not WOS")
     title = (f"GPT-2 structure, {size}, {corpus}\n{m['device_name']} x {m['world_size']}, {m['precision']}, "
              f"{m['tokens_seen']:,} tokens")  # two lines: one is wider than the figure, and centred it is cut
     plot_lines(path, [("loss (nats/token)", {"train": tokens["loss/train"], "validation": tokens["loss/val"]},
@@ -158,8 +158,10 @@ def seconds(value):
 
 
 def table(header, rows):
-    """A Markdown table: the header's cells, then each row's (cells already Markdown, strings of the inputs escaped)."""
-    return Markdown("\n".join(f"| {' | '.join(row)} |" for row in [header, ["---"] * len(header), *rows]))
+    """A Markdown table: the header's cells, then each row's.
+    Cells are Markdown already: the strings of the inputs in them escaped."""
+    lines = [header, ["---"] * len(header), *rows]
+    return Markdown("\n".join(f"| {' | '.join(row)} |" for row in lines))
 
 
 def fmt(value, spec=".4g"):

@@ -162,25 +162,16 @@ def find_runs(runs, runs_root, problems):
 
 
 def load_results(results, problems, prefix=""):
-    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named (results.json: each entry)."""
+    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named
+    (a GPU folder's results.json: its facts, read by gpu.read_gpu_folder, not a result)."""
     out = {}
     for path in sorted(results.rglob("*.json")) if results.is_dir() else [results] if results.suffix == ".json" else []:
         key = prefix + (path.relative_to(results).as_posix() if results.is_dir() else path.name)
         try:
-            data = read_json(path)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
             if path.name != "results.json":
-                problems.append(f"unreadable {path}: {e}")
-            continue
-        if path.name != "results.json":
-            out[key] = data, path
-            continue
-        entries = data.get("results") if isinstance(data, dict) else None
-        for stem, entry in (entries if isinstance(entries, dict) else {}).items():
-            if isinstance(entry, dict) and "unreadable" in entry:
-                problems.append(f"unreadable {stem}.json in {path}: {entry['unreadable']}")
-            else:
-                out[f"{key.rpartition('/')[0]}/{stem}.json".lstrip("/")] = entry, f"{path}: results.{stem}"
+                out[key] = read_json(path), path
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            problems.append(f"unreadable {path}: {e}")
     return out
 
 
@@ -197,8 +188,6 @@ def figure_name(key, results):
 
 def events_beside(json_path):
     """A committed run's events: the folder named as its JSON, else tb-<kind>-<name> (tb-gpt-12M-cold) beside it."""
-    if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are in runs.tar.gz
-        return None
     parts, candidates = json_path.stem.split("_"), [json_path.parent / json_path.stem]
     if len(parts) >= 3:
         candidates += sorted(d for d in json_path.parent.glob("tb-*") if f"{parts[0]}-{parts[2]}" in d.name)

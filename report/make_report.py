@@ -58,7 +58,6 @@ class Report:
     folders: list = field(default_factory=list)  # gpu.GpuFolder, first answering first
     shown: dict = field(default_factory=dict)  # kind -> inputs.Run its section shows
     sources: dict = field(default_factory=dict)  # placeholder source -> (facts, where from)
-    report_text: str = ""  # the report's blocks these inputs can fill
     out: Path | None = None  # the folder being built
     linked: set = field(default_factory=set)  # the figures the report links: the only ones drawn
     todo: list = field(default_factory=list)  # the GPU figures missing, and the command that fills each
@@ -272,7 +271,8 @@ def check_args(args):
 
 
 def imported_gpu(args):
-    """--gpu; for the committed report, a gpu_check.sh OUT first copied whole into report/results/<GPU>-<date>/."""
+    """--gpu; for the committed report, a gpu_check.sh OUT first copied and unpacked
+    into report/results/<GPU>-<date>/."""
     committed = args.results and args.results.resolve() == RESULTS.resolve()  # report.md's own inputs
     if not (args.gpu and committed and (args.gpu / "results.json").is_file()) \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
@@ -285,15 +285,22 @@ def imported_gpu(args):
     if not GPU_NAME.fullmatch(name) or not DATE.fullmatch(date):  # never a folder a JSON field chose
         raise UserError(f"--gpu {args.gpu}: results.json's gpu {name[:40]!r} or started_utc {date!r} is not a GPU "
                         "name ([A-Za-z0-9_-]) and a YYYY-MM-DD date; nothing copied")
-    target = RESULTS / f"{name}-{date}"
-    shutil.copytree(args.gpu, target, dirs_exist_ok=True)
-    print(f"copied {args.gpu} into {rel(target)}")
+    target, tmp = RESULTS / f"{name}-{date}", Path(tempfile.mkdtemp(prefix=TMP, dir=RESULTS))
+    try:
+        shutil.copytree(args.gpu, tmp, dirs_exist_ok=True)
+        gpu.unpack(tmp, name)  # the one layout the report reads
+        shutil.copytree(tmp, target, dirs_exist_ok=True)
+    except gpu.ARCHIVE_ERRORS as e:
+        raise UserError(f"--gpu {args.gpu}: cannot unpack it ({type(e).__name__}: {e}); nothing copied") from None
+    finally:
+        shutil.rmtree(tmp)
+    print(f"copied and unpacked {args.gpu} into {rel(target)}")
     return target
 
 
 # ----------------------------------------------------------------------------- inputs and output
 
-def gather(args, report_text, scratch, gpu_folder=None):
+def gather(args, gpu_folder=None):
     """Every input, read once: --results (a folder), the files and runs named, --gpu; nothing else."""
     r = Report([], {}, args)
     r.runs = find_runs(args.runs, args.runs_root, r.problems)
@@ -303,7 +310,7 @@ def gather(args, report_text, scratch, gpu_folder=None):
     if gpu_folder and not (args.results and gpu_folder.resolve().is_relative_to(args.results.resolve())):
         r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
     r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
-    roles = facts.role_runs(r.folders, r.results, scratch)
+    roles = facts.role_runs(r.folders, r.results)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
     r.sources = facts.derived_sources(r, roles)
     if args.no_screenshots:  # a screenshot's caption only where one is kept: taken before, or put there by hand
@@ -313,7 +320,6 @@ def gather(args, report_text, scratch, gpu_folder=None):
         for alias, (kind, _) in facts.ALIASES.items():
             if not any(file in kept for file, _, _ in browser.SHOTS[kind]):
                 r.sources.pop(f"{alias}_tb", None)
-    r.report_text = report_text
     return r
 
 
@@ -359,14 +365,13 @@ def main(argv=None):
     with lifecycle.one_line_errors(lambda: kept(args, written)):
         try:
             report_text = check_args(args)
-            with tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:  # a GPU folder's events
-                r = gather(args, report_text, Path(scratch), imported_gpu(args))
-                text, unfilled, used = facts.fill(r.report_text, r.sources)
-                if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
-                    raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
-                r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
-                with locked(args.out_dir):
-                    write(args, r, text, used, written)
+            r = gather(args, imported_gpu(args))
+            text, unfilled, used = facts.fill(report_text, r.sources)
+            if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
+                raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
+            r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
+            with locked(args.out_dir):
+                write(args, r, text, used, written)
         except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
             if e.errno not in DISK_ERRORS:
                 raise
