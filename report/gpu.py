@@ -87,15 +87,13 @@ def unpack(folder, gpu):
         with tarfile.open(folder / "logs.tar.gz") as tar:
             for member in filter(tarfile.TarInfo.isfile, tar):
                 (folder / Path(member.name).name).write_bytes(tar.extractfile(member).read())
-    if not (folder / "runs.tar.gz").is_file():
-        return
-    with tarfile.open(folder / "runs.tar.gz") as tar:
-        events = [m for m in tar if m.isfile() and Path(m.name).name.startswith("events.out.tfevents.")]
-        for stem in results:
-            if run := re.fullmatch(r"(?:gpt|lenet)_run_(.+)_" + re.escape(gpu), stem):
-                for member in (m for m in events if Path(m.name).parent.name == f"{gpu}-{run[1]}"):
-                    (folder / stem).mkdir(exist_ok=True)
-                    (folder / stem / Path(member.name).name).write_bytes(tar.extractfile(member).read())
+    if (folder / "runs.tar.gz").is_file():
+        with tarfile.open(folder / "runs.tar.gz") as tar:  # the events only: the runs' JSON are results.json's
+            tar.extractall(folder, [m for m in tar if "events.out.tfevents." in m.name], filter="data")
+    for run in folder.glob(f"runs/*/{gpu}-*"):  # runs/<kind>/<gpu>-<name>: beside <kind>_run_<name>_<gpu>.json
+        stem = f"{run.parent.name.removesuffix('5')}_run_{run.name.removeprefix(gpu + '-')}_{gpu}"
+        if stem in results:
+            run.rename(folder / stem)
 
 
 def gpu_folders(gpu, results_dir, problems):
