@@ -1,18 +1,39 @@
-"""A report's placeholders (report.md's, student.md's), filled from results.md's inputs, and what is derived for
-them (runs shown, GPU roles, ladders).
+"""A report's Jinja2 template (report.md's, student.md's) filled from results.md's inputs, and what is derived for
+it (runs shown, GPU roles, ladders).
 
-A placeholder is `{{SOURCE.FIELD[.FIELD...][:FORMAT]}}` (`{{lenet.test_accuracy:.2%}}`): SOURCE a results file by
-its figure name, an alias (`lenet`, `gpt`: the run named, else ALIASES), a GPU role or a derived source; FIELD a
-key or list index; FORMAT Python's format spec; `{{SOURCE._source}}` the file read. An unknown source or field, a
-null or a list is a problem, never a blank; a string is filled in as text (inputs.escape), never as Markdown.
-`<!-- if NAME -->`...`<!-- /if -->` (`unless`) keeps a block only where NAME is (is not) a source."""
+Each source is a name in the template: a results file by its figure name, an alias (`lenet`, `gpt`: the run named,
+else ALIASES), a GPU role or a derived source; `{{ lenet.test_accuracy|f(".2%") }}` formats a field with Python's
+format spec, `{{ x._source }}` is the file read, `{% if gpt %}` keeps a block where the source is. An unknown source
+or field, a null or a list is a problem, never a blank; a string is filled in as text (inputs.escape), never as
+Markdown."""
 import re
 import statistics
 from dataclasses import replace
 
-from report.figures import busy_window, device_words, gpu_runs_table, ladder_compare, ladder_report
-from report.gpu import LENET_CSV, ROLES, SLOTS, answer, logged_process_seconds, runs_archive_events
-from report.inputs import NUMBER, Markdown, Run, escape, events_beside, figure_name, rel, result_name, run_kind
+import jinja2
+
+from report.figures import (
+    busy_window,
+    compare_table,
+    device_words,
+    gpu_runs_table,
+    ladder_compare,
+    ladder_report,
+    lenet_table,
+)
+from report.gpu import LENET_CSV, ROLES, SLOTS, answer
+from report.inputs import (
+    FIELD_ERRORS,
+    NUMBER,
+    Markdown,
+    Run,
+    escape,
+    events_beside,
+    figure_name,
+    rel,
+    result_name,
+    run_kind,
+)
 from training.metrics import SUCCESS_LOSS
 
 # alias -> (run kind, what it follows when no run of that kind is named): the committed CPU run of the
@@ -22,36 +43,34 @@ CPU_LADDER = "gpt_bench_cpu_2x1024"  # the ladder at the lab's shape on the CPU,
 LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats (their median is quoted)
 # where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
 FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564"}
-PLACEHOLDER = re.compile(r"\{\{\s*([^{}:\s]+)\s*(?::([^{}]*))?\}\}")
-# a block with no block inside it: nested ones are resolved from the innermost out
-BLOCK = re.compile(r"<!--\s*(if|unless)\s+([\w.-]+)\s*-->((?:(?!<!--\s*(?:if|unless)\s).)*?)"
-                   r"<!--\s*/\1\s*-->\n?", re.S)
+
+
+def json_run(alias, data, path, kind=None, gpu=None):
+    """The Run of a committed JSON file (its events beside it), or None where it holds no run."""
+    if not isinstance(data, dict):
+        return None  # (load_results lists it; nothing to show)
+    events = events_beside(path)
+    where = events and rel(events)
+    return Run(alias, kind or run_kind(data), data, rel(path), path.stem, events, where, gpu)
 
 
 def results_run(alias, results, name, kind=None):
-    """The Run of the results file `name` (its events beside it), or None where there is none."""
-    if (key := next((k for k in results if result_name(k) == name), None)) is None:
-        return None
-    data, path = results[key]
-    events = events_beside(path)
-    return Run(alias, kind or run_kind(data), data, rel(path), name, events, rel(events) if events else None)
+    """The Run of the results file `name`, or None where there is none."""
+    key = next((k for k in results if result_name(k) == name), None)
+    return json_run(alias, *results[key], kind) if key else None
 
 
-def role_runs(folders, results, scratch):
+def role_runs(folders, results):
     """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer."""
     roles = {}
     for role, (pattern, older, fallback) in ROLES.items():
         found, stem = answer(folders, pattern, older, results=True)
-        if not found:
-            if fallback and (run := results_run(role, results, fallback)):
-                roles[role] = run
-            continue
-        loose, data = found.folder / f"{stem}.json", found.results[stem]
-        path = loose if loose.is_file() else None
-        source = rel(loose) if path else f"{rel(found.folder / 'results.json')}: results.{stem}"
-        events = events_beside(path) if path else runs_archive_events(found, stem, scratch)
-        where = (rel(events) if path else f"{rel(found.folder)}/runs.tar.gz: {events.name}") if events else None
-        roles[role] = Run(role, run_kind(data), data, source, stem, events, where, found)
+        if found:
+            run = json_run(role, found.results[stem], found.folder / f"{stem}.json", gpu=found)
+        else:
+            run = fallback and results_run(role, results, fallback)
+        if run:
+            roles[role] = run
     return roles
 
 
@@ -64,23 +83,22 @@ def shown_runs(by_kind, results, roles):
     return shown
 
 
-def process_seconds(metrics, gpu=None, stem=None):
+def process_seconds(metrics):
     """(seconds, how) of a run's whole process, or (None, why not); a resumed run's: process_seconds_total."""
     here, total = metrics.get("process_seconds"), metrics.get("process_seconds_total")
-    if isinstance(here, NUMBER):
-        if isinstance(total, NUMBER) and total > here + 0.05:
-            return total, "process_seconds_total"
-        if metrics.get("resumed") and not isinstance(total, NUMBER):
-            return None, "未记录（续跑的运行没有可用的 process_seconds_total）"
-        return here, "process_seconds"
-    seconds = logged_process_seconds(gpu, stem) if gpu and stem else None
-    return (seconds, "步骤日志，整秒") if seconds is not None else (None, "未记录（早于 process_seconds 的代码）")
+    if not isinstance(here, NUMBER):
+        return None, "未记录（早于 process_seconds 的代码）"
+    if isinstance(total, NUMBER) and total > here + 0.05:
+        return total, "process_seconds_total"
+    if metrics.get("resumed") and not isinstance(total, NUMBER):
+        return None, "未记录（续跑的运行没有可用的 process_seconds_total）"
+    return here, "process_seconds"
 
 
 def clock_facts(run):
     """`{{<alias>_clock.…}}`: process_text always (the time, or why there is none), process_seconds if measured."""
-    seconds, how = process_seconds(run.metrics, run.gpu, run.stem)
-    facts = {"how": how, "process_text": f"{seconds:.0f} s" if seconds is not None else how}
+    seconds, how = process_seconds(run.metrics)
+    facts = {"process_text": f"{seconds:.0f} s" if seconds is not None else how}
     return facts | ({"process_seconds": seconds} if seconds is not None else {})
 
 
@@ -100,14 +118,14 @@ def gpu_sources(folders, roles):
         if f := next((f for f in used if f.older == older), None):
             sources[name] = ({"where": f.label, "folder": rel(f.folder)}, rel(f.folder))
     if gpt := roles.get("gpu_gpt"):
-        runs = [(s, m, *process_seconds(m, gpt.gpu, s)) for s, m in sorted(gpt.gpu.results.items())
+        runs = [(s, m, *process_seconds(m)) for s, m in sorted(gpt.gpu.results.items())
                 if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
         sources["gpu_runs"] = ({"table": gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label}, rel(gpt.gpu.folder))
     return sources
 
 
-def derived_sources(results, shown, roles, folders, by_kind):
-    """Every source report.md may name: the results files by figure name, the aliases, GPU roles and derived facts."""
+def run_sources(results, shown, roles):
+    """The results files by figure name, and the runs the aliases and GPU roles show, their clocks and events."""
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
         where = run.gpu.label if run.gpu else device_words(run.metrics.get("device_name") or run.metrics.get("device"))
@@ -120,7 +138,14 @@ def derived_sources(results, shown, roles, folders, by_kind):
             sources[f"{run.alias}_tb"] = {"source": run.events_source}, run.events_source
         if run.args:
             sources[f"{run.alias}_args"] = run.args, f"{run.events_source}/args.json"
-    if gpt := shown.get("gpt"):  # whether it reached the lab's goal, and when its training loss first fell below it
+    return sources
+
+
+def goal_sources(shown):
+    """gpt_goal: whether the GPT run reached the lab's goal, and when its training loss first fell below it;
+    lenet_curve: the accuracy curve's points a TensorBoard screenshot shows."""
+    sources = {}
+    if gpt := shown.get("gpt"):
         m, final = gpt.metrics, gpt.metrics.get("final_train_loss")
         per_step = m.get("tokens_seen", 0) / max(1, m.get("steps") or 1)
         first = next((step for step, loss in m.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
@@ -129,23 +154,26 @@ def derived_sources(results, shown, roles, folders, by_kind):
         text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
                 f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
         sources["gpt_goal"] = {"verdict": Markdown(verdict), "text": Markdown(text)}, gpt.source
-    if lenet := shown.get("lenet5"):  # the accuracy curve's points a TensorBoard screenshot shows
+    if lenet := shown.get("lenet5"):
         m, epochs = lenet.metrics, max(1, lenet.metrics.get("epochs") or 1)
         train, test = (len(m.get(f"{k}_accuracy_curve") or []) / epochs for k in ("train", "test"))
         sources["lenet_curve"] = {"text": Markdown(f"每个 epoch `accuracy/train` {train:.0f} 个点、`accuracy/test` "
                                                    f"{max(1, test):.0f} 个点")}, lenet.source
-    sources |= gpu_sources(folders, roles)
-    cpu, gpu = sources.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
+    return sources
+
+
+def bench_sources(results, roles):
+    """ladder (the GPU's beside the CPU's), lenet_lightning (its repeats' median), bench (each ladder whole), gelu."""
+    sources, named = {}, {result_name(key): entry for key, entry in results.items()}
+    cpu, gpu = named.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
     if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
         then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
         table = ladder_compare(gpu and gpu.metrics, cpu, gpu.gpu.label if gpu else None, then)
         sources["ladder"] = {"table": table}, "ladder"
-    if (bench := sources.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
+    if (bench := named.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
         sources["lenet_lightning"] = ({"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1],
-                                       "repeats": len(ratios)}, f"{bench[1]} (all_lightning_to_plain's median)")
-    if nvml := [r for r in by_kind.values() if r.scalars.get("system/gpu_utilization_percent")]:
-        sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(r.events_source for r in nvml)
+                                       "repeats": len(ratios)}, f"{rel(bench[1])} (all_lightning_to_plain's median)")
     files = [(data, rel(path)) for data, path in results.values() if isinstance(data, dict)]
     if ladders := [(data, path) for data, path in files if isinstance(data.get("rungs"), list)]:  # each one whole
         sources["bench"] = {"text": Markdown("\n\n".join(ladder_report(*ladder) for ladder in ladders))}, \
@@ -155,54 +183,107 @@ def derived_sources(results, shown, roles, folders, by_kind):
     return sources
 
 
-def select_blocks(text, present):
-    """report.md's `<!-- if/unless NAME -->` blocks kept or dropped by `present`; the figures left numbered (`图 #`)."""
-    while (kept := BLOCK.sub(lambda m: "\n" + m.group(3).strip("\n") + "\n\n"  # a paragraph of its own
-                             if (m.group(2) in present) == (m.group(1) == "if") else "", text)) != text:
-        text = kept
-    numbers = iter(range(1, 1000))
-    return re.sub(r"\n{3,}", "\n\n", re.sub("图 #", lambda m: f"图 {next(numbers)}", text))
+def named_sources(runs):
+    """compare_gpt / compare_lenet5: the runs of a kind against the first named; gpu_nvml: runs with NVML curves."""
+    sources = {}
+    for kind, table in (("gpt", compare_table), ("lenet5", lenet_table)):
+        if len(group := [run for run in runs if run.kind == kind]) > 1:
+            table = table(group, [process_seconds(run.metrics)[0] for run in group])
+            sources[f"compare_{kind}"] = ({"table": table, "baseline": group[0].events_source, "runs": len(group)},
+                                          ", ".join(run.events_source for run in group))
+    if nvml := [r for r in runs if r.scalars.get("system/gpu_utilization_percent")]:
+        sources["gpu_nvml"] = {"runs": len(nvml)}, ", ".join(r.events_source for r in nvml)
+    return sources
 
 
-def look_up(sources, key):
-    """(value, source) of a placeholder's key; KeyError with the reason when it names nothing usable."""
-    name, _, path = key.partition(".")
-    if name not in sources:
-        raise KeyError(f"no input named '{name}'")
-    value, source = sources[name]
-    if path == "_source":
-        return source, source
-    for part in path.split(".") if path else []:
+def derived_sources(r, roles):
+    """Every source a template may name (r: make_report's Report); what a file's wrong field stops, a problem."""
+    sources = {}
+    for name, part in (("the runs", lambda: run_sources(r.results, r.shown, roles)),
+                       ("the goals", lambda: goal_sources(r.shown)), ("the GPU folders", lambda: gpu_sources(
+                           r.folders, roles)), ("the benchmarks", lambda: bench_sources(r.results, roles)),
+                       ("the comparison of the runs named", lambda: named_sources(r.runs))):
         try:
-            value = value[int(part)] if isinstance(value, list) else value[part]
+            sources |= part()
+        except FIELD_ERRORS as e:
+            r.problems.append(f"left out what {name} give: a field is missing or of the wrong type "
+                              f"({type(e).__name__}: {e})")
+    return sources
+
+
+class Field:
+    """A value of the inputs as a template reaches it (`gpt.steps`, `run.loss_curve.0`), with the file it came from."""
+
+    def __init__(self, value, source, key):
+        self.value, self.source, self.key = value, source, key
+
+    def __getitem__(self, part):
+        try:
+            value = self.value[int(part)] if isinstance(self.value, list) else self.value[part]
         except (KeyError, IndexError, ValueError, TypeError):
-            raise KeyError(f"{source} has no '{part}' in '{key}'") from None
-    if value is None:
-        raise KeyError(f"{source}: '{key}' is null (missing or invalid when measured)")
-    if isinstance(value, (list, dict)):
-        raise KeyError(f"{source}: '{key}' is a {type(value).__name__}, not one value")
-    return value, source
+            return Missing(f"{self.source} has no '{part}' in '{self.key}'", name=f"{self.key}.{part}")
+        return Field(value, self.source, f"{self.key}.{part}")
+
+    def __bool__(self):
+        return bool(self.value)
+
+
+class Fields(jinja2.Environment):
+    """`x.name` is always the field `name` of the inputs, never an attribute of Field (its `source`, `key`)."""
+
+    def getattr(self, obj, attribute):
+        return obj[attribute] if isinstance(obj, Field) else super().getattr(obj, attribute)
+
+
+class Missing(jinja2.ChainableUndefined):
+    """A name or field the inputs do not have: false in `{% if %}`, a problem line where it is shown."""
+
+    def __getattr__(self, part):
+        if part.startswith("__"):
+            raise AttributeError(part)
+        return Missing(self._undefined_hint, name=f"{self._undefined_name}.{part}")
+
+    def __getitem__(self, part):
+        return self.__getattr__(str(part))
 
 
 def fill(text, sources):
-    """(text filled, [problem], [(placeholder, value, source)]); one that cannot be filled stays as written."""
+    """(the Jinja2 template `text` filled from `sources`, [problem], [(field, shown, source)]); a name or field that
+    cannot be filled stays visible as `{{name}}` and is a problem. Values reach Markdown, then HTML, only through
+    `shown`: escaped as text (a code span's with `|code`), never as markup."""
     problems, used = [], []
 
-    def one(match):
-        key, spec = match.group(1), (match.group(2) or "").strip()
+    def unfilled(name, why):
+        problems.append(f"report placeholder {{{{{name}}}}}: {why}")
+        return f"{{{{{name}}}}}"
+
+    def shown(field, spec="", code=False):
+        """`{{ x|f(".2%") }}`: the field's value formatted, a string of the inputs escaped as text."""
+        if isinstance(field, Missing):
+            name = field._undefined_name
+            return unfilled(name, field._undefined_hint or f"no input named '{name.split('.')[0]}'")
+        if not isinstance(field, Field):
+            return field  # the template's own text
+        value, key = field.value, field.key
+        if value is None or isinstance(value, (list, dict)):
+            what = f"a {type(value).__name__}, not one value" if value is not None else "null (missing or invalid)"
+            return unfilled(key, f"{field.source}: '{key}' is {what}")
         try:
-            value, source = look_up(sources, key)
-            shown = format(value, spec) if spec or isinstance(value, (bool, str)) else \
+            text = format(value, spec) if spec or isinstance(value, (bool, str)) else \
                 f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
-        except KeyError as e:
-            problems.append(f"report placeholder {match.group(0)}: {e.args[0]}")
-            return match.group(0)
         except (ValueError, TypeError) as e:
-            problems.append(f"report placeholder {match.group(0)}: format '{spec}' does not fit {value!r} ({e})")
-            return match.group(0)
-        if isinstance(value, str) and not isinstance(value, Markdown):  # a string of the inputs: text
-            line = text.rfind("\n", 0, match.start()) + 1
-            shown = escape(shown, code=text.count("`", line, match.start()) % 2 == 1)
-        used.append((match.group(0), shown, source))
-        return shown
-    return PLACEHOLDER.sub(one, text), problems, used
+            return unfilled(key, f"format '{spec}' does not fit {value!r} ({e})")
+        text = text if isinstance(value, Markdown) or not isinstance(value, str) else escape(text, code)
+        used.append((f"{{{{{key}{':' * bool(spec)}{spec}}}}}", text, field.source))
+        return Markdown(text)
+    env = Fields(undefined=Missing, finalize=lambda v: v if isinstance(v, Markdown) else shown(v),
+                 trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters |= {"f": shown, "code": lambda field: shown(field, code=True)}
+    context = {name: Field(data | {"_source": source} if isinstance(data, dict) else data, source, name)
+               for name, (data, source) in sources.items()}
+    try:
+        filled = env.from_string(text).render(context)
+    except jinja2.TemplateError as e:
+        return text, [f"report template: {type(e).__name__}: {e}"], []
+    numbers = iter(range(1, 1000))  # the figures numbered in the order they are kept
+    return re.sub(r"\n{3,}", "\n\n", re.sub("图 #", lambda m: f"图 {next(numbers)}", filled)), problems, used

@@ -10,10 +10,11 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from report.inputs import FIELD_ERRORS, NUMBER, Markdown, corpus_name, escape
+from report.inputs import FIELD_ERRORS, NUMBER, Markdown, escape
 from training.metrics import SUCCESS_LOSS
 
 BUSY = 10  # % utilisation: a sample at or above it is training, below it start-up or idle
+MAX_ROWS = 200  # a ladder's rows tabled (ours has ~15): a PDF of thousands of rows is never printed
 
 
 def save(fig, path):
@@ -32,7 +33,7 @@ def plot_lines(path, panels, title, hline=None, ymin0=None):
             ax.set_ylim(bottom=0, top=max((y for pts in series.values() for _, y in pts), default=1) * 1.1)
         for label, points in series.items():
             if points:
-                ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label)
+                ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=label.replace("$", r"\$"))
         ax.xaxis.set_major_locator(MaxNLocator(5))  # token counts as 200k, 1.2M: five fit side by side
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         ax.set_xlabel(xlabel)
@@ -54,7 +55,8 @@ def gpt_curves(m, path, scalars=None):
     tokens = {tag: [(step * per_step, value) for step, value in s.get(tag, [])]
               for tag in ("loss/train", "loss/val", "perf/tokens_per_second")}
     size = f"{m['params'] / 1e6:.2f}M parameters" + (", tiny preset" if m.get("preset") == "tiny" else "")
-    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(corpus_name(m), "other corpus, not WOS")
+    named = (m.get("corpus") or {}).get("name")  # as the corpus's content was identified
+    corpus = {"stand-in": "stand-in corpus, not WOS", "WOS46985": "WOS"}.get(named, "other corpus, not WOS")
     title = (f"GPT-2 structure, {size}, {corpus}\n{m['device_name']} x {m['world_size']}, {m['precision']}, "
              f"{m['tokens_seen']:,} tokens")  # two lines: one is wider than the figure, and centred it is cut
     plot_lines(path, [("loss (nats/token)", {"train": tokens["loss/train"], "validation": tokens["loss/val"]},
@@ -151,28 +153,39 @@ def device_words(name):
     return f"{cpu[1]} 处理器（{cpu[2]} 线程）" if cpu else name
 
 
+def seconds(value):
+    return "—" if value is None else f"{value:.0f} s"
+
+
+def table(header, rows):
+    """A Markdown table: the header's cells, then each row's.
+    Cells are Markdown already: the strings of the inputs in them escaped."""
+    lines = [header, ["---"] * len(header), *rows]
+    return Markdown("\n".join(f"| {' | '.join(row)} |" for row in lines))
+
+
 def fmt(value, spec=".4g"):
-    return "—" if value is None else format(value, spec) if isinstance(value, NUMBER) else escape(value)
+    number = isinstance(value, NUMBER) and not isinstance(value, bool)  # a flag: True, not 1
+    return "—" if value is None else format(value, spec) if number else escape(value)
 
 
 # ----------------------------------------------------------------------------- tables and words
 
 def gpu_runs_table(runs, headline):
     """A GPU folder's GPT runs [(stem, metrics, seconds, how)], the headline bold, rounded as the text quotes."""
-    rows = ["| 运行 | 词表 | 编译 | 进程时间 | 训练循环（其中编译） | token/s | MFU | 训练 / 验证损失 | bits/byte |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for stem, m, seconds, how in runs:
+    rows = []
+    for stem, m, process, _ in runs:
         tag = stem.split("_")[2] if stem.count("_") >= 2 else stem
         cache = "，冷缓存" if "cold" in tag else "，热缓存" if "warm" in tag else ""
         compiling = escape(m.get("compile", "off"))
         loop = f"{m['train_seconds']:.1f} s" + (f"（{m['compile_seconds']:.1f} s）" if compiling != "off"
                                                  and isinstance(m.get("compile_seconds"), NUMBER) else "")
-        process = "—" if seconds is None else f"{seconds:.0f} s"  # a step log's whole seconds: page 1's box says so
         name = f"**`{escape(tag, code=True)}`**" if stem == headline else f"`{escape(tag, code=True)}`"
-        rows.append(f"| {name} | {m['vocab_size']:,} | {compiling}{cache} | {process} | {loop} | "
-                    f"{m['tokens_per_second']:,.0f} | {fmt(m.get('mfu'), '.1%')} | {m['final_train_loss']:.2f} / "
-                    f"{m['final_val_loss']:.2f} | {m['val_bits_per_byte']:.3f} |")
-    return Markdown("\n".join(rows))
+        rows.append([name, f"{m['vocab_size']:,}", compiling + cache, seconds(process), loop,
+                     f"{m['tokens_per_second']:,.0f}", fmt(m.get("mfu"), ".1%"),
+                     f"{m['final_train_loss']:.2f} / {m['final_val_loss']:.2f}", f"{m['val_bits_per_byte']:.3f}"])
+    return table(["运行", "词表", "编译", "进程时间", "训练循环（其中编译）", "token/s", "MFU", "训练 / 验证损失",
+                  "bits/byte"], rows)
 
 
 RUNG_NAMES = {"naive": "朴素基线", "+ dropout 0": "dropout 0",
@@ -182,24 +195,53 @@ RUNG_NAMES = {"naive": "朴素基线", "+ dropout 0": "dropout 0",
               "+ fused AdamW": "fused AdamW（= 默认配置）"}
 
 
+VERDICTS = {"faster": "更快", "slower": "更慢", "within noise": "噪声内", "undecided": "未定"}
+
+
 def rung_key(name):
     """A ladder row's name without its explanation: what the same row is called on every device."""
     return name.strip().split(" (")[0].split(":")[0]
 
 
+def rung_label(name):
+    """A ladder row as the Chinese report names it; a row it does not know, as its JSON does."""
+    key, name = rung_key(name), str(name).strip()
+    if key.startswith("default without"):
+        what = rung_label("+ " + key.removeprefix("default without ")).strip("*").split("（")[0]
+        return f"默认配置去掉{' ' * what[:1].isascii()}{what}"
+    if name.startswith("candidate:"):
+        return "候选：" + escape(name.removeprefix("candidate:").strip())
+    return RUNG_NAMES.get(key) or escape(name)
+
+
+def verdict(row):
+    """The row's paired verdict against its reference row (gpt_bench.py's): word, ratio [low–high], pairs."""
+    v = row.get("verdict")
+    if not isinstance(v, dict):
+        return "—"
+    return (f"{VERDICTS.get(v.get('word'), escape(v.get('word')))} ×{fmt(v.get('ratio'), '.2f')} "
+            f"[{fmt(v.get('low'), '.2f')}–{fmt(v.get('high'), '.2f')}]，{fmt(v.get('pairs'))} 对，比 "
+            f"{rung_label(v.get('against', '—'))}")
+
+
+def peak(row):
+    return row.get("peak_memory_gib", row.get("peak_memory_GiB"))
+
+
 def ladder_cells(bench):
     """[(row, cell, ×, noisy)] of every row measured: tokens/s [range]（× the rung above, an indented row's × the
     default (the last rung)；噪声内 where the two's repeats overlap）."""
-    rows = [r for r in bench["rungs"] if isinstance(r.get("tokens_per_second"), NUMBER)]
+    rows = [r for r in bench["rungs"][:MAX_ROWS] if isinstance(r.get("tokens_per_second"), NUMBER)]
     rungs, out, previous = [r for r in rows if not r["name"].startswith(" ")], [], None
     for r in rows:
         base = previous if r in rungs else rungs[-1] if rungs else None
         span = r.get("tokens_per_second_range") if bench.get("repeats", 1) > 1 else None
         b = base and base.get("tokens_per_second_range")
         cell = f"{r['tokens_per_second']:,.0f}" + (" [{:,.0f}–{:,.0f}]".format(*span) if span else "")
-        ratio = base and r["tokens_per_second"] / base["tokens_per_second"]
+        ratio = base and base["tokens_per_second"] and r["tokens_per_second"] / base["tokens_per_second"]
         noisy = bool(span and b and span[0] <= b[1] and b[0] <= span[1])
-        cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{'，噪声内' * noisy}）" if base else ""
+        if isinstance(ratio, float):  # (none against a row of 0 token/s)
+            cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{'，噪声内' * noisy}）"
         out.append((r, cell, ratio, noisy))
         previous = r if r in rungs else previous
     return out
@@ -218,38 +260,100 @@ def ladder_compare(gpu, cpu, where, then=None):
         columns[0][1][last] += f"：{then}"
     columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
     keys = sorted(dict.fromkeys(k for _, c in columns for k in c), key=lambda k: k.startswith("default without"))
-    rows = ["| 在上一行之上再加 | " + " | ".join(f"{head} token/s（× 上一行）" for head, _ in columns) + " |",
-            "|---" * (len(columns) + 1) + "|"]
-    for k in keys:
-        what = RUNG_NAMES.get("+ " + k.removeprefix("default without "), escape(k)).strip("*").split("（")[0]
-        name = RUNG_NAMES.get(k) or (f"默认配置去掉{' ' * what[:1].isascii()}{what}" if k.startswith("default")
-                                     else escape(k))
-        rows.append(f"| {name} | " + " | ".join(cells.get(k, "—") for _, cells in columns) + " |")
-    return Markdown("\n".join(rows))
+    rows = [[rung_label(k), *(cells.get(k, "—") for _, cells in columns)] for k in keys]
+    return table(["在上一行之上再加", *(f"{head} token/s（× 上一行）" for head, _ in columns)], rows)
 
 
 def ladder_report(bench, source):
     """A ladder JSON whole (report/student.md): a caption from its own fields, every row (candidates and failures
-    too) with its peak memory where recorded, then in words its largest step and the rows within noise."""
+    too, up to MAX_ROWS) with its paired verdict and peak memory where recorded."""
     try:
-        measured, memory = ladder_cells(bench), any("peak_memory_gib" in r for r in bench["rungs"])
-        cells = {id(r): cell for r, cell, _, _ in measured}
-        rows = ["| 行（↳：与默认配置比，其余与上一行比） | token/s：中位数 [范围]（×）" + " | 峰值内存 GiB" * memory
-                + " |", "|---|---|" + "---|" * memory] + [
-            f"| {'↳ ' * r['name'].startswith(' ')}{escape(r['name'])} | "
-            + cells.get(id(r), f"失败：{escape(r.get('error'))}")
-            + f" | {fmt(r.get('peak_memory_gib'), '.2f')}" * memory + " |" for r in bench["rungs"]]
+        rungs, cells = bench["rungs"][:MAX_ROWS], {id(r): cell for r, cell, _, _ in ladder_cells(bench)}
+        extra = [("判定（配对比值）", verdict)] * any("verdict" in r for r in rungs) + [
+            ("峰值内存 GiB", lambda r: fmt(peak(r), ".2f"))] * any(peak(r) is not None for r in rungs)
+        rows = [[f"{'↳ ' * r['name'].startswith(' ')}{rung_label(r['name'])}",
+                 cells.get(id(r), f"失败：{escape(r.get('error'))}"), *(cell(r) for _, cell in extra)] for r in rungs]
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)
+        left = f"另有 {len(bench['rungs']) - MAX_ROWS:,} 行没有列出；" if len(bench["rungs"]) > MAX_ROWS else ""
         caption = (f"*{escape(source)}，{escape(device_words(bench['device_name']))}：每步 "
                    f"{escape(bench['micro_batch'])} × {escape(bench['seq_len'])} 个 token，词表 {bench['vocab_size']:,}"
-                   f"{shape}；每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
+                   f"{shape}；{left}每行 {escape(bench.get('repeats', 1))} 次交替重复的中位数 [范围]（预热 "
                    f"{escape(bench.get('warmup', '—'))} 步、计时 {escape(bench.get('steps', '—'))} 步）。*")
-        best = max(((ratio, r["name"]) for r, _, ratio, noisy in measured if ratio and not noisy
-                    and not r["name"].startswith(" ")), default=None)  # a rung over the rung above it
-        noisy = "、".join(f"“{escape(r['name'].strip())}”" for r, _, _, noisy in measured if noisy) or "没有"
-        words = (f"相对上一行最大的一步是“{escape(best[1])}”（×{best[0]:.2f}）；" if best else "") + (
-            f"与比较的那一行重复范围重叠（噪声内，不算收益也不算损失）的：{noisy}" if bench.get("repeats", 1) > 1
-            else "每行只测了 1 次，没有范围，看不出噪声")
-        return Markdown(f"{caption}\n\n" + "\n".join(rows) + f"\n\n这份阶梯中，{words}。")
+        head = ["行（↳：与默认配置比，其余与上一行比）", "token/s：中位数 [范围]（×）", *(h for h, _ in extra)]
+        return Markdown(f"{caption}\n\n{table(head, rows)}")
     except FIELD_ERRORS as e:
         return Markdown(f"（{escape(source)} 读不成 gpt_bench.py 的阶梯：{escape(repr(e))}）")
+
+
+# ----------------------------------------------------------------------------- several runs against the first
+
+# flags that change where a run writes or what it prints, never what it measures
+NOT_A_CHANGE = {"out_dir", "argv", "metrics_out", "force", "cache_dir", "compile_cache", "no_download", "log_every",
+                "sample_tokens", "ckpt_every", "keep_checkpoints", "profile"}
+
+
+def settings(run):
+    """A run's flags (args.json) and the accelerations and optimizer its metrics.json names, one level deep."""
+    named = {k: run.metrics[k] for k in ("accelerations", "optimizer") if k in run.metrics}
+    flat = {f"{k}.{n}": v for k, value in named.items() if isinstance(value, dict) for n, v in value.items()}
+    return run.args | flat | {k: v for k, v in named.items() if not isinstance(v, dict)}
+
+
+def changes(run, base):
+    """What `run` set otherwise than `base`, as `flag: base's → its`."""
+    mine, theirs = settings(run), settings(base)
+    return "；".join(f"`{escape(k, code=True)}`: {fmt(theirs.get(k))} → {fmt(v)}" for k, v in sorted(mine.items())
+                    if theirs.get(k) != v and k not in NOT_A_CHANGE) or "（与基线相同）"
+
+
+def loss_clock(run):
+    """[(seconds since the job started, train loss)]: the steps' end times from the events where kept (else the
+    loop's seconds spread evenly over its steps), after the seconds before the loop (metrics' phases)."""
+    m = run.metrics
+    phases = list((m.get("phases") or {}).items())
+    before = sum(s for name, s in phases[:[n for n, _ in phases].index("loop")]) if "loop" in dict(phases) else 0
+    per_step = m["train_seconds"] / max(1, m["steps"])
+    walls = dict(run.scalars.get("time/loss/train", []))
+    curve = run.scalars.get("loss/train") or m.get("loss_curve") or []
+    if walls and curve and curve[0][0] in walls:
+        first = curve[0][0]
+        return [(before + first * per_step + walls[s] - walls[first], loss) for s, loss in curve if s in walls]
+    return [(before + s * per_step, loss) for s, loss in curve]
+
+
+def compare_table(runs, jobs):
+    """GPT runs (the first the baseline) and their job seconds: what each changed -> its effect."""
+    base = runs[0].metrics
+    rows = []
+    for run, job in zip(runs, jobs):
+        m, clock = run.metrics, loss_clock(run)
+        below = next((f"{t:.0f} s" for t, loss in clock if loss < SUCCESS_LOSS), "未达到")
+        peak = m.get("peak_memory_gib") or max((v for _, v in run.scalars.get(
+            "system/gpu_max_memory_allocated_GiB", [])), default=None)
+        name = "（基线）" if run is runs[0] else changes(run, runs[0])
+        rows.append([f"`{escape(run.events.name, code=True)}`", name, f"{m['tokens_seen']:,}", seconds(job), below,
+                     f"{m['final_train_loss']:.2f} / {m['final_val_loss']:.2f}",
+                     f"{m['tokens_per_second']:,.0f}（×{m['tokens_per_second'] / base['tokens_per_second']:.2f}）",
+                     fmt(peak, ".2f")])
+    return table(["运行", "相对基线的改动", "token", "作业进程", "训练损失首次 < 7", "训练 / 验证损失",
+                  "token/s（× 基线）", "峰值显存 GiB"], rows)
+
+
+def lenet_table(runs, jobs):
+    """LeNet-5 runs (the first the baseline): what each changed -> accuracy and time."""
+    base = runs[0].metrics["train_seconds"]
+    rows = []
+    for run, job in zip(runs, jobs):
+        m = run.metrics
+        name = "（基线）" if run is runs[0] else changes(run, runs[0])
+        rows.append([f"`{escape(run.events.name, code=True)}`", name, str(m["epochs"]), f"{m['test_accuracy']:.2%}",
+                     f"{m['train_seconds']:.1f} s（×{m['train_seconds'] / base:.2f}）", seconds(job)])
+    return table(["运行", "相对基线的改动", "epoch", "测试准确率", "训练循环（× 基线）", "作业进程"], rows)
+
+
+def compare_figure(runs, path):
+    """Train loss against the job's clock, one line a run."""
+    plot_lines(path, [("train loss (nats/token)", {run.events.name: loss_clock(run) for run in runs},
+                       "seconds since the job started")], "GPT runs compared",
+               hline=(0, SUCCESS_LOSS, f"goal: loss < {SUCCESS_LOSS:g}"))
+    return [f"![GPT runs compared]({path.name})"]

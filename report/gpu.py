@@ -1,6 +1,8 @@
-"""GPU results folders (loose files, or gpu_check.sh's OUT). Each question the report asks of a GPU (ROLES, SLOTS)
-is answered by the first folder that can: --gpu's, then the newest under --results. A damaged folder is named once
-and answers nothing; nothing here raises on what a folder holds."""
+"""GPU results folders: loose files (<stem>.json, logs, nvidia-smi CSVs and snapshots).
+A gpu_check.sh OUT is unpacked so by `make_report.py --gpu OUT` (unpack), its results.json's facts kept.
+Each question the report asks of a GPU (ROLES, SLOTS) is answered by the first folder that can:
+--gpu's, then the newest under --results. A damaged folder is named once and answers nothing;
+nothing here raises on what a folder holds."""
 import contextlib
 import json
 import re
@@ -30,10 +32,8 @@ SLOTS = {  # figure -> (what it shows, the files it is drawn from, gpu_check.sh 
 }
 LENET_CSV = r"(nvidia-)?smi-lenet.*\.csv"
 PREFERRED = ("own-vocab", "cold", "torch")  # of several matching files: the graded run, LeNet with --act torch
-ARCHIVE_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)  # not a tarball, cut, unreadable
-# gpu_check.sh's logs: its biggest, the 250 ms nvidia-smi CSV of a 20-minute run, is ~2 MB
-MAX_LOG_BYTES, MAX_LOGS_BYTES = 64 << 20, 256 << 20
-STEP_LINE = re.compile(r"^\[(\d+)\s*s\]\s+(?:([\w.-]+):? (start\b|rc=(-?\d+)))?")
+# what unpacking an OUT raises: not a tarball, cut, unreadable, no object of results
+ARCHIVE_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, *FIELD_ERRORS)
 
 
 @dataclass
@@ -56,23 +56,8 @@ class GpuFolder:
         return Markdown(f"{gpu_name(self.files)}，{when}")  # (gpu_name: letters, digits, spaces and dashes)
 
 
-def packed_logs(path):
-    """{name: bytes} of a tarball read whole (a cut one fails here); an oversized member refused from its header."""
-    files, total = {}, 0
-    with tarfile.open(path) as tar:
-        while (member := tar.next()) is not None:  # one header at a time: never a skip over a huge member
-            if not member.isfile():
-                continue
-            total += member.size
-            if member.size > MAX_LOG_BYTES or total > MAX_LOGS_BYTES:
-                raise ValueError(f"member {member.name} is {member.size:,} bytes uncompressed ({total:,} so far), "
-                                 f"over the {MAX_LOG_BYTES >> 20} MiB a log may be ({MAX_LOGS_BYTES >> 20} MiB in all)")
-            files.setdefault(member.name, tar.extractfile(member).read())
-    return files
-
-
 def read_gpu_folder(folder):
-    """The folder's files (loose .csv/.txt/.log/.md, logs.tar.gz's members), its results and facts."""
+    """The folder's loose files (.csv/.txt/.log/.md), results (<stem>.json), results.json's facts."""
     found = GpuFolder(folder)
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.suffix in (".csv", ".txt", ".log", ".md"):
@@ -81,35 +66,42 @@ def read_gpu_folder(folder):
             with contextlib.suppress(OSError, ValueError):  # inputs.load_results names it
                 found.results[p.stem] = read_json(p)
     try:
-        if (folder / "logs.tar.gz").is_file():
-            for name, data in packed_logs(folder / "logs.tar.gz").items():
-                found.files.setdefault(Path(name).name, lambda data=data: data.decode(errors="replace"))
-    except ARCHIVE_ERRORS as e:
-        found.damage = f"logs.tar.gz is not a whole tarball ({type(e).__name__}: {e})"
-    except ValueError as e:  # packed_logs's bound
-        found.damage = f"logs.tar.gz {e}"
-    try:
         if (folder / "results.json").is_file():
-            data = read_json(folder / "results.json")  # bounded, never waited on
-            if not isinstance(data, dict):
-                raise ValueError(f"is a JSON {type(data).__name__}, not an object")
-            if not isinstance(data.get("results", {}), dict):
-                raise ValueError(f"has 'results': {json.dumps(data['results'])[:40]}, not an object")
-            found.facts = data
-            found.results.update({s: d for s, d in data.get("results", {}).items() if isinstance(d, dict)})
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        found.damage = f"results.json is cut or not JSON ({e})"
-    except ValueError as e:
-        found.damage = f"results.json {e}"
+            facts = read_json(folder / "results.json")  # bounded, never waited on
+            if not isinstance(facts, dict):
+                raise TypeError(f"a JSON {type(facts).__name__}, not an object")
+            found.facts = facts
+    except (OSError, *FIELD_ERRORS) as e:  # cut, not JSON, or not gpu_check.sh's object
+        found.damage = f"results.json is not gpu_check.sh's ({type(e).__name__}: {e})"
     return found
+
+
+def unpack(folder, gpu):
+    """gpu_check.sh's OUT (a copy: `folder`) as the layout the report reads:
+    each results.json entry as <stem>.json, logs.tar.gz's files beside them,
+    runs.tar.gz's events of <kind>_run_<name>_<gpu> in a folder named as that JSON."""
+    results = read_json(folder / "results.json")["results"]
+    for stem, entry in results.items():
+        (folder / f"{Path(stem).name}.json").write_text(json.dumps(entry, indent=1))
+    if (folder / "logs.tar.gz").is_file():
+        with tarfile.open(folder / "logs.tar.gz") as tar:
+            for member in filter(tarfile.TarInfo.isfile, tar):
+                (folder / Path(member.name).name).write_bytes(tar.extractfile(member).read())
+    if (folder / "runs.tar.gz").is_file():
+        with tarfile.open(folder / "runs.tar.gz") as tar:  # the events only: the runs' JSON are results.json's
+            tar.extractall(folder, [m for m in tar if "events.out.tfevents." in m.name], filter="data")
+    for run in folder.glob(f"runs/*/{gpu}-*"):  # runs/<kind>/<gpu>-<name>: beside <kind>_run_<name>_<gpu>.json
+        stem = f"{run.parent.name.removesuffix('5')}_run_{run.name.removeprefix(gpu + '-')}_{gpu}"
+        if stem in results:
+            run.rename(folder / stem)
 
 
 def gpu_folders(gpu, results_dir, problems):
     """The folders that may answer: --gpu, then those under results_dir (None: none), newest first."""
     found = [read_gpu_folder(gpu)] if gpu else []
     folders = [d for d in sorted(results_dir.rglob("*")) if d.is_dir() and (not gpu or d.resolve() != gpu.resolve())
-               and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "logs.tar.gz").is_file()
-                    or (d / "results.json").is_file())] if results_dir and results_dir.is_dir() else []
+               and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "results.json").is_file())
+               ] if results_dir and results_dir.is_dir() else []
     found += sorted(map(read_gpu_folder, folders), reverse=True, key=lambda f: (1, s) if isinstance(
         s := f.facts.get("started_utc"), str) else (0, f.folder.name))
     problems += [f"GPU results folder {rel(f.folder)}: {f.damage}; its figures are left out" for f in found if f.damage]
@@ -131,48 +123,6 @@ def answer(folders, pattern, older=True, results=False):
         if name:
             return f, name
     return None, None
-
-
-def logged_process_seconds(found, stem):
-    """A run's process time from its folder's step log: the longest step inside its name (gpt_run_12M-cold_...)."""
-    parts = stem.split("_")
-    if len(parts) < 3 or re.search(r"_call\d+$", stem):
-        return None
-    steps, starts, previous = {}, {}, None
-    for name in sorted(n for n in found.files if re.fullmatch(r"steps_call\d+\.log", n)):
-        for m in filter(None, map(STEP_LINE.match, map(str.strip, found.files[name]().splitlines()))):
-            at, step = int(m.group(1)), m.group(2)
-            if m.group(3) == "start":
-                starts[step] = at
-            elif m.group(4) == "0" and (begun := starts.pop(step, previous)) is not None:
-                steps[step] = at - begun
-            previous = at
-    for entry in found.facts.get("steps") or []:
-        if isinstance(entry, dict) and entry.get("status") == "ok" and isinstance(entry.get("seconds"), int):
-            steps[str(entry.get("step"))] = entry["seconds"]
-    kind, own = parts[0], parts[2]
-    mine = {step.removeprefix(f"{kind}-"): seconds for step, seconds in steps.items()  # not another kind's step
-            if step.startswith(f"{kind}-") or step.split("-")[0] not in ("gpt", "lenet")}
-    best = max((bare for bare in mine if bare in own), key=len, default=None)
-    return float(mine[best]) if best else None
-
-
-def runs_archive_events(found, stem, into):
-    """The events of <kind>_run_<name>_<GPU> in runs.tar.gz's runs/<kind>/<GPU>-<name>/, extracted into `into`."""
-    gpu = found.facts.get("gpu")
-    prefix = re.match(r"(gpt|lenet)_run_(.+)_" + re.escape(str(gpu)) + "$", stem) if gpu else None
-    if not prefix or not (found.folder / "runs.tar.gz").is_file():
-        return None
-    folder = f"{gpu}-{prefix.group(2)}"
-    try:
-        members = {n: b for n, b in packed_logs(found.folder / "runs.tar.gz").items()
-                   if Path(n).parent.name == folder and Path(n).name.startswith("events.out.tfevents.")}
-    except (*ARCHIVE_ERRORS, ValueError):
-        return None
-    for name, data in members.items():
-        (into / folder).mkdir(parents=True, exist_ok=True)
-        (into / folder / Path(name).name).write_bytes(data)
-    return into / folder if members else None
 
 
 def draw_slot(slot, folders, name, found, out):

@@ -21,7 +21,6 @@ DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 # what a table or figure raises on a JSON field that is missing or of the wrong type: one problem line
 FIELD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError)
 NUMBER = (int, float)
-MAX_DEPTH = 64  # the deepest of our JSON files nests 4 levels
 FIELDS = {  # run kind -> what its table and figures read from metrics.json, with the type each must have
     "lenet5": {"test_accuracy": NUMBER, "test_loss": NUMBER, "epochs": int, "train_seconds": NUMBER,
                "device": str, "act": str, "params": int},
@@ -30,10 +29,6 @@ FIELDS = {  # run kind -> what its table and figures read from metrics.json, wit
             "tokens_per_second": NUMBER, "precision": str, "world_size": int, "device_name": str, "params": int,
             "vocab_size": int},
 }
-# TensorBoard tags as older runs (and the committed events) named them -> as the trainers name them now
-OLD_TAGS = {"train/loss": "loss/train", "val/loss": "loss/val", "test/loss": "loss/test",
-            "train/accuracy": "accuracy/train", "test/accuracy": "accuracy/test", **{f"gpu/{stat}": f"system/gpu_{stat}"
-            for stat in ("utilization_percent", "memory_used_GiB", "memory_allocated_GiB", "max_memory_allocated_GiB")}}
 MARKDOWN_ACTIVE = re.compile(r"([\\`*_{}\[\]!|])")  # what Python-Markdown (with tables) reads after a backslash
 
 
@@ -59,7 +54,7 @@ class Run:
     events: Path | None = None
     events_source: str | None = None
     gpu: object = None
-    scalars: dict = field(default_factory=dict)  # tag (as named now: OLD_TAGS) -> [(step, value)]
+    scalars: dict = field(default_factory=dict)  # tag -> [(step, value)]
     args: dict = field(default_factory=dict)  # its args.json: the model's shape (n_layer, n_embd, ...)
 
 
@@ -81,19 +76,12 @@ def number(text):
 
 def read_json(path):
     """A JSON file of the inputs, bounded and never waited on (a FIFO planted as metrics.json); NaN, integers beyond
-    a float and nesting deeper than MAX_DEPTH are each a ValueError."""
+    a float and nesting deeper than Python's parser goes are each a ValueError."""
     text = files.read_small(path, 64 << 20, follow=True).decode()
     try:
-        value = json.loads(text, parse_constant=number, parse_float=number, parse_int=number)
+        return json.loads(text, parse_constant=number, parse_float=number, parse_int=number)
     except RecursionError:
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
-    depth, level = 0, [value]
-    while level := [v for v in level if isinstance(v, (list, dict))]:
-        depth += 1
-        level = [item for v in level for item in (v.values() if isinstance(v, dict) else v)]
-    if depth > MAX_DEPTH:
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-    return value
+        raise ValueError("nested too deep to read") from None
 
 
 def run_kind(metrics):
@@ -127,6 +115,9 @@ def load_events(run_dir, problems):
     """{tag: [(step, value)]} of a run's scalars; a corrupt file becomes a problem line."""
     scalars = {}
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        if not path.is_file():  # a FIFO or a device named as one would be waited on forever
+            problems.append(f"left out {path}: not a regular file")
+            continue
         try:  # every record read first, CRCs checked: tensorboard's loader stops silently at corruption
             reader = PyRecordReader_New(str(path))
             with contextlib.suppress(errors.OutOfRangeError):  # the end of the file
@@ -135,14 +126,17 @@ def load_events(run_dir, problems):
             events = EventAccumulator(str(path), size_guidance={"scalars": 0})
             events.Reload()
             for tag in events.Tags()["scalars"]:
-                scalars.setdefault(OLD_TAGS.get(tag, tag), []).extend((e.step, e.value) for e in events.Scalars(tag))
+                points = events.Scalars(tag)
+                scalars.setdefault(tag, []).extend((e.step, e.value) for e in points)
+                if tag == "loss/train":  # when each step ended: the loss against the job's clock
+                    scalars.setdefault("time/loss/train", []).extend((e.step, e.wall_time) for e in points)
         except Exception as e:  # truncated or foreign file: say so, keep going
             problems.append(f"corrupt event file {path}: {type(e).__name__}: {e}")
     return {tag: sorted(points) for tag, points in scalars.items()}
 
 
 def find_runs(runs, runs_root, problems):
-    """{kind: Run}: the first run of each kind named, or the newest readable one of each under runs_root."""
+    """[Run]: every run named, in order, then the newest readable one of each kind under runs_root."""
     dirs = list(runs)
     for root in [runs_root / k for k in ("lenet5", "gpt")] if runs_root else []:
         for run_dir in sorted((d for d in root.glob("*") if d.is_dir() and (d / "args.json").exists()),
@@ -151,7 +145,7 @@ def find_runs(runs, runs_root, problems):
                 dirs.append(run_dir)
                 break
             problems.append(f"skipped the newer run {run_dir}: {problem}")
-    by_kind = {}
+    runs = []
     for run_dir in dirs:
         metrics, problem = read_metrics(run_dir)
         if metrics is None:
@@ -163,30 +157,21 @@ def find_runs(runs, runs_root, problems):
             run = Run(None, run_kind(metrics), metrics, f"{rel(run_dir)}/metrics.json", events=run_dir,
                       events_source=rel(run_dir), scalars=load_events(run_dir, problems),
                       args=args if isinstance(args, dict) else {})
-            by_kind.setdefault(run.kind, run)
-    return by_kind
+            runs.append(run)
+    return runs
 
 
 def load_results(results, problems, prefix=""):
-    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named (results.json: each entry)."""
+    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named
+    (a GPU folder's results.json: its facts, read by gpu.read_gpu_folder, not a result)."""
     out = {}
     for path in sorted(results.rglob("*.json")) if results.is_dir() else [results] if results.suffix == ".json" else []:
         key = prefix + (path.relative_to(results).as_posix() if results.is_dir() else path.name)
         try:
-            data = read_json(path)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
             if path.name != "results.json":
-                problems.append(f"unreadable {path}: {e}")
-            continue
-        if path.name != "results.json":
-            out[key] = data, path
-            continue
-        entries = data.get("results") if isinstance(data, dict) else None
-        for stem, entry in (entries if isinstance(entries, dict) else {}).items():
-            if isinstance(entry, dict) and "unreadable" in entry:
-                problems.append(f"unreadable {stem}.json in {path}: {entry['unreadable']}")
-            else:
-                out[f"{key.rpartition('/')[0]}/{stem}.json".lstrip("/")] = entry, f"{path}: results.{stem}"
+                out[key] = read_json(path), path
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            problems.append(f"unreadable {path}: {e}")
     return out
 
 
@@ -201,18 +186,8 @@ def figure_name(key, results):
     return key.removesuffix(".json").replace("/", "_") if sum(result_name(k) == name for k in results) > 1 else name
 
 
-def corpus_name(m):
-    """The corpus a JSON records ("stand-in", "WOS46985", "other"); older JSON: read from its `text` path."""
-    corpus = m.get("corpus")
-    if isinstance(corpus, dict) and corpus.get("name"):
-        return corpus["name"]
-    return "stand-in" if "standin" in str(m.get("text") or "") else "WOS46985"
-
-
 def events_beside(json_path):
     """A committed run's events: the folder named as its JSON, else tb-<kind>-<name> (tb-gpt-12M-cold) beside it."""
-    if not isinstance(json_path, Path):  # an entry of gpu_check.sh's results.json: its events are in runs.tar.gz
-        return None
     parts, candidates = json_path.stem.split("_"), [json_path.parent / json_path.stem]
     if len(parts) >= 3:
         candidates += sorted(d for d in json_path.parent.glob("tb-*") if f"{parts[0]}-{parts[2]}" in d.name)

@@ -2,13 +2,17 @@
 
     python report/make_report.py --pdf                    # report.md from report/results only: report/report.pdf
     python report/make_report.py runs/lenet5/A runs/gpt/B runs/ladder.json --out runs/myreport   # yours
+    python report/make_report.py runs/gpt/base runs/gpt/bf16 runs/gpt/compiled --out runs/cmp   # each vs the first
     python report/make_report.py --runs-root runs --out runs/myreport        # the newest runs of yours
     python report/make_report.py --gpu OUT --pdf          # after a GPU call: the committed report from its OUT
 
 Naming runs or result files (a gpt_bench.py or gelu_bench.py JSON) builds report/student.md from them alone (never
 report/results, never a run unasked); what they do not answer is a visible gap naming the command that fills it.
-A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank."""
+A placeholder that cannot be filled or a broken image is an error or a problem line, never a blank. One build at a
+time writes an --out (a second waits); it replaces only what a build wrote there, and names its inputs in
+sources.json."""
 import contextlib
+import fcntl
 import html
 import json
 import os
@@ -16,6 +20,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +31,9 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK
+from data.files import UMASK, check_folder
 from report import browser, facts, gpu
-from report.figures import gpt_curves, gpu_figure
+from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
 from training.errors import UserError
 from training.flags import Parser, path_flag
@@ -38,10 +43,10 @@ REPORT = RESULTS.parent / "report.md"
 STUDENT = RESULTS.parent / "student.md"  # the report of a student's own runs
 GPU_NAME, DATE = re.compile(r"[A-Za-z0-9_-]+"), re.compile(r"\d{4}-\d{2}-\d{2}")  # --gpu OUT's folder: <GPU>-<date>
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
-GPU_FILES = ("results.json", "logs.tar.gz", "runs.tar.gz", "gpu_check.log")  # what a GPU call's OUT keeps
 MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
 BUILT = ".built-by-make_report"  # in --out: the files a build wrote, then ./<path> of each PDF it printed
 TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's name
+LOCK = ".make_report.lock"  # in --out: held while a build writes it, linked into each new --out (one inode)
 
 
 @dataclass
@@ -49,11 +54,11 @@ class Report:
     problems: list
     results: dict  # results key -> (its JSON, where from)
     args: object  # the command line: what was named
-    by_kind: dict = field(default_factory=dict)  # kind -> inputs.Run named on the command line
+    runs: list = field(default_factory=list)  # inputs.Run named on the command line, in order
+    by_kind: dict = field(default_factory=dict)  # kind -> its first run named: the baseline
     folders: list = field(default_factory=list)  # gpu.GpuFolder, first answering first
     shown: dict = field(default_factory=dict)  # kind -> inputs.Run its section shows
     sources: dict = field(default_factory=dict)  # placeholder source -> (facts, where from)
-    report_text: str = ""  # the report's blocks these inputs can fill
     out: Path | None = None  # the folder being built
     linked: set = field(default_factory=set)  # the figures the report links: the only ones drawn
     todo: list = field(default_factory=list)  # the GPU figures missing, and the command that fills each
@@ -78,16 +83,28 @@ def alias_section(r, kind):
     return [f"- no {'LeNet-5' if kind == 'lenet5' else 'GPT'} run found {where}"]
 
 
+def compare_lines(r):
+    """Every GPT run named, against the first: the figure the report links."""
+    gpts = [run for run in r.runs if run.kind == "gpt"]
+    if len(gpts) < 2 or "gpt_compare.png" not in r.linked:
+        return []
+    try:
+        return ["", "## GPT runs compared", ""] + compare_figure(gpts, r.out / "gpt_compare.png")
+    except FIELD_ERRORS as e:
+        r.problems.append(f"left out the comparison of the GPT runs: {type(e).__name__}: {e}")
+        return []
+
+
 def run_lines(r):
     files = [f"- `{escape(rel(path), code=True)}`: placeholders `{{{{{figure_name(key, r.results)}.…}}}}`"
              for key, (_, path) in sorted(r.results.items())]
     return (["## LeNet-5", ""] + alias_section(r, "lenet5") + ["", "## GPT-2", ""]
-            + alias_section(r, "gpt") + ["", "## Results files", ""]
+            + alias_section(r, "gpt") + compare_lines(r) + ["", "## Results files", ""]
             + (files or [f"- no results files found in {r.args.results or 'the files named'}"]))
 
 
 def gpu_lines(r, screenshots):
-    lines = ["", "## GPU utilisation", ""] + gpu_figure(list(r.by_kind.values()), r.out) + [
+    lines = ["", "## GPU utilisation", ""] + gpu_figure(r.runs, r.out) + [
         "", "## GPU figures the report links", ""] + gpu.slot_lines(r.folders, r.out, r.linked, r.todo, r.problems)
     if not screenshots:
         return lines
@@ -122,11 +139,38 @@ def writable(path, flag):
 
 
 @contextlib.contextmanager
+def locked(out):
+    """--out written by one build at a time: a second waits. The lock file keeps its inode across `building`'s
+    swap (linked into the new folder), so a build that locked the old one is checked against the one in place."""
+    out.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # --out is between another build's two renames, for microseconds
+            time.sleep(0.01)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"another make_report.py is writing {out}; waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(out / LOCK).st_ino == os.fstat(fd).st_ino:
+                break
+        os.close(fd)  # locked a folder since replaced: lock the one in place
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def building(out, keep):
     """A fresh folder beside `out`, renamed into place once built; a file no build wrote (a student's) is kept."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=TMP, dir=out.parent))
     tmp.chmod(0o777 & ~UMASK)  # mkdtemp's 0700 would become --out's: as mkdir makes it
+    os.link(out / LOCK, tmp / LOCK)
     old, moved = None, []
     try:
         for name in keep:
@@ -134,7 +178,7 @@ def building(out, keep):
                 shutil.copy2(out / name, tmp / name)
         yield tmp
         built = built_lines(out)
-        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir()))
+        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir()) if p.name != LOCK)
                                  + "".join(f"{line}\n" for line in built if "/" in line))  # the PDFs printed
         for path in sorted(out.iterdir()) if out.is_dir() else []:
             if path.name not in built and not (tmp / path.name).exists():
@@ -211,7 +255,9 @@ def check_args(args):
                 or printed(args) in built_lines(out)):  # the repository's, in git, or one this --out printed
             raise UserError(f"--pdf-out {pdf} exists; pass --force to replace it, or give a new file name "
                             "(nothing written)")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / BUILT).is_file())):
+    check_folder(out, "--out")
+    if out.exists() and (not out.is_dir() or ({p.name for p in out.iterdir()} - {LOCK}
+                                              and not (out / BUILT).is_file())):
         raise UserError(f"--out {args.out} is not a folder this program wrote (no {BUILT}); give a new or empty one "
                         "(nothing written)")
     if args.gpu and not args.gpu.is_dir():
@@ -226,7 +272,8 @@ def check_args(args):
 
 
 def imported_gpu(args):
-    """--gpu; for the committed report, a gpu_check.sh OUT first copied into report/results/<GPU>-<date>/."""
+    """--gpu; for the committed report, a gpu_check.sh OUT first copied and unpacked
+    into report/results/<GPU>-<date>/."""
     committed = args.results and args.results.resolve() == RESULTS.resolve()  # report.md's own inputs
     if not (args.gpu and committed and (args.gpu / "results.json").is_file()) \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
@@ -234,34 +281,46 @@ def imported_gpu(args):
     try:
         facts = json.loads((args.gpu / "results.json").read_text())
         name, date = str(facts["gpu"]), str(facts["started_utc"])[:10]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"--gpu {args.gpu}: results.json names no gpu and started_utc ({e})") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        name = date = ""
     if not GPU_NAME.fullmatch(name) or not DATE.fullmatch(date):  # never a folder a JSON field chose
         raise UserError(f"--gpu {args.gpu}: results.json's gpu {name[:40]!r} or started_utc {date!r} is not a GPU "
                         "name ([A-Za-z0-9_-]) and a YYYY-MM-DD date; nothing copied")
-    target = RESULTS / f"{name}-{date}"
-    target.mkdir(exist_ok=True)
-    for name in (name for name in GPU_FILES if (args.gpu / name).is_file()):
-        shutil.copy2(args.gpu / name, target / name)
-    print(f"copied {args.gpu}'s {', '.join(n for n in GPU_FILES if (target / n).is_file())} into {rel(target)}")
+    target, tmp = RESULTS / f"{name}-{date}", Path(tempfile.mkdtemp(prefix=TMP, dir=RESULTS))
+    try:
+        shutil.copytree(args.gpu, tmp, dirs_exist_ok=True)
+        gpu.unpack(tmp, name)  # the one layout the report reads
+        shutil.copytree(tmp, target, dirs_exist_ok=True)
+    except gpu.ARCHIVE_ERRORS as e:
+        raise UserError(f"--gpu {args.gpu}: cannot unpack it ({type(e).__name__}: {e}); nothing copied") from None
+    finally:
+        shutil.rmtree(tmp)
+    print(f"copied and unpacked {args.gpu} into {rel(target)}")
     return target
 
 
 # ----------------------------------------------------------------------------- inputs and output
 
-def gather(args, report_text, scratch, gpu_folder=None):
+def gather(args, gpu_folder=None):
     """Every input, read once: --results (a folder), the files and runs named, --gpu; nothing else."""
     r = Report([], {}, args)
-    r.by_kind = find_runs(args.runs, args.runs_root, r.problems)
+    r.runs = find_runs(args.runs, args.runs_root, r.problems)
+    r.by_kind = {run.kind: run for run in reversed(r.runs)}
     for results in filter(None, [args.results, *args.files]):
         r.results |= load_results(results, r.problems)
     if gpu_folder and not (args.results and gpu_folder.resolve().is_relative_to(args.results.resolve())):
         r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
     r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
-    roles = facts.role_runs(r.folders, r.results, scratch)
+    roles = facts.role_runs(r.folders, r.results)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
-    r.sources = facts.derived_sources(r.results, r.shown, roles, r.folders, r.by_kind)
-    r.report_text = facts.select_blocks(report_text, {*r.sources, "team"})  # (an older report.md's wrapper)
+    r.sources = facts.derived_sources(r, roles)
+    if args.no_screenshots:  # a screenshot's caption only where one is kept: taken before, or put there by hand
+        built = built_lines(args.out_dir)
+        kept = [*browser.kept_screenshots(args.out_dir, r.shown),
+                *(p.name for p in args.out_dir.glob("*.png") if p.name not in built)]
+        for alias, (kind, _) in facts.ALIASES.items():
+            if not any(file in kept for file, _, _ in browser.SHOTS[kind]):
+                r.sources.pop(f"{alias}_tb", None)
     return r
 
 
@@ -277,10 +336,10 @@ def images(text, built=None, problems=None):
 
 
 def build(args, r, text, used):
-    r.linked = {Path(link).name for link in IMAGE_LINK.findall(r.report_text)}
+    r.linked = {Path(link).name for link in IMAGE_LINK.findall(text)}
     keep = browser.kept_screenshots(args.out_dir, r.shown) if args.no_screenshots else []
     with building(args.out_dir, keep) as r.out:
-        inputs = filter(None, [args.results, *args.files, *(run.events for run in r.by_kind.values())])
+        inputs = filter(None, [args.results, *args.files, *(run.events for run in r.runs)])
         lines = ["# Generated results", "", "Written by `python report/make_report.py`; every number is read from "
                  "the files named. Inputs: `" + "`, `".join(escape(rel(p), code=True) for p in inputs) + "`.", ""]
         lines += run_lines(r) + gpu_lines(r, not args.no_screenshots)
@@ -288,6 +347,11 @@ def build(args, r, text, used):
             [f"- `{p}` -> {v} -> `{escape(s, code=True)}`" for p, v, s in used] or ["- none"])
         if used:
             (r.out / "report_filled.md").write_text(images(text))
+        named = [args.report, args.results, args.gpu, args.runs_root, *args.runs, *args.files]
+        (r.out / "sources.json").write_text(json.dumps({  # what slurm/handin.sh packs beside the PDF
+            "inputs": [os.path.abspath(path) for path in named if path],
+            "markdown": os.path.abspath(args.out_dir / "report_filled.md") if used else None,
+            "pdf": os.path.abspath(args.pdf_out) if args.pdf else None}, indent=1))
         text = images(text, r.out, r.problems) if args.pdf else text
         r.problems[:] = list(dict.fromkeys(r.problems))  # a damaged folder read twice is one problem
         if r.problems:
@@ -302,30 +366,35 @@ def main(argv=None):
     with lifecycle.one_line_errors(lambda: kept(args, written)):
         try:
             report_text = check_args(args)
-            with tempfile.TemporaryDirectory(prefix="lab5-report-") as scratch:  # events unpacked from a GPU folder
-                r = gather(args, report_text, Path(scratch), imported_gpu(args))
-                text, unfilled, used = facts.fill(r.report_text, r.sources)
-                if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
-                    raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
-                r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
-                text = build(args, r, text, used)
-                written.append(args.out_dir)
-            print(f"wrote {args.out_dir / 'results.md'} and {len(list(args.out_dir.glob('*.png')))} figures"
-                  + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
-            for line in r.todo:
-                print(f"GPU figure missing: {line}")
-            for problem in r.problems:
-                print(f"warning: {problem}", file=sys.stderr)
-            if args.pdf:
-                browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
-                if printed(args) not in built_lines(args.out_dir):
-                    with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
-                        f.write(f"{printed(args)}\n")
-                print(f"wrote {args.pdf_out}")
+            r = gather(args, imported_gpu(args))
+            text, unfilled, used = facts.fill(report_text, r.sources)
+            if unfilled and args.pdf:  # before the figures: a PDF with a blank is never made
+                raise UserError(unfilled[0] + (f" (and {len(unfilled) - 1} more)" if len(unfilled) > 1 else ""))
+            r.problems += unfilled  # a placeholder its inputs cannot fill: a mistake in the report or the inputs
+            with locked(args.out_dir):
+                write(args, r, text, used, written)
         except OSError as e:  # a disk that filled or turned read-only mid-build: the old --out is left whole
             if e.errno not in DISK_ERRORS:
                 raise
             sys.exit(f"error: {e.strerror}: {e.filename or args.out}; {kept(args, written)}")
+
+
+def write(args, r, text, used, written):
+    """--out (and --pdf-out) written, by this build alone; `written` says when --out is in place."""
+    text = build(args, r, text, used)
+    written.append(args.out_dir)
+    print(f"wrote {args.out_dir / 'results.md'} and {len(list(args.out_dir.glob('*.png')))} figures"
+          + (f"; {len(r.problems)} problem(s) with the inputs" if r.problems else ""))
+    for line in r.todo:
+        print(f"GPU figure missing: {line}")
+    for problem in r.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if args.pdf:
+        browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
+        if printed(args) not in built_lines(args.out_dir):
+            with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
+                f.write(f"{printed(args)}\n")
+        print(f"wrote {args.pdf_out}")
 
 
 def kept(args, written):

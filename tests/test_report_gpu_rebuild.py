@@ -1,5 +1,5 @@
 """After a GPU call: `python report/make_report.py --gpu OUT --pdf`, one command, rebuilds the
-committed report from gpu_check.sh's OUT: OUT's small files are copied into report/results/<GPU>-<date>/, every
+committed report from gpu_check.sh's OUT: OUT is copied into report/results/<GPU>-<date>/ and unpacked, every
 question OUT answers (the graded GPT run, LeNet-5 on the GPU, the ladder, GELU, nvidia-smi) shows OUT's numbers
 and figures, never the 2026-11-30 f52a456 ones, and the p. 1 caveats keep only what is still true."""
 import json
@@ -51,7 +51,7 @@ def gpu_call_out(tmp_path, gpu="NVIDIA_H200", size="12M", smi=True):
     for run in runs.glob("*/*"):
         writer = SummaryWriter(run)
         for step, loss in ((1, 9.7), (100, 6.0), (184, 5.6)):
-            writer.add_scalar("train/loss", loss, step)
+            writer.add_scalar("loss/train", loss, step)
         writer.close()
     tar(runs, out / "runs.tar.gz")
     return out
@@ -64,7 +64,8 @@ def rebuild(tmp_path, monkeypatch, out):
     shutil.copytree(COMMITTED, results)
     monkeypatch.setattr(make_report, "RESULTS", results)
     generated = tmp_path / "generated"
-    make_report.main(["--gpu", str(out), "--out", str(generated), "--no-screenshots"])
+    monkeypatch.setattr(make_report.browser, "tensorboard_screenshots", lambda runs, out, problems: [])  # (taken)
+    make_report.main(["--gpu", str(out), "--out", str(generated)])
     return (generated / "report_filled.md").read_text(), (generated / "results.md").read_text(), results
 
 
@@ -72,7 +73,9 @@ def test_after_a_gpu_call_one_command_replaces_every_2026_11_30_figure_and_cavea
     out = gpu_call_out(tmp_path)
     filled, listing, results = rebuild(tmp_path, monkeypatch, out)
     copied = results / "NVIDIA_H200-2026-12-05"
-    assert sorted(p.name for p in copied.iterdir()) == ["logs.tar.gz", "results.json", "runs.tar.gz"]
+    names = {p.name for p in copied.iterdir()}
+    assert {"logs.tar.gz", "results.json", "runs.tar.gz", "nvidia-smi-lenet-torch.csv"} <= names  # OUT, unpacked
+    assert {"gpt_run_12M-own-vocab-cold_NVIDIA_H200.json", "lenet_run_torch_NVIDIA_H200.json"} <= names
     for word in OLD_WORDS:
         assert word not in filled, word  # not a number, caption, table row or caveat of the first H200 folder
     for slot in ("gpu_utilization.png", "nvidia_smi_gpt.png", "nvidia_smi_lenet.png"):
@@ -80,9 +83,9 @@ def test_after_a_gpu_call_one_command_replaces_every_2026_11_30_figure_and_cavea
         assert line.endswith(f"in `{copied}`"), line
     assert "作业进程从启动到结束 **47 s**" in filled and "**`12M-own-vocab-cold`**" in filled
     assert "NVIDIA H200，gpu_check 2026-12-05" in filled and "§6 的 GPT 运行" in filled
-    assert f"`{copied}/runs.tar.gz: NVIDIA_H200-12M-own-vocab-cold`" in filled  # its screenshot: OUT's own events
+    assert f"`{copied / 'gpt_run_12M-own-vocab-cold_NVIDIA_H200'}`" in filled  # its screenshot: OUT's own events
     committed = (REPO / "report" / "report.md").read_text()
-    assert all(f"{{{{{role}." in committed for role in ("gpu_gpt", "gpu_lenet", "gpu_gelu", "ladder"))
+    assert all(f"{{{{ {role}." in committed for role in ("gpu_gpt", "gpu_lenet", "gpu_gelu", "ladder"))
 
 
 def test_a_rehearsal_shaped_folder_replaces_what_it_answers_and_the_caveats_say_both(tmp_path, monkeypatch):
@@ -112,3 +115,20 @@ def test_gpu_out_is_copied_only_into_a_folder_the_project_names(tmp_path, monkey
     message = str(stop.value.code)
     assert message.startswith(f"error: --gpu {out}: results.json's gpu") and "\n" not in message
     assert "nothing copied" in message and list(results.iterdir()) == [] and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("damage", ["cut", "no results"])
+def test_an_out_that_cannot_be_unpacked_is_one_line_and_nothing_is_copied(tmp_path, monkeypatch, damage):
+    out = gpu_call_out(tmp_path)
+    if damage == "cut":
+        (out / "runs.tar.gz").write_bytes((out / "runs.tar.gz").read_bytes()[:200])  # a copy stopped part way
+    else:
+        (out / "results.json").write_text(json.dumps({"gpu": "NVIDIA_H200", "started_utc": "2026-12-05"}))
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(make_report, "RESULTS", results)
+    with pytest.raises(SystemExit) as stop:
+        make_report.main(["--gpu", str(out), "--out", str(tmp_path / "generated"), "--no-screenshots"])
+    message = str(stop.value.code)
+    assert message.startswith(f"error: --gpu {out}: cannot unpack it (") and "\n" not in message
+    assert message.endswith("nothing copied") and list(results.iterdir()) == []

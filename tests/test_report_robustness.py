@@ -1,16 +1,15 @@
 """make_report.py against inputs and places that used to end in a traceback or a wrong mode: numbers beyond a
-float, JSON nested too deep, a 1 GiB log in a GPU folder, a PDF given as --report, --out under a file, on a
+float, JSON nested too deep, a PDF given as --report, --out under a file, on a
 read-only or full disk, and --out's mode. Each ends in one line, and what was there before is left as it was."""
 import contextlib
 import errno
-import io
+import fcntl
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ def inputs(tmp_path):
     results.mkdir()
     (results / "lenet_run_2x128_cpu.json").write_text(json.dumps(lenet_metrics()))
     report = tmp_path / "report.md"
-    report.write_text("# R\n\nAccuracy {{lenet.test_accuracy:.2%}}.\n")
+    report.write_text("# R\n\nAccuracy {{ lenet.test_accuracy|f('.2%') }}.\n")
     return results, report
 
 
@@ -63,7 +62,7 @@ DEEP = "[" * 5000 + "]" * 5000  # RecursionError in the parser (or in any walk o
 @pytest.mark.parametrize("text, why", [
     (json.dumps(lenet_metrics(train_seconds=0)).replace('"train_seconds": 0', f'"train_seconds": {HUGE}'),
      "(401 digits) does not fit a float"),
-    (json.dumps(lenet_metrics(history=[])).replace('"history": []', f'"history": {DEEP}'), "nested deeper than 64")],
+    (json.dumps(lenet_metrics(history=[])).replace('"history": []', f'"history": {DEEP}'), "nested too deep to read")],
     ids=["huge-int", "deep"])
 def test_a_results_file_or_a_runs_metrics_python_cannot_hold_is_one_line(tmp_path, inputs, capsys, text, why):
     results, report = inputs
@@ -91,43 +90,9 @@ def test_a_gpu_folders_results_json_nested_too_deep_is_one_line(tmp_path, inputs
     build(results, report, tmp_path / "out")
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert [line for line in err.splitlines() if "nested deeper" in line] == [
-        f"warning: GPU results folder {folder}: results.json nested deeper than 64 levels; its figures are left out"]
-
-
-# --------------------------------------------------------------------- a 1 GiB log
-
-class Zeros(io.RawIOBase):
-    def __init__(self, n):
-        self.left = n
-
-    def readable(self):
-        return True
-
-    def readinto(self, buffer):
-        n = min(len(buffer), self.left)
-        buffer[:n] = bytes(n)
-        self.left -= n
-        return n
-
-
-@pytest.mark.slow  # a second to write the 1 GiB member (4.7 MB packed)
-def test_a_gpu_folders_log_of_1_gib_is_refused_from_its_header(tmp_path, inputs, capsys):
-    results, report = inputs
-    folder = results / "gpu-new"
-    folder.mkdir()
-    (folder / "results.json").write_text('{"started_utc": "2026-12-02T06:59:00Z", "results": {}}')
-    member = tarfile.TarInfo("logs/nvidia-smi-gpt-own-vocab.csv")
-    member.size = 1 << 30
-    with tarfile.open(folder / "logs.tar.gz", "w:gz", compresslevel=1) as tar:
-        tar.addfile(member, io.BufferedReader(Zeros(member.size), 1 << 20))
-    build(results, report, tmp_path / "out")
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert [line for line in err.splitlines() if "logs.tar.gz" in line] == [
-        f"warning: GPU results folder {folder}: logs.tar.gz member logs/nvidia-smi-gpt-own-vocab.csv is "
-        "1,073,741,824 bytes uncompressed (1,073,741,824 so far), over the 64 MiB a log may be (256 MiB in all); "
-        "its figures are left out"]
+    assert [line for line in err.splitlines() if "nested too deep" in line] == [
+        f"warning: GPU results folder {folder}: results.json is not gpu_check.sh's (ValueError: nested too deep to "
+        "read); its figures are left out"]
 
 
 # --------------------------------------------------------------------- --report, --out and its mode
@@ -499,3 +464,85 @@ def test_a_gpu_figure_on_a_full_disk_stops_the_build_other_errors_are_one_proble
     else:
         gpu.slot_lines(*args)
         assert len(problems) == 1 and "does not fit (OSError" in problems[0] and len(todo) == 1
+
+
+# --------------------------------------------------------------------- two builds of one --out
+
+def test_a_second_build_of_one_out_waits_for_the_first_and_neither_loses_a_students_file(inputs, tmp_path):
+    """While one build holds --out's lock, another waits (says so, writes nothing); released, it builds, keeping a
+    student's notes.txt, and sources.json names its inputs, its Markdown and no PDF."""
+    results, report = inputs
+    out = tmp_path / "out"
+    build(results, report, out)
+    (out / "notes.txt").write_text("mine")
+    with open(out / make_report.LOCK) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiting = subprocess.Popen([sys.executable, str(REPO / "report" / "make_report.py"), "--results",
+                                    str(results), "--report", str(report), "--out", str(out), "--no-screenshots"],
+                                   stdout=subprocess.PIPE, text=True)
+        first = waiting.stdout.readline()  # printed once it found the lock held
+        assert "waiting" in first and waiting.poll() is None
+        before = snapshot(out)
+    assert waiting.wait(timeout=120) == 0 and "wrote" in waiting.stdout.read()
+    assert snapshot(out).keys() == before.keys() and (out / "notes.txt").read_text() == "mine"
+    sources = json.loads((out / "sources.json").read_text())
+    assert sources == {"inputs": [str(report), str(results)], "markdown": str(out / "report_filled.md"),
+                       "pdf": None}
+
+
+def test_an_out_others_may_write_is_refused_in_one_line(inputs, tmp_path):
+    results, report = inputs
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    message = one_error(["--results", str(results), "--report", str(report), "--out", str(out), "--no-screenshots"])
+    assert "writable by others" in message and list(out.iterdir()) == []
+
+
+# --------------------------------------------------------------------- crafted inputs: one line each, in seconds
+
+@pytest.mark.parametrize("name, text", [
+    ("gpt_bench_cpu_2x1024.json", json.dumps({"device_name": "x", "micro_batch": 1, "seq_len": 2, "vocab_size": 3,
+                                              "rungs": [{"name": "naive", "tokens_per_second": 0},
+                                                        {"name": "+ dropout 0", "tokens_per_second": 5}]})),
+    ("lenet_bench_cpu.json", '{"all_lightning_to_plain": [1.1, "x"]}'),
+    ("lenet_bench_cpu.json", '{"all_lightning_to_plain": 5}'),
+    ("lenet_run_2x128_cpu.json", "[1, 2]"),
+    ("lenet_run_2x128_cpu.json", '{"act": "torch", "epochs": "x", "test_accuracy": null}')])
+def test_a_results_file_with_a_special_name_and_wrong_fields_is_at_most_one_line(inputs, tmp_path, capsys, name,
+                                                                                  text):
+    """The files the report derives facts from (the CPU ladder beside the GPU's, the Lightning repeats, the LeNet-5
+    run shown): a row of 0 tokens/s or a field of the wrong type is a problem line, the rest of the report built."""
+    results, report = inputs
+    (results / name).write_text(text)
+    build(results, report, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (tmp_path / "out" / "results.md").is_file()
+    assert len([line for line in err.splitlines() if "left out what" in line]) <= 1
+
+
+def test_a_fifo_named_as_an_event_file_is_left_out_never_waited_on(tmp_path):
+    """A run folder holding a FIFO called events.out.tfevents.*: one line, the build done in seconds."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps(lenet_metrics()))
+    os.mkfifo(run / "events.out.tfevents.1.fifo")
+    done = subprocess.run([sys.executable, str(REPO / "report" / "make_report.py"), str(run), "--out",
+                           str(tmp_path / "out"), "--no-screenshots"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and f"left out {run / 'events.out.tfevents.1.fifo'}: not a regular file" in done.stderr
+
+
+def test_a_ladder_of_100000_rows_is_tabled_to_its_limit_saying_how_many_are_left_out(tmp_path):
+    """A ladder JSON of 100,000 rows: MAX_ROWS tabled and the rest counted, in seconds, not a PDF of thousands of
+    pages that Chromium never finishes."""
+    from report import figures
+    rows = [{"name": f"+ row {i}", "tokens_per_second": 100.0 + i} for i in range(100_000)]
+    ladder = tmp_path / "gpt_bench_big.json"
+    ladder.write_text(json.dumps({"device_name": "x", "micro_batch": 1, "seq_len": 2, "vocab_size": 3,
+                                  "rungs": rows}))
+    started = time.monotonic()
+    make_report.main([str(ladder), "--out", str(tmp_path / "out"), "--no-screenshots"])
+    assert time.monotonic() - started < 60
+    filled = (tmp_path / "out" / "report_filled.md").read_text()
+    assert f"另有 {100_000 - figures.MAX_ROWS:,} 行没有列出" in filled
+    assert filled.count("| + row ") == figures.MAX_ROWS and f"| + row {figures.MAX_ROWS} |" not in filled
