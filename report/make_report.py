@@ -31,7 +31,7 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, check_folder
+from data.files import UMASK, writers_problem
 from report import browser, facts, gpu
 from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
@@ -255,7 +255,8 @@ def check_args(args):
                 or printed(args) in built_lines(out)):  # the repository's, in git, or one this --out printed
             raise UserError(f"--pdf-out {pdf} exists; pass --force to replace it, or give a new file name "
                             "(nothing written)")
-    check_folder(out, "--out")
+    if problem := writers_problem(out):  # checked, not made: a build refused later leaves no folder behind
+        raise UserError(f"--out {out} {problem}: files there could be anyone's; give a folder of your own")
     if out.exists() and (not out.is_dir() or ({p.name for p in out.iterdir()} - {LOCK}
                                               and not (out / BUILT).is_file())):
         raise UserError(f"--out {args.out} is not a folder this program wrote (no {BUILT}); give a new or empty one "

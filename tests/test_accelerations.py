@@ -143,7 +143,7 @@ def test_a_measured_ladder_holds_the_declared_rows_and_their_peak_memory(declare
     make_report.main([str(tmp_path / "ladder.json"), "--out", str(tmp_path / "report"), "--no-screenshots"])
     table = [line for line in (tmp_path / "report" / "report_filled.md").read_text().splitlines()
              if "dummy boost" in line and line.startswith("| ")]  # the student's report: the ladder tabled whole
-    assert len(table) == 2 and table[0].startswith("| ") and "default without dummy boost" in table[1], table
+    assert len(table) == 2 and table[0].startswith("| ") and "默认配置去掉 + dummy boost" in table[1], table
 
 
 def test_the_probe_key_and_a_resumes_identity_hold_the_declared_acceleration(declared, tmp_path, monkeypatch):
