@@ -74,11 +74,6 @@ if [ "$MODE" = prepare ]; then
     [ ! -e "$PREP" ] || [ -z "$(ls -A "$PREP")" ] || die "$PREP is not empty: prepare into a new folder"
     mkdir -p "$PREP/wheels" "$PREP/MNIST/raw" "$PREP/gpt2-tokenizer"
     echo '*' > "$PREP/.gitignore"  # never committed, wherever DIR is
-    # datasets 5.2.0: its requirements the lent image meets (pyarrow >= 24, huggingface-hub >= 1.31, fsspec <= 2026.9)
-    python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d "$PREP/wheels" datasets==5.2.0 || die "pip download of datasets for Python $PYVER failed"
-    rm -f "$PREP"/wheels/numpy-*.whl "$PREP"/wheels/pyarrow-*.whl
     for f in $mnist_files; do
         if [ -f "$src/$f.gz" ]; then cp "$src/$f.gz" "$PREP/MNIST/raw/"; else gzip -c "$src/$f" > "$PREP/MNIST/raw/$f.gz"; fi
     done

@@ -91,15 +91,13 @@ def test_prepare_names_a_missing_input_before_any_download(tmp_path, missing):
     assert not (tmp_path / "prep").exists()  # nothing made, nothing downloaded
 
 
-@pytest.mark.slow  # a download from PyPI
+@pytest.mark.slow
 def test_prepare_for_another_python_carries_what_a_bare_image_lacks(tmp_path):
     env = {**prepare_inputs(tmp_path), "PATH": os.environ["PATH"]}
     result = gpu_check("--prepare", tmp_path / "prep", "--python", "3.11", env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     prep = tmp_path / "prep"
-    wheels = {w.name.split("-")[0].lower(): w.name for w in (prep / "wheels").glob("*.whl")}
-    assert wheels["datasets"].startswith("datasets-5.2.0-") and "py311" in wheels["multiprocess"] and "dill" in wheels
-    assert "numpy" not in wheels and "pyarrow" not in wheels  # the image's, and 70 MB
+    assert list((prep / "wheels").iterdir()) == []  # the lent image has every package the lab needs
     assert (prep / ".gitignore").read_text() == "*\n"  # never committed, wherever DIR is
     assert gzip.decompress((prep / "X.txt.gz").read_bytes()) == (tmp_path / "wos-standin" / "X.txt").read_bytes()
     assert sorted(p.name for p in (prep / "MNIST" / "raw").iterdir()) == [
