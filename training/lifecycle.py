@@ -49,12 +49,9 @@ class Phases:
             self.switch(previous)
 
     def log(self, writer, step):
-        """Into TensorBoard: a scalar per phase and a table (the text tab)."""
-        spent, now = self.record()
-        for name, seconds in spent.items():
+        """Into TensorBoard: a scalar per phase."""
+        for name, seconds in self.record()[0].items():
             writer.add_scalar(f"phases/{name}_seconds", seconds, step)
-        writer.add_text("phases", "| phase | seconds |\n|---|---|\n" +
-                        "".join(f"| {k} | {v:.2f} |\n" for k, v in spent.items()) + f"| process | {now:.2f} |", step)
 
     def stamp(self, metrics):
         """`metrics` with the process's seconds and where they went: taken just before the last output."""
