@@ -49,22 +49,6 @@ def test_tokenizer_from_a_file_and_from_a_folder(shared_data, offline):
     assert by_file.sha256 == by_folder.sha256 == tokenizer.tokenizer_sha256(by_file.tokenizer)
 
 
-def test_tokenizer_from_a_folder_without_tokenizer_json(shared_data, offline, tmp_path):
-    """vocab.json + merges.txt alone, as the error messages advise: no tokenizer_config.json needed."""
-    folder = tmp_path / "slow"
-    folder.mkdir()
-    for name in ("vocab.json", "merges.txt"):
-        (folder / name).write_bytes((shared_data / "gpt2-tokenizer" / name).read_bytes())
-    two_files = tokenizer.open_tokenizer(str(folder))
-    assert_gpt2(two_files)
-    reference = tokenizer.open_tokenizer(shared_data / "gpt2-tokenizer" / "tokenizer.json").tokenizer
-    text = "Deep  learning <|endoftext|> été 2024!\n"
-    assert two_files.tokenizer.encode(text).ids == reference.encode(text).ids  # the special token whole too
-    (folder / "merges.txt").unlink()
-    with pytest.raises(tokenizer.TokenizerError, match="neither tokenizer.json nor vocab.json"):
-        tokenizer.open_tokenizer(str(folder))
-
-
 @pytest.mark.parametrize("typed", ["data/tokenizr/tokenizer", "./tok", "~/no-such-tokenizer", "runs/a/b/tok.json"])
 def test_a_mistyped_path_is_one_line_never_a_hub_lookup(typed, offline):
     with pytest.raises(tokenizer.TokenizerError, match="no such file or folder") as error:
