@@ -177,7 +177,7 @@ def set_up(args, argv, stack, phases):
     writer = announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text,
                       out_dir) if accelerator.is_main_process else None
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
-    earlier = checkpoints.earlier_seconds(out_dir, state) if ckpt else 0.0
+    earlier = state.process_seconds if ckpt else 0.0  # the stopped processes up to their checkpoint
     return Setup(args, train_step, budget, blocks, out_dir, identity, info, tok.tokenizer, writer, phases,
                  earlier), state, stats
 
@@ -275,8 +275,6 @@ def main(argv=None):
             raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({errors.reason(e)}) after "
                             f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed: exit 3
-            if setup.train_step.accelerator.is_main_process:
-                checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
             raise SystemExit(metrics.STOP_EXIT_CODE)
         return finish(setup, state, stats, watch, stop)
 

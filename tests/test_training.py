@@ -18,7 +18,7 @@ from conftest import REPO, free_port, tmpfs
 from data import wos
 from data.tokenizer import open_tokenizer
 from training import batches, budget, device, lifecycle, metrics, watch
-from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
+from training.checkpoints import TrainState
 from training.errors import UserError
 from training.model import GPT, model_config
 from training.step import Accelerations
@@ -589,19 +589,3 @@ def test_the_summary_puts_bits_per_byte_beside_the_verdict():
         {**m, "success": False, "final_train_loss": 7.2, "val_bits_per_byte": 2.61})
 
 
-@pytest.mark.parametrize("written, expected", [
-    ({"step": 24, "process_seconds_total": 21.5}, 21.5),  # the stopped process's own last word
-    ({"step": 20, "process_seconds_total": 21.5}, 20.0),  # another checkpoint's: the checkpoint's own count
-    ({"step": 24, "process_seconds_total": float("inf")}, 20.0),  # edited: never 'inf s end to end'
-    ({"step": 24, "process_seconds_total": 1e12}, 20.0),  # more than an hour after its checkpoint: edited
-    ({"step": 24, "process_seconds_total": 19.0}, 20.0),  # before its own checkpoint: impossible
-    ({"step": 24}, 20.0), ("not json", 20.0), (None, 20.0),
-])
-def test_a_resume_counts_the_stopped_process_to_its_exit_where_its_last_word_is_plausible(tmp_path, written,
-                                                                                           expected):
-    state = TrainState(step=24, process_seconds=20.0)
-    if isinstance(written, dict) and written.get("process_seconds_total") == 21.5:
-        record_stop_clock(tmp_path, written["step"], written["process_seconds_total"])
-    elif written is not None:
-        (tmp_path / STOP_CLOCK).write_text(written if isinstance(written, str) else json.dumps(written))
-    assert earlier_seconds(tmp_path, state) == expected
