@@ -403,13 +403,6 @@ def test_a_failed_lightning_start_leaves_nothing_that_blocks_the_retry(tiny_mnis
     assert not runs.exists() or not list(runs.iterdir())
 
 
-def test_swapped_train_and_test_files_are_refused_by_their_sizes(tmp_path):
-    data = write_tiny_mnist(tmp_path / "mnist", n_train=200, n_test=600)  # the test set larger: swapped
-    with pytest.raises(SystemExit, match=r"hold 200 images, the test files .* 600: swapped\?"):
-        lenet5.main(["--data-dir", str(data), "--no-download", "--out-dir", str(tmp_path / "run"), "--device", "cpu"])
-    assert not (tmp_path / "run").exists()
-
-
 def test_a_seed_out_of_range_is_a_flag_error(capsys):
     with pytest.raises(SystemExit) as stop:
         lenet5.parse_args(["--seed", str(2**64)])
