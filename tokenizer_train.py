@@ -12,7 +12,6 @@ from training import lifecycle  # first, before the slow imports: the standard l
 lifecycle.start(__name__)  # a Ctrl-C while torch imports is one line, not a traceback
 
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -59,21 +58,16 @@ def load_comparison(spec):
 
 
 def measures(tokenizer, docs, spec="none", other=None):
-    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token and the per-document ratio
-    (None without)."""
+    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token (None without)."""
     own = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
     decoded = tokenizer.decode_batch(own, skip_special_tokens=False)
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
     theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)] if other else own
-    ratios = sorted(len(a) / len(b) for a, b in zip(own, theirs))
     return {"val_bytes_per_token": n_bytes / sum(map(len, own)),
             "val_round_trip_failures": sum(d != t for d, t in zip(decoded, docs)), "compare": spec,
-            "compare_source": other and other.source, "compare_sha256": other and other.sha256,
-            "compare_vocab_size": other and other.vocab_size,
+            "compare_sha256": other and other.sha256,
             "gpt2_val_bytes_per_token": other and n_bytes / sum(map(len, theirs)),
-            "val_docs_own_fewer_tokens": other and sum(r < 1 for r in ratios),
-            "val_token_ratio_per_doc": other and {"median": statistics.median(ratios), "min": ratios[0],
-                                                  "max": ratios[-1]}}
+            "val_docs_own_fewer_tokens": other and sum(len(a) < len(b) for a, b in zip(own, theirs))}
 
 
 def token_cache(corpus, tokenizer, args, tokenizer_hash):
