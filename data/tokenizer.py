@@ -39,12 +39,13 @@ class LoadedTokenizer:
     eot: int                # the id of <|endoftext|>
 
 
-def open_tokenizer(spec):
+def open_tokenizer(spec, offline=False):
+    """`offline`: a hub name only from a local copy (check_env), as with HF_HUB_OFFLINE."""
     spec, path = str(spec), Path(spec).expanduser()
     if path.exists() or looks_like_a_path(spec):
         tokenizer, source = tokenizer_from_path(path), str(path)
     else:
-        tokenizer, source = tokenizer_from_hub_name(spec)
+        tokenizer, source = tokenizer_from_hub_name(spec, offline)
     text = tokenizer.to_str()
     check_byte_level_bpe(spec, json.loads(text))
     if (eot := tokenizer.token_to_id(EOT)) is None:
@@ -115,16 +116,16 @@ def local_copy(name):
     return data_copy(name) if data_copy(name).is_dir() else None
 
 
-def tokenizer_from_hub_name(name):
+def tokenizer_from_hub_name(name, offline):
     from huggingface_hub import constants
     if found := local_copy(name):
         return tokenizer_from_path(found), str(found)
     local = data_copy(name)
-    offline = constants.HF_HUB_OFFLINE
+    offline = offline or constants.HF_HUB_OFFLINE
     if offline or not hub_reachable():
         raise TokenizerError(f"tokenizer {name!r}: no such file or folder, no local copy (HF cache "
                              f"{constants.HF_HUB_CACHE}, {local}) and the hub is "
-                             f"{'off (HF_HUB_OFFLINE)' if offline else 'unreachable'}; put the tokenizer's folder (its "
+                             f"{'not asked (offline)' if offline else 'unreachable'}; put the tokenizer's folder (its "
                              f"tokenizer.json) at {local} or pass its path")
     try:
         return Tokenizer.from_pretrained(name), f"hub:{name}"

@@ -1,7 +1,7 @@
 """Is this environment ready? One line a check, `ok` or what to do; run it on the login node before queueing.
 
     python -m training.check_env                          # for lenet5.py and the GPT scripts
-    python -m training.check_env --for lenet5 --act cpp   # only what lenet5.py needs, with the own GELU op
+    python -m training.check_env --for lenet5             # only what lenet5.py needs
     python -m training.check_env --for gpt --text ../shared/data/wos-standin/X.txt --metrics-out env.json
 
 Nothing is downloaded, built or written (but --metrics-out); each package is imported, not only looked up. A
@@ -75,15 +75,15 @@ def check_torch_gpu(torch):
     return checks + [ok("gpu", f"{torch.cuda.device_count()} x {', '.join(names)}")]
 
 
-def check_gelu_ext(torch, act):
-    """The compiled GELU op: a todo only where it will be used (`--act cpp`; the CPU try-out never builds it)."""
+def check_gelu_ext(torch):
+    """The compiled GELU op: a note, as only lenet5.py --act cpp uses it (the CPU try-out never builds it)."""
     import gelu_ext
     cuda = torch.version.cuda
     build = ((f"module load cuda/{cuda} (nvcc's CUDA major must be torch's), then " if cuda else "")
              + "pip install --no-build-isolation -e ./gelu_ext")
     if not gelu_ext.is_built():  # (its import error reads "circular import": a missing _C, not a circle)
-        return (todo if act == "cpp" else note)("gelu_ext", "not built (no compiled gelu_ext/_C*.so): " + (
-            "--act cpp needs it: " if act == "cpp" else "only lenet5.py --act cpp needs it; to build: ") + build)
+        return note("gelu_ext", "not built (no compiled gelu_ext/_C*.so): only lenet5.py --act cpp needs it; to "
+                                "build: " + build)
     if cuda and not gelu_ext.built_with_cuda():
         return note("gelu_ext", f"kernels: CPU only (built without nvcc); --act cpp on a GPU needs CUDA's: {build}")
     return ok("gelu_ext", "kernels: CPU" + (", CUDA" if gelu_ext.built_with_cuda() else ""))
@@ -106,17 +106,12 @@ def check_data(args, needed):
         checks.append(unshared("corpus", text.parent, f"{text} ({text.stat().st_size / 1e6:.1f} MB)"))
     except UserError as e:
         checks.append(todo("corpus", str(e)))
-    spec, local = args.tokenizer, tokenizer.data_copy(args.tokenizer)
-    problem = (f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where the node has "
-               f"internet; else put its folder at {local}")
-    try:  # local_copy looks a hub name up without the network (and refuses what is no hub name)
-        if Path(spec).expanduser().exists() or tokenizer.looks_like_a_path(spec) or tokenizer.local_copy(spec):
-            loaded = tokenizer.open_tokenizer(spec)
-            return checks + [ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")]
+    try:
+        loaded = tokenizer.open_tokenizer(args.tokenizer, offline=True)
+        return checks + [ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")]
     except UserError as e:
-        problem = str(e)
-    return checks + [todo("tokenizer", f"{problem} (or python tokenizer_train.py to make "
-                                       f"{tokenizer.OWN_TOKENIZER.relative_to(REPO)})")]
+        return checks + [todo("tokenizer", f"{e} (or python tokenizer_train.py to make "
+                                           f"{tokenizer.OWN_TOKENIZER.relative_to(REPO)})")]
 
 
 def unshared(name, folder, found=None):
@@ -136,8 +131,6 @@ def main(argv=None):
     p = Parser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
     p.add_argument("--for", dest="use", choices=sorted(USES), default="all",
                    help="what to check for: lenet5.py, the GPT scripts, or all (default: %(default)s)")
-    p.add_argument("--act", choices=("torch", "python", "cpp"), default="torch",
-                   help="the GELU lenet5.py will use: only cpp needs the compiled gelu_ext (default: %(default)s)")
     p.add_argument("--data-dir", type=Path, default=data_root(), help="as lenet5.py's (default: $LAB5_DATA or data/)")
     p.add_argument("--text", type=Path, default=None,
                    help="the corpus, as gpt_train.py --text (default: data/WebOfScience/WOS46985/X.txt)")
@@ -154,7 +147,7 @@ def main(argv=None):
         except Exception:  # whatever the import raises: the packages line says what
             checks.append(todo("torch", "not importable (see packages): pip install -r requirements.txt"))
         else:
-            gelu = [check_gelu_ext(torch, args.act)] if "gelu_ext" in USES[args.use] else []
+            gelu = [check_gelu_ext(torch)] if "gelu_ext" in USES[args.use] else []
             checks += check_torch_gpu(torch) + gelu + check_data(args, USES[args.use])
         for check in checks:
             print(f"{check.name:<10} {check.status:<4}  {check.detail}")
