@@ -41,7 +41,7 @@ class StepWatch:
         first = self.perf.first_step_seconds is None
         if self.cuda and not synced and (first or untimed_work_follows):
             torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
-        stopping = self.agreement(at_sync_point=synced or first or untimed_work_follows)
+        stopping = self.agreement()
         self.perf.step_done(time.perf_counter() - self.t0, tokens, steady=not self.profiling)  # profiler: overhead
         return stopping
 
