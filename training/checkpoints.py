@@ -113,9 +113,8 @@ def damaged(ckpt, path):
         return None
     except Exception as error:
         why = reason(error)
-        if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its first sentence
-            detail = str(error).partition("WeightsUnpickler error:")[2].strip().split(". ")[0].split("\n")[0][:160]
-            why = f"not plain tensors and numbers: {detail}".rstrip(": ")
+        if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its advice unsaid
+            why = "not plain tensors and numbers"
         return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
                                f"resume from the checkpoint before it, or pick a new --out-dir")
 
