@@ -61,10 +61,8 @@ def test_missing_corpus_says_where_to_put_it_and_exits_1(no_gpu, gpt_inputs, tmp
 def test_a_hub_tokenizer_not_on_this_machine_is_a_todo_without_a_download(no_gpu, tmp_path, monkeypatch, text_file):
     from huggingface_hub import constants
 
-    from data import tokenizer
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("LAB5_DATA", str(tmp_path))
-    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: pytest.fail("the hub was asked"))
     corpus, check = check_env.check_data(SimpleNamespace(text=text_file, tokenizer="gpt2"), {"corpus"})
     assert corpus.status == "ok" and check.name == "tokenizer" and check.status == "todo"
     assert f"put the tokenizer's folder (its tokenizer.json) at {tmp_path / 'gpt2-tokenizer'}" in check.detail

@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 import tokenizer_train
 from conftest import REPO, generated_docs, run_script, tmpfs, wait_for
 from conftest import in_process as main_in_process
-from data import tokenizer, wos
+from data import wos
 from data.blocks import Packing, token_blocks
 from data.tokenizer import EOT, open_tokenizer
 
@@ -87,7 +87,6 @@ def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path
 
 def test_compare_without_a_local_copy_is_a_one_line_note(text_file, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LAB5_DATA", str(tmp_path / "nothing-here"))
-    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: False)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
     metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out",
                                     str(tmp_path / "t.json"), "--seq-len", "0", "--cache-dir", str(tmp_path / "cache"),

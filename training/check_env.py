@@ -107,7 +107,7 @@ def check_data(args, needed):
     except UserError as e:
         checks.append(todo("corpus", str(e)))
     try:
-        loaded = tokenizer.open_tokenizer(args.tokenizer, offline=True)
+        loaded = tokenizer.open_tokenizer(args.tokenizer)
         return checks + [ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")]
     except UserError as e:
         return checks + [todo("tokenizer", f"{e} (or python tokenizer_train.py to make "
