@@ -155,7 +155,7 @@ def set_up(args, argv, stack, phases):
                                         accelerator, stack)
     if args.profile and accelerator.is_main_process:  # the trace's folder, written by C++ that only logs a failure
         files.check_folder(out_dir / "profile", "--profile's trace folder")
-    text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
+    text = wos.resolve_text(args.text)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data
     state, saved = checkpoints.load_state(ckpt) if ckpt else (checkpoints.TrainState(), {})
