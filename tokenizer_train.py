@@ -100,8 +100,8 @@ def parse_args(argv):
     p.add_argument("--text", type=path_flag, default=None,
                    help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt)")
     # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
-    p.add_argument("--vocab-size", type=number(int, 512, 2**20, multiple=64), default=16384,
-                   help="a multiple of 64; see README for the choice (default: %(default)s)")
+    p.add_argument("--vocab-size", type=number(int, 512, 2**20), default=16384,
+                   help="see README for the choice; the model pads it to a multiple of 64 (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER, help="tokenizer.json (default: %(default)s)")
     p.add_argument("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005,
                    help="held-out documents (default: %(default)s)")
