@@ -162,16 +162,18 @@ def write_manifest(folder, paths, **extra):
 
 
 def manifest_problem(folder, names=None):
-    """None if the files `names` (default: all) are as MANIFEST records them (sha256), else why not."""
+    """None if the files `names` (default: all) are as MANIFEST records them (size, then sha256), else why not."""
     try:
         manifest = json.loads(read_small(Path(folder) / MANIFEST, 1 << 20))
         names = names or [n for n, entry in manifest.items() if "sha256" in entry]
     except (OSError, ValueError, TypeError, AttributeError):  # missing, a planted link or device, not a dict
         return f"{MANIFEST} is missing or unreadable"
     for name in names:
-        path = Path(folder) / name
+        path, expected = Path(folder) / name, manifest.get(name) or {}
         if not path.is_file():
             return f"{name} is missing"
-        if sha256_file(path) != (manifest.get(name) or {}).get("sha256"):
+        if path.stat().st_size != expected.get("bytes"):  # a truncated checkpoint named without hashing its GBs
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {expected.get('bytes')}"
+        if sha256_file(path) != expected.get("sha256"):
             return f"{name} does not match its manifest"
     return None
