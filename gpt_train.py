@@ -94,7 +94,7 @@ def train_loop(setup, state, stop):
                 mean_loss = losses.mean(accelerator)  # over all processes: a sync point (the loss is read)
             elif accelerator.device.type == "cuda" and untimed_follows:
                 torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
-            stopping = agreement(at_sync_point=when.log or untimed_follows)
+            stopping = agreement()
             perf.step_done(time.perf_counter() - t0, tokens)  # the step's clock stops
             if when.log:
                 point = {"loss/train": mean_loss, "train/grad_norm": grad_norm, "train/lr": lr}
@@ -165,7 +165,7 @@ def set_up(args, argv, stack, phases):
     accelerator = step.make_accelerator(accelerations)
     out_dir, ckpt = rundir.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / rundir.new_run_name(), args,
                                         accelerator, stack)
-    text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
+    text = wos.resolve_text(args.text)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data
     state, saved = checkpoints.load_state(ckpt) if ckpt else (checkpoints.TrainState(), {})
@@ -189,7 +189,7 @@ def set_up(args, argv, stack, phases):
         "text": str(text), "corpus": corpus.identity, "command": "python gpt_train.py " + " ".join(argv),
         "micro_batch_source": micro_source})
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
-    earlier = checkpoints.earlier_seconds(out_dir, state) if ckpt else 0.0
+    earlier = state.process_seconds if ckpt else 0.0  # the stopped processes up to their checkpoint
     setup = Setup(args, train_step, budget, blocks, out_dir, identity, info, tok.tokenizer, None, phases, earlier)
     if accelerator.is_main_process:
         if not ckpt:
@@ -286,8 +286,6 @@ def main(argv=None):
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed: exit 3
             setup.train_step.accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; "
                                                f"run again with --out-dir {setup.out_dir} to resume", file=sys.stderr)
-            if setup.train_step.accelerator.is_main_process:
-                checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
             raise SystemExit(metrics.STOP_EXIT_CODE)
         return finish(setup, state, stats, perf, stop)
 

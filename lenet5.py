@@ -121,19 +121,16 @@ def pick_device(name):
 def main(argv=None):
     phases = lifecycle.phases()
     args = parse_args(argv)
-    args.argv, args.run_dir = list(sys.argv[1:] if argv is None else argv), None  # recorded in the metrics
-
-    def interrupted():  # a LeNet-5 run takes seconds: stopped, it is run again, not resumed
-        return "run the command again to start over" + (
-            f"; the same --out-dir sets {args.run_dir}'s files aside" if args.run_dir else "")
-    with lifecycle.one_line_errors(interrupted), contextlib.ExitStack() as stack:  # stack: the run lock
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
+    # a LeNet-5 run takes seconds: stopped, it is run again, not resumed
+    with lifecycle.one_line_errors(lambda: "run the command again to start over"), contextlib.ExitStack() as stack:
         torch.manual_seed(args.seed)
         torch.set_flush_denormal(True)  # tiny activations late in training would hit slow denormal math on CPU
         device = pick_device(args.device)
         fit = train
         if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
             from training.lenet_lightning import fit_lightning as fit
-        out_dir = args.run_dir = open_outputs(args, stack)
+        out_dir = open_outputs(args, stack)  # locked until `stack` closes
         phases.switch("data")
         files = find_mnist(args.data_dir, not args.no_download)
         train_set, test_set = load_train_test(files, device)

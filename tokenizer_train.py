@@ -1,6 +1,6 @@
 """Train an own byte-level BPE tokenizer on the Web of Science abstracts (WOS46985/X.txt).
 
-    python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt
+    python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt (data/README.md)
     python tokenizer_train.py --force                           # again: replaces the data/tokenizer/tokenizer.json
     python tokenizer_train.py --text ../shared/data/wos-standin/X.txt --metrics-out tok.json
     python tokenizer_train.py --compare ../shared/data/gpt2-tokenizer   # GPT-2's tokenizer: a folder, a file, or "gpt2"
@@ -12,7 +12,6 @@ from training import lifecycle  # first, before the slow imports: the standard l
 lifecycle.start(__name__)  # a Ctrl-C while torch imports is one line, not a traceback
 
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -59,21 +58,16 @@ def load_comparison(spec):
 
 
 def measures(tokenizer, docs, spec="none", other=None):
-    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token and the per-document ratio
-    (None without)."""
+    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token (None without)."""
     own = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
     decoded = tokenizer.decode_batch(own, skip_special_tokens=False)
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
     theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)] if other else own
-    ratios = sorted(len(a) / len(b) for a, b in zip(own, theirs))
     return {"val_bytes_per_token": n_bytes / sum(map(len, own)),
             "val_round_trip_failures": sum(d != t for d, t in zip(decoded, docs)), "compare": spec,
-            "compare_source": other and other.source, "compare_sha256": other and other.sha256,
-            "compare_vocab_size": other and other.vocab_size,
+            "compare_sha256": other and other.sha256,
             "gpt2_val_bytes_per_token": other and n_bytes / sum(map(len, theirs)),
-            "val_docs_own_fewer_tokens": other and sum(r < 1 for r in ratios),
-            "val_token_ratio_per_doc": other and {"median": statistics.median(ratios), "min": ratios[0],
-                                                  "max": ratios[-1]}}
+            "val_docs_own_fewer_tokens": other and sum(len(a) < len(b) for a, b in zip(own, theirs))}
 
 
 def token_cache(corpus, tokenizer, args, tokenizer_hash):
@@ -104,11 +98,10 @@ def save_atomic(tokenizer, path):
 def parse_args(argv):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--text", type=path_flag, default=None,
-                   help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt, "
-                        "downloaded if missing)")
+                   help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt)")
     # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
-    p.add_argument("--vocab-size", type=number(int, 512, 2**20, multiple=64), default=16384,
-                   help="a multiple of 64; see README for the choice (default: %(default)s)")
+    p.add_argument("--vocab-size", type=number(int, 512, 2**20), default=16384,
+                   help="see README for the choice; the model pads it to a multiple of 64 (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER, help="tokenizer.json (default: %(default)s)")
     p.add_argument("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005,
                    help="held-out documents (default: %(default)s)")
@@ -121,7 +114,6 @@ def parse_args(argv):
     p.add_argument("--compare", type=path_or_name_flag, default="gpt2",
                    help="tokenizer to compare with: a tokenizer.json, a folder, a hub name found locally (the HF "
                         "cache or $LAB5_DATA or data/ + <name>-tokenizer/), or 'none' (default: %(default)s)")
-    p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
     p.add_argument("--accept-invalid-utf8", action="store_true", help="train on a text whose lines are mostly not "
                    "UTF-8 (their bad bytes as U+FFFD) instead of refusing it")
     add_output_flags(p)  # --metrics-out, and --force: also for --out
@@ -147,7 +139,7 @@ def main(argv=None):
     with lifecycle.one_line_errors(lambda: f"{args.out} is written when training ends (the token cache after it): "
                                    f"run the command again, with --force if {args.out} exists"):
         check_outputs(args)
-        text = wos.resolve_text(args.text, download=not args.no_download)
+        text = wos.resolve_text(args.text)
         other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
         phases.switch("data")
         corpus = wos.read_corpus(text, args.accept_invalid_utf8)  # read once: the documents and the cache's key

@@ -35,7 +35,7 @@ def token_blocks(corpus, tokenizer, packing, tokenizer_hash=None):
     folder = wos.corpus_cache(packing.cache_dir or wos.default_cache(), corpus.identity["sha256"]) / \
         f"packed-v{VERSION}-{tokenizer_hash[:16]}-{block_size}-{packing.val_fraction}-{packing.seed}"
     try:
-        return read_packed(folder, block_size, tokenizer.get_vocab_size())
+        return read_packed(folder)
     except (OSError, ValueError, KeyError, TypeError) as e:
         if folder.exists():  # a damaged cache (a missing one is the usual first run)
             print(f"warning: the token cache {folder} is damaged ({e}); packing it again", file=sys.stderr)
@@ -51,17 +51,12 @@ def token_blocks(corpus, tokenizer, packing, tokenizer_hash=None):
     return blocks, stats
 
 
-def read_packed(folder, block_size, vocab_size):
-    """The packed blocks and their stats; ValueError where a file is not its manifest's or not a vocabulary's."""
+def read_packed(folder):
+    """The packed blocks and their stats; ValueError where a file is not its manifest's. Their shape and ids are
+    the folder name's (block size, tokenizer): only its owner may write it (wos.corpus_cache)."""
     if problem := files.manifest_problem(folder, [f"{name}.npy" for name in SPLITS]):
         raise ValueError(problem)
-    blocks = {}
-    for name in SPLITS:
-        array = np.load(folder / f"{name}.npy", allow_pickle=False)
-        if array.dtype != np.int32 or array.ndim != 2 or array.shape[1] != block_size or not len(array) or \
-                array.min() < 0 or array.max() >= vocab_size:
-            raise ValueError(f"{name}.npy holds no blocks of {block_size} ids inside the vocabulary")
-        blocks[name] = torch.from_numpy(array)
+    blocks = {name: torch.from_numpy(np.load(folder / f"{name}.npy", allow_pickle=False)) for name in SPLITS}
     stats = json.loads(files.read_small(folder / files.MANIFEST, 1 << 20))["stats"]
     return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
 

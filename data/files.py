@@ -172,7 +172,7 @@ def manifest_problem(folder, names=None):
         path, expected = Path(folder) / name, manifest.get(name) or {}
         if not path.is_file():
             return f"{name} is missing"
-        if path.stat().st_size != expected.get("bytes"):
+        if path.stat().st_size != expected.get("bytes"):  # a truncated checkpoint named without hashing its GBs
             return f"{name} has {path.stat().st_size} bytes, the manifest says {expected.get('bytes')}"
         if sha256_file(path) != expected.get("sha256"):
             return f"{name} does not match its manifest"

@@ -70,16 +70,12 @@ def find_mnist(data_dir, download):
 
 
 def load_train_test(paths, device):
-    """(train, test) from find_mnist's paths, on `device`; swapped train and test files are refused by their sizes."""
+    """(train, test) from find_mnist's paths, on `device`, each large enough for lenet5.py."""
     train, test = (load(*paths[split], device) for split in ("train", "test"))
     for split, ds, least in (("train", train, 1), ("test", test, MIN_TEST_IMAGES)):
         if len(ds) < least:
             raise MNISTError(f"{paths[split][0]} holds {len(ds):,} images; lenet5.py needs at least {least} {split} "
                              f"images (MNIST's files hold 60,000 train and 10,000 test images)")
-    if len(train) < len(test):
-        raise MNISTError(f"the training files ({paths['train'][0]}) hold {len(train):,} images, the test files "
-                         f"({paths['test'][0]}) {len(test):,}: swapped? MNIST's training set is the larger "
-                         f"(60,000 against 10,000); give each file its own name")
     return train, test
 
 

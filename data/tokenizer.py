@@ -1,12 +1,9 @@
 """open_tokenizer(spec): the one way every script opens a tokenizer, whether `spec` is a tokenizer.json, a
-folder (tokenizer.json, or GPT-2's vocab.json + merges.txt) or a hub name ("gpt2": the HF cache, then data_copy(),
-then the hub only if it answers within seconds). A path that does not exist is never taken for a hub name, and
-nothing hangs offline: a failure is one TokenizerError line naming what was tried."""
-import contextlib
+folder holding a tokenizer.json or a hub name ("gpt2": the HF cache, then data_copy(); never the network, so nothing
+hangs offline). A path that does not exist is never taken for a hub name; a failure is one TokenizerError line
+naming what was tried."""
 import hashlib
 import json
-import socket
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,28 +74,16 @@ def looks_like_a_path(spec):
 
 
 def tokenizer_from_path(path):
-    """A tokenizer.json, or a folder holding one or vocab.json + merges.txt (built as GPT-2's tokenizer.json)."""
-    if path.is_dir() and (path / "tokenizer.json").is_file():
+    """A tokenizer.json, or a folder holding one."""
+    if path.is_dir():
         path = path / "tokenizer.json"
-    if path.is_file():
-        try:
-            return Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
-            raise TokenizerError(f"tokenizer {path}: not a tokenizer.json ({reason(e)})") from None
-    if not path.is_dir():
-        raise TokenizerError(f"tokenizer {path}: no such file or folder (train one with tokenizer_train.py, "
-                             f"or pass 'gpt2' or a folder with tokenizer.json, or vocab.json + merges.txt)")
-    vocab, merges = path / "vocab.json", path / "merges.txt"
-    if not (vocab.is_file() and merges.is_file()):
-        raise TokenizerError(f"tokenizer folder {path}: neither tokenizer.json nor vocab.json + merges.txt in it")
-    from tokenizers import models
+    if not path.is_file():
+        raise TokenizerError(f"tokenizer {path}: no such file or folder (train one with tokenizer_train.py, or "
+                             f"pass 'gpt2' or a folder with a tokenizer.json)")
     try:
-        tokenizer = byte_level(Tokenizer(models.BPE.from_file(str(vocab), str(merges))))
-    except Exception as e:  # malformed JSON or merges: tokenizers raises plain Exceptions
-        raise TokenizerError(f"tokenizer folder {path}: vocab.json + merges.txt unreadable ({reason(e)})") from None
-    if tokenizer.token_to_id(EOT) is not None:
-        tokenizer.add_special_tokens([EOT])  # matched whole in text, as in GPT-2's tokenizer.json
-    return tokenizer
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises plain Exceptions for malformed JSON
+        raise TokenizerError(f"tokenizer {path}: not a tokenizer.json ({reason(e)})") from None
 
 
 def byte_level(tokenizer):
@@ -115,45 +100,17 @@ def data_copy(name):
     return data_root() / f"{name.split('/')[-1]}-tokenizer"
 
 
-def local_copy(name):
-    """A hub tokenizer's copy here (the HF cache's tokenizer.json, else data_copy), or None."""
-    from huggingface_hub import try_to_load_from_cache
+def tokenizer_from_hub_name(name):
+    """A hub tokenizer's copy here: the HF cache's tokenizer.json, else data_copy(). Never the network (a compute
+    node has none; `huggingface-cli download` fetches it on a login node)."""
+    from huggingface_hub import constants, try_to_load_from_cache
     try:
         cached = try_to_load_from_cache(name, "tokenizer.json")
     except ValueError:  # HFValidationError: not a name the hub could hold either
         raise TokenizerError(f"tokenizer {name!r}: no such file or folder, and not a hub name") from None
-    if isinstance(cached, str):
-        return Path(cached)
-    return data_copy(name) if data_copy(name).is_dir() else None
-
-
-def tokenizer_from_hub_name(name):
-    from huggingface_hub import constants
-    if found := local_copy(name):
-        return tokenizer_from_path(found), str(found)
-    local = data_copy(name)
-    offline = constants.HF_HUB_OFFLINE
-    if offline or not hub_reachable():
-        raise TokenizerError(f"tokenizer {name!r}: no such file or folder, no local copy (HF cache "
-                             f"{constants.HF_HUB_CACHE}, {local}) and the hub is "
-                             f"{'off (HF_HUB_OFFLINE)' if offline else 'unreachable'}; put the tokenizer's folder "
-                             f"(tokenizer.json, or vocab.json + merges.txt) at {local} or pass its path")
-    try:
-        return Tokenizer.from_pretrained(name), f"hub:{name}"
-    except Exception as e:  # tokenizers raises plain Exceptions for a name the hub does not hold
-        raise TokenizerError(f"tokenizer {name!r}: {reason(e)}") from None
-
-
-def hub_reachable(host="huggingface.co", timeout=3.0):
-    """Whether the hub answers within `timeout` s (offline its client hangs); a thread: getaddrinfo has no timeout."""
-    answer = []
-
-    def probe():
-        with contextlib.suppress(OSError), socket.create_connection((host, 443), timeout=timeout):
-            answer.append(True)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(answer)
-
+    found = Path(cached) if isinstance(cached, str) else data_copy(name)
+    if not found.exists():
+        raise TokenizerError(f"tokenizer {name!r}: no such file or folder, and no copy here (HF cache "
+                             f"{constants.HF_HUB_CACHE}, {found}): huggingface-cli download {name} tokenizer.json, "
+                             f"or put the tokenizer's folder (its tokenizer.json) at {found}, or pass its path")
+    return tokenizer_from_path(found), str(found)

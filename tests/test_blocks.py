@@ -10,7 +10,7 @@ import torch
 
 import tokenizer_train
 from conftest import REPO, generated_docs, tiny_args
-from data import blocks, files, wos
+from data import blocks, wos
 from data.tokenizer import open_tokenizer
 
 
@@ -77,19 +77,9 @@ def test_the_cache_is_reused_and_keyed_on_the_text_the_tokenizer_and_the_block_s
     assert len(list((tmp_path / "cache").glob("corpus-*/packed-v*"))) == 4
 
 
-def ids_beyond_the_vocabulary(folder):
-    """Damage from before the manifest was written: the manifest matches, the ids do not fit."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    array = np.load(folder / "train.npy")
-    array[0, 0] = 100_000
-    np.save(folder / "train.npy", array)
-    files.write_manifest(folder, [folder / "train.npy", folder / "validation.npy"], stats=manifest["stats"])
-
-
 DAMAGE = {
     "truncated": lambda f: (f / "train.npy").write_bytes((f / "train.npy").read_bytes()[:1000]),
     "garbled": lambda f: (f / "train.npy").write_bytes(bytes(range(256)) + (f / "train.npy").read_bytes()[256:]),
-    "ids beyond the vocabulary": ids_beyond_the_vocabulary,
     "manifest a link to a device": lambda f: ((f / "manifest.json").unlink(), (f / "manifest.json").symlink_to(
         "/dev/zero")),  # read bounded and no-follow (data.files.read_small): a rebuild, not a hang
 }
@@ -97,11 +87,10 @@ DAMAGE = {
 
 @pytest.mark.parametrize("case, message", [("truncated", "train.npy has 1000 bytes"),
                                            ("garbled", "train.npy does not match its manifest"),
-                                           ("ids beyond the vocabulary", "no blocks of 64 ids inside the vocabulary"),
                                            ("manifest a link to a device", "manifest.json is missing or unreadable")])
 def test_a_damaged_token_cache_is_packed_again_with_one_warning(text_file, small_tokenizer, tmp_path, capsys, case,
                                                                 message):
-    """A truncated or garbled cache, or ids out of range: one line naming the cache, not a traceback or an
+    """A truncated or garbled cache: one line naming the cache, not a traceback or an
     IndexError steps into training."""
     first, _ = packed(text_file, small_tokenizer, tmp_path)
     capsys.readouterr()

@@ -66,9 +66,8 @@ def test_gpt_train_process_seconds_and_phases(corpus, tmp_path):
 @pytest.mark.slow
 def test_a_resumed_run_counts_every_process_to_its_exit(corpus, tmp_path):
     """Stopped by SIGTERM (its checkpoints made 2 s slower to write: a lab-shape checkpoint is GBs), then run
-    again: process_seconds_total holds both processes, the stop's checkpoint write included (a checkpoint
-    cannot hold its own write's time: the stopped process's last word, stop_clock.json, does), and the
-    summary line's "end to end" is that total, as its loop time is both processes' loops."""
+    again: process_seconds_total holds both processes (the stopped one up to its last checkpoint, an earlier slow
+    write included), and the summary line's "end to end" is that total, as its loop time is both processes' loops."""
     out, common = tmp_path / "run", ["--tokens", str(60 * 8 * 32), "--ckpt-every", "20", "--log-every", "1"]
     slow = ("import runpy, sys, time; from training import checkpoints; save = checkpoints.save_checkpoint\n"
             "checkpoints.save_checkpoint = lambda *a, **k: (time.sleep(2.0), save(*a, **k))[1]\n"
@@ -80,29 +79,11 @@ def test_a_resumed_run_counts_every_process_to_its_exit(corpus, tmp_path):
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=120)
     first_wall = time.perf_counter() - t0
-    assert json.loads((out / "stop_clock.json").read_text())["process_seconds_total"] > 4.0  # two slow saves
     done, second_wall = timed([sys.executable, str(REPO / "gpt_train.py"), *tiny_args(corpus, out, *common)])
     assert done.returncode == 0, done.stderr[-2000:]
     m = json.loads((out / "metrics.json").read_text())
-    assert first_wall + m["process_seconds"] - 1.0 <= m["process_seconds_total"] <= first_wall + second_wall
+    assert m["process_seconds"] + 2.0 <= m["process_seconds_total"] <= first_wall + second_wall
     assert f"{m['process_seconds_total']:.1f} s end to end over all its processes, this one " in done.stdout
-    assert not (out / "stop_clock.json").exists()  # finished: gone with the checkpoints
-
-
-@pytest.mark.slow
-def test_a_stop_clock_that_cannot_be_written_still_exits_3(corpus, tmp_path):
-    """The checkpoint is saved: failing to write stop_clock.json (the last, optional file) warns, and the
-    exit stays 3, the code gpt.sh requeues on."""
-    out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(REPO / "gpt_train.py"), *tiny_args(
-        corpus, out, "--tokens", str(3000 * 8 * 32), "--ckpt-every", "0")], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    assert wait_for(lambda: list(out.glob("events.out.tfevents.*")), proc=proc)
-    (out / "stop_clock.json").mkdir()  # planted: the write fails
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 3 and "warning: " in err and "stop_clock.json" in err, err[-2000:]
-    assert list(out.glob("ckpt-*[0-9]"))
 
 
 @pytest.mark.slow

@@ -47,20 +47,6 @@ def test_a_folder_holding_only_a_planted_bookkeeping_link_is_not_empty(tiny_mnis
     assert victim.read_text() == "precious\n" and [p.name for p in folder.iterdir()] == [name]
 
 
-@pytest.mark.parametrize("plant", ["symlink", "hard link", "fifo"])
-def test_a_run_lock_that_is_not_a_plain_file_of_one_name_is_refused_and_its_target_kept(tmp_path, victim, plant):
-    """In a run folder of this program's (a resume), run.lock is the one bookkeeping file a start opens."""
-    folder = tmp_path / "run"
-    folder.mkdir()
-    (folder / rundir.OWNER_FILE).write_text("gpt_train.py\n")
-    (folder / "ckpt-0000004").mkdir()
-    {"symlink": lambda p: p.symlink_to(victim), "hard link": lambda p: os.link(victim, p),
-     "fifo": lambda p: os.mkfifo(p)}[plant](folder / "run.lock")
-    with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="is not a run lock"):
-        rundir.claim_run_dir(folder, "gpt_train.py", stack)
-    assert victim.read_text() == "precious\n"
-
-
 def test_the_owner_file_is_replaced_not_written_through(tmp_path, victim):
     """claim_run_dir's owner mark goes through write_atomic: a link at run.owner is replaced, never followed."""
     folder = tmp_path / "run"
@@ -176,17 +162,6 @@ def test_an_existing_output_is_replaced_only_with_force(tmp_path):
     with pytest.raises(errors.OutputError, match="exists and is a symbolic link, not a file this program writes"):
         rundir.check_output(tmp_path / "link.json", "--metrics-out", force=True)
     assert json.loads(path.read_text()) == {"accuracy": 0.99}
-
-
-@pytest.mark.parametrize("name", sorted(rundir.BOOKKEEPING))
-def test_an_output_named_like_a_runs_bookkeeping_is_refused(tiny_mnist, tmp_path, name):
-    """A new surface of the rule above: `--out-dir R --metrics-out R/run.owner` (R new, so no run above it yet)
-    would have replaced the run's own owner file or lock with the metrics."""
-    with pytest.raises(SystemExit) as stop:
-        lenet5.main(lenet_args(tiny_mnist, tmp_path / "run", "--metrics-out", tmp_path / "run" / name))
-    assert str(stop.value.code) == (f"error: --metrics-out {tmp_path / 'run' / name}: {name} is a run folder's "
-                                    f"bookkeeping file; give another name")
-    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------ 36.14, 36.21: path flags in one line

@@ -31,10 +31,9 @@ GPT2_IDS = {"Hello world": [15496, 995]}  # GPT-2's known ids (data/README.md)
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
-    """No hub and no local copies: a test that reaches for the network fails."""
+    """No local copies."""
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
     monkeypatch.setenv("LAB5_DATA", str(tmp_path / "empty-data"))
-    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: pytest.fail("the hub was asked"))
 
 
 def assert_gpt2(loaded):
@@ -47,22 +46,6 @@ def test_tokenizer_from_a_file_and_from_a_folder(shared_data, offline):
     by_file, by_folder = tokenizer.open_tokenizer(folder / "tokenizer.json"), tokenizer.open_tokenizer(str(folder))
     assert_gpt2(by_file), assert_gpt2(by_folder)
     assert by_file.sha256 == by_folder.sha256 == tokenizer.tokenizer_sha256(by_file.tokenizer)
-
-
-def test_tokenizer_from_a_folder_without_tokenizer_json(shared_data, offline, tmp_path):
-    """vocab.json + merges.txt alone, as the error messages advise: no tokenizer_config.json needed."""
-    folder = tmp_path / "slow"
-    folder.mkdir()
-    for name in ("vocab.json", "merges.txt"):
-        (folder / name).write_bytes((shared_data / "gpt2-tokenizer" / name).read_bytes())
-    two_files = tokenizer.open_tokenizer(str(folder))
-    assert_gpt2(two_files)
-    reference = tokenizer.open_tokenizer(shared_data / "gpt2-tokenizer" / "tokenizer.json").tokenizer
-    text = "Deep  learning <|endoftext|> été 2024!\n"
-    assert two_files.tokenizer.encode(text).ids == reference.encode(text).ids  # the special token whole too
-    (folder / "merges.txt").unlink()
-    with pytest.raises(tokenizer.TokenizerError, match="neither tokenizer.json nor vocab.json"):
-        tokenizer.open_tokenizer(str(folder))
 
 
 @pytest.mark.parametrize("typed", ["data/tokenizr/tokenizer", "./tok", "~/no-such-tokenizer", "runs/a/b/tok.json"])
@@ -102,20 +85,11 @@ def test_hub_name_found_in_the_hf_cache_first(offline, small_tokenizer, tmp_path
 def test_hub_name_without_a_local_copy_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
     monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: False)
     with pytest.raises(tokenizer.TokenizerError) as error:
         tokenizer.open_tokenizer("gpt2")
     message = str(error.value)
-    assert "\n" not in message and "unreachable" in message and f"at {tmp_path / 'data' / 'gpt2-tokenizer'}" in message
-
-
-def test_the_hub_probe_never_hangs_on_a_name_lookup(monkeypatch):
-    def hangs(*args, **kwargs):  # a name lookup that never answers (until long after the probe gave up)
-        time.sleep(30)
-        raise OSError("timed out")
-    monkeypatch.setattr(tokenizer.socket, "create_connection", hangs)
-    started = time.perf_counter()
-    assert tokenizer.hub_reachable(timeout=0.5) is False and time.perf_counter() - started < 5
+    assert "\n" not in message and "huggingface-cli download gpt2 tokenizer.json" in message
+    assert f"at {tmp_path / 'data' / 'gpt2-tokenizer'}" in message
 
 
 def sparse_ids(small_tokenizer, path):

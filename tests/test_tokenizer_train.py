@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 import tokenizer_train
 from conftest import REPO, generated_docs, run_script, tmpfs, wait_for
 from conftest import in_process as main_in_process
-from data import tokenizer, wos
+from data import wos
 from data.blocks import Packing, token_blocks
 from data.tokenizer import EOT, open_tokenizer
 
@@ -80,16 +80,13 @@ def test_compare_with_gpt2_offline_from_a_folder_or_a_file(shared_data, tmp_path
         result = in_process(capsys, *args)
     assert result.returncode == 0, result.stderr[-800:]
     metrics = json.loads(metrics_path.read_text())
-    assert metrics["compare_vocab_size"] == 50257 and metrics["compare_sha256"] == open_tokenizer(gpt2).sha256
+    assert metrics["compare_sha256"] == open_tokenizer(gpt2).sha256
     assert metrics["val_bytes_per_token"] < metrics["gpt2_val_bytes_per_token"] < 6.0  # 1K merges compress less
-    ratio = metrics["val_token_ratio_per_doc"]  # own tokens / GPT-2 tokens, document by document
-    assert ratio["min"] <= ratio["median"] <= ratio["max"] and ratio["median"] > 1
     assert 0 <= metrics["val_docs_own_fewer_tokens"] < metrics["num_val_docs"] / 2
 
 
 def test_compare_without_a_local_copy_is_a_one_line_note(text_file, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LAB5_DATA", str(tmp_path / "nothing-here"))
-    monkeypatch.setattr(tokenizer, "hub_reachable", lambda *a, **k: False)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
     metrics = tokenizer_train.main(["--text", str(text_file), "--vocab-size", "512", "--out",
                                     str(tmp_path / "t.json"), "--seq-len", "0", "--cache-dir", str(tmp_path / "cache"),
@@ -97,7 +94,6 @@ def test_compare_without_a_local_copy_is_a_one_line_note(text_file, tmp_path, mo
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: no comparison")]
     assert len(notes) == 1 and "put the tokenizer's folder" in notes[0]
     assert metrics["gpt2_val_bytes_per_token"] is None and metrics["compare_sha256"] is None
-    assert metrics["val_token_ratio_per_doc"] is None
 
 
 def test_the_cache_written_is_the_one_gpt_train_reads(text_file, tmp_path):
@@ -130,8 +126,7 @@ def test_ctrl_c_is_one_line_and_writes_nothing(text_file, tmp_path):
                                             f"cache after it): run the command again, with --force if {out} exists")
 
 
-@pytest.mark.parametrize("args, message", [(["--vocab-size", "1000"], "multiple of 64"),
-                                           (["--val-fraction", "0.9"], "--val-fraction"),
+@pytest.mark.parametrize("args, message", [(["--val-fraction", "0.9"], "--val-fraction"),
                                            (["--vocab-size", "many"], "--vocab-size: expected an integer")])
 def test_bad_flags(args, message, capsys):
     result = in_process(capsys, *args)
@@ -233,7 +228,6 @@ def test_a_read_only_cache_dir_is_one_line_before_work(text_file, tmp_path, caps
 @pytest.mark.parametrize("flags, message", [
     (["--vocab-size", str(2**40)], "--vocab-size: must be in [512, 1048576]"),
     (["--vocab-size", "2147483584"], "--vocab-size: must be in [512, 1048576]"),  # past int32 once rounded
-    (["--vocab-size", "1000"], "--vocab-size: must be a multiple of 64"),
     (["--seed", "-1"], "--seed: must be in [0, 4294967296)"),
 ])
 def test_numeric_flags_out_of_range_are_one_line(flags, message, capsys):

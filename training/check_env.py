@@ -1,7 +1,7 @@
 """Is this environment ready? One line a check, `ok` or what to do; run it on the login node before queueing.
 
     python -m training.check_env                          # for lenet5.py and the GPT scripts
-    python -m training.check_env --for lenet5 --act cpp   # only what lenet5.py needs, with the own GELU op
+    python -m training.check_env --for lenet5             # only what lenet5.py needs
     python -m training.check_env --for gpt --text ../shared/data/wos-standin/X.txt --metrics-out env.json
 
 Nothing is downloaded, built or written (but --metrics-out); each package is imported, not only looked up. A
@@ -9,7 +9,6 @@ login node without a GPU is fine; a `todo` would stop a job: exit 1.
 """
 import importlib.metadata
 import re
-import subprocess
 import sys
 from collections import namedtuple
 from functools import partial
@@ -20,7 +19,6 @@ from training import lifecycle, rundir
 from training.errors import UserError
 from training.flags import Parser, add_output_flags
 
-PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
 IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}  # the others import as their name with _ for -
 USES = {"lenet5": {"gelu_ext", "mnist"}, "gpt": {"corpus"}, "all": {"gelu_ext", "mnist", "corpus"}}
 Check = namedtuple("Check", "status name detail")  # status: ok | note (fine, worth knowing) | todo (what to do)
@@ -49,9 +47,7 @@ def package_problem(name, floor):
 
 
 def check_python_and_packages(requirements=REPO / "requirements.txt"):
-    version = sys.version.split()[0]
-    python = (ok("python", f"{version} ({sys.executable})") if sys.version_info[:2] >= PYTHON_FLOOR else
-              todo("python", f"{version} is older than %d.%d: use a newer conda/Python" % PYTHON_FLOOR))
+    python = ok("python", f"{sys.version.split()[0]} ({sys.executable})")  # too old: pip refuses the packages
     floors = (re.match(r"^\s*([A-Za-z0-9._-]+)\s*>=\s*([^\s#,;]+)", line)  # `name>=X` lines
               for line in requirements.read_text().splitlines())
     problems = [p for p in (package_problem(m[1], m[2]) for m in floors if m) if p]
@@ -67,44 +63,27 @@ def check_python_and_packages(requirements=REPO / "requirements.txt"):
     return [python, todo("packages", f"{', '.join(problems)}: {fix}")]
 
 
-def driver_cuda():
-    """The newest CUDA the NVIDIA driver runs (nvidia-smi's "CUDA Version: 12.4"); None: no answer (or a hang)."""
-    try:
-        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"CUDA Version:\s*(\d+\.\d+)", out)
-    return found[1] if found else None
-
-
-def check_torch_driver_gpu(torch, driver):
-    """torch's build; the driver (`driver`: the newest CUDA it runs) against it; the GPUs."""
+def check_torch_gpu(torch):
+    """torch's build and the GPUs it sees (a driver too old for its CUDA: torch's own warning says so)."""
     cuda = torch.version.cuda
     build = f"built with CUDA {cuda}" if cuda else ("a CPU build: it trains on CPU only; for the GPUs install a "
                                                     "CUDA build of torch that the cluster's driver runs")
     checks = [(ok if cuda else note)("torch", f"{torch.__version__}, {build}")]
-    if driver is None:
-        checks.append(note("driver", "no NVIDIA driver answers here (nvidia-smi) (fine on a login node; jobs get one)"))
-    elif cuda and release(driver)[:2] < release(cuda)[:2]:
-        checks.append(todo("driver", f"the driver runs CUDA <= {driver}, torch needs {cuda}: install a torch built "
-                                     f"for CUDA {driver} or older (https://pytorch.org/get-started/previous-versions/)"))
-    else:
-        checks.append(ok("driver", f"runs CUDA <= {driver}" + (f" (torch's {cuda})" if cuda else "")))
     if not torch.cuda.is_available():
         return checks + [note("gpu", "no GPU on this node (fine on a login node; jobs get one)")]
     names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
     return checks + [ok("gpu", f"{torch.cuda.device_count()} x {', '.join(names)}")]
 
 
-def check_gelu_ext(torch, act):
-    """The compiled GELU op: a todo only where it will be used (`--act cpp`; the CPU try-out never builds it)."""
+def check_gelu_ext(torch):
+    """The compiled GELU op: a note, as only lenet5.py --act cpp uses it (the CPU try-out never builds it)."""
     import gelu_ext
     cuda = torch.version.cuda
     build = ((f"module load cuda/{cuda} (nvcc's CUDA major must be torch's), then " if cuda else "")
              + "pip install --no-build-isolation -e ./gelu_ext")
     if not gelu_ext.is_built():  # (its import error reads "circular import": a missing _C, not a circle)
-        return (todo if act == "cpp" else note)("gelu_ext", "not built (no compiled gelu_ext/_C*.so): " + (
-            "--act cpp needs it: " if act == "cpp" else "only lenet5.py --act cpp needs it; to build: ") + build)
+        return note("gelu_ext", "not built (no compiled gelu_ext/_C*.so): only lenet5.py --act cpp needs it; to "
+                                "build: " + build)
     if cuda and not gelu_ext.built_with_cuda():
         return note("gelu_ext", f"kernels: CPU only (built without nvcc); --act cpp on a GPU needs CUDA's: {build}")
     return ok("gelu_ext", "kernels: CPU" + (", CUDA" if gelu_ext.built_with_cuda() else ""))
@@ -123,21 +102,16 @@ def check_data(args, needed):
     if "corpus" not in needed:
         return checks
     try:
-        text = wos.resolve_text(args.text, download=False)
+        text = wos.resolve_text(args.text)
         checks.append(unshared("corpus", text.parent, f"{text} ({text.stat().st_size / 1e6:.1f} MB)"))
     except UserError as e:
         checks.append(todo("corpus", str(e)))
-    spec, local = args.tokenizer, tokenizer.data_copy(args.tokenizer)
-    problem = (f"{spec!r} has no copy here (HF cache, {local}): gpt_train.py fetches it where the node has "
-               f"internet; else put its folder at {local}")
-    try:  # local_copy looks a hub name up without the network (and refuses what is no hub name)
-        if Path(spec).expanduser().exists() or tokenizer.looks_like_a_path(spec) or tokenizer.local_copy(spec):
-            loaded = tokenizer.open_tokenizer(spec)
-            return checks + [ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")]
+    try:
+        loaded = tokenizer.open_tokenizer(args.tokenizer)
+        return checks + [ok("tokenizer", f"{loaded.source} ({loaded.vocab_size} tokens)")]
     except UserError as e:
-        problem = str(e)
-    return checks + [todo("tokenizer", f"{problem} (or python tokenizer_train.py to make "
-                                       f"{tokenizer.OWN_TOKENIZER.relative_to(REPO)})")]
+        return checks + [todo("tokenizer", f"{e} (or python tokenizer_train.py to make "
+                                           f"{tokenizer.OWN_TOKENIZER.relative_to(REPO)})")]
 
 
 def unshared(name, folder, found=None):
@@ -157,8 +131,6 @@ def main(argv=None):
     p = Parser(prog="python -m training.check_env", description=__doc__.split("\n")[0])
     p.add_argument("--for", dest="use", choices=sorted(USES), default="all",
                    help="what to check for: lenet5.py, the GPT scripts, or all (default: %(default)s)")
-    p.add_argument("--act", choices=("torch", "python", "cpp"), default="torch",
-                   help="the GELU lenet5.py will use: only cpp needs the compiled gelu_ext (default: %(default)s)")
     p.add_argument("--data-dir", type=Path, default=data_root(), help="as lenet5.py's (default: $LAB5_DATA or data/)")
     p.add_argument("--text", type=Path, default=None,
                    help="the corpus, as gpt_train.py --text (default: data/WebOfScience/WOS46985/X.txt)")
@@ -175,8 +147,8 @@ def main(argv=None):
         except Exception:  # whatever the import raises: the packages line says what
             checks.append(todo("torch", "not importable (see packages): pip install -r requirements.txt"))
         else:
-            gelu = [check_gelu_ext(torch, args.act)] if "gelu_ext" in USES[args.use] else []
-            checks += check_torch_driver_gpu(torch, driver_cuda()) + gelu + check_data(args, USES[args.use])
+            gelu = [check_gelu_ext(torch)] if "gelu_ext" in USES[args.use] else []
+            checks += check_torch_gpu(torch) + gelu + check_data(args, USES[args.use])
         for check in checks:
             print(f"{check.name:<10} {check.status:<4}  {check.detail}")
         missing = [c.name for c in checks if c.status == "todo"]

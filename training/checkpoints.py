@@ -4,7 +4,6 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +15,6 @@ from training import step
 from training.errors import OutputError, UserError, reason
 
 STATE_FILE = "trainer_state.json"
-STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
 
 
 @dataclass
@@ -34,29 +32,8 @@ class TrainState:
     val_losses: list = field(default_factory=list)
     throughput: list = field(default_factory=list)  # [step, tokens/s]
     loss_window: list = field(default_factory=lambda: [0.0, 0])  # loss summed since the last log point, steps
-    process_seconds: float = 0.0  # the run's processes before this one (a requeued job), up to their checkpoint
+    process_seconds: float = 0.0  # the run's processes up to this checkpoint (a requeued job: its earlier ones')
     resumed: bool = False
-
-
-def record_stop_clock(out_dir, step, total_seconds):
-    """A stopped process's seconds up to its end; a failure is a warning (exit 3, requeue, must not become 1)."""
-    try:
-        files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
-    except OutputError as e:
-        print(f"warning: {e}; the next process counts this one's seconds up to its checkpoint", file=sys.stderr)
-
-
-def earlier_seconds(out_dir, state):
-    """A resumed run's earlier seconds: the stopped process's last word if it names this checkpoint, else its own."""
-    # none (killed, not stopped), damaged or another checkpoint's: the checkpoint's own count
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        last = json.loads(files.read_small(out_dir / STOP_CLOCK, 4096))
-        seconds = last["process_seconds_total"]
-        # its checkpoint's write and the exit: seconds to minutes, never more than an hour (an edited file)
-        if last["step"] == state.step and isinstance(seconds, (int, float)) \
-                and state.process_seconds <= seconds <= state.process_seconds + 3600:
-            return float(seconds)
-    return state.process_seconds
 
 
 def load_state(ckpt):
@@ -136,20 +113,17 @@ def damaged(ckpt, path):
         return None
     except Exception as error:
         why = reason(error)
-        if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its first sentence
-            detail = str(error).partition("WeightsUnpickler error:")[2].strip().split(". ")[0].split("\n")[0][:160]
-            why = f"not plain tensors and numbers: {detail}".rstrip(": ")
+        if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its advice unsaid
+            why = "not plain tensors and numbers"
         return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
                                f"resume from the checkpoint before it, or pick a new --out-dir")
 
 
 def remove_checkpoints(accelerator, out_dir):
-    """A finished run's resume state (final/ and metrics.json stay): the checkpoints and the last stop's clock."""
+    """A finished run's resume state (final/ and metrics.json stay): the checkpoints."""
     if accelerator.is_main_process:
         for ckpt in out_dir.glob("ckpt-*"):
             shutil.rmtree(ckpt)
-        with contextlib.suppress(OSError):
-            (out_dir / STOP_CLOCK).unlink(missing_ok=True)
 
 
 def latest_checkpoint(out_dir):

@@ -19,9 +19,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
-def number(kind, low, high=None, ends="[]", why="", multiple=None):
+def number(kind, low, high=None, ends="[]", why=""):
     """An int or float flag in `low`..`high`, `ends` saying which are open as an interval does ("(]": > low): finite,
-    in range, a multiple of `multiple`."""
+    in range."""
     def parse(text):
         try:
             value = kind(text)
@@ -35,8 +35,6 @@ def number(kind, low, high=None, ends="[]", why="", multiple=None):
             bounds = (f"{'>' if ends[0] == '(' else '>='} {low}" if high is None else
                       f"in {ends[0]}{low}, {high}{ends[1]}")
             raise argparse.ArgumentTypeError(f"must be {bounds}{why}, got {shown}")
-        if multiple and value % multiple:
-            raise argparse.ArgumentTypeError(f"must be a multiple of {multiple}{why}, got {text}")
         return value
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse

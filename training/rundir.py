@@ -15,14 +15,13 @@ import io
 import json
 import os
 import secrets
-import stat
 import sys
 import time
 import zipfile
 from pathlib import Path
 
 from data.files import check_folder, make_folder, path_problem, read_small, write_atomic, writers_problem
-from training.errors import OutputError, reason
+from training.errors import OutputError
 
 LOCK_FILE = "run.lock"
 OWNER_FILE = "run.owner"  # names the program whose run the folder holds
@@ -50,8 +49,6 @@ def check_output(path, what, force=False, own_run=None, kind="JSON"):
         raise OutputError(problem)
     if path.is_dir():
         raise OutputError(f"{what} {path} is a folder; give a file name")
-    if path.name in BOOKKEEPING:
-        raise OutputError(f"{what} {path}: {path.name} is a run folder's bookkeeping file; give another name")
     if os.path.lexists(path):
         if written_kind(path) != kind:
             raise OutputError(f"{what} {path} exists and is "
@@ -92,18 +89,11 @@ def check_outputs_not_inputs(outputs, inputs):
 @contextlib.contextmanager
 def RunLock(directory):
     """An exclusive flock on DIR/run.lock while the run lives (a double sbatch stops at once; the kernel releases
-    it however the process ends), opened no-follow: a planted link, FIFO or hard link is refused."""
+    it however the process ends). DIR is checked first (check_folder): no one else can plant a file there."""
     path = Path(directory) / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as e:  # ELOOP: a link
-        raise OutputError(f"{path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a FIFO, a device, a hard link
-            raise OutputError(f"{path} is not a run lock (not a plain file of one name): remove it, or pick "
-                              f"another --out-dir")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
