@@ -165,7 +165,7 @@ def set_up(args, argv, stack, phases):
     accelerator = step.make_accelerator(accelerations)
     out_dir, ckpt = rundir.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / rundir.new_run_name(), args,
                                         accelerator, stack)
-    text = wos.resolve_text(args.text)
+    text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data
     state, saved = checkpoints.load_state(ckpt) if ckpt else (checkpoints.TrainState(), {})

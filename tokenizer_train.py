@@ -1,6 +1,6 @@
 """Train an own byte-level BPE tokenizer on the Web of Science abstracts (WOS46985/X.txt).
 
-    python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt (data/README.md)
+    python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt (downloaded)
     python tokenizer_train.py --force                           # again: replaces the data/tokenizer/tokenizer.json
     python tokenizer_train.py --text ../shared/data/wos-standin/X.txt --metrics-out tok.json
     python tokenizer_train.py --compare ../shared/data/gpt2-tokenizer   # GPT-2's tokenizer: a folder, a file, or "gpt2"
@@ -98,7 +98,8 @@ def save_atomic(tokenizer, path):
 def parse_args(argv):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--text", type=path_flag, default=None,
-                   help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt)")
+                   help="X.txt, one document per line (default: $LAB5_DATA or data/ + WebOfScience/WOS46985/X.txt, "
+                        "downloaded if missing)")
     # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
     p.add_argument("--vocab-size", type=number(int, 512, 2**20), default=16384,
                    help="see README for the choice; the model pads it to a multiple of 64 (default: %(default)s)")
@@ -114,6 +115,7 @@ def parse_args(argv):
     p.add_argument("--compare", type=path_or_name_flag, default="gpt2",
                    help="tokenizer to compare with: a tokenizer.json, a folder, a hub name found locally (the HF "
                         "cache or $LAB5_DATA or data/ + <name>-tokenizer/), or 'none' (default: %(default)s)")
+    p.add_argument("--no-download", action="store_true", help="never try to download the WOS archive")
     p.add_argument("--accept-invalid-utf8", action="store_true", help="train on a text whose lines are mostly not "
                    "UTF-8 (their bad bytes as U+FFFD) instead of refusing it")
     add_output_flags(p)  # --metrics-out, and --force: also for --out
@@ -139,7 +141,7 @@ def main(argv=None):
     with lifecycle.one_line_errors(lambda: f"{args.out} is written when training ends (the token cache after it): "
                                    f"run the command again, with --force if {args.out} exists"):
         check_outputs(args)
-        text = wos.resolve_text(args.text)
+        text = wos.resolve_text(args.text, download=not args.no_download)
         other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
         phases.switch("data")
         corpus = wos.read_corpus(text, args.accept_invalid_utf8)  # read once: the documents and the cache's key

@@ -14,8 +14,12 @@ read a second time, so a file replaced meanwhile cannot put its text under anoth
 """
 import hashlib
 import re
+import shutil
 import statistics
 import sys
+import tempfile
+import urllib.request
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +31,8 @@ from data.tokenizer import EOT
 from training import errors
 
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
+WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
+               "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
 MAX_DOC_BYTES = 1_000_000  # an abstract is ~1-2 KB; a megabyte on one line is not one document
 MAX_WORD_CHARS = 1000  # the longest chemical names: a few hundred; BPE's training slows with longer words
 LONG_WORD = re.compile(rf"(?<!\S)\S{{{MAX_WORD_CHARS + 1}}}")  # tried from a word's start only: linear time
@@ -47,8 +53,8 @@ def default_cache():
     return REPO / "data" / "cache"
 
 
-def resolve_text(path=None):
-    """The X.txt to use: --text, else the default location (README: WebOfScience.zip unpacked there)."""
+def resolve_text(path=None, download=True):
+    """The X.txt to use: --text, else the default location (downloaded there if missing and allowed)."""
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -57,10 +63,28 @@ def resolve_text(path=None):
             raise TextError(f"--text {path}{what}")
         return path
     path = default_text()
+    if not path.is_file() and download:
+        try:
+            download_wos(path)
+        except Exception as e:  # offline, proxy, changed archive layout: say what to do instead
+            print(f"warning: WOS download failed ({type(e).__name__}: {e})", file=sys.stderr)
     if not path.is_file():
         raise TextError(f"{path} not found: download WebOfScience.zip from {WOS_PAGE}, unpack it so that "
                         f"this file exists (or set LAB5_DATA), or pass --text PATH")
     return path
+
+
+def download_wos(dest):
+    """WebOfScience.zip's WOS46985/X.txt to dest; through a temporary file: a failure leaves nothing behind."""
+    request = urllib.request.Request(WOS_ZIP_URL, headers={"User-Agent": "Mozilla/5.0"})
+    print(f"downloading {WOS_PAGE} (WebOfScience.zip, ~60 MB) ...", file=sys.stderr)
+    with tempfile.TemporaryFile() as archive:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            shutil.copyfileobj(response, archive)
+        z = zipfile.ZipFile(archive)
+        while not (member := next((n for n in z.namelist() if n.endswith("WOS46985/X.txt")), None)):
+            z = zipfile.ZipFile(z.open(next(n for n in z.namelist() if n.endswith(".zip"))))  # a zip in the zip
+        files.write_atomic(dest, z.read(member))
 
 
 @dataclass(frozen=True)

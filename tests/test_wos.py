@@ -1,4 +1,5 @@
-"""data/wos.py: reading and checking X.txt, the split, tokenised blocks and their cache, batches."""
+"""data/wos.py: reading and checking X.txt, the split, tokenised blocks and their cache, batches, download."""
+import functools
 import hashlib
 import os
 
@@ -65,7 +66,7 @@ def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
         wos.resolve_text("/dev/null")
     monkeypatch.setenv("LAB5_DATA", str(tmp_path))
     with pytest.raises(wos.TextError, match=r"WebOfScience/WOS46985/X.txt not found: download WebOfScience.zip"):
-        wos.resolve_text(None)
+        wos.resolve_text(None, download=False)
 
 
 def test_blocks_have_the_right_length_and_content(text_file, small_tokenizer, tmp_path):
@@ -125,6 +126,38 @@ def test_an_epoch_cut_to_whole_global_batches_splits_alike_on_any_process_count(
     assert [b for pair in zip(*shards) for b in pair] == one  # round k on 2 processes = micro-batches 2k, 2k+1
 
 
+def test_wos_download_unpacks_x_txt(tmp_path, monkeypatch):
+    """The download path against a local HTTP server serving a WebOfScience.zip of the real layout."""
+    import http.server
+    import threading
+    import zipfile
+    archive = tmp_path / "served" / "WebOfScience.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("WebOfScience/WOS46985/X.txt", "first abstract\nsecond abstract\n")
+        z.writestr("WebOfScience/WOS11967/X.txt", "not this one\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(archive.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(wos, "WOS_ZIP_URL", f"http://127.0.0.1:{server.server_port}/WebOfScience.zip")
+        monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))
+        path = wos.resolve_text(None, download=True)
+    finally:
+        server.shutdown()
+    assert path == tmp_path / "data" / "WebOfScience" / "WOS46985" / "X.txt"
+    assert path.read_text() == "first abstract\nsecond abstract\n"
+    assert not list((tmp_path / "data").rglob("*.part"))
+
+
+def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(wos, "WOS_ZIP_URL", "http://127.0.0.1:9/WebOfScience.zip")
+    monkeypatch.setenv("LAB5_DATA", str(tmp_path))
+    with pytest.raises(wos.TextError, match="not found: download WebOfScience.zip from https://data.mendeley.com"):
+        wos.resolve_text(None, download=True)
+    assert "warning: WOS download failed" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ what a corpus is, from its content
 
 def test_the_standin_is_named_by_its_content_wherever_it_lies(shared_data, tmp_path):
@@ -160,12 +193,16 @@ def test_a_utf16_corpus_is_refused(tmp_path, encoding, message):
         wos.read_corpus(path)
 
 
-def test_with_lab5_data_the_cache_is_the_repositorys_and_a_missing_text_writes_nothing(tmp_path, monkeypatch):
+def test_with_lab5_data_the_cache_is_the_repositorys_and_a_failed_download_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB5_DATA", str(tmp_path / "data"))
     (tmp_path / "data").mkdir()
     assert wos.default_cache() == REPO / "data" / "cache"  # where README and --help say
+
+    def offline(*args, **kwargs):
+        raise OSError("no internet")
+    monkeypatch.setattr(wos.urllib.request, "urlopen", offline)
     with pytest.raises(wos.TextError, match="WOS46985/X.txt not found"):
-        wos.resolve_text(None)
+        wos.resolve_text(None, download=True)
     assert list((tmp_path / "data").iterdir()) == []  # no empty WebOfScience/WOS46985/
 
 

@@ -102,7 +102,7 @@ def check_data(args, needed):
     if "corpus" not in needed:
         return checks
     try:
-        text = wos.resolve_text(args.text)
+        text = wos.resolve_text(args.text, download=False)
         checks.append(unshared("corpus", text.parent, f"{text} ({text.stat().st_size / 1e6:.1f} MB)"))
     except UserError as e:
         checks.append(todo("corpus", str(e)))

@@ -29,6 +29,7 @@ def build_parser():
     add("--seed", type=seed_flag, default=0, help="weights, data order, split")
     add("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005, help="held-out documents")
     add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
+    add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--accept-invalid-utf8", action="store_true", help="train on a text mostly not UTF-8 (bad bytes as U+FFFD)")
     add = p.add_argument_group("optimisation and accelerations").add_argument
     add("--lr", type=number(float, 0, ends="(]"), default=None, help="peak learning rate; None: the optimizer's "
