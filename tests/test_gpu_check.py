@@ -109,7 +109,7 @@ def test_prepare_for_another_python_carries_what_a_bare_image_lacks(tmp_path):
 
 
 def test_only_the_wheels_of_missing_packages_are_installed(tmp_path):
-    for name in ["datasets-5.2.0-py3-none-any.whl", "torch-9.0-py3-none-any.whl", "no_such_pkg-1.0-py3-none-any.whl"]:
+    for name in ["tqdm-99.0-py3-none-any.whl", "torch-9.0-py3-none-any.whl", "no_such_pkg-1.0-py3-none-any.whl"]:
         (tmp_path / name).write_bytes(b"")
     result = tools("missing-wheels", tmp_path)
     assert result.stdout.split() == [str(tmp_path / "no_such_pkg-1.0-py3-none-any.whl")]  # torch: the image's

@@ -185,7 +185,8 @@ class StopAgreement:
 @contextlib.contextmanager
 def no_teardown_after_collectives(agreed=(0,)):
     """Exit with the block's code, without the interpreter's teardown: a collective released by a worker thread
-    then aborts a finished rank (exit -6; measured: report/results/exit_bench_cpu.json). `agreed`: codes all ranks reach together."""
+    then aborts a finished rank (exit -6; measured: report/results/exit_bench_cpu.json). `agreed`: codes all
+    ranks reach together."""
     code = 0
     try:
         yield
