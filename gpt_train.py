@@ -27,8 +27,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from data import REPO, files, wos
-from data.blocks import Packing, token_blocks
 from data.tokenizer import open_tokenizer
+from data.wos import Packing, token_blocks
 from training import checkpoints, device, errors, metrics, rundir, step
 from training.budget import (
     Budget,

@@ -20,7 +20,6 @@ import tokenizers
 import torch
 
 from data import files, wos
-from data.blocks import Packing, token_blocks
 from data.tokenizer import (
     EOT,
     OWN_TOKENIZER,
@@ -30,6 +29,7 @@ from data.tokenizer import (
     open_tokenizer,
     tokenizer_sha256,
 )
+from data.wos import Packing, token_blocks
 from training import device, rundir
 from training.errors import UserError
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag

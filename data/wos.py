@@ -7,12 +7,14 @@
       -> train / validation split by document, seeded         load_splits()
       -> token ids, documents joined by <|endoftext|>,         tokenize_blocks()
          in int32 tensors of blocks of seq_len + 1 tokens      tokens_per_block()
-      -> cached as .npy, batched in a seeded order: data/blocks.py
+      -> cached as .npy (verified against their manifest),    token_blocks(), read_packed()
+         batched in a seeded order                             epoch_loader()
 
 The token cache is keyed by the hash of the bytes the documents were read from (corpus-<sha256>): the file is never
 read a second time, so a file replaced meanwhile cannot put its text under another's name.
 """
 import hashlib
+import json
 import re
 import shutil
 import statistics
@@ -25,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from data import REPO, data_root, files
-from data.tokenizer import EOT
+from data.tokenizer import EOT, tokenizer_sha256
 from training import errors
 
 WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
@@ -161,8 +164,8 @@ def load_splits(corpus, val_fraction=0.005, seed=0):
 
 
 def corpus_cache(cache_dir, sha256):
-    """Everything cached from one corpus content (data/blocks.py's packed blocks); refused where another user may
-    have written it (their tokens would be trained on)."""
+    """Everything cached from one corpus content (the packed blocks, token_blocks() below); refused where another
+    user may have written it (their tokens would be trained on)."""
     folder = Path(cache_dir) / f"corpus-{sha256[:32]}"
     files.check_folder(folder, "--cache-dir")
     return folder
@@ -192,3 +195,76 @@ def tokenize_blocks(splits, tokenizer, block_size):
         stats[name] = {"docs": len(docs), "tokens": tokens, "bytes": sum(len(d.encode("utf-8")) for d in docs),
                        "from_cache": False}
     return blocks, stats
+
+
+# ----------------------------------------------------------------------------- the token blocks and their cache
+
+VERSION = 1  # part of the folder's name: bump it when the tokenisation or the packing change
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How a corpus becomes blocks, and where they are cached: with the corpus and the tokenizer, their cache's key."""
+    block_size: int  # seq_len + 1: tokens_per_block
+    val_fraction: float = 0.005
+    seed: int = 0
+    cache_dir: Path = None  # None: default_cache()
+
+
+def token_blocks(corpus, tokenizer, packing, tokenizer_hash=None):
+    """({split: tensor}, stats) of a Corpus: the verified cache, else made and cached.
+    tokenizer_hash: the tokenizer's sha256 where the caller has it (hashing GPT-2's costs a warm start ~50 ms)."""
+    block_size = packing.block_size
+    tokenizer_hash = tokenizer_hash or tokenizer_sha256(tokenizer)
+    folder = corpus_cache(packing.cache_dir or default_cache(), corpus.identity["sha256"]) / \
+        f"packed-v{VERSION}-{tokenizer_hash[:16]}-{block_size}-{packing.val_fraction}-{packing.seed}"
+    try:
+        return read_packed(folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if folder.exists():  # a damaged cache (a missing one is the usual first run)
+            print(f"warning: the token cache {folder} is damaged ({e}); packing it again", file=sys.stderr)
+    splits = load_splits(corpus, packing.val_fraction, packing.seed)
+    blocks, stats = tokenize_blocks(splits, tokenizer, block_size)
+    try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read
+        for name in SPLITS:
+            files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
+        files.write_manifest(folder, [folder / f"{name}.npy" for name in SPLITS], stats=stats)
+    except (OSError, errors.OutputError) as e:
+        print(f"warning: the token cache was not written ({e}); the next run packs again", file=sys.stderr)
+        stats = {**stats, "unwritten": str(e)}  # (tokenizer_train.py: the cache is its output)
+    return blocks, stats
+
+
+def read_packed(folder):
+    """The packed blocks and their stats; ValueError where a file is not its manifest's. Their shape and ids are
+    the folder name's (block size, tokenizer): only its owner may write it (corpus_cache)."""
+    if problem := files.manifest_problem(folder, [f"{name}.npy" for name in SPLITS]):
+        raise ValueError(problem)
+    blocks = {name: torch.from_numpy(np.load(folder / f"{name}.npy", allow_pickle=False)) for name in SPLITS}
+    stats = json.loads(files.read_small(folder / files.MANIFEST, 1 << 20))["stats"]
+    return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
+
+
+class Blocks(Dataset):
+    """The packed blocks as a Dataset whose batch is one gather (DataLoader calls __getitems__)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __len__(self):
+        return len(self.tensor)
+
+    def __getitems__(self, indices):
+        return self.tensor[torch.as_tensor(indices)]
+
+
+def epoch_loader(blocks, batch_size, seed, epoch, whole=1, **loader_kwargs):
+    """One epoch in the order (seed, epoch) fixes: a loader per epoch makes the position two integers (a resume is
+    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of it (the global batch: split alike).
+    A last partial batch is dropped unless drop_last=False."""
+    order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+    order = order[:len(order) - len(order) % whole]
+    loader_kwargs.setdefault("drop_last", True)
+    return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, collate_fn=torch.Tensor.long,
+                      **loader_kwargs)

@@ -1,4 +1,4 @@
-"""data/blocks.py: the token blocks packed into tensors, cached as .npy and read back without `datasets`,
+"""data/wos.py's token blocks packed into tensors, cached as .npy and read back without `datasets`,
 verified by content; the seeded epoch loader over them."""
 import json
 import subprocess
@@ -10,13 +10,13 @@ import torch
 
 import tokenizer_train
 from conftest import REPO, generated_docs, tiny_args
-from data import blocks, wos
+from data import wos
 from data.tokenizer import open_tokenizer
 
 
 def make(corpus, cache, block_size=33):
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    return blocks.token_blocks(wos.read_corpus(corpus / "X.txt"), tok, blocks.Packing(block_size, 0.05, 0, cache))
+    return wos.token_blocks(wos.read_corpus(corpus / "X.txt"), tok, wos.Packing(block_size, 0.05, 0, cache))
 
 
 def test_the_cached_blocks_are_the_tokenised_blocks_and_a_second_run_reads_them(corpus, tmp_path):
@@ -35,10 +35,10 @@ def test_the_cached_blocks_are_the_tokenised_blocks_and_a_second_run_reads_them(
 
 def test_a_warm_start_never_imports_datasets(corpus, tmp_path):
     make(corpus, tmp_path / "cache")
-    code = ("import sys; from pathlib import Path; from data import blocks, wos; "
+    code = ("import sys; from pathlib import Path; from data import wos; "
             "from data.tokenizer import open_tokenizer; c = Path(sys.argv[1]); "
             "tok = open_tokenizer(c / 'tok.json').tokenizer; text = wos.read_corpus(c / 'X.txt'); "
-            "b, s = blocks.token_blocks(text, tok, blocks.Packing(33, 0.05, 0, sys.argv[2])); "
+            "b, s = wos.token_blocks(text, tok, wos.Packing(33, 0.05, 0, sys.argv[2])); "
             "print(s['train']['from_cache'], 'datasets' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code, str(corpus), str(tmp_path / "cache")], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
@@ -58,8 +58,8 @@ def test_a_packed_file_rewritten_in_place_is_packed_again(corpus, tmp_path, caps
 
 
 def packed(text_file, tokenizer, tmp_path, block_size=64):
-    packing = blocks.Packing(block_size, cache_dir=tmp_path / "cache")
-    return blocks.token_blocks(wos.read_corpus(text_file), tokenizer, packing)
+    packing = wos.Packing(block_size, cache_dir=tmp_path / "cache")
+    return wos.token_blocks(wos.read_corpus(text_file), tokenizer, packing)
 
 
 def test_the_cache_is_reused_and_keyed_on_the_text_the_tokenizer_and_the_block_size(text_file, small_tokenizer,
@@ -105,12 +105,12 @@ def test_a_damaged_token_cache_is_packed_again_with_one_warning(text_file, small
 
 def test_a_batch_is_one_gather_and_the_epoch_order_is_seeded():
     tensor = torch.arange(40, dtype=torch.int32).reshape(10, 4)
-    loader = blocks.epoch_loader(tensor, 3, seed=1, epoch=0)
+    loader = wos.epoch_loader(tensor, 3, seed=1, epoch=0)
     got = list(loader)
     assert all(b.dtype == torch.long and b.shape == (3, 4) for b in got) and len(got) == 3  # the last 1 dropped
     order = torch.randperm(10, generator=torch.Generator().manual_seed(1 * 1_000_003)).tolist()
     assert torch.equal(torch.cat(got), tensor[order[:9]].long())
-    assert [b.tolist() for b in blocks.epoch_loader(tensor, 3, 1, 0)] == [b.tolist() for b in got]
+    assert [b.tolist() for b in wos.epoch_loader(tensor, 3, 1, 0)] == [b.tolist() for b in got]
 
 
 @pytest.mark.slow

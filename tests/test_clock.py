@@ -91,8 +91,8 @@ def test_a_slow_phase_shows_in_its_own_slot(corpus, tmp_path):
     """The data phase made 6 s slower (a slow file system): the data slot takes it, no other slot does (6 s: a
     loaded 2-core machine's imports took 4.1 s)."""
     out = tmp_path / "run"
-    wrapper = ("import runpy, sys, time; from data import blocks; read = blocks.read_packed\n"
-               "blocks.read_packed = lambda *a, **k: (time.sleep(6.0), read(*a, **k))[1]\n"
+    wrapper = ("import runpy, sys, time; from data import wos; read = wos.read_packed\n"
+               "wos.read_packed = lambda *a, **k: (time.sleep(6.0), read(*a, **k))[1]\n"
                "sys.argv = ['gpt_train.py'] + sys.argv[1:]; runpy.run_path('gpt_train.py', run_name='__main__')")
     done, wall = timed([sys.executable, "-c", wrapper, *tiny_args(corpus, out, "--tokens", "2048")], cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]

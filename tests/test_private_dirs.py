@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from data import blocks, files, wos
+from data import files, wos
 from data.tokenizer import open_tokenizer
 from training import errors, rundir
 from training.errors import OutputError
@@ -44,7 +44,7 @@ def other_user():
 
 def cache_blocks(corpus, cache):
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    return blocks.token_blocks(wos.read_corpus(corpus / "X.txt"), tok, blocks.Packing(33, 0.05, 0, cache))
+    return wos.token_blocks(wos.read_corpus(corpus / "X.txt"), tok, wos.Packing(33, 0.05, 0, cache))
 
 
 def poison(cache):

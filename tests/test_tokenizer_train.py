@@ -15,8 +15,8 @@ import tokenizer_train
 from conftest import REPO, generated_docs, run_script, tmpfs, wait_for
 from conftest import in_process as main_in_process
 from data import wos
-from data.blocks import Packing, token_blocks
 from data.tokenizer import EOT, open_tokenizer
+from data.wos import Packing, token_blocks
 
 in_process = functools.partial(main_in_process, tokenizer_train.main)  # in_process(capsys, *args)
 

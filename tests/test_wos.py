@@ -10,8 +10,8 @@ from tokenizers import Tokenizer
 
 from conftest import REPO, generated_docs
 from data import wos
-from data.blocks import Packing, epoch_loader, token_blocks
 from data.tokenizer import EOT
+from data.wos import Packing, epoch_loader, token_blocks
 
 
 def splits_of(path, **kw):

@@ -13,7 +13,7 @@ import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
 from data import files
-from data.blocks import epoch_loader
+from data.wos import epoch_loader
 from training import CACHE_HOME, errors
 from training.device import eager_mode, proc_file
 
