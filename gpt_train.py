@@ -8,7 +8,7 @@
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
 
 Reading order: training/model.py -> training/step.py (one optimizer step, a why per acceleration) ->
-train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/metrics.py."""
+train_loop() below, then set_up() and finish(); flags: training/flags.py, instruments: training/metrics.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
 
 lifecycle.start(__name__, stops=True)  # Slurm's warning (USR1) or a scancel (TERM) while starting: remembered
@@ -42,7 +42,7 @@ from training.budget import (
 )
 from training.errors import UserError
 from training.final import final_samples, save_final
-from training.gpt_flags import PRESETS, parse_args
+from training.flags import PRESETS, parse_gpt_args
 from training.lifecycle import Phases, StopAgreement, StopFlag, process_seconds
 from training.model import GPT, model_config
 
@@ -273,7 +273,7 @@ def write_metrics(setup, results, perf):
 def main(argv=None):
     phases = lifecycle.phases()
     argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the metrics
-    args = parse_args(argv)
+    args = parse_gpt_args(argv)
     # the StopFlag from the start: a signal in set-up must not kill the job
     with lifecycle.one_line_errors(), StopFlag() as stop, contextlib.ExitStack() as stack:
         setup, state, stats = set_up(args, argv, stack, phases)

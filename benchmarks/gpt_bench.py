@@ -37,8 +37,7 @@ import training.device
 from ladder_rows import accelerations, default_step, ladder, reference, unmeasured_first
 from step_profile import profiled
 from training import step
-from training.flags import number
-from training.gpt_flags import PRESETS
+from training.flags import PRESETS, number
 from training.model import GPT, model_config
 
 NOISE = 0.05  # a ratio within 1 +- 5% is no effect: what one step costs moves that much on a shared machine

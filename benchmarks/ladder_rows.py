@@ -11,7 +11,7 @@ GPT2_VOCAB = 50304  # GPT-2's 50,257 padded to a multiple of 64
 
 def default_step(cuda, capability, preset="lab"):
     """(Accelerations, Recipe) of `python gpt_train.py --preset PRESET` with its defaults on such a device."""
-    args = gpt_train.parse_args(["--preset", preset])
+    args = gpt_train.parse_gpt_args(["--preset", preset])
     return step.resolve(args, device.decisions_for("cuda" if cuda else "cpu", capability, args.precision, args.compile))
 
 

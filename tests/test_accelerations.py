@@ -91,12 +91,12 @@ def tiny_ladder_json(out, *names):
 
 def test_a_declared_acceleration_is_a_flag_of_gpt_train(declared, capsys):
     with pytest.raises(SystemExit):
-        gpt_train.parse_args(["--help"])
+        gpt_train.parse_gpt_args(["--help"])
     assert "--dummy-boost {on,off}" in capsys.readouterr().out
-    args = gpt_train.parse_args(["--dummy-boost", "off"])
+    args = gpt_train.parse_gpt_args(["--dummy-boost", "off"])
     decisions = device.decisions_for("cpu", (0, 0), "fp32", "off")
     assert step.resolve(args, decisions)[0].dummy_boost is False
-    assert step.resolve(gpt_train.parse_args([]), decisions)[0].dummy_boost is True  # its declared default
+    assert step.resolve(gpt_train.parse_gpt_args([]), decisions)[0].dummy_boost is True  # its declared default
 
 
 def test_a_declared_rung_has_its_row_and_its_default_without_row(declared, capsys):

@@ -52,7 +52,7 @@ def test_a_latin1_corpus_is_refused_with_its_rate_the_flag_and_how_to_convert_it
     tokenizer_train.main(["--text", str(text), "--accept-invalid-utf8", "--compare", "none", "--seq-len", "0",
                           "--vocab-size", "512", "--out", str(tmp_path / "tok.json"), "--cache-dir", str(tmp_path)])
     assert f"warning: {bad} lines of {text} are not valid UTF-8" in capsys.readouterr().err
-    assert gpt_train.parse_args(["--accept-invalid-utf8"]).accept_invalid_utf8  # gpt_train.py takes it too
+    assert gpt_train.parse_gpt_args(["--accept-invalid-utf8"]).accept_invalid_utf8  # gpt_train.py takes it too
     if shutil.which("iconv"):  # the advice works
         converted = tmp_path / "X-utf8.txt"
         converted.write_bytes(subprocess.run(["iconv", "-f", "LATIN1", "-t", "UTF-8", str(text)],

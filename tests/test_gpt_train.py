@@ -392,10 +392,10 @@ def test_stop_reaches_every_rank_within_one_step(corpus, tmp_path):
 
 
 def test_a_preset_sets_the_defaults_and_flags_override_them():
-    tiny = gpt_train.parse_args(["--preset", "tiny", "--n-embd", "32"])
+    tiny = gpt_train.parse_gpt_args(["--preset", "tiny", "--n-embd", "32"])
     shape = (tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.seq_len, tiny.global_batch, tiny.lr)
     assert shape == (2, 2, 32, 64, 16, 3e-3)
-    lab = gpt_train.parse_args([])
+    lab = gpt_train.parse_gpt_args([])
     assert (lab.n_layer, lab.n_embd, lab.seq_len, lab.global_batch, lab.lr) == (12, 768, 1024, 64, 1e-3)
     assert lab.micro_batch == "auto"  # the preset's micro-batch is looked up when needed, not stored in args
 
@@ -490,7 +490,7 @@ def test_flags_that_make_no_sense_are_refused(capsys):
                            (["--val-fraction", "0"], "--val-fraction: must be in (0, 0.5)"),
                            (["--weight-decay", "-0.1"], "--weight-decay: must be >= 0")]:
         with pytest.raises(SystemExit) as stop:
-            gpt_train.parse_args(flags)
+            gpt_train.parse_gpt_args(flags)
         assert stop.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], flags
 
 

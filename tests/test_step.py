@@ -20,7 +20,7 @@ import ladder_rows
 @pytest.mark.parametrize("cuda, capability", [(False, (0, 0)), (True, (9, 0)), (True, (8, 0)), (True, (7, 5))])
 def test_the_ladders_last_rung_is_gpt_trains_default_on_every_device(cuda, capability):
     rungs = [settings for name, settings in ladder_rows.ladder(cuda, capability) if not name.startswith(" ")]
-    args = gpt_train.parse_args([])
+    args = gpt_train.parse_gpt_args([])
     dtype = "cuda" if cuda else "cpu"
     expected = step.Accelerations(
         precision=device.resolve_precision(args.precision, dtype, capability, device.cpu_has_bf16()),

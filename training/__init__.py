@@ -4,7 +4,7 @@ check (who else may write it): data/files.py.
 
     lifecycle   a script's life: prologue, one-line errors, Ctrl-C and Slurm's signals, the clock and its phases
     rundir      run folders (made private, one run each, locked; finished = metrics.json), the output rule (--force)
-    flags       the argparse Parser (one-line errors) and range-checked flag types; gpt_flags: GPT's presets
+    flags       the argparse Parser (one-line errors), range-checked flag types, gpt_train.py's presets and flags
     device      precision, TF32 and compile per device; peak FLOP/s and MFU; check_env: is this environment ready
     model       GPT-2 with GPT2LMHeadModel's names, its chunked loss; step: one optimizer step, its accelerations
     budget      the token budget in whole micro-batches, the micro-batch probe, this rank's batches, evaluation
