@@ -2,9 +2,9 @@
 # The maintainers' size budgets, outside `pytest tests` (a student's own module must not fail a test):
 # the Python outside tests/ within 50,000 tokens (Python's tokenize; docstrings, comments and layout not
 # counted, so folding lines cannot change it) with a mean non-blank line of at most 64 characters, no module
-# over 400 lines, gpt_train.py within 320 lines with no function over 40 (one screen), at most 5 noqa comments
-# (the linter's exceptions live in .ruff.toml). Counts the files git tracks or would track; exits 1 naming
-# each budget exceeded.
+# over 400 lines, at most 14 of the project's modules loaded by `import gpt_train`, gpt_train.py within 320
+# lines with no function over 40 (one screen), at most 5 noqa comments (the linter's exceptions live in
+# .ruff.toml). Counts the files git tracks or would track; exits 1 naming each budget exceeded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t python < <(git ls-files --cached --others --exclude-standard -- '*.py')
@@ -12,6 +12,10 @@ mapfile -t code < <(printf '%s\n' "${python[@]}" | grep -v '^tests/')
 status=0
 long=$(wc -l "${code[@]}" | awk '$2 != "total" && $1 > 400 {printf "%s (%d) ", $2, $1}')
 [ -z "$long" ] || { echo "budget: modules over 400 lines: $long" >&2; status=1; }
+# what `import gpt_train` loads of the project's own modules (packages' __init__ not counted): 14 at most
+loaded=$(python -c "import sys, gpt_train; print(sum(m.count('.') == 1 and m.split('.')[0] in {'data', 'training'}
+    for m in sys.modules))" 2>/dev/null) || { echo "budget: import gpt_train failed" >&2; status=1; }
+[ "${loaded:-99}" -le 14 ] || { echo "budget: import gpt_train loads $loaded project modules, over 14" >&2; status=1; }
 noqa=$(cat "${python[@]}" | grep -c '# noqa' || true)
 [ "$noqa" -le 5 ] || { echo "budget: $noqa noqa comments, over 5 (a whole file's needs go in .ruff.toml)" >&2; status=1; }
 python - "${code[@]}" <<'PY' || status=1

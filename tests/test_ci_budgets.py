@@ -43,3 +43,14 @@ def test_the_token_count_ignores_docstrings_comments_and_layout(tmp_path):
     spread = counted()
     (root / "training" / "folded.py").write_text("x = f(1, 2)\n")
     assert counted() == spread != before
+
+
+def test_a_module_more_loaded_by_gpt_train_fails_the_check(tmp_path):
+    root = python_copy(tmp_path / "repo")
+    for i in range(15):
+        (root / "training" / f"extra{i}.py").write_text("")
+    source = (root / "gpt_train.py").read_text()
+    imports = "".join(f"import training.extra{i}\n" for i in range(15))
+    (root / "gpt_train.py").write_text(source.replace("\nimport argparse\n", f"\nimport argparse\n{imports}", 1))
+    done = subprocess.run(["bash", ".ci/budgets.sh"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 1 and "import gpt_train loads" in done.stderr and "over 14" in done.stderr
