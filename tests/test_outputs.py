@@ -173,7 +173,7 @@ def long_name(tmp_path):
     return str(tmp_path / "missing" / LONG)  # a missing folder above it: stat says "not found", the write fails
 
 
-PARSERS = {"gpt_train": gpt_train.parse_args, "lenet5": lenet5.parse_args,
+PARSERS = {"gpt_train": gpt_train.parse_gpt_args, "lenet5": lenet5.parse_args,
            "tokenizer_train": tokenizer_train.parse_args, "sample": lambda argv: sample.build_parser().parse_args(argv)}
 PATH_FLAGS = [("gpt_train", f) for f in ("--text", "--out-dir", "--metrics-out", "--cache-dir", "--compile-cache",
                                          "--tokenizer")] + \
