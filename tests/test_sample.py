@@ -249,10 +249,13 @@ def test_an_unfinished_run_samples_from_its_newest_checkpoint_with_its_tokenizer
 
 
 def rewrite_weights(final, change):
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
     tensors = load_file(final / "model.safetensors")
+    with safe_open(final / "model.safetensors", "pt") as f:
+        metadata = f.metadata()  # the config's hash kept: only the tensors change
     change(tensors)
-    save_file(tensors, final / "model.safetensors", metadata={"format": "pt"})
+    save_file(tensors, final / "model.safetensors", metadata=metadata)
 
 
 def edit_config(final, **changes):
@@ -264,8 +267,6 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
     "weights garbage": lambda f: (f / "model.safetensors").write_bytes(bytes(range(256)) * 40),
     "weights of another shape": lambda f: rewrite_weights(
         f, lambda t: t.update({"transformer.wpe.weight": t["transformer.wpe.weight"][:16].clone()})),
-    "NaN weights": lambda f: rewrite_weights(f, lambda t: t["transformer.h.1.mlp.c_fc.weight"].view(-1)[3:5].fill_(
-        float("nan"))),
     "config with more layers": lambda f: edit_config(f, n_layer=3),
     "config with other heads": lambda f: edit_config(f, n_head=4),  # a shape the weights cannot reveal
     "config of an impossible shape": lambda f: edit_config(f, n_head=5),
@@ -280,10 +281,9 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
     ("weights truncated", "is damaged or not a weights file"),
     ("weights garbage", "is damaged or not a weights file"),
     ("weights of another shape", "does not fit its config (wpe.weight"),
-    ("NaN weights", "holds NaN"),
     ("config with more layers", "config.json was changed after the run wrote it"),
     ("config with other heads", "config.json was changed after the run wrote it"),
-    ("config of an impossible shape", "not a GPT-2 shape"),
+    ("config of an impossible shape", "config.json was changed after the run wrote it"),
     ("config not JSON", "not a readable GPT-2 config"),
     ("config a list", "not a readable GPT-2 config"),
     ("config a FIFO", "is not a plain file"),

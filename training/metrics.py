@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from training.device import flops_per_token, gpu_stats, mfu, sdpa_backend
+from training.device import flops_per_token, gpu_stats, mfu
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
@@ -75,14 +75,15 @@ def describe_run(args, decisions, train_step, budget, facts):
     """The run as the metrics record it, each acceleration too; `facts`: what set-up found (the text, its identity
     by content, the command, where the micro-batch came from)."""
     model, world = train_step.accelerator.unwrap_model(train_step.model), train_step.accelerator.num_processes
-    cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
-    optimizer, asked = train_step.optimizer_settings(), dict(vars(train_step.accelerations))
-    if optimizer["name"] != "AdamW":  # fused AdamW: a setting of AdamW's only
+    cfg, params, built = model.cfg, sum(p.numel() for p in model.parameters()), train_step.describe()
+    optimizer = {**built["param_groups"][0], "lr": train_step.recipe.lr}  # the peak, also after a resume
+    del optimizer["params"]
+    asked = dict(vars(train_step.accelerations))
+    if built["optimizer"] != "AdamW":  # fused AdamW: a setting of AdamW's only
         asked["fused_adamw"] = None
-    return {"accelerations": asked, "optimizer": optimizer.pop("name"), "optimizer_settings": optimizer,
+    return {"accelerations": asked, "optimizer": built["optimizer"], "optimizer_settings": optimizer,
             "precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
-            "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
-                             if model.attention == "sdpa" else None),
+            "sdpa_backend": built["attention_kernel"] if model.attention == "sdpa" else None,
             "tf32": "on" if decisions.tf32 else "off", "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
             "preset": args.preset, "global_batch": args.global_batch, "micro_batch": budget.micro_batch,
