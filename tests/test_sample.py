@@ -280,7 +280,7 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
 @pytest.mark.parametrize("case, message", [
     ("weights truncated", "is damaged or not a weights file"),
     ("weights garbage", "is damaged or not a weights file"),
-    ("weights of another shape", "does not fit its config (wpe.weight"),
+    ("weights of another shape", "does not fit its config (size mismatch for wpe.weight"),
     ("config with more layers", "config.json was changed after the run wrote it"),
     ("config with other heads", "config.json was changed after the run wrote it"),
     ("config of an impossible shape", "config.json was changed after the run wrote it"),

@@ -109,8 +109,8 @@ def test_multi_node_micro_batch_fits_the_global_batch():
     assert budget.fit_micro_batch(64, world=8, limit=16) == 8
     assert budget.fit_micro_batch(64, world=1, limit=16) == 16
     assert budget.fit_micro_batch(48, world=2, limit=16) == 12
-    with pytest.raises(UserError, match="cannot be split over 3"):
-        budget.fit_micro_batch(64, world=3, limit=16)
+    with pytest.raises(UserError, match="not a multiple of micro-batch 7 x 3 processes"):
+        budget.plan_budget(1000, 64, budget.fit_micro_batch(64, world=3, limit=16), world=3, seq_len=32)
 
 
 def test_micro_batch_search_backs_off_on_out_of_memory():

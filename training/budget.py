@@ -49,7 +49,6 @@ class Due(NamedTuple):
     log: bool  # a point of the loss curve (a sync point: the loss is read)
     evaluate: bool  # a validation loss (the final one follows the loop)
     checkpoint: bool
-    last: bool  # the budget is spent
 
 
 def due(step, args, total_steps):
@@ -57,7 +56,7 @@ def due(step, args, total_steps):
     last = step == total_steps
     ckpt = args.keep_checkpoints if last else bool(args.ckpt_every and step % args.ckpt_every == 0)
     return Due(log=step % args.log_every == 0 or last, evaluate=step % args.eval_every == 0 and not last,
-               checkpoint=ckpt, last=last)
+               checkpoint=ckpt)
 
 
 def check_model_fits(args, vocab_size, device):
@@ -105,9 +104,8 @@ def choose_micro_batch(args, model, accelerator, accelerations, preset_micro, re
 
 
 def fit_micro_batch(global_batch, world, limit):
-    """The largest micro-batch <= limit that divides this process's share of the global batch."""
-    if global_batch % world:
-        raise errors.UserError(f"--global-batch {global_batch} cannot be split over {world} processes")
+    """The largest micro-batch <= limit that divides this process's share of the global batch (a global batch
+    the processes cannot share: plan_budget's error)."""
     share = global_batch // world
     return max(m for m in range(1, min(limit, share) + 1) if share % m == 0)
 

@@ -8,7 +8,7 @@ lab5.json and lab5.safetensors instead: transformers finds no model
 there (it would load one missing or mismatching tensors into a GPT-2)
 and refuses the folder.
 
-At the end, what the model writes: the KV-cached token stream
+At the end, what the model writes: the token stream
 (training/sample.py's command line prints it), a finished run's samples."""
 import hashlib
 import json
@@ -144,13 +144,12 @@ def read_weights(path):
 def build_model(cfg, state, path):
     """GPT(cfg) holding `state`, once every name and shape fits (a run never saves non-finite weights: a
     non-finite loss stops it)."""
-    with torch.device("meta"):  # the expected names and shapes, nothing allocated
+    with torch.device("meta"):  # nothing allocated: load_state_dict assigns the tensors read
         model = step.change_model(GPT(cfg), step.Accelerations(**cfg.changes))
-    have, want = ({k: tuple(v.shape) for k, v in d.items()} for d in (state, model.state_dict()))
-    if have != want:
-        name = min(set(have) ^ set(want) or {k for k in want if have[k] != want[k]})
-        raise UserError(f"{path} does not fit its config ({name}: {have.get(name)}, expected {want.get(name)})")
-    model.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, assign=True)
+    try:
+        model.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, assign=True)
+    except RuntimeError as e:  # torch names each missing, unexpected or misshapen tensor, a line each
+        raise UserError(f"{path} does not fit its config ({str(e).splitlines()[1].strip()})") from None
     model.lm_head.weight = model.wte.weight  # assign replaced both: tie them again
     return model.eval()
 
@@ -203,15 +202,11 @@ GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and d
 @torch.no_grad()
 def token_stream(model, idx, new_tokens, choose, vocab_size=None, stop=None):
     """Each next token (B, 1) after the (B, T) prompt ids, `choose`n from the logits cut to vocab_size (no padding
-    row), until a stop signal. The KV cache runs only new tokens; past n_positions the window slides: all run again."""
-    cache, n = [[] for _ in range(model.cfg.n_layer)], model.cfg.n_positions
+    row), until a stop signal; each a forward pass over the last n_positions tokens (nanoGPT's generate)."""
     for _ in range(new_tokens):
         if stop is not None and stop.signal:  # Slurm's warning: the job must end in time, samples or not
             return
-        if idx.size(1) > n:
-            logits = model(idx[:, -n:])
-        else:
-            logits = model(idx[:, cache[0][0].size(2) if cache[0] else 0:], cache=cache)
+        logits = model(idx[:, -model.cfg.n_positions:])
         token = choose(logits.float()[:, :vocab_size])
         idx = torch.cat([idx, token], dim=1)
         yield token

@@ -44,18 +44,15 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
-    def forward(self, x, kv=None):  # kv: this layer's [keys, values] so far (sampling), extended in place
+    def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if kv is not None:
-            k, v = (torch.cat([kv[0], k], 2), torch.cat([kv[1], v], 2)) if kv else (k, v)
-            kv[:] = [k, v]
         if self.attention == "sdpa":  # flash attention on sm80+, memory-efficient kernel on older GPUs
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T == k.size(2))  # else: new queries see every key
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # "eager": the textbook softmax(QK^T / sqrt(d)) V with an explicit causal mask
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-            mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(k.size(2) - T)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -79,8 +76,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, kv=None):
-        x = x + self.attn(self.ln_1(x), kv)
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -108,13 +105,11 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None):
-        """The mean loss; without targets the next token's logits (B, V). cache: sampling's [keys, values] per
-        block, extended in place; idx then holds only the tokens after those cached."""
-        past = cache[0][0].size(2) if cache and cache[0] else 0
-        x = self.wte(idx) + self.wpe(torch.arange(past, past + idx.size(1), device=idx.device))  # (B, T, C)
-        for i, block in enumerate(self.h):
-            x = block(x, None if cache is None else cache[i])
+    def forward(self, idx, targets=None):
+        """The mean loss; without targets the next token's logits (B, V)."""
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))  # (B, T, C)
+        for block in self.h:
+            x = block(x)
         x = self.ln_f(x)
         if targets is None:  # sampling
             return self.lm_head(x[:, -1])
