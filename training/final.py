@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from data.files import UMASK, read_small, strict, write_json
-from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
+from data.tokenizer import EOT, open_tokenizer, tokenizer_sha256
 from training import checkpoints, step
 from training.checkpoints import failed_write_explained
 from training.device import eager_mode
@@ -65,10 +65,9 @@ def write_final(net, tokenizer, folder):
     written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x cannot open."""
     from safetensors.torch import save_file
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
-    config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot, "lab5": net.changes,
+    config = {**cfg.to_transformers(), "lab5": net.changes,  # cfg's eos and bos: the tokenizer's end-of-text
               "tokenizer_sha256": tokenizer_sha256(tokenizer)}  # training.sample refuses another tokenizer.json
-    if foreign := step.not_gpt2(net.changes):
-        config["transformers"] = f"declined: GPT-2's config cannot describe {' '.join(foreign)}"
+    if foreign := step.not_gpt2(net.changes):  # the file names say it to transformers, this line to the user
         print(f"final/ is no transformers model: GPT-2's config cannot describe {' '.join(foreign)} "
               f"(python -m training.sample loads it)")
     config_name, weights_name = NAMES[not foreign]
@@ -183,10 +182,7 @@ def checkpoint_tokenizer(ckpt, spec):
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(f"{ckpt.parent}: no readable args.json naming the tokenizer; "
                             f"pass it with --tokenizer") from None
-    try:
-        tok = open_tokenizer(spec)
-    except TokenizerError as e:
-        raise TokenizerError(f"{e}; pass the run's tokenizer with --tokenizer") from None
+    tok = open_tokenizer(spec)
     if tok.sha256[:16] != expect:
         raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
                         f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")

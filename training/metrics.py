@@ -13,8 +13,9 @@ STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeu
 FINAL_POINTS = 5  # final_train_loss: the mean of the last logged points (one point's window is noisy)
 
 
-def final_metrics(state, val_loss, v, tokens_per_second, info):
+def final_metrics(state, val_loss, v, info):
     """What the run measured (`v`: the validation split's counts); `info` gives the MFU."""
+    tokens_per_second = steady_tokens_per_second(state)
     tail = [loss for _, loss in state.losses[-FINAL_POINTS:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
     bits_per_byte = val_loss / math.log(2) * (v["tokens"] + v["docs"]) / v["bytes"]  # comparable across vocabularies
@@ -98,7 +99,6 @@ class Throughput:
         self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
         self.first_step_seconds = None
         self.steady_steps, self.steady_seconds_here = 0, 0.0  # this process's, since it started
-        self.compile_seconds_here = 0.0  # this process's part of compile_seconds (its phases split it out)
         self.window = [0.0, 0]  # steady seconds, tokens since the last log point
 
     def step_done(self, seconds, tokens):
@@ -121,14 +121,14 @@ class Throughput:
     def close(self):
         if self.first_step_seconds is not None and self.steady_steps:
             mean_step = self.steady_seconds_here / self.steady_steps
-            self.compile_seconds_here = max(0.0, self.first_step_seconds - mean_step)
-            self.state.compile_seconds += self.compile_seconds_here
+            self.state.compile_seconds += max(0.0, self.first_step_seconds - mean_step)
 
-    def tokens_per_second(self):
-        """Steady state; a run of one step has no steady steps, and then that step counts."""
-        if self.state.steady_seconds:
-            return self.state.steady_tokens / self.state.steady_seconds
-        return self.state.tokens_seen / self.state.train_seconds
+
+def steady_tokens_per_second(state):
+    """Steady state; a run of one step has no steady steps, and then that step counts."""
+    if state.steady_seconds:
+        return state.steady_tokens / state.steady_seconds
+    return state.tokens_seen / state.train_seconds
 
 
 class LossWindow:

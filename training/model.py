@@ -82,11 +82,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
+    """attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"
+    (training/step.py's declared change)."""
 
-    def __init__(self, cfg: GPTConfig, attention="sdpa", loss="plain"):
+    def __init__(self, cfg: GPTConfig, attention="sdpa"):
         super().__init__()
-        self.cfg, self.attention, self.loss = cfg, attention, loss
+        self.cfg, self.attention, self.loss = cfg, attention, "plain"
         self.changes = {}  # the declared accelerations' changes to it, by training/step.py's change_model
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
