@@ -301,11 +301,11 @@ def test_final_keeps_its_own_tokenizer_and_refuses_another(run_copy, capsys, oth
     ours, other = open_tokenizer(run_copy / "final"), open_tokenizer(other_tokenizer)
     assert ours.vocab_size == other.vocab_size and ours.sha256 != other.sha256  # only the hash tells them apart
     code, _, err = sample_here(capsys, run_copy, "--prompt", "Kalo", "--tokenizer", other_tokenizer)
-    assert code == 1 and "is not the run's" in err and len(err.splitlines()) == 1
+    assert code == 1 and "is not the one the run trained with" in err and len(err.splitlines()) == 1
     assert other.sha256[:16] in err and ours.sha256[:16] in err  # both named
     (run_copy / "final" / "tokenizer.json").write_text(other.tokenizer.to_str())  # swapped inside final/
     code, _, err = sample_here(capsys, run_copy, "--prompt", "Kalo")
-    assert code == 1 and "is not the tokenizer the model learned" in err and len(err.splitlines()) == 1
+    assert code == 1 and "is not the one the run trained with" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -87,7 +87,8 @@ def write_final(net, tokenizer, folder):
 
 
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), or its newest checkpoint."""
+    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), or its newest checkpoint;
+    the tokenizer must hash to the one the run learned."""
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
@@ -100,7 +101,7 @@ def load_run(run_dir, tokenizer_spec, device):
             raise UserError(f"{config} was changed after the run wrote it (its content hash "
                             f"{cfg.config_sha256[:16]} is not the {str(recorded)[:16]} {path} records); restore it, "
                             f"or train again")
-        tok = own_tokenizer(final, cfg, tokenizer_spec)
+        tok = run_tokenizer(tokenizer_spec or final, cfg.tokenizer_sha256)  # final/ holds its own
     else:
         ckpt, _ = checkpoints.latest_checkpoint(run_dir)
         path = ckpt and ckpt / "pytorch_model.bin"
@@ -153,17 +154,12 @@ def build_model(cfg, state, path):
     return model.eval()
 
 
-def own_tokenizer(final, cfg, spec):
-    """final/'s tokenizer, the one config.json's hash names; `spec`, if given, must be the same one."""
-    tok = open_tokenizer(final)
-    if tok.sha256 != cfg.tokenizer_sha256:
-        raise UserError(f"{final}/tokenizer.json (sha256 {tok.sha256[:16]}) is not the tokenizer the model "
-                        f"learned (config.json records {str(cfg.tokenizer_sha256)[:16]})")
-    other = open_tokenizer(spec) if spec else tok
-    if other.sha256 != tok.sha256:
-        raise UserError(f"--tokenizer {spec} ({other.vocab_size:,} tokens, sha256 {other.sha256[:16]}) is not the "
-                        f"run's ({final}/tokenizer.json: {tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}); "
-                        f"leave --tokenizer out")
+def run_tokenizer(spec, expected):
+    """The tokenizer `spec` names, once it is the one the run learned (`expected`: its sha256 or the first 16)."""
+    tok = open_tokenizer(spec)
+    if not tok.sha256.startswith(str(expected)):
+        raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
+                        f"the run trained with (sha256 {str(expected)[:16]}); pass the run's with --tokenizer")
     return tok
 
 
@@ -182,11 +178,7 @@ def checkpoint_tokenizer(ckpt, spec):
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(f"{ckpt.parent}: no readable args.json naming the tokenizer; "
                             f"pass it with --tokenizer") from None
-    tok = open_tokenizer(spec)
-    if tok.sha256[:16] != expect:
-        raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
-                        f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")
-    return tok, shape, changes
+    return run_tokenizer(spec, expect), shape, changes
 
 
 # ----------------------------------------------------------------------------- what the model writes
