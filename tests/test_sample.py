@@ -325,8 +325,8 @@ def test_a_mistyped_tokenizer_is_one_line(finished_run, capsys, spec, message):
     (["--tokens", "100001"], "--tokens: must be in [1, 100000]"),
     (["--tokens", "0"], "--tokens: must be in [1, 100000]"),
     (["--seed", "-1"], "--seed: must be in [0, 18446744073709551616)"),
-    (["--device", "tpu"], "--device: not a device name: 'tpu'"),
-    (["--device", "cuda:99"], "--device: cuda:99 not available here"),
+    (["--device", "tpu"], "--device: 'tpu' is not a device here (Expected one of cpu"),
+    (["--device", "cuda:99"], "--device: 'cuda:99' is not a device here"),
     (["--prompt", "caf\udce9"], "--prompt: not UTF-8 text"),  # what Python makes of the byte 0xe9 in argv
 ])
 def test_unusable_flags_are_one_line_before_any_work(finished_run, capsys, flags, message):
@@ -338,7 +338,7 @@ def test_unusable_flags_are_one_line_before_any_work(finished_run, capsys, flags
     ("missing", "no such run directory"),
     ("no weights", "no weights"),
     ("non-UTF-8 prompt", "--prompt: not UTF-8 text"),
-    ("no such device", "--device: not a device name: 'tpu'"),
+    ("no such device", "--device: 'tpu' is not a device here"),
 ])
 @pytest.mark.slow
 def test_sampling_errors_are_one_line(finished_run, tmp_path, case, message):
