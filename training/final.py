@@ -237,7 +237,7 @@ def final_samples(run, tokenizer, validation_blocks, new_tokens, stop=None):
     """After final/ (main process): the fixed prompts' continuations for TensorBoard and the metrics' `samples`;
     eager (nothing recompiles), the model unwrapped from DDP (no collectives)."""
     prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id(EOT))
-    if not prompts or not new_tokens:
+    if not prompts:  # no validation block
         return None
     accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model).eval()
     rng = torch.Generator(accelerator.device).manual_seed(SEED)

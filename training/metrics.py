@@ -50,7 +50,7 @@ def startup_line(info, budget, tokenizer_vocab):
     return ", ".join([
         f"GPT-2 {info['params'] / 1e6:.1f}M params, vocab {tokenizer_vocab} -> {info['vocab_size']}",
         f"{info['device_name']} x {info['world_size']}", f"precision {info['precision']}",
-        f"compile {info['compile']}", f"attention {info['attention']}", f"tf32 {info['tf32']}",
+        f"compile {info['compile']}", f"attention {info['accelerations']['attention']}", f"tf32 {info['tf32']}",
         f"{info['optimizer']} lr {info['optimizer_settings']['lr']:g}{fused}\n"
         f"batch {info['global_batch']} x {info['seq_len']} (micro {budget.micro_batch} "
         f"[{info['micro_batch_source']}] x {info['world_size']} x accum {budget.accum})",
@@ -83,7 +83,7 @@ def describe_run(args, decisions, train_step, budget, facts):
     if built["optimizer"] != "AdamW":  # fused AdamW: a setting of AdamW's only
         asked["fused_adamw"] = None
     return {"accelerations": asked, "optimizer": built["optimizer"], "optimizer_settings": optimizer,
-            "precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
+            "precision": decisions.precision, "compile": decisions.compile_mode,
             "sdpa_backend": built["attention_kernel"] if model.attention == "sdpa" else None,
             "tf32": "on" if decisions.tf32 else "off", "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,

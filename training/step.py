@@ -208,7 +208,6 @@ class TrainStep:
                 "param_groups": [{**{k: v for k, v in g.items() if k != "params" and not torch.is_tensor(v)},
                                   "params": sum(p.numel() for p in g["params"])} for g in opt.param_groups],
                 "scaler_init": scaler.get_scale() if scaler else None,
-                "mixed_precision": self.accelerator.mixed_precision,
                 "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                 "compiled": self.train_model is not self.model or self.accelerations.compile == "regional",
                 "attention_kernel": attention_kernel(self.accelerator.unwrap_model(self.model), self.accelerations)}
