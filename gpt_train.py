@@ -88,21 +88,21 @@ def train_loop(setup, state, stop):
             state.lr_step += not skips.last_skipped()  # an fp16 step skipped by the scaler does not advance the LR
             state.micro_batches += n_micro
             state.tokens_seen += tokens
-            when = due(state.step, args, budget.total_steps)
-            untimed_follows = perf.first_step_seconds is None or when.evaluate or when.checkpoint
-            if when.log:
+            log_due, eval_due, ckpt_due = due(state.step, args, budget.total_steps)
+            untimed_follows = perf.first_step_seconds is None or eval_due or ckpt_due
+            if log_due:
                 mean_loss = losses.mean(accelerator)  # over all processes: a sync point (the loss is read)
             elif accelerator.device.type == "cuda" and untimed_follows:
                 torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
-            stopping = agreement(at_sync_point=when.log or untimed_follows)
+            stopping = agreement(at_sync_point=log_due or untimed_follows)
             perf.step_done(time.perf_counter() - t0, tokens)  # the step's clock stops
-            if when.log:
+            if log_due:
                 point = {"loss/train": mean_loss, "train/grad_norm": grad_norm, "train/lr": lr}
                 log_point(setup, state, point, perf.window_tokens_per_second(), bar)
             bar.update()
-            if when.evaluate:
+            if eval_due:
                 state.val_losses.append([state.step, validate(setup, state.step)])
-            if stopping or when.checkpoint:
+            if stopping or ckpt_due:
                 with setup.phases.of("checkpoints"):
                     save_checkpoint(setup, state, losses)
     perf.close()  # this process's compile seconds into the run's

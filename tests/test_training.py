@@ -278,7 +278,7 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     tok = open_tokenizer(corpus / "tok.json").tokenizer
     splits = wos.load_splits(wos.read_corpus(corpus / "X.txt"), 0.2, 0)
     blocks, _ = wos.tokenize_blocks(splits, tok, 33)
-    val = budget.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
+    val = budget.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10, 3)  # partial last batch
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
 
 

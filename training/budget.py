@@ -7,7 +7,6 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
@@ -45,18 +44,12 @@ class Budget:
         return min(self.accum, self.total_micro - micro_done)
 
 
-class Due(NamedTuple):
-    log: bool  # a point of the loss curve (a sync point: the loss is read)
-    evaluate: bool  # a validation loss (the final one follows the loop)
-    checkpoint: bool
-
-
 def due(step, args, total_steps):
-    """What is due after `step`; after the last, a checkpoint only with --keep-checkpoints (final/ instead)."""
+    """What is due after `step`: (a point of the loss curve: a sync point, the loss is read; a validation loss:
+    the final one follows the loop; a checkpoint: after the last step only with --keep-checkpoints)."""
     last = step == total_steps
     ckpt = args.keep_checkpoints if last else bool(args.ckpt_every and step % args.ckpt_every == 0)
-    return Due(log=step % args.log_every == 0 or last, evaluate=step % args.eval_every == 0 and not last,
-               checkpoint=ckpt)
+    return step % args.log_every == 0 or last, step % args.eval_every == 0 and not last, ckpt
 
 
 def check_model_fits(args, vocab_size, device):
@@ -192,9 +185,9 @@ def check_enough(blocks, global_batch):
 
 
 @torch.no_grad()
-def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
+def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit):
     """Mean loss per token of max_batches x `unit` sequences (the same for any micro_batch); eager: no compiles."""
-    left = max_batches * (unit or micro_batch)
+    left = max_batches * unit
     model.eval()
     loader = prepare_data_loader(epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
                                  accelerator.device, num_processes=accelerator.num_processes,

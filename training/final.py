@@ -26,8 +26,8 @@ from training.device import eager_mode
 from training.errors import UserError
 from training.model import GPT, from_transformers, model_config, to_transformers
 
-HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
-NAMES = {True: (HF_CONFIG, HF_WEIGHTS), False: ("lab5.json", "lab5.safetensors")}  # by: is it a GPT-2?
+HF_WEIGHTS = "model.safetensors"  # in final/
+NAMES = {True: ("config.json", HF_WEIGHTS), False: ("lab5.json", "lab5.safetensors")}  # by: is it a GPT-2?
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
@@ -92,8 +92,7 @@ def load_run(run_dir, tokenizer_spec, device):
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    config, path = NAMES[(final / HF_WEIGHTS).is_file()]
-    config, path = final / config, final / path
+    config, path = (final / name for name in NAMES[(final / HF_WEIGHTS).is_file()])
     if path.is_file():
         cfg = read_config(config)
         state, recorded = read_weights(path)
@@ -133,12 +132,10 @@ def read_weights(path):
             from safetensors import safe_open
             with safe_open(str(path), "pt") as f:
                 recorded = (f.metadata() or {}).get("config_sha256")
-                state = {name: f.get_tensor(name) for name in f.keys()}
-        else:
-            state, recorded = torch.load(path, map_location="cpu", weights_only=True), None
+                return from_transformers({name: f.get_tensor(name) for name in f.keys()}), recorded
+        return torch.load(path, map_location="cpu", weights_only=True), None
     except Exception as e:  # garbage makes the readers raise anything: SafetensorError, UnpicklingError, EOFError
         raise UserError(f"{path} is damaged or not a weights file ({type(e).__name__})") from None
-    return from_transformers(state) if path.suffix == ".safetensors" else state, recorded
 
 
 def build_model(cfg, state, path):
@@ -188,7 +185,7 @@ GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and d
 
 
 @torch.no_grad()
-def token_stream(model, idx, new_tokens, choose, vocab_size=None, stop=None):
+def token_stream(model, idx, new_tokens, choose, vocab_size, stop=None):
     """Each next token (B, 1) after the (B, T) prompt ids, `choose`n from the logits cut to vocab_size (no padding
     row), until a stop signal; each a forward pass over the last n_positions tokens (nanoGPT's generate)."""
     for _ in range(new_tokens):
@@ -211,7 +208,7 @@ def pick(logits, temperature, top_k, generator):
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
 
 
-def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None):
+def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop):
     """The greedy and the sampled (B, n <= new_tokens) continuations of the (B, T) prompts, as one batch of 2B rows."""
     rows, b = torch.cat([idx, idx]), idx.size(0)
 
@@ -221,19 +218,18 @@ def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None)
     return out[:b], out[b:]
 
 
-def fixed_prompts(blocks, eot, n=2, length=16):
+def fixed_prompts(blocks, eot, length=16):
     """The same prompts every run: the first `length` tokens of a document (after the block's first end-of-text
-    where a whole prompt fits after it) in each of the first n validation blocks."""
+    where a whole prompt fits after it) in each of the first two validation blocks."""
     prompts = []
-    for ids in (b.tolist() for b in blocks[:n]):
+    for ids in (b.tolist() for b in blocks[:2]):
         size = min(length, len(ids) // 2)
         start = ids.index(eot) + 1 if eot in ids and ids.index(eot) + 1 + size <= len(ids) else 0
         prompts.append(ids[start:start + size])
-    size = min(map(len, prompts), default=0)
-    return [p[:size] for p in prompts]
+    return prompts  # one length: the blocks are rows of one tensor
 
 
-def final_samples(run, tokenizer, validation_blocks, new_tokens, stop=None):
+def final_samples(run, tokenizer, validation_blocks, new_tokens, stop):
     """After final/ (main process): the fixed prompts' continuations for TensorBoard and the metrics' `samples`;
     eager (nothing recompiles), the model unwrapped from DDP (no collectives)."""
     prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id(EOT))
