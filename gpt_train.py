@@ -88,25 +88,24 @@ def train_loop(setup, state, stop):
             state.lr_step += not skips.last_skipped()  # an fp16 step skipped by the scaler does not advance the LR
             state.micro_batches += n_micro
             state.tokens_seen += tokens
-            when = due(state.step, args, budget.total_steps)
-            untimed_follows = perf.first_step_seconds is None or when.evaluate or when.checkpoint
-            if when.log:
+            log_due, eval_due, ckpt_due = due(state.step, args, budget.total_steps)
+            untimed_follows = perf.first_step_seconds is None or eval_due or ckpt_due
+            if log_due:
                 mean_loss = losses.mean(accelerator)  # over all processes: a sync point (the loss is read)
             elif accelerator.device.type == "cuda" and untimed_follows:
                 torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
             stopping = agreement()
             perf.step_done(time.perf_counter() - t0, tokens)  # the step's clock stops
-            if when.log:
+            if log_due:
                 point = {"loss/train": mean_loss, "train/grad_norm": grad_norm, "train/lr": lr}
                 log_point(setup, state, point, perf.window_tokens_per_second(), bar)
             bar.update()
-            if when.evaluate:
+            if eval_due:
                 state.val_losses.append([state.step, validate(setup, state.step)])
-            if stopping or when.checkpoint:
+            if stopping or ckpt_due:
                 with setup.phases.of("checkpoints"):
                     save_checkpoint(setup, state, losses)
     perf.close()  # this process's compile seconds into the run's
-    return perf
 
 
 def lr_at(step, peak, total, warmup_fraction):
@@ -223,7 +222,7 @@ def announce(setup, state, stats, ckpt, note):
     setup.writer = SummaryWriter(setup.out_dir, purge_step=state.step if ckpt else None)  # a resume: points redone
 
 
-def finish(setup, state, stats, perf, stop):
+def finish(setup, state, stats, stop):
     """Validation, final/, samples, then metrics.json (the run is finished once its weights are saved), then the
     checkpoints go: a kill at any moment leaves a run the same command resumes, or one that has its weights."""
     args, phases, train_step = setup.args, setup.phases, setup.train_step
@@ -231,10 +230,9 @@ def finish(setup, state, stats, perf, stop):
     val_loss = validate(setup, state.step)
     phases.switch("final_save")
     info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32")}
-    results = {**metrics.final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
-                                       setup.info), **info}
+    results = {**metrics.final_metrics(state, val_loss, stats["validation"], setup.info), **info}
     save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer,
-               keep_metrics=lambda: write_metrics(setup, results, perf))
+               keep_metrics=lambda: write_metrics(setup, results))
     phases.switch("sampling")
     if main and args.sample_tokens:
         results["samples"] = samples = final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
@@ -250,19 +248,16 @@ def finish(setup, state, stats, perf, stop):
         except OSError as e:
             print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} "
                   f"({errors.reason(e)}); final/ is saved", file=sys.stderr)
-        results = write_metrics(setup, results, perf)  # the last output: the process's time is taken just before
+        results = write_metrics(setup, results)  # the last output: the process's time is taken just before
         print(metrics.summary_line(results))
     if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
         checkpoints.remove_checkpoints(train_step.accelerator, setup.out_dir)
     return results
 
 
-def write_metrics(setup, results, perf):
-    """metrics.json and --metrics-out with the job's clock (a first step's compile split out of the loop)."""
+def write_metrics(setup, results):
+    """metrics.json and --metrics-out with the job's clock (compile_seconds: the part of the loop compiling)."""
     spent, now = setup.phases.record()
-    compiled = perf.compile_seconds_here
-    if setup.info["compile"] != "off" and compiled:
-        spent = {**spent, "loop": round(spent["loop"] - compiled, 3), "compile": round(compiled, 3)}
     results = {**results, "process_seconds": now, "process_seconds_total": round(setup.earlier_seconds + now, 3),
                "phases": spent}
     for path in [setup.out_dir / "metrics.json"] + ([setup.args.metrics_out] if setup.args.metrics_out else []):
@@ -279,7 +274,7 @@ def main(argv=None):
         setup, state, stats = set_up(args, argv, stack, phases)
         phases.switch("loop")
         try:
-            perf = train_loop(setup, state, stop)
+            train_loop(setup, state, stop)
         except OSError as e:  # TensorBoard's writer on a full disk (a checkpoint's failure says its own line)
             raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({errors.reason(e)}) after "
                             f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
@@ -287,7 +282,7 @@ def main(argv=None):
             setup.train_step.accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; "
                                                f"run again with --out-dir {setup.out_dir} to resume", file=sys.stderr)
             raise SystemExit(metrics.STOP_EXIT_CODE)
-        return finish(setup, state, stats, perf, stop)
+        return finish(setup, state, stats, stop)
 
 
 if __name__ == "__main__":

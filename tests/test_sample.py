@@ -249,10 +249,13 @@ def test_an_unfinished_run_samples_from_its_newest_checkpoint_with_its_tokenizer
 
 
 def rewrite_weights(final, change):
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
     tensors = load_file(final / "model.safetensors")
+    with safe_open(final / "model.safetensors", "pt") as f:
+        metadata = f.metadata()  # the config's hash kept: only the tensors change
     change(tensors)
-    save_file(tensors, final / "model.safetensors", metadata={"format": "pt"})
+    save_file(tensors, final / "model.safetensors", metadata=metadata)
 
 
 def edit_config(final, **changes):
@@ -264,8 +267,6 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
     "weights garbage": lambda f: (f / "model.safetensors").write_bytes(bytes(range(256)) * 40),
     "weights of another shape": lambda f: rewrite_weights(
         f, lambda t: t.update({"transformer.wpe.weight": t["transformer.wpe.weight"][:16].clone()})),
-    "NaN weights": lambda f: rewrite_weights(f, lambda t: t["transformer.h.1.mlp.c_fc.weight"].view(-1)[3:5].fill_(
-        float("nan"))),
     "config with more layers": lambda f: edit_config(f, n_layer=3),
     "config with other heads": lambda f: edit_config(f, n_head=4),  # a shape the weights cannot reveal
     "config of an impossible shape": lambda f: edit_config(f, n_head=5),
@@ -279,11 +280,10 @@ DAMAGE = {  # what a damaged, edited or foreign final/ can hold
 @pytest.mark.parametrize("case, message", [
     ("weights truncated", "is damaged or not a weights file"),
     ("weights garbage", "is damaged or not a weights file"),
-    ("weights of another shape", "does not fit its config (wpe.weight"),
-    ("NaN weights", "holds NaN"),
+    ("weights of another shape", "does not fit its config (size mismatch for wpe.weight"),
     ("config with more layers", "config.json was changed after the run wrote it"),
     ("config with other heads", "config.json was changed after the run wrote it"),
-    ("config of an impossible shape", "not a GPT-2 shape"),
+    ("config of an impossible shape", "config.json was changed after the run wrote it"),
     ("config not JSON", "not a readable GPT-2 config"),
     ("config a list", "not a readable GPT-2 config"),
     ("config a FIFO", "is not a plain file"),
@@ -301,11 +301,11 @@ def test_final_keeps_its_own_tokenizer_and_refuses_another(run_copy, capsys, oth
     ours, other = open_tokenizer(run_copy / "final"), open_tokenizer(other_tokenizer)
     assert ours.vocab_size == other.vocab_size and ours.sha256 != other.sha256  # only the hash tells them apart
     code, _, err = sample_here(capsys, run_copy, "--prompt", "Kalo", "--tokenizer", other_tokenizer)
-    assert code == 1 and "is not the run's" in err and len(err.splitlines()) == 1
+    assert code == 1 and "is not the one the run trained with" in err and len(err.splitlines()) == 1
     assert other.sha256[:16] in err and ours.sha256[:16] in err  # both named
     (run_copy / "final" / "tokenizer.json").write_text(other.tokenizer.to_str())  # swapped inside final/
     code, _, err = sample_here(capsys, run_copy, "--prompt", "Kalo")
-    assert code == 1 and "is not the tokenizer the model learned" in err and len(err.splitlines()) == 1
+    assert code == 1 and "is not the one the run trained with" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -325,8 +325,8 @@ def test_a_mistyped_tokenizer_is_one_line(finished_run, capsys, spec, message):
     (["--tokens", "100001"], "--tokens: must be in [1, 100000]"),
     (["--tokens", "0"], "--tokens: must be in [1, 100000]"),
     (["--seed", "-1"], "--seed: must be in [0, 18446744073709551616)"),
-    (["--device", "tpu"], "--device: not a device name: 'tpu'"),
-    (["--device", "cuda:99"], "--device: cuda:99 not available here"),
+    (["--device", "tpu"], "--device: 'tpu' is not a device here (Expected one of cpu"),
+    (["--device", "cuda:99"], "--device: 'cuda:99' is not a device here"),
     (["--prompt", "caf\udce9"], "--prompt: not UTF-8 text"),  # what Python makes of the byte 0xe9 in argv
 ])
 def test_unusable_flags_are_one_line_before_any_work(finished_run, capsys, flags, message):
@@ -338,7 +338,7 @@ def test_unusable_flags_are_one_line_before_any_work(finished_run, capsys, flags
     ("missing", "no such run directory"),
     ("no weights", "no weights"),
     ("non-UTF-8 prompt", "--prompt: not UTF-8 text"),
-    ("no such device", "--device: not a device name: 'tpu'"),
+    ("no such device", "--device: 'tpu' is not a device here"),
 ])
 @pytest.mark.slow
 def test_sampling_errors_are_one_line(finished_run, tmp_path, case, message):

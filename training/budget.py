@@ -7,7 +7,6 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
@@ -45,19 +44,12 @@ class Budget:
         return min(self.accum, self.total_micro - micro_done)
 
 
-class Due(NamedTuple):
-    log: bool  # a point of the loss curve (a sync point: the loss is read)
-    evaluate: bool  # a validation loss (the final one follows the loop)
-    checkpoint: bool
-    last: bool  # the budget is spent
-
-
 def due(step, args, total_steps):
-    """What is due after `step`; after the last, a checkpoint only with --keep-checkpoints (final/ instead)."""
+    """What is due after `step`: (a point of the loss curve: a sync point, the loss is read; a validation loss:
+    the final one follows the loop; a checkpoint: after the last step only with --keep-checkpoints)."""
     last = step == total_steps
     ckpt = args.keep_checkpoints if last else bool(args.ckpt_every and step % args.ckpt_every == 0)
-    return Due(log=step % args.log_every == 0 or last, evaluate=step % args.eval_every == 0 and not last,
-               checkpoint=ckpt, last=last)
+    return step % args.log_every == 0 or last, step % args.eval_every == 0 and not last, ckpt
 
 
 def check_model_fits(args, vocab_size, device):
@@ -105,9 +97,8 @@ def choose_micro_batch(args, model, accelerator, accelerations, preset_micro, re
 
 
 def fit_micro_batch(global_batch, world, limit):
-    """The largest micro-batch <= limit that divides this process's share of the global batch."""
-    if global_batch % world:
-        raise errors.UserError(f"--global-batch {global_batch} cannot be split over {world} processes")
+    """The largest micro-batch <= limit that divides this process's share of the global batch (a global batch
+    the processes cannot share: plan_budget's error)."""
     share = global_batch // world
     return max(m for m in range(1, min(limit, share) + 1) if share % m == 0)
 
@@ -144,7 +135,7 @@ def probe_micro_batch(model, accelerations, device, share, world=1):
     except (OSError, ValueError, AttributeError):
         known = {}
     if key in known:
-        return fit_micro_batch(share, 1, known[key]), "remembered"
+        return known[key], "remembered"  # a hand-edited value that does not divide: plan_budget's error
     # fp32 beside the weights and gradients: AdamW's two moments and one more params' worth for the optimizer
     # step's temporaries (3x); under DDP one more for its buckets and hook's copies (4x)
     ballast_size = (4 if world > 1 else 3) * sum(p.numel() for p in model.parameters())
@@ -194,9 +185,9 @@ def check_enough(blocks, global_batch):
 
 
 @torch.no_grad()
-def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit=None):
+def evaluate(model, blocks, accelerator, micro_batch, max_batches, unit):
     """Mean loss per token of max_batches x `unit` sequences (the same for any micro_batch); eager: no compiles."""
-    left = max_batches * (unit or micro_batch)
+    left = max_batches * unit
     model.eval()
     loader = prepare_data_loader(epoch_loader(blocks, micro_batch, seed=0, epoch=0, drop_last=False),
                                  accelerator.device, num_processes=accelerator.num_processes,

@@ -8,7 +8,7 @@ lab5.json and lab5.safetensors instead: transformers finds no model
 there (it would load one missing or mismatching tensors into a GPT-2)
 and refuses the folder.
 
-At the end, what the model writes: the KV-cached token stream
+At the end, what the model writes: the token stream
 (training/sample.py's command line prints it), a finished run's samples."""
 import hashlib
 import json
@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 
 from data.files import UMASK, read_small, strict, write_json
-from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
+from data.tokenizer import EOT, open_tokenizer, tokenizer_sha256
 from training import checkpoints, step
 from training.checkpoints import failed_write_explained
 from training.device import eager_mode
 from training.errors import UserError
 from training.model import GPT, from_transformers, model_config, to_transformers
 
-HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
-NAMES = {True: (HF_CONFIG, HF_WEIGHTS), False: ("lab5.json", "lab5.safetensors")}  # by: is it a GPT-2?
+HF_WEIGHTS = "model.safetensors"  # in final/
+NAMES = {True: ("config.json", HF_WEIGHTS), False: ("lab5.json", "lab5.safetensors")}  # by: is it a GPT-2?
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
@@ -65,10 +65,9 @@ def write_final(net, tokenizer, folder):
     written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x cannot open."""
     from safetensors.torch import save_file
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
-    config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot, "lab5": net.changes,
+    config = {**cfg.to_transformers(), "lab5": net.changes,  # cfg's eos and bos: the tokenizer's end-of-text
               "tokenizer_sha256": tokenizer_sha256(tokenizer)}  # training.sample refuses another tokenizer.json
-    if foreign := step.not_gpt2(net.changes):
-        config["transformers"] = f"declined: GPT-2's config cannot describe {' '.join(foreign)}"
+    if foreign := step.not_gpt2(net.changes):  # the file names say it to transformers, this line to the user
         print(f"final/ is no transformers model: GPT-2's config cannot describe {' '.join(foreign)} "
               f"(python -m training.sample loads it)")
     config_name, weights_name = NAMES[not foreign]
@@ -88,20 +87,20 @@ def write_final(net, tokenizer, folder):
 
 
 def load_run(run_dir, tokenizer_spec, device):
-    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), or its newest checkpoint."""
+    """(model in eval mode, LoadedTokenizer) of a run: final/ (`tokenizer_spec`: its own), or its newest checkpoint;
+    the tokenizer must hash to the one the run learned."""
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    config, path = NAMES[(final / HF_WEIGHTS).is_file()]
-    config, path = final / config, final / path
+    config, path = (final / name for name in NAMES[(final / HF_WEIGHTS).is_file()])
     if path.is_file():
         cfg = read_config(config)
         state, recorded = read_weights(path)
-        if recorded and recorded != cfg.config_sha256:  # a final/ from before the hash: not checked
+        if recorded != cfg.config_sha256:  # any edit: the shape, the heads, the changes to the model
             raise UserError(f"{config} was changed after the run wrote it (its content hash "
-                            f"{cfg.config_sha256[:16]} is not the {recorded[:16]} {path} records); restore it, or "
-                            f"train again")
-        tok = own_tokenizer(final, cfg, tokenizer_spec)
+                            f"{cfg.config_sha256[:16]} is not the {str(recorded)[:16]} {path} records); restore it, "
+                            f"or train again")
+        tok = run_tokenizer(tokenizer_spec or final, cfg.tokenizer_sha256)  # final/ holds its own
     else:
         ckpt, _ = checkpoints.latest_checkpoint(run_dir)
         path = ckpt and ckpt / "pytorch_model.bin"
@@ -114,22 +113,15 @@ def load_run(run_dir, tokenizer_spec, device):
 
 
 def read_config(path):
-    """The GPT2Config of final/config.json, checked enough to build a model from."""
+    """The GPT2Config of final/config.json; its content hash (load_run compares it with the weights') vouches for
+    the rest: the shape, the changes to the model."""
     try:
         raw = json.loads(read_small(path, 1 << 20, follow=True))  # a FIFO planted there: no wait
-        shape, eot = {k: raw[k] for k in SHAPE}, raw["eos_token_id"]
+        cfg = model_config(raw["vocab_size"], raw["eos_token_id"], **{k: raw[k] for k in SHAPE[1:]})
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a readable GPT-2 config ({type(e).__name__}: {e})") from None
-    if not all(type(v) is int and v > 0 for v in shape.values()) or shape["n_embd"] % shape["n_head"] \
-            or type(eot) is not int or not 0 <= eot < shape["vocab_size"]:
-        raise UserError(f"{path}: not a GPT-2 shape ({', '.join(f'{k} {v!r}' for k, v in shape.items())}, "
-                        f"eos_token_id {eot!r})")
-    cfg = model_config(shape.pop("vocab_size"), eot, **shape)
     cfg.tokenizer_sha256, cfg.config_sha256 = raw.get("tokenizer_sha256"), config_sha256(raw)
     cfg.changes = raw.get("lab5", {})
-    model_values = {a.name: list(a.values().values()) for a in step.declared() if a.model}
-    if not isinstance(cfg.changes, dict) or any(v not in model_values.get(k, []) for k, v in cfg.changes.items()):
-        raise UserError(f"{path}: changes to the model {cfg.changes} are not ones training/step.py declares")
     return cfg
 
 
@@ -140,42 +132,31 @@ def read_weights(path):
             from safetensors import safe_open
             with safe_open(str(path), "pt") as f:
                 recorded = (f.metadata() or {}).get("config_sha256")
-                state = {name: f.get_tensor(name) for name in f.keys()}
-        else:
-            state, recorded = torch.load(path, map_location="cpu", weights_only=True), None
+                return from_transformers({name: f.get_tensor(name) for name in f.keys()}), recorded
+        return torch.load(path, map_location="cpu", weights_only=True), None
     except Exception as e:  # garbage makes the readers raise anything: SafetensorError, UnpicklingError, EOFError
         raise UserError(f"{path} is damaged or not a weights file ({type(e).__name__})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"{path} is not a state_dict of tensors")
-    return from_transformers(state) if path.suffix == ".safetensors" else state, recorded
 
 
 def build_model(cfg, state, path):
-    """GPT(cfg) holding `state`, once every name and shape fits and every value is finite."""
-    with torch.device("meta"):  # the expected names and shapes, nothing allocated
+    """GPT(cfg) holding `state`, once every name and shape fits (a run never saves non-finite weights: a
+    non-finite loss stops it)."""
+    with torch.device("meta"):  # nothing allocated: load_state_dict assigns the tensors read
         model = step.change_model(GPT(cfg), step.Accelerations(**cfg.changes))
-    have, want = ({k: tuple(v.shape) for k, v in d.items()} for d in (state, model.state_dict()))
-    if have != want:
-        name = min(set(have) ^ set(want) or {k for k in want if have[k] != want[k]})
-        raise UserError(f"{path} does not fit its config ({name}: {have.get(name)}, expected {want.get(name)})")
-    if not all(v.is_floating_point() and torch.isfinite(v).all() for v in state.values()):
-        raise UserError(f"{path} holds NaN, infinite or non-float weights (a diverged or damaged run)")
-    model.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, assign=True)
+    try:
+        model.load_state_dict({k: v.float().contiguous() for k, v in state.items()}, assign=True)
+    except RuntimeError as e:  # torch names each missing, unexpected or misshapen tensor, a line each
+        raise UserError(f"{path} does not fit its config ({str(e).splitlines()[1].strip()})") from None
     model.lm_head.weight = model.wte.weight  # assign replaced both: tie them again
     return model.eval()
 
 
-def own_tokenizer(final, cfg, spec):
-    """final/'s tokenizer, the one config.json's hash names; `spec`, if given, must be the same one."""
-    tok = open_tokenizer(final)
-    if tok.sha256 != cfg.tokenizer_sha256:
-        raise UserError(f"{final}/tokenizer.json (sha256 {tok.sha256[:16]}) is not the tokenizer the model "
-                        f"learned (config.json records {str(cfg.tokenizer_sha256)[:16]})")
-    other = open_tokenizer(spec) if spec else tok
-    if other.sha256 != tok.sha256:
-        raise UserError(f"--tokenizer {spec} ({other.vocab_size:,} tokens, sha256 {other.sha256[:16]}) is not the "
-                        f"run's ({final}/tokenizer.json: {tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}); "
-                        f"leave --tokenizer out")
+def run_tokenizer(spec, expected):
+    """The tokenizer `spec` names, once it is the one the run learned (`expected`: its sha256 or the first 16)."""
+    tok = open_tokenizer(spec)
+    if not tok.sha256.startswith(str(expected)):
+        raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
+                        f"the run trained with (sha256 {str(expected)[:16]}); pass the run's with --tokenizer")
     return tok
 
 
@@ -194,14 +175,7 @@ def checkpoint_tokenizer(ckpt, spec):
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(f"{ckpt.parent}: no readable args.json naming the tokenizer; "
                             f"pass it with --tokenizer") from None
-    try:
-        tok = open_tokenizer(spec)
-    except TokenizerError as e:
-        raise TokenizerError(f"{e}; pass the run's tokenizer with --tokenizer") from None
-    if tok.sha256[:16] != expect:
-        raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
-                        f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")
-    return tok, shape, changes
+    return run_tokenizer(spec, expect), shape, changes
 
 
 # ----------------------------------------------------------------------------- what the model writes
@@ -211,17 +185,13 @@ GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and d
 
 
 @torch.no_grad()
-def token_stream(model, idx, new_tokens, choose, vocab_size=None, stop=None):
+def token_stream(model, idx, new_tokens, choose, vocab_size, stop=None):
     """Each next token (B, 1) after the (B, T) prompt ids, `choose`n from the logits cut to vocab_size (no padding
-    row), until a stop signal. The KV cache runs only new tokens; past n_positions the window slides: all run again."""
-    cache, n = [[] for _ in range(model.cfg.n_layer)], model.cfg.n_positions
+    row), until a stop signal; each a forward pass over the last n_positions tokens (nanoGPT's generate)."""
     for _ in range(new_tokens):
         if stop is not None and stop.signal:  # Slurm's warning: the job must end in time, samples or not
             return
-        if idx.size(1) > n:
-            logits = model(idx[:, -n:])
-        else:
-            logits = model(idx[:, cache[0][0].size(2) if cache[0] else 0:], cache=cache)
+        logits = model(idx[:, -model.cfg.n_positions:])
         token = choose(logits.float()[:, :vocab_size])
         idx = torch.cat([idx, token], dim=1)
         yield token
@@ -238,7 +208,7 @@ def pick(logits, temperature, top_k, generator):
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
 
 
-def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None):
+def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop):
     """The greedy and the sampled (B, n <= new_tokens) continuations of the (B, T) prompts, as one batch of 2B rows."""
     rows, b = torch.cat([idx, idx]), idx.size(0)
 
@@ -248,23 +218,22 @@ def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None)
     return out[:b], out[b:]
 
 
-def fixed_prompts(blocks, eot, n=2, length=16):
+def fixed_prompts(blocks, eot, length=16):
     """The same prompts every run: the first `length` tokens of a document (after the block's first end-of-text
-    where a whole prompt fits after it) in each of the first n validation blocks."""
+    where a whole prompt fits after it) in each of the first two validation blocks."""
     prompts = []
-    for ids in (b.tolist() for b in blocks[:n]):
+    for ids in (b.tolist() for b in blocks[:2]):
         size = min(length, len(ids) // 2)
         start = ids.index(eot) + 1 if eot in ids and ids.index(eot) + 1 + size <= len(ids) else 0
         prompts.append(ids[start:start + size])
-    size = min(map(len, prompts), default=0)
-    return [p[:size] for p in prompts]
+    return prompts  # one length: the blocks are rows of one tensor
 
 
-def final_samples(run, tokenizer, validation_blocks, new_tokens, stop=None):
+def final_samples(run, tokenizer, validation_blocks, new_tokens, stop):
     """After final/ (main process): the fixed prompts' continuations for TensorBoard and the metrics' `samples`;
     eager (nothing recompiles), the model unwrapped from DDP (no collectives)."""
     prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id(EOT))
-    if not prompts or not new_tokens:
+    if not prompts:  # no validation block
         return None
     accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model).eval()
     rng = torch.Generator(accelerator.device).manual_seed(SEED)

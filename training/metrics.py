@@ -6,15 +6,16 @@ import math
 
 import torch
 
-from training.device import flops_per_token, gpu_stats, mfu, sdpa_backend
+from training.device import flops_per_token, gpu_stats, mfu
 
 SUCCESS_LOSS = 7.0  # the lab's goal: a training loss below 7 (report/make_report.py draws this line)
 STOP_EXIT_CODE = 3  # "checkpointed on a signal, resume me" (slurm/gpt.sh requeues on it)
 FINAL_POINTS = 5  # final_train_loss: the mean of the last logged points (one point's window is noisy)
 
 
-def final_metrics(state, val_loss, v, tokens_per_second, info):
+def final_metrics(state, val_loss, v, info):
     """What the run measured (`v`: the validation split's counts); `info` gives the MFU."""
+    tokens_per_second = steady_tokens_per_second(state)
     tail = [loss for _, loss in state.losses[-FINAL_POINTS:]]  # the last step is always logged: never empty
     final_train_loss = sum(tail) / len(tail)
     bits_per_byte = val_loss / math.log(2) * (v["tokens"] + v["docs"]) / v["bytes"]  # comparable across vocabularies
@@ -49,7 +50,7 @@ def startup_line(info, budget, tokenizer_vocab):
     return ", ".join([
         f"GPT-2 {info['params'] / 1e6:.1f}M params, vocab {tokenizer_vocab} -> {info['vocab_size']}",
         f"{info['device_name']} x {info['world_size']}", f"precision {info['precision']}",
-        f"compile {info['compile']}", f"attention {info['attention']}", f"tf32 {info['tf32']}",
+        f"compile {info['compile']}", f"attention {info['accelerations']['attention']}", f"tf32 {info['tf32']}",
         f"{info['optimizer']} lr {info['optimizer_settings']['lr']:g}{fused}\n"
         f"batch {info['global_batch']} x {info['seq_len']} (micro {budget.micro_batch} "
         f"[{info['micro_batch_source']}] x {info['world_size']} x accum {budget.accum})",
@@ -75,14 +76,15 @@ def describe_run(args, decisions, train_step, budget, facts):
     """The run as the metrics record it, each acceleration too; `facts`: what set-up found (the text, its identity
     by content, the command, where the micro-batch came from)."""
     model, world = train_step.accelerator.unwrap_model(train_step.model), train_step.accelerator.num_processes
-    cfg, params = model.cfg, sum(p.numel() for p in model.parameters())
-    optimizer, asked = train_step.optimizer_settings(), dict(vars(train_step.accelerations))
-    if optimizer["name"] != "AdamW":  # fused AdamW: a setting of AdamW's only
+    cfg, params, built = model.cfg, sum(p.numel() for p in model.parameters()), train_step.describe()
+    optimizer = {**built["param_groups"][0], "lr": train_step.recipe.lr}  # the peak, also after a resume
+    del optimizer["params"]
+    asked = dict(vars(train_step.accelerations))
+    if built["optimizer"] != "AdamW":  # fused AdamW: a setting of AdamW's only
         asked["fused_adamw"] = None
-    return {"accelerations": asked, "optimizer": optimizer.pop("name"), "optimizer_settings": optimizer,
-            "precision": decisions.precision, "compile": decisions.compile_mode, "attention": model.attention,
-            "sdpa_backend": (sdpa_backend(cfg, decisions.precision, next(model.parameters()).device)
-                             if model.attention == "sdpa" else None),
+    return {"accelerations": asked, "optimizer": built["optimizer"], "optimizer_settings": optimizer,
+            "precision": decisions.precision, "compile": decisions.compile_mode,
+            "sdpa_backend": built["attention_kernel"] if model.attention == "sdpa" else None,
             "tf32": "on" if decisions.tf32 else "off", "world_size": world,
             "device_name": decisions.name, "params": params, "vocab_size": cfg.vocab_size, "tokenizer": args.tokenizer,
             "preset": args.preset, "global_batch": args.global_batch, "micro_batch": budget.micro_batch,
@@ -97,7 +99,6 @@ class Throughput:
         self.state = state  # train_seconds, steady_seconds, steady_tokens, compile_seconds: survive resumes
         self.first_step_seconds = None
         self.steady_steps, self.steady_seconds_here = 0, 0.0  # this process's, since it started
-        self.compile_seconds_here = 0.0  # this process's part of compile_seconds (its phases split it out)
         self.window = [0.0, 0]  # steady seconds, tokens since the last log point
 
     def step_done(self, seconds, tokens):
@@ -120,14 +121,14 @@ class Throughput:
     def close(self):
         if self.first_step_seconds is not None and self.steady_steps:
             mean_step = self.steady_seconds_here / self.steady_steps
-            self.compile_seconds_here = max(0.0, self.first_step_seconds - mean_step)
-            self.state.compile_seconds += self.compile_seconds_here
+            self.state.compile_seconds += max(0.0, self.first_step_seconds - mean_step)
 
-    def tokens_per_second(self):
-        """Steady state; a run of one step has no steady steps, and then that step counts."""
-        if self.state.steady_seconds:
-            return self.state.steady_tokens / self.state.steady_seconds
-        return self.state.tokens_seen / self.state.train_seconds
+
+def steady_tokens_per_second(state):
+    """Steady state; a run of one step has no steady steps, and then that step counts."""
+    if state.steady_seconds:
+        return state.steady_tokens / state.steady_seconds
+    return state.tokens_seen / state.train_seconds
 
 
 class LossWindow:

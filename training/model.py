@@ -44,18 +44,15 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
-    def forward(self, x, kv=None):  # kv: this layer's [keys, values] so far (sampling), extended in place
+    def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if kv is not None:
-            k, v = (torch.cat([kv[0], k], 2), torch.cat([kv[1], v], 2)) if kv else (k, v)
-            kv[:] = [k, v]
         if self.attention == "sdpa":  # flash attention on sm80+, memory-efficient kernel on older GPUs
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T == k.size(2))  # else: new queries see every key
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # "eager": the textbook softmax(QK^T / sqrt(d)) V with an explicit causal mask
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-            mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(k.size(2) - T)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -79,17 +76,18 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, kv=None):
-        x = x + self.attn(self.ln_1(x), kv)
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
-    """attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"."""
+    """attention: "sdpa" (training) or "eager" (the textbook form, for the ladder); loss: "plain" or "chunked"
+    (training/step.py's declared change)."""
 
-    def __init__(self, cfg: GPTConfig, attention="sdpa", loss="plain"):
+    def __init__(self, cfg: GPTConfig, attention="sdpa"):
         super().__init__()
-        self.cfg, self.attention, self.loss = cfg, attention, loss
+        self.cfg, self.attention, self.loss = cfg, attention, "plain"
         self.changes = {}  # the declared accelerations' changes to it, by training/step.py's change_model
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
@@ -108,13 +106,11 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None):
-        """The mean loss; without targets the next token's logits (B, V). cache: sampling's [keys, values] per
-        block, extended in place; idx then holds only the tokens after those cached."""
-        past = cache[0][0].size(2) if cache and cache[0] else 0
-        x = self.wte(idx) + self.wpe(torch.arange(past, past + idx.size(1), device=idx.device))  # (B, T, C)
-        for i, block in enumerate(self.h):
-            x = block(x, None if cache is None else cache[i])
+    def forward(self, idx, targets=None):
+        """The mean loss; without targets the next token's logits (B, V)."""
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))  # (B, T, C)
+        for block in self.h:
+            x = block(x)
         x = self.ln_f(x)
         if targets is None:  # sampling
             return self.lm_head(x[:, -1])
@@ -181,10 +177,6 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 def chunked_cross_entropy(hidden, weight, targets, chunk=CHUNK_TOKENS):
     """F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1)) and its gradients,
-    never holding more than `chunk` tokens' logits. hidden (B, T, C), targets (B, T)."""
-    hidden, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
-    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _ChunkedCrossEntropy.apply(hidden, weight, targets, chunk)
-    total = sum(F.cross_entropy(F.linear(hidden[s:s + chunk], weight).float(), targets[s:s + chunk], reduction="sum")
-                for s in range(0, targets.numel(), chunk))  # evaluation: the loss only
-    return total / targets.numel()
+    never holding more than `chunk` tokens' logits (evaluation too: one implementation, its gradients unused).
+    hidden (B, T, C), targets (B, T)."""
+    return _ChunkedCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), chunk)

@@ -199,22 +199,15 @@ class TrainStep:
             self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def optimizer_settings(self):
-        """{"name": its class, the decaying group's settings as built, "lr": the peak}: metrics.json's optimizer."""
-        opt = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's AcceleratedOptimizer holds it
-        group = {k: v for k, v in opt.param_groups[0].items() if k != "params" and not torch.is_tensor(v)}
-        return {"name": type(opt).__name__, **group, "lr": self.recipe.lr}
-
     def describe(self):
-        """What was built, read back from the objects themselves (not what was asked for)."""
-        opt = getattr(self.optimizer, "optimizer", self.optimizer)
-        keys = ("lr", "betas", "eps", "weight_decay", "fused", "foreach", "amsgrad", "maximize")
+        """What was built, read back from the objects themselves (not what was asked for): the ladder's rows and
+        metrics.json (its optimizer_settings: the decaying group's)."""
+        opt = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's AcceleratedOptimizer holds it
         scaler = self.accelerator.scaler
         return {**asdict(self.accelerations), "recipe": asdict(self.recipe), "optimizer": type(opt).__name__,
-                "param_groups": [{**{k: g.get(k) for k in keys}, "params": sum(p.numel() for p in g["params"])}
-                                 for g in opt.param_groups],
+                "param_groups": [{**{k: v for k, v in g.items() if k != "params" and not torch.is_tensor(v)},
+                                  "params": sum(p.numel() for p in g["params"])} for g in opt.param_groups],
                 "scaler_init": scaler.get_scale() if scaler else None,
-                "mixed_precision": self.accelerator.mixed_precision,
                 "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                 "compiled": self.train_model is not self.model or self.accelerations.compile == "regional",
                 "attention_kernel": attention_kernel(self.accelerator.unwrap_model(self.model), self.accelerations)}
@@ -234,6 +227,4 @@ def sdpa_context(forced):
     if not forced:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    if (member := getattr(SDPBackend, SDPA_BACKENDS[forced], None)) is None:
-        raise RuntimeError(f"torch {torch.__version__} has no SDPBackend.{SDPA_BACKENDS[forced]}")
-    return sdpa_kernel([member])
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[forced])])  # AttributeError names a member torch lacks
