@@ -41,8 +41,6 @@ from training.metrics import SUCCESS_LOSS
 ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpu_gpt")}
 CPU_LADDER = "gpt_bench_cpu_2x1024"  # the ladder at the lab's shape on the CPU, beside the GPU's
 LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats (their median is quoted)
-# where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
-FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564"}
 
 
 def json_run(alias, data, path, kind=None, gpu=None):
@@ -60,16 +58,12 @@ def results_run(alias, results, name, kind=None):
     return json_run(alias, *results[key], kind) if key else None
 
 
-def role_runs(folders, results):
-    """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer."""
+def role_runs(folders):
+    """{role: Run} for each gpu.ROLES question the GPU folders answer."""
     roles = {}
-    for role, (pattern, older, fallback) in ROLES.items():
-        found, stem = answer(folders, pattern, older, results=True)
-        if found:
-            run = json_run(role, found.results[stem], found.folder / f"{stem}.json", gpu=found)
-        else:
-            run = fallback and results_run(role, results, fallback)
-        if run:
+    for role, pattern in ROLES.items():
+        found, stem = answer(folders, pattern, results=True)
+        if found and (run := json_run(role, found.results[stem], found.folder / f"{stem}.json", gpu=found)):
             roles[role] = run
     return roles
 
@@ -103,7 +97,7 @@ def clock_facts(run):
 
 
 def gpu_sources(folders, roles):
-    """smi_gpt / smi_lenet (busy windows), slot_*, gpu_old / gpu_new (which kinds of folder answered), gpu_runs."""
+    """smi_gpt / smi_lenet (busy windows), slot_*, gpu_notes (each folder that answered, with its note), gpu_runs."""
     sources, used = {}, [r.gpu for r in roles.values() if r.gpu]
     for name, pattern in (("smi_gpt", SLOTS["gpu_utilization.png"][1]), ("smi_lenet", LENET_CSV)):
         found, csv = answer(folders, pattern)
@@ -114,9 +108,11 @@ def gpu_sources(folders, roles):
         if found:
             used.append(found)
             sources[f"slot_{slot.removesuffix('.png')}"] = {"file": name, "where": found.label}, rel(found.folder)
-    for name, older in (("gpu_old", True), ("gpu_new", False)):
-        if f := next((f for f in used if f.older == older), None):
-            sources[name] = ({"where": f.label, "folder": rel(f.folder)}, rel(f.folder))
+    if used := list({f.folder: f for f in used}.values()):
+        notes = [f"> - **GPU（{f.label}）**：标注此项的数字测自 `{escape(rel(f.folder), code=True)}`，" + (
+            escape(f.facts["note"]) if "note" in f.facts else "当前代码由 `benchmarks/gpu_check.sh` 一次测得") + "。"
+                 for f in used]
+        sources["gpu_notes"] = {"text": Markdown("\n".join(notes))}, ", ".join(rel(f.folder) for f in used)
     if gpt := roles.get("gpu_gpt"):
         runs = [(s, m, *process_seconds(m)) for s, m in sorted(gpt.gpu.results.items())
                 if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
@@ -129,7 +125,6 @@ def run_sources(results, shown, roles):
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
         where = run.gpu.label if run.gpu else device_words(run.metrics.get("device_name") or run.metrics.get("device"))
-        where = f"{where}，{FALLBACK_WHERE[run.stem]}" if not run.gpu and run.stem in FALLBACK_WHERE else where
         data = run.metrics | {"where": where} if isinstance(run.metrics, dict) else run.metrics
         sources[run.alias] = data, run.source
         if run.kind:
@@ -166,9 +161,8 @@ def bench_sources(results, roles):
     """ladder (the GPU's beside the CPU's), lenet_lightning (its repeats' median), bench (each ladder whole), gelu."""
     sources, named = {}, {result_name(key): entry for key, entry in results.items()}
     cpu, gpu = named.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
-    if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
-        then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
-        table = ladder_compare(gpu and gpu.metrics, cpu, gpu.gpu.label if gpu else None, then)
+    if cpu or gpu:
+        table = ladder_compare(gpu and gpu.metrics, cpu, gpu.gpu.label if gpu else None)
         sources["ladder"] = {"table": table}, "ladder"
     if (bench := named.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat

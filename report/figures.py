@@ -253,11 +253,9 @@ def compared_cells(bench):
             if not r["name"].startswith(" ") or rung_key(r["name"]).startswith("default without")}
 
 
-def ladder_compare(gpu, cpu, where, then=None):
-    """The ladder on the GPU (measured `where`: Markdown) beside the CPU's; `then`: what older code's last rung was."""
+def ladder_compare(gpu, cpu, where):
+    """The ladder on the GPU (measured `where`: Markdown) beside the CPU's."""
     columns = [(f"{where}，{escape(gpu.get('repeats', 1))} 次", compared_cells(gpu))] if gpu else []
-    if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
-        columns[0][1][last] += f"：{then}"
     columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
     keys = sorted(dict.fromkeys(k for _, c in columns for k in c), key=lambda k: k.startswith("default without"))
     rows = [[rung_label(k), *(cells.get(k, "—") for _, cells in columns)] for k in keys]

@@ -187,8 +187,6 @@ def figure_name(key, results):
 
 
 def events_beside(json_path):
-    """A committed run's events: the folder named as its JSON, else tb-<kind>-<name> (tb-gpt-12M-cold) beside it."""
-    parts, candidates = json_path.stem.split("_"), [json_path.parent / json_path.stem]
-    if len(parts) >= 3:
-        candidates += sorted(d for d in json_path.parent.glob("tb-*") if f"{parts[0]}-{parts[2]}" in d.name)
-    return next((d for d in candidates if d.is_dir() and any(d.glob("events.out.tfevents.*"))), None)
+    """A committed run's events: the folder named as its JSON beside it, or None."""
+    folder = json_path.parent / json_path.stem
+    return folder if folder.is_dir() and any(folder.glob("events.out.tfevents.*")) else None

@@ -310,7 +310,7 @@ def gather(args, gpu_folder=None):
     if gpu_folder and not (args.results and gpu_folder.resolve().is_relative_to(args.results.resolve())):
         r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
     r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
-    roles = facts.role_runs(r.folders, r.results)
+    roles = facts.role_runs(r.folders)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
     r.sources = facts.derived_sources(r, roles)
     if args.no_screenshots:  # a screenshot's caption only where one is kept: taken before, or put there by hand
