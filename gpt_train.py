@@ -6,10 +6,9 @@
     sbatch slurm/gpt.sh                                       # 1 GPU, checkpoints + requeue
     sbatch --nodes=2 slurm/gpt_multi.sh                       # N nodes x G GPUs
     python gpt_train.py --preset tiny --tokens 200000 --text X.txt          # CPU try-out, ~1 minute
-    python gpt_train.py --profile ...                         # + one steady step under torch.profiler
 
 Reading order: training/model.py -> training/step.py (one optimizer step, a why per acceleration) ->
-train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/watch.py."""
+train_loop() below, then set_up() and finish(); flags: training/gpt_flags.py, instruments: training/metrics.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
 
 lifecycle.start(__name__, stops=True)  # Slurm's warning (USR1) or a scancel (TERM) while starting: remembered
@@ -18,33 +17,41 @@ import argparse
 import contextlib
 import math
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from accelerate.utils import set_seed
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from data import REPO, files, wos
-from data.blocks import token_blocks
-from training.errors import UserError
+from data.blocks import Packing, token_blocks
 from data.tokenizer import open_tokenizer
-from training import checkpoints, device, metrics, runfiles, sample, step
-from training.batches import batch_stream, check_enough, evaluate
-from training.budget import Budget, check_model_fits, choose_micro_batch, due, plan_budget
-from training.final import save_final
+from training import checkpoints, device, errors, metrics, rundir, step
+from training.budget import (
+    Budget,
+    batch_stream,
+    check_enough,
+    check_model_fits,
+    choose_micro_batch,
+    due,
+    evaluate,
+    plan_budget,
+)
+from training.errors import UserError
+from training.final import final_samples, save_final
 from training.gpt_flags import PRESETS, parse_args
-from training.lifecycle import Phases, StopFlag, process_seconds
+from training.lifecycle import Phases, StopAgreement, StopFlag, process_seconds
 from training.model import GPT, model_config
-from training.watch import StepWatch
-from training import errors
 
 MIN_LR_RATIO = 0.1  # the cosine ends at 10% of the peak learning rate
 
 
 # ----------------------------------------------------------------------------- the loop
 
-@dataclass(frozen=True)
+@dataclass
 class Setup:
     """What the loop works with, built once by set_up()."""
     args: argparse.Namespace
@@ -55,7 +62,7 @@ class Setup:
     identity: dict  # what a resume must match
     info: dict  # the run's description: device, precision, params... (start-up line, metrics)
     tokenizer: object  # the run's tokenizers.Tokenizer: saved into final/ beside the weights
-    writer: SummaryWriter | None  # TensorBoard, on the main process
+    writer: SummaryWriter | None  # TensorBoard, on the main process (announce() opens it)
     phases: Phases  # where the process's seconds go
     earlier_seconds: float  # process seconds of the run's earlier processes (a resume), up to their exit
 
@@ -63,38 +70,43 @@ class Setup:
 def train_loop(setup, state, stop):
     """Optimizer steps until the budget is spent or a signal stops the run; evaluations, checkpoints as due."""
     args, budget, train_step = setup.args, setup.budget, setup.train_step
-    batches = batch_stream(setup.blocks["train"], train_step.accelerator, budget.micro_batch, args.global_batch,
+    accelerator = train_step.accelerator
+    batches = batch_stream(setup.blocks["train"], accelerator, budget.micro_batch, args.global_batch,
                            args.seed, state.micro_batches)
-    watch = StepWatch(train_step.accelerator, state, stop, budget.total_steps,
-                      profile_dir=setup.out_dir / "profile" if args.profile else None)
-    train_step.train_model.train()
+    perf, losses = metrics.Throughput(state), metrics.LossWindow(state.loss_window, accelerator.device)
+    skips, agreement = metrics.SkippedSteps(accelerator.scaler), StopAgreement(accelerator, stop)
+    stopping = False  # a signal: every process stops after the same step, checkpointed (main() says so)
     with tqdm(total=budget.total_steps, initial=state.step, desc="train", mininterval=2) as bar:  # see lifecycle.start
-        while state.step < budget.total_steps:
+        while state.step < budget.total_steps and not stopping:
             n_micro = budget.micro_in_step(state.micro_batches)
             lr = lr_at(state.lr_step, args.lr, budget.total_steps, args.warmup)
-            grad_norm = watch.run(train_step, batches, n_micro, lr)  # forward, backward, clip, AdamW
+            t0 = time.perf_counter()  # the step's clock
+            grad_norm = train_step(batches, n_micro, lr, losses.add)  # forward, backward, clip, optimizer step
+            losses.steps += 1
             tokens = n_micro * budget.tokens_per_micro
             state.step += 1
-            state.lr_step += not watch.skipped  # an fp16 step skipped by the scaler does not advance the LR
+            state.lr_step += not skips.last_skipped()  # an fp16 step skipped by the scaler does not advance the LR
             state.micro_batches += n_micro
             state.tokens_seen += tokens
             when = due(state.step, args, budget.total_steps)
+            untimed_follows = perf.first_step_seconds is None or when.evaluate or when.checkpoint
             if when.log:
-                log_point(setup, state, watch, grad_norm, lr, bar)  # sync point: the loss is read
-            stopping = watch.step_done(tokens, synced=when.log, untimed_work_follows=when.evaluate or when.checkpoint)
+                mean_loss = losses.mean(accelerator)  # over all processes: a sync point (the loss is read)
+            elif accelerator.device.type == "cuda" and untimed_follows:
+                torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
+            stopping = agreement(at_sync_point=when.log or untimed_follows)
+            perf.step_done(time.perf_counter() - t0, tokens)  # the step's clock stops
+            if when.log:
+                point = {"loss/train": mean_loss, "train/grad_norm": grad_norm, "train/lr": lr}
+                log_point(setup, state, point, perf.window_tokens_per_second(), bar)
             bar.update()
             if when.evaluate:
-                with setup.phases.of("evaluation"):
-                    state.val_losses.append([state.step, validate(setup, state.step)])
+                state.val_losses.append([state.step, validate(setup, state.step)])
             if stopping or when.checkpoint:
                 with setup.phases.of("checkpoints"):
-                    save_checkpoint(setup, state, watch)
-            if stopping and not when.last:  # accelerator.print: on the main process only
-                train_step.accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; "
-                                             f"run again with --out-dir {setup.out_dir} to resume", file=sys.stderr)
-                break
-    watch.perf.close()  # this process's compile seconds into the run's
-    return watch
+                    save_checkpoint(setup, state, losses)
+    perf.close()  # this process's compile seconds into the run's
+    return perf
 
 
 def lr_at(step, peak, total, warmup_fraction):
@@ -106,10 +118,9 @@ def lr_at(step, peak, total, warmup_fraction):
     return peak * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def log_point(setup, state, watch, grad_norm, lr, bar):
+def log_point(setup, state, point, tps, bar):
     """Every --log-every steps and at the end: the loss curve, throughput, TensorBoard, the bar or a line."""
-    mean_loss = watch.losses.mean(setup.train_step.accelerator)  # over all processes: a sync point
-    tps = watch.perf.window_tokens_per_second()
+    mean_loss = point["loss/train"]  # over the steps since the last log point
     if not math.isfinite(mean_loss):
         ckpt, _ = checkpoints.latest_checkpoint(setup.out_dir)
         raise UserError(f"loss is {mean_loss} at step {state.step}; stopped. Last good checkpoint: "
@@ -118,8 +129,7 @@ def log_point(setup, state, watch, grad_norm, lr, bar):
     if tps:
         state.throughput.append([state.step, tps])
     if setup.writer:  # the main process
-        for k, v in metrics.scalars(setup.info, setup.budget, mean_loss, grad_norm, lr, tps,
-                                    setup.train_step.accelerator.device).items():
+        for k, v in metrics.scalars(setup.info, setup.budget, point, tps, setup.train_step.accelerator.device).items():
             setup.writer.add_scalar(k, v, state.step)
         tokens_left = (setup.budget.total_micro - state.micro_batches) * setup.budget.tokens_per_micro
         values = [f"loss {mean_loss:.3f}", f"{tps or 0:,.0f} tok/s"]  # then the ETA, at the steady pace so far
@@ -129,16 +139,17 @@ def log_point(setup, state, watch, grad_norm, lr, bar):
 
 def validate(setup, at_step):
     """The validation loss (every process takes part), logged to TensorBoard; outside the timed loop."""
-    val = evaluate(setup.train_step.model, setup.blocks["validation"], setup.train_step.accelerator,
-                   setup.budget.micro_batch, setup.args.val_batches, setup.budget.val_unit)
+    with setup.phases.of("evaluation"):
+        val = evaluate(setup.train_step.model, setup.blocks["validation"], setup.train_step.accelerator,
+                       setup.budget.micro_batch, setup.args.val_batches, setup.budget.val_unit)
     if setup.writer:
         setup.writer.add_scalar("loss/val", val, at_step)
     return val
 
 
-def save_checkpoint(setup, state, watch):
+def save_checkpoint(setup, state, losses):
     accelerator = setup.train_step.accelerator
-    state.loss_window = watch.losses.saved(accelerator)  # a resume continues this log point's mean
+    state.loss_window = losses.saved(accelerator)  # a resume continues this log point's mean
     state.process_seconds = setup.earlier_seconds + process_seconds()
     checkpoints.save_checkpoint(accelerator, setup.out_dir, state, setup.identity)
 
@@ -152,107 +163,104 @@ def set_up(args, argv, stack, phases):
         device.use_compile_cache(args.compile_cache)  # checked writable now, not at the first step
     accelerations, recipe = step.resolve(args, decisions)
     accelerator = step.make_accelerator(accelerations)
-    out_dir, ckpt = checkpoints.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / runfiles.new_run_name(),
-                                             args.metrics_out, accelerator, stack, force=args.force,
-                                             inputs={"--text": args.text, "--tokenizer": args.tokenizer})
-    if args.profile and accelerator.is_main_process:  # the trace's folder, written by C++ that only logs a failure
-        files.probe_folder(out_dir / "profile", f"--profile's trace folder {out_dir / 'profile'}")
+    out_dir, ckpt = rundir.open_run_dir(args.out_dir or REPO / "runs" / "gpt" / rundir.new_run_name(), args,
+                                        accelerator, stack)
     text = wos.resolve_text(args.text, download=not args.no_download and accelerator.is_main_process)
     tok = open_tokenizer(args.tokenizer)  # a tokenizer.json, a folder, or "gpt2" found locally
     check_model_fits(args, tok.vocab_size, accelerator.device)  # an impossible shape: one line, before the data
     state, saved = checkpoints.load_state(ckpt) if ckpt else (checkpoints.TrainState(), {})
 
     phases.switch("data")
-    corpus = wos.corpus_identity(text, args.accept_invalid_utf8)  # what it is, by content: identity, metrics
-    identity = checkpoints.run_identity(args, tok, corpus["sha256"], decisions.precision, accelerator.num_processes)
+    corpus = wos.read_corpus(text, args.accept_invalid_utf8)  # read once: the documents and what they are
+    identity = checkpoints.run_identity(args, tok, corpus.identity["sha256"], decisions.precision,
+                                        accelerator.num_processes)
     checkpoints.check_same_run(saved, identity)  # a resume continues the same run: one line naming what differs
     set_seed(args.seed)
     with accelerator.main_process_first():  # tokenised once on the main process; the others read the cache
-        blocks, stats = token_blocks(text, corpus["sha256"], tok.tokenizer, wos.tokens_per_block(args.seq_len),
-                                     args.val_fraction, args.seed, args.cache_dir, tokenizer_hash=tok.sha256)
+        packing = Packing(wos.tokens_per_block(args.seq_len), args.val_fraction, args.seed, args.cache_dir)
+        blocks, stats = token_blocks(corpus, tok.tokenizer, packing, tokenizer_hash=tok.sha256)
     check_enough(blocks["train"], args.global_batch)
 
     phases.switch("model")
-    train_step, budget, micro_source = build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt)
-    info = metrics.describe_run(args, argv, decisions, train_step, text, corpus, budget)
-    writer = announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text,
-                      out_dir) if accelerator.is_main_process else None
+    train_step, budget, micro_source = build_step(args, tok, accelerator, (accelerations, recipe), state, saved)
+    if ckpt:
+        checkpoints.restore(accelerator, ckpt)  # a damaged file: one line naming it
+    info = metrics.describe_run(args, decisions, train_step, budget, {
+        "text": str(text), "corpus": corpus.identity, "command": "python gpt_train.py " + " ".join(argv),
+        "micro_batch_source": micro_source})
     identity = {**identity, "micro_batch": budget.micro_batch, "budget_micro_batch": budget.val_unit}
     earlier = checkpoints.earlier_seconds(out_dir, state) if ckpt else 0.0
-    return Setup(args, train_step, budget, blocks, out_dir, identity, info, tok.tokenizer, writer, phases,
-                 earlier), state, stats
+    setup = Setup(args, train_step, budget, blocks, out_dir, identity, info, tok.tokenizer, None, phases, earlier)
+    if accelerator.is_main_process:
+        if not ckpt:
+            files.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
+        announce(setup, state, stats, ckpt, decisions.note)
+    return setup, state, stats
 
 
-def build_step(args, tok, accelerator, accelerations, recipe, state, saved, ckpt):
-    """The model made on its device, the micro-batch that fits, the token budget, the TrainStep (restored)."""
+def build_step(args, tok, accelerator, plan, state, saved):
+    """The model made on its device, the micro-batch that fits, the token budget, the TrainStep for `plan`
+    (step.resolve's accelerations and recipe)."""
+    accelerations, recipe = plan
     cfg = model_config(tok.vocab_size, tok.eot, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                        n_positions=args.seq_len)
     with accelerator.device:  # weights made where they train: on a GPU no CPU init and no 0.5 GB host-to-device copy
         model = step.change_model(GPT(cfg, attention=accelerations.attention), accelerations)
-    micro, micro_source = choose_micro_batch(args.micro_batch, model, accelerator, accelerations,
-                                             args.global_batch, PRESETS[args.preset]["micro_batch"],
-                                             saved.get("micro_batch"))
+    micro, micro_source = choose_micro_batch(args, model, accelerator, accelerations,
+                                             PRESETS[args.preset]["micro_batch"], saved.get("micro_batch"))
     unit = checkpoints.continue_position(state, saved, micro)  # another micro-batch than the checkpoint's: recounted
     budget = plan_budget(args.tokens, args.global_batch, micro, accelerator.num_processes, args.seq_len, unit)
-    train_step = step.build(model, accelerations, recipe, accelerator)
-    if ckpt:
-        checkpoints.restore(accelerator, ckpt)  # a damaged file: one line naming it
-    return train_step, budget, micro_source
+    return step.build(model, accelerations, recipe, accelerator), budget, micro_source
 
 
-def announce(args, argv, info, budget, micro_source, tok, decisions, ckpt, state, blocks, stats, text, out_dir):
-    """The main process's start-up lines, args.json (a new run) and the TensorBoard writer."""
-    print(metrics.startup_line(info, budget, micro_source, tok.vocab_size) +
-          (f"; {decisions.note}" if decisions.note else "") +
-          (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
-    print(f"data: {text} ({stats['train']['docs']:,} train docs, {len(blocks['train']):,} blocks; "
-          f"{stats['validation']['docs']} validation docs); tokenizer {args.tokenizer}; run folder {out_dir}")
-    if not ckpt:
-        files.write_json(out_dir / "args.json", {**vars(args), "argv": argv})
-    return SummaryWriter(out_dir, purge_step=state.step if ckpt else None)  # a resume: later points redone
+def announce(setup, state, stats, ckpt, note):
+    """The main process's start-up lines; the TensorBoard writer opened."""
+    print(metrics.startup_line(setup.info, setup.budget, setup.tokenizer.get_vocab_size()) +
+          (f"; {note}" if note else "") + (f"; resuming at step {state.step} from {ckpt}" if ckpt else ""))
+    print(f"data: {setup.info['text']} ({stats['train']['docs']:,} train docs, {len(setup.blocks['train']):,} "
+          f"blocks; {stats['validation']['docs']} validation docs); tokenizer {setup.args.tokenizer}; run folder "
+          f"{setup.out_dir}")
+    setup.writer = SummaryWriter(setup.out_dir, purge_step=state.step if ckpt else None)  # a resume: points redone
 
 
-def finish(setup, state, stats, watch, stop):
+def finish(setup, state, stats, perf, stop):
     """Validation, final/, samples, then metrics.json (the run is finished once its weights are saved), then the
     checkpoints go: a kill at any moment leaves a run the same command resumes, or one that has its weights."""
     args, phases, train_step = setup.args, setup.phases, setup.train_step
     main = train_step.accelerator.is_main_process
-    profile = watch.profile and {**watch.profile, "device_name": setup.info["device_name"]}
-    if profile and main:  # the main process's step (each process profiles its own)
-        files.write_json(setup.out_dir / "profile.json", profile)
-    phases.switch("evaluation")
     val_loss = validate(setup, state.step)
     phases.switch("final_save")
-    info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32", "fused_adamw")}
-    results = {**metrics.final_metrics(state, val_loss, stats["validation"], watch.perf.tokens_per_second(),
-                                       setup.info), **info, "profile": profile}
+    info = {k: v for k, v in setup.info.items() if k not in ("peak", "flops_per_token", "tf32")}
+    results = {**metrics.final_metrics(state, val_loss, stats["validation"], perf.tokens_per_second(),
+                                       setup.info), **info}
     save_final(train_step.accelerator, train_step.model, setup.out_dir, setup.tokenizer,
-               keep_metrics=lambda: write_metrics(setup, results, watch))
+               keep_metrics=lambda: write_metrics(setup, results, perf))
     phases.switch("sampling")
     if main and args.sample_tokens:
-        results["samples"] = sample.final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
-                                                  args.sample_tokens, setup.writer, state.step, val_loss, stop)
+        results["samples"] = samples = final_samples(train_step, setup.tokenizer, setup.blocks["validation"],
+                                                     args.sample_tokens, stop)
+        for kind in ("greedy", "sampled") if samples else ():  # TensorBoard's text tab
+            setup.writer.add_text(f"samples/{kind}", "\n\n".join(f"*{c['prompt']}* **→** {c[kind]}"
+                                                                 for c in samples["continuations"]), state.step)
     phases.switch("teardown")
     if main:  # the phases into TensorBoard; the weights are saved by now: a failing disk here is a warning
         try:
             phases.log(setup.writer, state.step)
-            for name, seconds in (profile or {}).get("groups", {}).items():
-                setup.writer.add_scalar(f"profile/{name}_seconds", seconds, state.step)
             setup.writer.close()
         except OSError as e:
             print(f"warning: TensorBoard's last events could not be written in {setup.out_dir} "
                   f"({errors.reason(e)}); final/ is saved", file=sys.stderr)
-        results = write_metrics(setup, results, watch)  # the last output: the process's time is taken just before
+        results = write_metrics(setup, results, perf)  # the last output: the process's time is taken just before
         print(metrics.summary_line(results))
     if not args.keep_checkpoints:  # the run is finished (metrics.json): its final weights are what stays
         checkpoints.remove_checkpoints(train_step.accelerator, setup.out_dir)
     return results
 
 
-def write_metrics(setup, results, watch):
+def write_metrics(setup, results, perf):
     """metrics.json and --metrics-out with the job's clock (a first step's compile split out of the loop)."""
     spent, now = setup.phases.record()
-    compiled = watch.perf.compile_seconds_here
+    compiled = perf.compile_seconds_here
     if setup.info["compile"] != "off" and compiled:
         spent = {**spent, "loop": round(spent["loop"] - compiled, 3), "compile": round(compiled, 3)}
     results = {**results, "process_seconds": now, "process_seconds_total": round(setup.earlier_seconds + now, 3),
@@ -271,15 +279,17 @@ def main(argv=None):
         setup, state, stats = set_up(args, argv, stack, phases)
         phases.switch("loop")
         try:
-            watch = train_loop(setup, state, stop)
+            perf = train_loop(setup, state, stop)
         except OSError as e:  # TensorBoard's writer on a full disk (a checkpoint's failure says its own line)
             raise UserError(f"writing TensorBoard events in {setup.out_dir} failed ({errors.reason(e)}) after "
                             f"step {state.step}; {checkpoints.resume_advice(setup.out_dir)}") from None
         if state.step < setup.budget.total_steps:  # stopped by a signal, checkpointed: exit 3
+            setup.train_step.accelerator.print(f"\n{stop.signal or 'signal'}: checkpointed at step {state.step}; "
+                                               f"run again with --out-dir {setup.out_dir} to resume", file=sys.stderr)
             if setup.train_step.accelerator.is_main_process:
                 checkpoints.record_stop_clock(setup.out_dir, state.step, setup.earlier_seconds + process_seconds())
             raise SystemExit(metrics.STOP_EXIT_CODE)
-        return finish(setup, state, stats, watch, stop)
+        return finish(setup, state, stats, perf, stop)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python lenet5.py                               # GPU if there is one, else CPU; >= 99.0% test accuracy
     python lenet5.py --act cpp                     # the own C++/CUDA GELU (build: see gelu_ext/README.md)
-    tensorboard --logdir runs/lenet5               # curves, filters, feature maps, graph, GPU use
+    python -m report.browser --logdir runs/lenet5  # TensorBoard: curves, filters, feature maps, graph, GPU use
 
 MNIST lives as one tensor on the device; the loop below and --engine lightning share training/lenet.py."""
 from training import lifecycle  # first, before the slow imports: the standard library only
@@ -19,10 +19,10 @@ from tqdm import tqdm
 
 from data import REPO, data_root
 from data.files import write_atomic, write_json
-from training.errors import OutputError, UserError, reason
 from data.mnist import Batches, find_mnist, load_train_test
-from training import lenet, runfiles
+from training import lenet, rundir
 from training.device import device_name
+from training.errors import UserError, reason
 from training.flags import Parser, add_output_flags, number, path_flag, seed_flag
 
 
@@ -65,7 +65,7 @@ class LeNet5(nn.Module):
         return self.fc3(x)
 
 
-def fit_plain(run):
+def train(run):
     """Train `run` (training.lenet.LeNetRun): AdamW, warm-up + cosine, log points, a test pass every epoch."""
     optimizer, scheduler = lenet.optimizer_and_schedule(run)
     step = 0
@@ -97,7 +97,7 @@ def parse_args(argv):
     p.add_argument("--epochs", type=number(int, 1), default=2,  # the default recipe: benchmarks/lenet_bench.py
                    help="the shortest measured to clear 99.0%% on seeds 0, 1, 2 (default: %(default)s)")
     p.add_argument("--batch-size", type=number(int, 1), default=128, help="(default: %(default)s)")
-    p.add_argument("--lr", type=number(float, 0, low_open=True), default=8e-3,
+    p.add_argument("--lr", type=number(float, 0, ends="(]"), default=8e-3,
                    help="peak AdamW learning rate of the warm-up + cosine schedule (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0, help="weights and shuffling (default: %(default)s)")
     p.add_argument("--out-dir", type=path_flag, default=None,
@@ -130,28 +130,27 @@ def main(argv=None):
         torch.manual_seed(args.seed)
         torch.set_flush_denormal(True)  # tiny activations late in training would hit slow denormal math on CPU
         device = pick_device(args.device)
-        fit = fit_plain
+        fit = train
         if args.engine == "lightning":  # lightning missing: one line now, before the run folder is made
             from training.lenet_lightning import fit_lightning as fit
         out_dir = args.run_dir = open_outputs(args, stack)
         phases.switch("data")
         files = find_mnist(args.data_dir, not args.no_download)
-        train_set, test_set = (ds.to(device) for ds in load_train_test(files))
+        train_set, test_set = load_train_test(files, device)
         phases.switch("model")
         model = LeNet5(make_gelu(args.act, device)).to(device)
         print(f"LeNet-5 ({sum(p.numel() for p in model.parameters()):,} parameters), act={args.act}, "
               f"engine={args.engine}, device={device}, {len(train_set):,} train / {len(test_set):,} test images, "
               f"logs in {out_dir}")
-        digits = test_set[torch.arange(8, device=device)][0]  # fixed test digits for the feature-map images
         run = lenet.LeNetRun(args, model, Batches(train_set, args.batch_size, shuffle=True, seed=args.seed),
-                             Batches(test_set, 1000, shuffle=False), digits, out_dir, device, phases)
+                             Batches(test_set, 1000, shuffle=False), out_dir, device, phases)
         try:
             write_json(out_dir / "args.json", vars(args))
             lenet.open_writer(run)
             fit(run)
             lenet.close_writer(run)
-        except (OSError, OutputError) as e:  # a full or failing disk under out_dir: events, images, args.json
-            finish(run, failed=f"writing the run's logs in {out_dir} failed ({reason(e)})")
+        except OSError as e:  # a full or failing disk under out_dir: TensorBoard's events and images
+            raise UserError(f"writing the run's logs in {out_dir} failed ({reason(e)})") from None
         phases.switch("teardown")
         metrics = finish(run)
         print(f"test accuracy {metrics['test_accuracy']:.2%}, test loss {metrics['test_loss']:.4f}, "
@@ -161,45 +160,32 @@ def main(argv=None):
 
 def open_outputs(args, stack):
     """Outputs checked before training; the run folder locked until `stack` closes, an unfinished run set aside."""
-    runfiles.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
+    rundir.check_outputs_not_inputs({"--out-dir": args.out_dir, "--metrics-out": args.metrics_out,
                                        "--save": args.save}, {"--data-dir": args.data_dir})
     for flag, path, kind in (("--metrics-out", args.metrics_out, "JSON"), ("--save", args.save, "torch.save")):
         if path:
-            runfiles.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
+            rundir.check_output(path, flag, force=args.force, own_run=args.out_dir, kind=kind)
     suffix = f"-{args.engine}" if args.engine != "plain" else ""
-    out_dir = args.out_dir or REPO / "runs" / "lenet5" / f"{runfiles.new_run_name()}-{args.act}{suffix}"
-    if runfiles.open_run(out_dir, "lenet5.py", stack):
-        runfiles.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
+    out_dir = args.out_dir or REPO / "runs" / "lenet5" / f"{rundir.new_run_name()}-{args.act}{suffix}"
+    if rundir.open_run(out_dir, "lenet5.py", stack):
+        rundir.set_aside_earlier_attempt(out_dir, "stopped before its metrics.json")
     return out_dir
 
 
-def finish(run, failed=None):
-    """--save, --metrics-out, last metrics.json (a finished run's mark); after `failed`, what can be kept, one line."""
-    args, kept = run.args, []
-    last = run.history[-1] if run.history else {"test_accuracy": None, "test_loss": None}
+def finish(run):
+    """--save, --metrics-out, then metrics.json: a finished run's mark."""
+    args, last = run.args, run.history[-1]
     metrics = run.phases.stamp({
         "test_accuracy": last["test_accuracy"], "test_loss": last["test_loss"], "epochs": args.epochs,
         "steps": run.steps, "train_seconds": round(run.train_seconds, 3), "device": str(run.device),
         "device_name": device_name(run.device), "act": args.act, "engine": args.engine, "out_dir": str(run.out_dir),
         "params": sum(p.numel() for p in run.model.parameters()), "batch_size": args.batch_size, "lr": args.lr,
         "seed": args.seed, "torch": torch.__version__, "command": "python lenet5.py " + " ".join(args.argv),
-        "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy,
-        "test_accuracy_curve": run.test_accuracy, **({"stopped": failed} if failed else {})})
-    for what, path, write in (
-            ("weights", args.save, lambda p: write_atomic(p, lambda f: torch.save(run.model.state_dict(), f))),
-            ("metrics", args.metrics_out, lambda p: write_json(p, metrics)),
-            ("metrics", None if failed else run.out_dir / "metrics.json", lambda p: write_json(p, metrics))):
-        try:
-            if path is not None:
-                write(path)
-                kept.append(f"{what} in {path}")
-        except (OSError, OutputError) as e:
-            if not failed:
-                raise UserError(f"writing the {what} in {path} failed ({reason(e)})"
-                                + "".join(f"; kept {k}" for k in kept)) from None
-    if failed:
-        done = f"after epoch {run.history[-1]['epoch']}" if run.history else "before the first epoch ended"
-        raise UserError(f"{failed} {done}; " + ("kept " + ", ".join(kept) if kept else "nothing kept"))
+        "history": run.history, "train_loss_curve": run.curve, "train_accuracy_curve": run.train_accuracy})
+    if args.save:
+        write_atomic(args.save, lambda f: torch.save(run.model.state_dict(), f))
+    for path in filter(None, (args.metrics_out, run.out_dir / "metrics.json")):
+        write_json(path, metrics)
     return metrics
 
 

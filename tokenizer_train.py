@@ -1,6 +1,7 @@
 """Train an own byte-level BPE tokenizer on the Web of Science abstracts (WOS46985/X.txt).
 
     python tokenizer_train.py                                   # data/WebOfScience/WOS46985/X.txt
+    python tokenizer_train.py --force                           # again: replaces the data/tokenizer/tokenizer.json
     python tokenizer_train.py --text ../shared/data/wos-standin/X.txt --metrics-out tok.json
     python tokenizer_train.py --compare ../shared/data/gpt2-tokenizer   # GPT-2's tokenizer: a folder, a file, or "gpt2"
     python gpt_train.py --tokenizer data/tokenizer/tokenizer.json   # then use it (the default when present)
@@ -20,21 +21,26 @@ import tokenizers
 import torch
 
 from data import files, wos
-from data.blocks import token_blocks
+from data.blocks import Packing, token_blocks
+from data.tokenizer import (
+    EOT,
+    OWN_TOKENIZER,
+    TokenizerError,
+    byte_level,
+    looks_like_a_path,
+    open_tokenizer,
+    tokenizer_sha256,
+)
+from training import device, rundir
 from training.errors import UserError
-from data.tokenizer import EOT, OWN_TOKENIZER, TokenizerError, looks_like_a_path, open_tokenizer, tokenizer_sha256
-from training import device, runfiles
 from training.flags import Parser, add_output_flags, number, path_flag, path_or_name_flag, seed_flag
 
 
-def train_bpe(docs, vocab_size, min_frequency=2):
+def train_bpe(docs, vocab_size):
     """Byte-level BPE, GPT-2 style: any byte sequence encodes, nothing is ever unknown."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tokenizer = byte_level(Tokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=sys.stderr.isatty())  # in a file: only blank lines
     tokenizer.train_from_iterator(docs, trainer=trainer, length=len(docs))
@@ -53,44 +59,41 @@ def load_comparison(spec):
 
 
 def measures(tokenizer, docs, spec="none", other=None):
-    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token and the per-document ratio."""
+    """Bytes per token on `docs`, round-trip failures; with `other`, its bytes per token and the per-document ratio
+    (None without)."""
     own = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
     decoded = tokenizer.decode_batch(own, skip_special_tokens=False)
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
-    result = {"val_bytes_per_token": n_bytes / sum(map(len, own)),
-              "val_round_trip_failures": sum(d != t for d, t in zip(decoded, docs)), "compare": spec}
-    if not other:
-        return result | dict.fromkeys(["compare_source", "compare_sha256", "compare_vocab_size",
-                                       "gpt2_val_bytes_per_token", "val_docs_own_fewer_tokens",
-                                       "val_token_ratio_per_doc"])
-    theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)]
+    theirs = [e.ids for e in other.tokenizer.encode_batch(docs, add_special_tokens=False)] if other else own
     ratios = sorted(len(a) / len(b) for a, b in zip(own, theirs))
-    spread = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
-    return result | {"compare_source": other.source, "compare_sha256": other.sha256, "compare_vocab_size":
-                     other.vocab_size, "gpt2_val_bytes_per_token": n_bytes / sum(map(len, theirs)),
-                     "val_docs_own_fewer_tokens": sum(r < 1 for r in ratios), "val_token_ratio_per_doc": spread}
+    return {"val_bytes_per_token": n_bytes / sum(map(len, own)),
+            "val_round_trip_failures": sum(d != t for d, t in zip(decoded, docs)), "compare": spec,
+            "compare_source": other and other.source, "compare_sha256": other and other.sha256,
+            "compare_vocab_size": other and other.vocab_size,
+            "gpt2_val_bytes_per_token": other and n_bytes / sum(map(len, theirs)),
+            "val_docs_own_fewer_tokens": other and sum(r < 1 for r in ratios),
+            "val_token_ratio_per_doc": other and {"median": statistics.median(ratios), "min": ratios[0],
+                                                  "max": ratios[-1]}}
 
 
-def token_cache(splits, tokenizer, args, text, sha256, tokenizer_hash):
+def token_cache(corpus, tokenizer, args, tokenizer_hash):
     """The blocks gpt_train.py --seq-len reads, cached; a failure is a warning (gpt_train.py makes them itself)."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # datasets' forked workers are the parallelism from here on
     t0 = time.perf_counter()
+    packing = Packing(wos.tokens_per_block(args.seq_len), args.val_fraction, args.seed, args.cache_dir)
     try:
-        _, stats = token_blocks(text, sha256, tokenizer, wos.tokens_per_block(args.seq_len), args.val_fraction,
-                                args.seed, args.cache_dir, splits=splits, tokenizer_hash=tokenizer_hash)
+        _, stats = token_blocks(corpus, tokenizer, packing, tokenizer_hash)
         if "unwritten" in stats:
             raise UserError(f"it was not written ({stats['unwritten']})")
     except UserError as e:
         print(f"warning: no token cache: {e}; the tokenizer is saved in {args.out} (gpt_train.py tokenises the "
               f"corpus itself)", file=sys.stderr)
-        return dict.fromkeys(["tokenize_seconds", "num_train_tokens", "num_val_tokens", "tokenize_from_cache",
-                              "tokenize_tokens_per_second"]) | {"token_cache_problem": str(e)}
+        return dict.fromkeys(["tokenize_seconds", "num_train_tokens", "num_val_tokens", "tokenize_from_cache"]) | {
+            "token_cache_problem": str(e)}
     seconds, (train, val) = time.perf_counter() - t0, (stats["train"], stats["validation"])
-    tokens = train["tokens"] + val["tokens"]
-    print(f"{'loaded' if train['from_cache'] else 'tokenised'} {tokens:,} tokens in {seconds:.1f} s "
-          f"({tokens / seconds:,.0f} tokens/s{', from the cache' if train['from_cache'] else ''})")
+    print(f"{'loaded' if train['from_cache'] else 'tokenised'} {train['tokens'] + val['tokens']:,} tokens in "
+          f"{seconds:.1f} s")
     return {"tokenize_seconds": round(seconds, 3), "num_train_tokens": train["tokens"], "num_val_tokens": val["tokens"],
-            "tokenize_from_cache": train["from_cache"], "tokenize_tokens_per_second": round(tokens / seconds)}
+            "tokenize_from_cache": train["from_cache"]}
 
 
 def save_atomic(tokenizer, path):
@@ -106,17 +109,15 @@ def parse_args(argv):
     # 2^20 at most: the trainer's memory grows with vocab_size (near 2^31 it aborts); the largest in use: ~256K
     p.add_argument("--vocab-size", type=number(int, 512, 2**20, multiple=64), default=16384,
                    help="a multiple of 64; see README for the choice (default: %(default)s)")
-    p.add_argument("--min-frequency", type=number(int, 0, 2**32, high_open=True), default=2,
-                   help="merges seen fewer times are not learned (default: %(default)s)")
     p.add_argument("--out", type=path_flag, default=OWN_TOKENIZER, help="tokenizer.json (default: %(default)s)")
-    p.add_argument("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005,
+    p.add_argument("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005,
                    help="held-out documents (default: %(default)s)")
     p.add_argument("--seed", type=seed_flag, default=0, help="of the train/validation split (default: %(default)s)")
     p.add_argument("--seq-len", type=number(int, 0), default=1024,
                    help="gpt_train.py's --seq-len: also tokenise the corpus into the blocks of seq_len + 1 tokens it "
                         "reads from the cache; 0 = skip (default: %(default)s)")
     p.add_argument("--cache-dir", type=path_flag, default=None,
-                   help="datasets cache (default: the repository's data/cache, LAB5_DATA or not)")
+                   help="the token cache (default: the repository's data/cache, LAB5_DATA or not)")
     p.add_argument("--compare", type=path_or_name_flag, default="gpt2",
                    help="tokenizer to compare with: a tokenizer.json, a folder, a hub name found locally (the HF "
                         "cache or $LAB5_DATA or data/ + <name>-tokenizer/), or 'none' (default: %(default)s)")
@@ -131,57 +132,53 @@ def check_outputs(args):
     """Before any work: the outputs and the cache folder may be written, and none is an input."""
     outputs = {"--out": args.out, "--metrics-out": args.metrics_out}
     compare = Path(args.compare) if Path(args.compare).exists() else None
-    runfiles.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
+    rundir.check_outputs_not_inputs({**outputs, "--cache-dir": args.cache_dir},
                                       {"--text": args.text or wos.default_text(), "--compare": compare})
     for flag, path in outputs.items():
         if path:
-            runfiles.check_output(path, flag, args.force)
-    files.check_output_dir(args.cache_dir or wos.default_cache(), "--cache-dir")
+            rundir.check_output(path, flag, args.force)
+    files.check_folder(args.cache_dir or wos.default_cache(), "--cache-dir")
 
 
 def main(argv=None):
     phases = lifecycle.phases()
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    with lifecycle.one_line_errors(lambda: f"{args.out} is saved, the token cache unfinished (gpt_train.py makes it)"
-                                   if getattr(args, "saved", False) else
-                                   f"{args.out} is written only when training ends; run the command again"):
+    with lifecycle.one_line_errors(lambda: f"{args.out} is written when training ends (the token cache after it): "
+                                   f"run the command again, with --force if {args.out} exists"):
         check_outputs(args)
         text = wos.resolve_text(args.text, download=not args.no_download)
         other = load_comparison(args.compare)  # before the work: a mistyped path is one line now
         phases.switch("data")
-        corpus = wos.corpus_identity(text, args.accept_invalid_utf8)  # hashed once: the metrics, the cache's key
-        splits = wos.load_splits(text, args.val_fraction, args.seed, args.cache_dir, sha256=corpus["sha256"])
-        if args.seq_len:  # a split that cannot fill one block, whatever the tokenizer: said before training
-            wos.check_blocks_fit(splits, wos.tokens_per_block(args.seq_len))
-        train_docs, val_docs = list(splits["train"]["text"]), list(splits["validation"]["text"])
+        corpus = wos.read_corpus(text, args.accept_invalid_utf8)  # read once: the documents and the cache's key
+        splits = wos.load_splits(corpus, args.val_fraction, args.seed)
+        train_docs, val_docs = splits["train"], splits["validation"]
         print(f"{text}: {len(train_docs):,} training / {len(val_docs):,} validation documents")
         phases.switch("loop")
         t0 = time.perf_counter()
-        tokenizer = train_bpe(train_docs, args.vocab_size, args.min_frequency)
+        tokenizer = train_bpe(train_docs, args.vocab_size)
         train_seconds = time.perf_counter() - t0
         phases.switch("evaluation")
         metrics = {"vocab_size": tokenizer.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(tokenizer),
                    "train_seconds": round(train_seconds, 3), "num_train_docs": len(train_docs),
-                   "num_val_docs": len(val_docs), "text": str(text), "corpus": corpus, "out": str(args.out),
+                   "num_val_docs": len(val_docs), "text": str(text), "corpus": corpus.identity, "out": str(args.out),
                    "cpu": device.cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                    "tokenizers": tokenizers.__version__, "command": "python tokenizer_train.py " + " ".join(args.argv)}
         metrics.update(measures(tokenizer, val_docs, args.compare, other))
         phases.switch("final_save")
         save_atomic(tokenizer, args.out)  # the product, kept whatever the optional token cache below does
-        args.saved = True
         print(f"vocabulary {metrics['vocab_size']:,} trained in {train_seconds:.1f} s -> {args.out}")
         print(f"validation: {metrics['val_bytes_per_token']:.3f} bytes/token"
               + (f" ({args.compare}: {metrics['gpt2_val_bytes_per_token']:.3f})" if metrics["compare_sha256"] else "")
               + f", round trip {'exact' if not metrics['val_round_trip_failures'] else 'FAILED'}")
         if args.seq_len:
             phases.switch("cache")
-            metrics.update(token_cache(splits, tokenizer, args, text, corpus["sha256"], metrics["tokenizer_sha256"]))
+            metrics.update(token_cache(corpus, tokenizer, args, metrics["tokenizer_sha256"]))
         phases.switch("teardown")
         metrics = phases.stamp(metrics)  # just before the last output is written
         if args.metrics_out:
             files.write_json(args.metrics_out, metrics)
-        cache = wos.corpus_cache(args.cache_dir or wos.default_cache(), corpus["sha256"])
+        cache = wos.corpus_cache(args.cache_dir or wos.default_cache(), corpus.identity["sha256"])
         print(f"wrote {args.out}" + (f" and the token cache for --seq-len {args.seq_len} in {cache}"
                                      if metrics.get("num_train_tokens") is not None else ""))
         return metrics

@@ -8,8 +8,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from data.files import write_json
+from training import rundir
 from training.errors import OutputError
-from training import runfiles
 from training.flags import Parser, add_output_flags
 
 
@@ -24,7 +24,7 @@ def parse(p, argv):
     args = p.parse_args(argv)
     if args.metrics_out:
         try:
-            runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+            rundir.check_output(args.metrics_out, "--metrics-out", args.force)
         except OutputError as e:
             sys.exit(f"error: {e}")
     return args

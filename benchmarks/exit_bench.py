@@ -64,7 +64,7 @@ def main(argv=None):
     p.add_argument("--hogs", type=number(int, 0), default=1, help="CPU-bound processes beside the runs")
     args = common.parse(p, argv)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
-    counts = {m: {"runs": 0, "ok": 0, "aborted": 0, "failed": 0} for m in args.modes}
+    counts = {m: {"ok": 0, "aborted": 0, "failed": 0} for m in args.modes}  # of --runs each
     load_start, t0 = os.getloadavg(), time.time()
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -73,7 +73,6 @@ def main(argv=None):
             for r in range(args.runs):  # the modes alternate: the machine's drift hits all alike
                 for mode in args.modes:
                     outcome, tail = one_run(script, mode)
-                    counts[mode]["runs"] += 1
                     counts[mode][outcome] += 1
                     if outcome == "failed":
                         print(f"\n{mode}: failed without an abort:\n{tail}", file=sys.stderr)
@@ -84,8 +83,6 @@ def main(argv=None):
     metrics = {**common.run_facts(__file__, argv), "device_name": f"{device.cpu_name()}, {os.cpu_count()} cores",
                "hogs": args.hogs, "load_average_1min_start_end": [load_start[0], os.getloadavg()[0]],
                "seconds": round(time.time() - t0, 1), "modes": counts}
-    for mode, c in counts.items():
-        print(f"{mode:12s} {c['aborted']:3d} of {c['runs']} aborted, {c['failed']} failed otherwise")
     return common.write(args, metrics)
 
 

@@ -60,20 +60,18 @@ def accelerations(settings):
     return step.Accelerations(**{k: v for k, v in settings.items() if k not in ("model", "dropout", "vocab_size")})
 
 
-def unmeasured_first(rows):
-    """Groups of row numbers (1-based) for a run that may be cut, each with all its repeats before the next: the
-    rows the report rests on (naive, default, leave-one-out), then the rest, the compiled rows last."""
-    rungs = [i for i, (name, _) in enumerate(rows, 1) if not name.startswith(" ")]
+def reference(rows, i):
+    """The row number that row i is judged against: the rung before it; the default (the last rung) for an
+    indented row; None for row 1."""
+    return min(i - 1, sum(not name.startswith(" ") for name, _ in rows)) or None
 
-    def kind(i, name, settings):
-        if settings["compile"] != "off":
-            return 4
-        if name.startswith("  candidate"):
-            return 2
-        if "vocab_size" in settings:
-            return 3
-        return 0 if i in (rungs[0], rungs[-1]) or name.startswith("  default without") else 1
-    groups = {}
-    for i, (name, settings) in enumerate(rows, 1):
-        groups.setdefault(kind(i, name, settings), []).append(i)
-    return [groups[k] for k in sorted(groups)]
+
+def unmeasured_first(rows):
+    """The row numbers (1-based) in the order for a run that may be cut: the rows the report rests on (naive,
+    default, leave-one-out), then the rest, the compiled rows last; each group in the ladder's order."""
+    default = reference(rows, len(rows) + 1)
+
+    def group(i):
+        name, settings = rows[i - 1]
+        return 2 if settings["compile"] != "off" else 0 if i in (1, default) or "default without" in name else 1
+    return sorted(range(1, len(rows) + 1), key=group)

@@ -1,9 +1,10 @@
 """The token blocks gpt_train.py trains on: one int32 tensor (blocks, seq_len + 1) per split, cached as .npy
-files in the corpus's cache folder (the one cache of the tokens), verified against their manifest and read
-without `datasets` (its import and bookkeeping cost ~0.6 s of every warm start). A batch is one gather."""
-import hashlib
+files in the corpus's cache folder (the one cache of the tokens), verified against their manifest. A batch is one
+gather."""
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,23 +18,29 @@ VERSION = 1  # part of the folder's name: bump it when the tokenisation or the p
 SPLITS = ("train", "validation")
 
 
-def token_blocks(text, sha256, tokenizer, block_size, val_fraction=0.005, seed=0, cache_dir=None, splits=None,
-                 tokenizer_hash=None):
-    """({split: tensor}, stats) of `text` (content `sha256`): the verified cache, else made and cached.
+@dataclass(frozen=True)
+class Packing:
+    """How a corpus becomes blocks, and where they are cached: with the corpus and the tokenizer, their cache's key."""
+    block_size: int  # seq_len + 1: wos.tokens_per_block
+    val_fraction: float = 0.005
+    seed: int = 0
+    cache_dir: Path = None  # None: wos.default_cache()
+
+
+def token_blocks(corpus, tokenizer, packing, tokenizer_hash=None):
+    """({split: tensor}, stats) of a wos.Corpus: the verified cache, else made and cached.
     tokenizer_hash: the tokenizer's sha256 where the caller has it (hashing GPT-2's costs a warm start ~50 ms)."""
-    digest = hashlib.sha256(json.dumps([val_fraction, seed, block_size]).encode()).hexdigest()[:8]
+    block_size = packing.block_size
     tokenizer_hash = tokenizer_hash or tokenizer_sha256(tokenizer)
-    folder = wos.corpus_cache(cache_dir or wos.default_cache(), sha256) / \
-        f"packed-v{VERSION}-{tokenizer_hash[:16]}-{digest}"  # a corpus, tokenizer, split, block size
+    folder = wos.corpus_cache(packing.cache_dir or wos.default_cache(), corpus.identity["sha256"]) / \
+        f"packed-v{VERSION}-{tokenizer_hash[:16]}-{block_size}-{packing.val_fraction}-{packing.seed}"
     try:
         return read_packed(folder, block_size, tokenizer.get_vocab_size())
     except (OSError, ValueError, KeyError, TypeError) as e:
         if folder.exists():  # a damaged cache (a missing one is the usual first run)
             print(f"warning: the token cache {folder} is damaged ({e}); packing it again", file=sys.stderr)
-    if splits is None:
-        splits = wos.load_splits(text, val_fraction, seed, cache_dir, sha256=sha256)
-    datasets_blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
-    blocks = {name: pack(datasets_blocks[name]) for name in SPLITS}
+    splits = wos.load_splits(corpus, packing.val_fraction, packing.seed)
+    blocks, stats = wos.tokenize_blocks(splits, tokenizer, block_size)
     try:  # the .npy files, then the manifest: a folder whose manifest does not match is never read
         for name in SPLITS:
             files.write_atomic(folder / f"{name}.npy", lambda f: np.save(f, blocks[name].numpy(), allow_pickle=False))
@@ -59,12 +66,6 @@ def read_packed(folder, block_size, vocab_size):
     return blocks, {name: {**stats[name], "from_cache": True} for name in SPLITS}
 
 
-def pack(dataset):
-    """tokenize_blocks' table of "input_ids" blocks (in memory, not a selection) as one int32 tensor."""
-    ids = dataset.data.table.column("input_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return torch.from_numpy(ids.astype(np.int32).reshape(len(dataset), -1))
-
-
 class Blocks(Dataset):
     """The packed blocks as a Dataset whose batch is one gather (DataLoader calls __getitems__)."""
 
@@ -78,10 +79,12 @@ class Blocks(Dataset):
         return self.tensor[torch.as_tensor(indices)]
 
 
-def epoch_loader(blocks, batch_size, seed, epoch, drop_last=True, whole=1, **loader_kwargs):
+def epoch_loader(blocks, batch_size, seed, epoch, whole=1, **loader_kwargs):
     """One epoch in the order (seed, epoch) fixes: a loader per epoch makes the position two integers (a resume is
-    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of it (the global batch: split alike)."""
+    `skip_first_batches(loader, batch)`). `whole`: the epoch cut to a multiple of it (the global batch: split alike).
+    A last partial batch is dropped unless drop_last=False."""
     order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
     order = order[:len(order) - len(order) % whole]
-    return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, drop_last=drop_last,
-                      collate_fn=torch.Tensor.long, **loader_kwargs)
+    loader_kwargs.setdefault("drop_last", True)
+    return DataLoader(Blocks(blocks), batch_size=batch_size, sampler=order, collate_fn=torch.Tensor.long,
+                      **loader_kwargs)

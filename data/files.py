@@ -1,6 +1,6 @@
-"""The lowest floor: what data/ and training/ share about user errors and files. Every write is atomic
-(write_atomic: a tempfile.mkstemp file beside the target, then os.replace), every JSON file strict; a folder
-holding OWNER_FILE is a run's, and no other program's output may land inside it."""
+"""The lowest floor: what data/ and training/ share about files. Every write is atomic (write_atomic: a
+tempfile.mkstemp file beside the target, then os.replace), every JSON file strict, every folder written checked for
+who else may write it (check_folder: a token cache, a run folder, a compile cache). Run folders: training/rundir.py."""
 import contextlib
 import grp
 import hashlib
@@ -17,7 +17,6 @@ from training.errors import OutputError, reason
 NAME_MAX = 255  # bytes in one file name on every file system this runs on (ext4, xfs, NFS, Lustre)
 UMASK = os.umask(0o022)  # read at import (setting it is the only way to read it) and put back at once
 os.umask(UMASK)
-OWNER_FILE = "run.owner"  # in a run folder: names the program whose run it is (training/runfiles.py)
 MANIFEST = "manifest.json"
 
 
@@ -81,39 +80,61 @@ def path_problem(path):
     return None
 
 
-def inside_another_run(path, what, own_run=None):
-    """Why `path` may not be written: a folder above it (links, `..` resolved) holds a run not `own_run`; or None."""
-    run = next((f for f in Path(os.path.realpath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
-    if run and not (own_run and os.path.realpath(run) == os.path.realpath(own_run)):
-        return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
-                f"run's only record; give a path outside it (nothing was written)")
+def check_folder(path, what):
+    """Make folder `path` and write a file there, after refusing it in one OutputError if files there could be
+    anyone's: the folder (links resolved) another user's or writable by others, or a folder above it that another
+    user owns, or that others may write without the sticky bit (they could swap it), up to the first of the user's.
+    Folders made here are made without write for group and others, whatever the umask."""
+    if problem := path_problem(path):
+        raise OutputError(f"{what} {path}: {problem}")
+    if problem := writers_problem(path):
+        raise OutputError(f"{what} {path} {problem}: files there could be anyone's; give a folder of your own")
+    make_folder(path, what)
+
+
+def make_folder(path, what):
+    """`path` made (without write for group and others) and a file written there: a read-only folder is one
+    OutputError before any work."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
+        raise OutputError(f"{what} {path} cannot be written ({folder} is a file, not a folder)")
+    try:
+        for missing in reversed([f for f in (folder, *folder.parents) if not f.exists()]):
+            missing.mkdir(mode=0o755, exist_ok=True)  # the umask can only take bits away: never group/other write
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-").close()  # made, then removed
+    except OSError as e:
+        raise OutputError(f"{what} {path} cannot be written ({reason(e)})") from None
+
+
+def writers_problem(path):
+    """Why another user may write into `path` (see check_folder; a file: its folder's as a folder above it), or
+    None."""
+    real = Path(os.path.realpath(path))
+    for folder in filter(os.path.exists, (real, *real.parents)):  # one not made yet: made by check_folder
+        info = os.stat(folder)
+        why = shared_problem(folder, info)
+        if folder == real and (why or info.st_uid != os.geteuid()):
+            return why or "is another user's"
+        if info.st_uid not in (0, os.geteuid()) and info.st_mode & stat.S_IWUSR:
+            return f"is inside {folder}, another user's"
+        if why and not info.st_mode & stat.S_ISVTX:  # without the sticky bit others may rename what is inside
+            return f"is inside {folder}, which {why}"
+        if info.st_uid == os.geteuid() and folder != real:  # the first parent of the user's: what is inside stays
+            return None
     return None
 
 
-def output_problem(path, what, own_run=None):
-    problem = path_problem(path)
-    return f"{what} {path}: {problem}" if problem else inside_another_run(path, what, own_run)
-
-
-def check_output_dir(path, what):
-    if problem := output_problem(path, what):
-        raise OutputError(problem)
-    probe_folder(path, f"{what} {path}")
-
-
-def check_private(what, *folders):
-    """Refuse a folder whose files are trusted (a token cache, a run) where another user may have put them: not the
-    user's, or writable by others or a group not the owner's private one (umask 002's; a sticky bit stops no one);
-    with an ACL the group bits are its mask: anyone it names may write."""
-    for folder in filter(os.path.exists, folders):  # one not made yet passes: it is made here
-        info, acl = os.stat(folder), False
-        with contextlib.suppress(OSError):  # a file system without extended attributes has no ACL
-            acl = "system.posix_acl_access" in os.listxattr(folder)
-        shared = info.st_mode & stat.S_IWOTH or info.st_mode & stat.S_IWGRP and (acl or not own_group(info))
-        if info.st_uid != os.geteuid() or shared:
-            fix = "setfacl -b, chmod go-w" if acl else "chmod go-w"
-            why = f"writable by others (mode {info.st_mode & 0o7777:o}: {fix})" if shared else "another user's"
-            raise OutputError(f"{what} {folder} is {why}: files there could be anyone's; give a folder of your own")
+def shared_problem(folder, info):
+    """'is writable by others (mode ...)' if others, or a group not the owner's private one, may write `folder` (umask
+    002's own group is fine); with an ACL the group bits are its mask: anyone it names may write."""
+    acl = False
+    with contextlib.suppress(OSError):  # a file system without extended attributes has no ACL
+        acl = "system.posix_acl_access" in os.listxattr(folder)
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:  # a read-only mount: no one writes there, whatever its mode
+        return None
+    if info.st_mode & stat.S_IWOTH or info.st_mode & stat.S_IWGRP and (acl or not own_group(info)):
+        return f"is writable by others (mode {info.st_mode & 0o7777:o}: {'setfacl -b, ' * acl}chmod go-w)"
+    return None
 
 
 def own_group(info):
@@ -124,18 +145,6 @@ def own_group(info):
         others = {u.pw_name for u in pwd.getpwall() if u.pw_gid == group.gr_gid} | set(group.gr_mem)
         return group.gr_name == owner and others <= {owner}
     return False
-
-
-def probe_folder(folder, named):
-    """Make `folder` and write a file there: a read-only folder is one OutputError before any work."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
-        raise OutputError(f"{named} cannot be written ({folder} is a file, not a folder)")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-").close()  # made, then removed
-    except OSError as e:
-        raise OutputError(f"{named} cannot be written ({reason(e)})") from None
 
 
 def sha256_file(path, chunk=1 << 22):

@@ -1,5 +1,5 @@
-"""MNIST for lenet5.py: the IDX files parsed here (every header field checked), the whole set one uint8 tensor
-on the training device; a batch is one gather + normalise there, not a PIL image and ToTensor per sample."""
+"""MNIST for lenet5.py: the IDX files parsed here (every header field checked), the whole set normalised once into
+one tensor on the training device; a batch is one gather there, not a PIL image and ToTensor per sample."""
 import gzip
 import math
 import struct
@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import TensorDataset
 
 from training.errors import UserError, reason
 
@@ -45,8 +45,7 @@ def read_idx(path):
     except (OSError, EOFError, zlib.error) as e:  # unreadable, or a damaged .gz
         raise MNISTError(f"{path}: cannot read ({e})") from e
     if len(payload) != expected:
-        size = f"{len(payload):,} bytes" if len(payload) < expected else "more bytes"
-        raise MNISTError(f"{path}: {size} after its header, which says {dims}: {expected:,} (truncated or corrupt)")
+        raise MNISTError(f"{path}: not {expected:,} bytes after its header, which says {dims} (truncated or corrupt)")
     return torch.from_numpy(np.frombuffer(bytearray(payload), dtype=np.uint8).reshape(dims))
 
 
@@ -70,9 +69,9 @@ def find_mnist(data_dir, download):
     return {split: tuple(find(n) for n in pair) for split, pair in FILES.items()}
 
 
-def load_train_test(paths):
-    """(train, test) from find_mnist's paths; swapped train and test files are refused by their sizes."""
-    train, test = (MNIST(*paths[split]) for split in ("train", "test"))
+def load_train_test(paths, device):
+    """(train, test) from find_mnist's paths, on `device`; swapped train and test files are refused by their sizes."""
+    train, test = (load(*paths[split], device) for split in ("train", "test"))
     for split, ds, least in (("train", train, 1), ("test", test, MIN_TEST_IMAGES)):
         if len(ds) < least:
             raise MNISTError(f"{paths[split][0]} holds {len(ds):,} images; lenet5.py needs at least {least} {split} "
@@ -84,31 +83,20 @@ def load_train_test(paths):
     return train, test
 
 
-class MNIST(Dataset):
-    """MNIST held as one uint8 tensor; `ds[i]` is one sample, `ds[tensor_of_indices]` a whole batch."""
-
-    def __init__(self, images_path, labels_path):
-        images, labels = read_idx(images_path), read_idx(labels_path)
-        if images.dim() != 3 or images.shape[1:] != (28, 28):
-            raise MNISTError(f"{images_path}: shape {tuple(images.shape)}, expected (N, 28, 28)")
-        if labels.dim() != 1:
-            raise MNISTError(f"{labels_path}: shape {tuple(labels.shape)}, expected (N,)")
-        if len(images) != len(labels):
-            raise MNISTError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
-        if len(labels) and labels.max() > 9:
-            raise MNISTError(f"{labels_path}: label {labels.max().item()} outside 0..9")
-        self.images, self.labels = images, labels.long()
-
-    def to(self, device):
-        self.images, self.labels = self.images.to(device), self.labels.to(device)
-        return self
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, index):
-        x = self.images[index].unsqueeze(-3).float().div_(255).sub_(MEAN).div_(STD)  # (..., 1, 28, 28)
-        return x, self.labels[index]
+def load(images_path, labels_path, device="cpu"):
+    """A TensorDataset of the normalised images (N, 1, 28, 28) and the labels, on `device`: `ds[indices]` is a
+    batch, one gather."""
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.dim() != 3 or images.shape[1:] != (28, 28):
+        raise MNISTError(f"{images_path}: shape {tuple(images.shape)}, expected (N, 28, 28)")
+    if labels.dim() != 1:
+        raise MNISTError(f"{labels_path}: shape {tuple(labels.shape)}, expected (N,)")
+    if len(images) != len(labels):
+        raise MNISTError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels")
+    if len(labels) and labels.max() > 9:
+        raise MNISTError(f"{labels_path}: label {labels.max().item()} outside 0..9")
+    images = images.to(device).unsqueeze(1).float().div_(255).sub_(MEAN).div_(STD)
+    return TensorDataset(images, labels.to(device).long())
 
 
 class Batches:
@@ -124,6 +112,6 @@ class Batches:
     def __iter__(self):
         n = len(self.dataset)
         order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
-        order = order.to(self.dataset.labels.device)
+        order = order.to(self.dataset.tensors[1].device)
         for i in range(0, n, self.batch_size):
             yield self.dataset[order[i:i + self.batch_size]]

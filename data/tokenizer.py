@@ -4,6 +4,7 @@ then the hub only if it answers within seconds). A path that does not exist is n
 nothing hangs offline: a failure is one TokenizerError line naming what was tried."""
 import contextlib
 import hashlib
+import json
 import socket
 import threading
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from data import REPO, data_root
 from training.errors import UserError, reason
 
 EOT = "<|endoftext|>"
+ALLOWED_PARTS = {"normalizer": {None}, "pre_tokenizer": {"ByteLevel"}, "model": {"BPE"},
+                 "post_processor": {None, "ByteLevel"}, "decoder": {None, "ByteLevel"}}
 OWN_TOKENIZER = REPO / "data" / "tokenizer" / "tokenizer.json"  # tokenizer_train.py writes, gpt_train.py reads
 
 
@@ -42,6 +45,8 @@ def open_tokenizer(spec):
         tokenizer, source = tokenizer_from_path(path), str(path)
     else:
         tokenizer, source = tokenizer_from_hub_name(spec)
+    text = tokenizer.to_str()
+    check_byte_level_bpe(spec, json.loads(text))
     if (eot := tokenizer.token_to_id(EOT)) is None:
         raise TokenizerError(f"tokenizer {spec} has no {EOT} token")
     size = tokenizer.get_vocab_size()
@@ -49,7 +54,17 @@ def open_tokenizer(spec):
     if top >= size:  # the model has `size` embedding rows: such an id fails steps into training
         raise TokenizerError(f"tokenizer {spec} has ids up to {top:,} for a vocabulary of {size:,} tokens (ids "
                              f"with gaps); a model needs them in 0..{size - 1:,}: retrain it with tokenizer_train.py")
-    return LoadedTokenizer(tokenizer, source, tokenizer_sha256(tokenizer), size, -(-size // 64) * 64, eot)
+    sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return LoadedTokenizer(tokenizer, source, sha256, size, -(-size // 64) * 64, eot)
+
+
+def check_byte_level_bpe(spec, config):
+    """Byte-level BPE only, GPT-2's kind and tokenizer_train.py's: other normalizers and pre-tokenizers run regular
+    expressions the file chooses, and a crafted one runs for minutes, then panics, on a short text."""
+    for part, kinds in ALLOWED_PARTS.items():
+        if (kind := (config.get(part) or {}).get("type")) not in kinds:
+            raise TokenizerError(f"tokenizer {spec}: its {part} is {kind or 'none'}; only byte-level BPE tokenizers "
+                                 f"(as GPT-2's and tokenizer_train.py's) are read, whose work is bounded")
 
 
 def tokenizer_sha256(tokenizer):
@@ -76,16 +91,22 @@ def tokenizer_from_path(path):
     vocab, merges = path / "vocab.json", path / "merges.txt"
     if not (vocab.is_file() and merges.is_file()):
         raise TokenizerError(f"tokenizer folder {path}: neither tokenizer.json nor vocab.json + merges.txt in it")
-    from tokenizers import decoders, models, pre_tokenizers, processors
+    from tokenizers import models
     try:
-        tokenizer = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+        tokenizer = byte_level(Tokenizer(models.BPE.from_file(str(vocab), str(merges))))
     except Exception as e:  # malformed JSON or merges: tokenizers raises plain Exceptions
         raise TokenizerError(f"tokenizer folder {path}: vocab.json + merges.txt unreadable ({reason(e)})") from None
+    if tokenizer.token_to_id(EOT) is not None:
+        tokenizer.add_special_tokens([EOT])  # matched whole in text, as in GPT-2's tokenizer.json
+    return tokenizer
+
+
+def byte_level(tokenizer):
+    """`tokenizer` (BPE) split, decoded and post-processed byte by byte, as GPT-2's: any text encodes."""
+    from tokenizers import decoders, pre_tokenizers, processors
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    if tokenizer.token_to_id(EOT) is not None:
-        tokenizer.add_special_tokens([EOT])  # matched whole in text, as in GPT-2's tokenizer.json
     return tokenizer
 
 
@@ -117,10 +138,9 @@ def tokenizer_from_hub_name(name):
                              f"{constants.HF_HUB_CACHE}, {local}) and the hub is "
                              f"{'off (HF_HUB_OFFLINE)' if offline else 'unreachable'}; put the tokenizer's folder "
                              f"(tokenizer.json, or vocab.json + merges.txt) at {local} or pass its path")
-    from transformers import AutoTokenizer
     try:
-        return AutoTokenizer.from_pretrained(name).backend_tokenizer, f"hub:{name}"
-    except (OSError, ValueError) as e:
+        return Tokenizer.from_pretrained(name), f"hub:{name}"
+    except Exception as e:  # tokenizers raises plain Exceptions for a name the hub does not hold
         raise TokenizerError(f"tokenizer {name!r}: {reason(e)}") from None
 
 

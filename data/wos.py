@@ -1,24 +1,30 @@
 """The Web of Science text pipeline of tokenizer_train.py and gpt_train.py (their tokenizer: data/tokenizer.py).
 
     X.txt (one abstract per line)
-      -> what it is, by content (stand-in, WOS46985, other) corpus_identity()
-      -> documents: UTF-8 checked, blank lines dropped     check_text(), load_splits()
-      -> train / validation split by document, seeded     load_splits()     (datasets, cached)
-      -> token ids, documents joined by <|endoftext|>      tokenize_blocks() (datasets map, in memory)
-      -> fixed blocks of seq_len + 1 tokens                tokens_per_block()
-      -> packed into tensors, cached as .npy (read without datasets), batched in a seeded order: data/blocks.py
+      -> read once, hashed as read: documents (UTF-8 checked,   read_corpus(), checked_line()
+         blank lines dropped) and what they are, by content
+         (stand-in, WOS46985, other)
+      -> train / validation split by document, seeded         load_splits()
+      -> token ids, documents joined by <|endoftext|>,         tokenize_blocks()
+         in int32 tensors of blocks of seq_len + 1 tokens      tokens_per_block()
+      -> cached as .npy, batched in a seeded order: data/blocks.py
 
-`datasets` is imported only where the text is read; its cache is keyed by the text's content (corpus-<sha256>).
+The token cache is keyed by the hash of the bytes the documents were read from (corpus-<sha256>): the file is never
+read a second time, so a file replaced meanwhile cannot put its text under another's name.
 """
-import os
+import hashlib
+import re
 import shutil
 import statistics
 import sys
 import tempfile
 import urllib.request
 import zipfile
-from itertools import chain
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from data import REPO, data_root, files
 from data.tokenizer import EOT
@@ -28,25 +34,14 @@ WOS_PAGE = "https://data.mendeley.com/datasets/9rw3vkcfy4/6"
 WOS_ZIP_URL = ("https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/"
                "c9ea673d-5542-44c0-ab7b-f1311f7d61df/file_downloaded")  # WebOfScience.zip
 MAX_DOC_BYTES = 1_000_000  # an abstract is ~1-2 KB; a megabyte on one line is not one document
+MAX_WORD_CHARS = 1000  # the longest chemical names: a few hundred; BPE's training slows with longer words
+LONG_WORD = re.compile(rf"(?<!\S)\S{{{MAX_WORD_CHARS + 1}}}")  # tried from a word's start only: linear time
 WOS46985_DOCUMENTS = 46_985
 STANDIN_SHA256 = "621b305827935bdf51ad2582d89300500e2c8d69c9901d8d936baa11fe835f08"  # shared/data/wos-standin
 
 
 class TextError(errors.UserError):
     """Missing or unusable text."""
-
-
-class DamagedCache(Exception):
-    """A cached file that cannot be read."""
-
-
-def need_datasets():
-    try:
-        import datasets
-    except ImportError as e:
-        raise TextError(f"reading the corpus needs the Python package 'datasets' ({e}); "
-                        f"pip install datasets, or see benchmarks/gpu_check.sh --prepare") from None
-    return datasets
 
 
 def default_text():
@@ -92,142 +87,108 @@ def download_wos(dest):
         files.write_atomic(dest, z.read(member))
 
 
-def check_text(path, accept_invalid=False):
-    """The documents' word counts of a text datasets reads rightly, read a line at a time (memory: one line's): >= 2
-    usable lines, none over MAX_DOC_BYTES (BPE training would exhaust the memory), UTF-8 (not UTF-16, not Latin-1)."""
-    words, invalid = [], 0
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:  # \n, \r\n and \r, like datasets' reader
-        for number, line in enumerate(iter(lambda: f.readline(MAX_DOC_BYTES + 1), ""), 1):
-            raw = line.rstrip("\n").encode("utf-8", "surrogateescape")  # as in the file
-            if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-                raise TextError(f"{path} is UTF-16 or UTF-32 (byte-order mark {raw[:2].hex(' ')}), not UTF-8: convert "
-                                f"it, e.g. iconv -f UTF-16 -t UTF-8 {path} > X-utf8.txt")
-            if len(raw) > MAX_DOC_BYTES:
-                size = len(raw)  # the rest of the line counted a megabyte at a time, never held whole
-                while not line.endswith("\n") and (line := f.readline(MAX_DOC_BYTES)):
-                    size += len(line.rstrip("\n").encode("utf-8", "surrogateescape"))
-                raise TextError(f"{path}: line {number} has {size:,} bytes; expected one document (an abstract) per "
-                                f"line, at most {MAX_DOC_BYTES:,} bytes")
-            if raw.count(0) > len(raw) // 8:
-                raise TextError(f"{path}: line {number} is {raw.count(0) / len(raw):.0%} NUL bytes: UTF-16 or binary, "
-                                f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
-            invalid += raw != line.rstrip("\n").encode("utf-8", "replace")  # a byte not UTF-8 became "?"
-            words += [len(line.split())] if line.strip() else []
-    if len(words) < 2:
-        raise TextError(f"{path} has 1 usable line; need at least 2 (one document per line)" if words else
+@dataclass(frozen=True)
+class Corpus:
+    """A text read once: what it is (name, documents, bytes, sha256, basis) and its documents come from the same bytes,
+    so a file replaced after the read changes neither."""
+    identity: dict
+    documents: list
+
+
+def read_corpus(path, accept_invalid=False):
+    """The Corpus of a text, its lines checked one at a time (memory: the documents and one line), named by content,
+    never the path: "stand-in" by its known hash, "WOS46985" for 46,985 abstract-sized documents (its hash not known
+    here: `basis` says so), else "other"."""
+    sha, docs, invalid = hashlib.sha256(), [], 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_DOC_BYTES + 1), b""), 1):
+            sha.update(line)
+            doc = checked_line(path, number, line.rstrip(b"\n"))
+            invalid += doc.encode("utf-8") != line.rstrip(b"\n")  # a byte not UTF-8 became U+FFFD
+            docs += [doc.strip()] if doc.strip() else []  # blank lines dropped (and \r of \r\n)
+        size = f.tell()
+    check_documents(path, docs, invalid, accept_invalid)
+    sha, median_words = sha.hexdigest(), statistics.median_high(len(d.split()) for d in docs)
+    if sha == STANDIN_SHA256:
+        name, basis = "stand-in", "its sha256 is the known one"
+    elif len(docs) == WOS46985_DOCUMENTS and 50 <= median_words <= 1000:
+        name, basis = "WOS46985", (f"{len(docs):,} documents of {median_words} words (median), as WOS46985/X.txt; "
+                                   f"its sha256 is not checked (not known here)")
+    else:
+        name, basis = "other", f"{len(docs):,} documents, not WOS46985's {WOS46985_DOCUMENTS:,} abstracts"
+    return Corpus({"name": name, "documents": len(docs), "bytes": size, "sha256": sha, "basis": basis}, docs)
+
+
+def checked_line(path, number, raw):
+    """Line `number` decoded (bad bytes as U+FFFD), if it is one document of UTF-8 text (not UTF-16, not binary)
+    whose words BPE can train on (its work grows with a word's length)."""
+    if len(raw) > MAX_DOC_BYTES:
+        raise TextError(f"{path}: line {number} has over {MAX_DOC_BYTES:,} bytes; expected one document (an "
+                        f"abstract) per line")
+    if raw.count(0) > len(raw) // 8:
+        raise TextError(f"{path}: line {number} is {raw.count(0) / len(raw):.0%} NUL bytes: UTF-16 or binary, "
+                        f"not UTF-8 text (one document per line); convert it, e.g. iconv -f UTF-16 -t UTF-8")
+    doc = raw.decode("utf-8", "replace")
+    if LONG_WORD.search(doc):
+        raise TextError(f"{path}: line {number} has a word of over {MAX_WORD_CHARS:,} characters (no space in "
+                        f"it): BPE's work grows with a word's length; split it or remove the line")
+    return doc
+
+
+def check_documents(path, docs, invalid, accept_invalid):
+    """At least 2 documents, and not many lines that were not UTF-8 (another encoding: Latin-1)."""
+    if len(docs) < 2:
+        raise TextError(f"{path} has 1 usable line; need at least 2 (one document per line)" if docs else
                         f"{path} is empty")
-    if invalid > 0.01 * len(words) and not accept_invalid:  # not a few damaged lines: another encoding (Latin-1)
-        raise TextError(f"{path}: {invalid:,} of {len(words):,} lines ({invalid / len(words):.0%}) are not valid "
+    if invalid > 0.01 * len(docs) and not accept_invalid:
+        raise TextError(f"{path}: {invalid:,} of {len(docs):,} lines ({invalid / len(docs):.0%}) are not valid "
                         f"UTF-8; convert it (iconv -f LATIN1 -t UTF-8 {path} > X-utf8.txt), or pass "
                         f"--accept-invalid-utf8 to train on it with the bad bytes as U+FFFD")
     if invalid:
         print(f"warning: {invalid} lines of {path} are not valid UTF-8; decoded with replacement characters",
               file=sys.stderr)
-    return words
 
 
-def corpus_identity(path, accept_invalid=False):
-    """{name, documents, bytes, sha256, basis} of a checked text, by content, never the path: "stand-in" by its known
-    hash, "WOS46985" for 46,985 abstract-sized documents (its hash not known here: `basis` says so), else "other"."""
-    words = check_text(path, accept_invalid)
-    sha, median_words = files.sha256_file(path), statistics.median_high(words)
-    if sha == STANDIN_SHA256:
-        name, basis = "stand-in", "its sha256 is the known one"
-    elif len(words) == WOS46985_DOCUMENTS and 50 <= median_words <= 1000:
-        name, basis = "WOS46985", (f"{len(words):,} documents of {median_words} words (median), as WOS46985/X.txt; "
-                                   f"its sha256 is not checked (not known here)")
-    else:
-        name, basis = "other", f"{len(words):,} documents, not WOS46985's {WOS46985_DOCUMENTS:,} abstracts"
-    return {"name": name, "documents": len(words), "bytes": os.path.getsize(path), "sha256": sha, "basis": basis}
-
-
-def load_splits(path, val_fraction=0.005, seed=0, cache_dir=None, sha256=None):
-    """DatasetDict(train, validation) of {"text"}, split by document (seeded), cached by content; rebuilt if damaged.
-    `sha256`: the text's corpus_identity() hash, which checked it; without it, it is checked here."""
-    cache_dir = Path(cache_dir or default_cache())
-    files.check_output_dir(cache_dir, "--cache-dir")
-    corpus_dir = corpus_cache(cache_dir, sha256 or corpus_identity(path)["sha256"])
-    for fresh in (False, True):
-        try:
-            return read_splits(path, val_fraction, seed, corpus_dir, fresh)
-        except DamagedCache as e:
-            if fresh:
-                raise TextError(f"the cache {corpus_dir} is damaged ({e}) and its rebuild too: delete {corpus_dir} "
-                                f"and run again") from None
-            print(f"warning: the datasets cache of {path} under {cache_dir} is damaged ({e}); rebuilding it",
-                  file=sys.stderr)
+def load_splits(corpus, val_fraction=0.005, seed=0):
+    """{"train": documents, "validation": documents}: the corpus split by document, seeded, as datasets'
+    train_test_split(test_size, shuffle=True, seed) splits it (the held-out documents first in the permutation)."""
+    docs = corpus.documents
+    n_val = max(1, round(len(docs) * val_fraction))
+    if n_val >= len(docs):
+        raise TextError(f"{len(docs)} documents are too few for a validation split of {val_fraction}")
+    order = np.random.default_rng(seed).permutation(len(docs))
+    return {"train": [docs[i] for i in order[n_val:]], "validation": [docs[i] for i in order[:n_val]]}
 
 
 def corpus_cache(cache_dir, sha256):
-    """Everything cached from one corpus content: datasets' tables, data/blocks.py's packed blocks; refused where
-    another user may have written it (their tokens would be trained on)."""
+    """Everything cached from one corpus content (data/blocks.py's packed blocks); refused where another user may
+    have written it (their tokens would be trained on)."""
     folder = Path(cache_dir) / f"corpus-{sha256[:32]}"
-    files.check_private("--cache-dir", cache_dir, folder)
+    files.check_folder(folder, "--cache-dir")
     return folder
-
-
-def read_splits(path, val_fraction, seed, cache_dir, fresh):
-    """load_splits' work; `fresh`: regenerate every cached file."""
-    datasets = need_datasets()
-    import pyarrow
-    try:
-        raw = datasets.load_dataset("text", data_files={"documents": str(Path(path).resolve())}, split="documents",
-                                    cache_dir=str(cache_dir), encoding_errors="replace",
-                                    download_mode="force_redownload" if fresh else None)
-        docs = raw.map(lambda b: {"text": [s for t in b["text"] if (s := t.strip())]}, batched=True,
-                       desc="strip, drop blank lines", load_from_cache_file=not fresh)
-        n_val = max(1, round(len(docs) * val_fraction))
-        if n_val >= len(docs):
-            raise TextError(f"{path}: {len(docs)} documents are too few for a validation split of {val_fraction}")
-        parts = docs.train_test_split(test_size=n_val, shuffle=True, seed=seed, load_from_cache_file=not fresh)
-    except (pyarrow.ArrowException, OSError, datasets.exceptions.DatasetGenerationError) as e:  # a full disk, wrapped
-        if err := next((c for c in (e, e.__cause__) if isinstance(c, OSError) and c.errno is not None), None):
-            raise TextError(f"the cache {cache_dir / 'text'}: {err.strerror} ({err.filename or 'documents'})") from None
-        raise DamagedCache(f"documents: {errors.reason(e)}") from None  # ArrowInvalid, or OSError without errno
-    return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
 
 
 def tokens_per_block(seq_len):
     return seq_len + 1  # the inputs and, shifted by one, the targets
 
 
-def check_blocks_fit(splits, block_size):
-    """Before a tokenizer is trained: a token is at least one byte, plus one <|endoftext|> a document."""
-    for name, split in splits.items():
-        room = sum(len(text.encode("utf-8")) + 1 for text in split["text"])
-        if room < block_size:
-            raise TextError(f"the {name} split ({len(split):,} document{'s' * (len(split) != 1)}, {room:,} bytes) "
-                            f"cannot fill one block of {block_size} tokens (--seq-len {block_size - 1} + 1): give a "
-                            f"smaller --seq-len, --seq-len 0 (no token cache), or more text")
-
-
 def tokenize_blocks(splits, tokenizer, block_size):
-    """(DatasetDict of {"input_ids": block_size ids}, {split: {docs, tokens, bytes, from_cache}}). As in HF's
-    run_clm, each map batch of 1000 documents drops its last partial block (< 0.5% of the tokens)."""
+    """({split: int32 tensor (blocks, block_size)}, {split: {docs, tokens, bytes, from_cache}}). As in HF's run_clm,
+    each batch of 1000 documents drops its last partial block (< 0.5% of the tokens)."""
     if (eot := tokenizer.token_to_id(EOT)) is None:
         raise TextError(f"the tokenizer has no {EOT} token")
-    datasets = need_datasets()
-    num_proc = min(8, os.cpu_count() or 1) if len(splits["train"]) > 20_000 else None  # workers: a large corpus
-
-    def tokenize(batch):
-        ids = [e.ids + [eot] for e in tokenizer.encode_batch(batch["text"], add_special_tokens=False)]
-        return {"ids": ids, "n_tokens": [len(x) - 1 for x in ids],
-                "n_bytes": [len(t.encode("utf-8")) for t in batch["text"]]}
-
-    def group(batch):
-        ids = list(chain.from_iterable(batch["ids"]))
-        return {"input_ids": [ids[i:i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]}
-
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
-    blocks, stats = datasets.DatasetDict(), {}
-    for name, split in splits.items():
-        kwargs = dict(batched=True, keep_in_memory=True, num_proc=num_proc)  # in memory: no unverified cache file
-        ids = split.map(tokenize, remove_columns=split.column_names, desc=f"tokenize {name}", **kwargs)
-        blocks[name] = ids.map(group, remove_columns=ids.column_names, features=features,
-                               desc=f"blocks of {block_size} ({name})", **kwargs)
-        if len(blocks[name]) == 0:
-            raise TextError(f"the {name} split has {sum(ids['n_tokens']):,} tokens, too few for one block of "
-                            f"{block_size} (--seq-len {block_size - 1} + 1): give a smaller --seq-len, or more text")
-        stats[name] = {"docs": len(ids), "tokens": sum(ids["n_tokens"]), "bytes": sum(ids["n_bytes"]),
+    blocks, stats = {}, {}
+    for name, docs in splits.items():
+        parts, tokens = [], 0
+        for i in range(0, len(docs), 1000):
+            encodings = tokenizer.encode_batch(docs[i:i + 1000], add_special_tokens=False)  # threads in Rust
+            ids = np.concatenate([np.array(e.ids + [eot], dtype=np.int32) for e in encodings])
+            tokens += len(ids) - len(encodings)
+            parts.append(ids[:len(ids) - len(ids) % block_size].reshape(-1, block_size))
+        blocks[name] = torch.from_numpy(np.concatenate(parts))
+        if not len(blocks[name]):
+            raise TextError(f"the {name} split has {tokens:,} tokens, too few for one block of {block_size} "
+                            f"(--seq-len {block_size - 1} + 1): give a smaller --seq-len, or more text")
+        stats[name] = {"docs": len(docs), "tokens": tokens, "bytes": sum(len(d.encode("utf-8")) for d in docs),
                        "from_cache": False}
     return blocks, stats

@@ -1,7 +1,10 @@
-"""The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward, kernels and autograd in csrc/ (no Python per
-call). Here: register_fake (so torch.compile can trace it) and register_vmap (an elementwise op maps as it is)."""
+"""The compiled op: `gelu(x)` calls torch.ops.gelu_ext.gelu_forward, whose CPU and CUDA kernels are in csrc/. Here,
+as pytorch/extension-cpp does it: register_fake (shapes, so torch.compile can trace it) and register_autograd (the
+backward is the gelu_backward op, whose own backward gives second derivatives)."""
 import torch
 import torch.nn as nn
+
+from .function import C, K, _upcast_tanh
 
 try:
     from . import _C  # loading the library registers torch.ops.gelu_ext.*
@@ -38,34 +41,50 @@ def _require_built():
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation; matches F.gelu(x, approximate="tanh")."""
     _require_built()
+    if torch.autograd.forward_ad.unpack_dual(x).tangent is not None:  # else a silent zero tangent
+        raise NotImplementedError("gelu_ext.gelu has no forward-mode AD (torch.library registers no jvp for a "
+                                  "custom op): use F.gelu(x, approximate='tanh')")
     return _gelu_forward(x)
+
+
+def _second_derivative(x):
+    """y'' = (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2)), u' = K (1 + 3 C x^2), u'' = 6 K C x (t, K, C: function.py).
+    Made of tensor ops, so it is differentiable in turn; 16-bit inputs are computed in float32."""
+    xf, t = _upcast_tanh(x)
+    du = K * (1 + 3 * C * xf * xf)
+    return (1 - t * t) * (du + 0.5 * xf * (6 * K * C * xf - 2 * t * du * du))
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _forward_backward(ctx, dy):  # of y = gelu(x): dx = dy y'(x), the gelu_backward op
+    (x,) = ctx.saved_tensors
+    return _gelu_backward(dy, x)
+
+
+def _backward_backward(ctx, ddx):  # of dx = grad y'(x): d/dgrad = y'(x) (the op again), d/dx = grad y''(x)
+    grad, x = ctx.saved_tensors
+    return _gelu_backward(ddx, x), (ddx * grad * _second_derivative(x)).to(x.dtype)
 
 
 if _C is not None:
     _gelu_forward = torch.ops.gelu_ext.gelu_forward.default  # looked up once: gelu() is on the hot path
+    _gelu_backward = torch.ops.gelu_ext.gelu_backward.default
 
+    # Shapes only, for torch.compile; the kernels check what a caller can get wrong.
     @torch.library.register_fake("gelu_ext::gelu_forward")
     def _(x):
-        torch._check(x.is_floating_point(), lambda: f"gelu_ext.gelu: expected a floating-point tensor, got {x.dtype}")
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake("gelu_ext::gelu_backward")
     def _(grad, x):
-        torch._check(grad.shape == x.shape, lambda: "gelu_ext.gelu_backward: grad and input shapes differ")
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-
-if _C is not None and hasattr(torch.library, "register_vmap"):  # torch 2.4: functorch's per-sample loop
-
-    @torch.library.register_vmap("gelu_ext::gelu_forward")
-    def _(info, in_dims, x):
-        return _gelu_forward(x), in_dims[0]
-
-    @torch.library.register_vmap("gelu_ext::gelu_backward")
-    def _(info, in_dims, grad, x):
-        def batch_first(t, dim):  # an unbatched argument is repeated over the batch
-            return t.expand(info.batch_size, *t.shape) if dim is None else t.movedim(dim, 0)
-        return torch.ops.gelu_ext.gelu_backward.default(batch_first(grad, in_dims[0]), batch_first(x, in_dims[1])), 0
+    # Each op's backward is made of ops with a backward of their own: second derivatives (gradgradcheck).
+    torch.library.register_autograd("gelu_ext::gelu_forward", _forward_backward, setup_context=_save_inputs)
+    torch.library.register_autograd("gelu_ext::gelu_backward", _backward_backward, setup_context=_save_inputs)
 
 
 class GELU(nn.Module):

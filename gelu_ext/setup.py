@@ -34,7 +34,7 @@ with_cuda = (os.environ.get("GELU_EXT_CPU_ONLY", "0") != "1" and torch.version.c
 cxx_flags = ["-O3", "-fopenmp"]
 if platform.machine() in ("x86_64", "AMD64"):
     cxx_flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-sources = ["csrc/gelu.cpp", "csrc/autograd.cpp"]
+sources = ["csrc/gelu.cpp"]
 extension, extra = CppExtension, {"cxx": cxx_flags}
 if with_cuda:  # torch's own check of nvcc's CUDA major fails with a traceback deep in the build: say it first
     try:

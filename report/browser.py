@@ -1,16 +1,25 @@
 """A real TensorBoard server photographed by headless Chromium (cropped to its cards), and Chromium's print-to-PDF.
 Chromium and what it writes live in one private folder (tempfile.mkdtemp) until a file is whole, then it is renamed
-into place. Every wait is bounded: a hung Chromium is killed with its process group after BROWSER_TIMEOUT s."""
+into place. Every wait is bounded: a hung Chromium is killed with its process group after BROWSER_TIMEOUT s.
+
+As a command, TensorBoard for one student on a shared login node (README step 6), until Ctrl-C:
+    python -m report.browser --logdir runs
+It prints the URL (127.0.0.1, under a secret path: only who has the URL reads the runs) and the `ssh -L` line that
+forwards it to a laptop; it reads the runs once, when it starts."""
+import argparse
 import base64
 import contextlib
+import getpass
 import html as html_lib
 import json
 import mimetypes
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import urllib.parse
@@ -33,7 +42,10 @@ SHOTS = {  # run kind -> [(file, TensorBoard page: dashboard & its tag filter, w
                                             "&_smoothingWeight=0", 900)],
 }
 SHOT_WIDTH, SHOT_SCALE = 1400, 2  # CSS px, device pixels per CSS px: tick labels legible at print size
-TENSORBOARD_SETTINGS = {"_ignoreYOutliers": "false"}  # localStorage: every point inside the y range
+# every point inside the y range (TensorBoard reads "ignore outliers", on by default, from localStorage only), then
+# TensorBoard itself, the page named by this page's own #fragment
+SETTINGS_PAGE = (b'<script>localStorage.setItem("_ignoreYOutliers", "false");'
+                 b'location.replace("./?darkMode=false" + location.hash);</script>')
 SOURCES = "screenshots.json"  # in --out: {screenshot file: the run folder whose events it shows}
 
 
@@ -49,25 +61,27 @@ def is_png(path):
 
 
 def find_browser():
-    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 
 @contextlib.contextmanager
 def serve_tensorboard(logdir):
     """TensorBoard in this process on 127.0.0.1, port 0 (the URL names the kernel's pick: no program that took a port
-    first answers in its place), its events read once; None if it lists no scalars. No child, no .tensorboard-info."""
+    first answers in its place), under a secret path (another user on the machine reaches the port, not the runs: any
+    other path is TensorBoard's 404), its events read once; None if it lists no scalars. No child, and no
+    .tensorboard-info: nothing is written in a shared TMPDIR."""
     from tensorboard import program
-    board = program.TensorBoard()
-    board.configure(logdir=str(logdir), host="127.0.0.1", port=0, load_fast="false", reload_interval=0,
-                    reload_task="blocking")
+    board, secret = program.TensorBoard(), "/" + secrets.token_urlsafe(16)
+    board.configure(logdir=str(logdir), host="127.0.0.1", port=0, path_prefix=secret, load_fast="false",
+                    reload_interval=0, reload_task="blocking")
     server = board._make_server()  # launch() without its thread: launch() gives no handle to stop the server by
-    server.app = with_settings(server.app, TENSORBOARD_SETTINGS)
+    server.app = with_settings(server.app, f"{secret}/lab5-storage")
     (serving := threading.Thread(target=server.serve_forever, daemon=True)).start()
     try:
         base, scalars = server.get_url().rstrip("/"), None
         with contextlib.suppress(OSError, ValueError):  # no answer, or not JSON: None
             with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=60) as answer:
-                scalars = json.loads(answer.read())
+                scalars = json.load(answer)
         yield base if scalars else None
     finally:
         server.shutdown()
@@ -75,26 +89,23 @@ def serve_tensorboard(logdir):
         server.server_close()
 
 
-def with_settings(app, items):
-    """TensorBoard's WSGI app plus a page /lab5-storage?next=PATH that stores `items` in localStorage, then opens
-    PATH: TensorBoard reads "ignore outliers" (`_ignoreYOutliers`, on by default) from localStorage only."""
-    script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in items.items())
-
+def with_settings(app, path):
+    """TensorBoard's WSGI app plus SETTINGS_PAGE at `path` (path#PAGE: TensorBoard's PAGE with the settings)."""
     def serve(environ, start_response):
-        if environ["PATH_INFO"] != "/lab5-storage":
+        if environ["PATH_INFO"] != path:
             return app(environ, start_response)
-        target = urllib.parse.parse_qs(environ["QUERY_STRING"])["next"][0]
-        page = f"<script>{script}location.replace({json.dumps(target)});</script>".encode()
-        start_response("200 OK", [("Content-Type", "text/html"), ("Content-Length", str(len(page)))])
-        return [page]
+        start_response("200 OK", [("Content-Type", "text/html"), ("Content-Length", str(len(SETTINGS_PAGE)))])
+        return [SETTINGS_PAGE]
     return serve
 
 
 def browser(folder, *args):
-    """Headless Chromium, its profile in the private `folder`, in a process group: a hung one dies with its helpers."""
+    """Headless Chromium, its profile in the private `folder`, in a process group: a hung one dies with its helpers,
+    and so does one whose build is stopped (Ctrl-C, or a TERM: kill, scancel)."""
     process = subprocess.Popen([find_browser(), *BROWSER_FLAGS, f"--user-data-dir={folder / 'profile'}", *args],
                                env={**os.environ, "TMPDIR": str(folder)},  # its own temporaries there too
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a TERM: SystemExit, through the except
     try:
         code = process.wait(timeout=BROWSER_TIMEOUT)
     except BaseException as e:  # a hang, or a Ctrl-C while it prints: it must not write on after we exit
@@ -103,6 +114,8 @@ def browser(folder, *args):
         if isinstance(e, subprocess.TimeoutExpired):
             raise BrowserError(f"Chromium did not finish within {BROWSER_TIMEOUT} s; killed") from None
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if code != 0:
         raise BrowserError(f"Chromium exited with {code}")
 
@@ -125,12 +138,12 @@ def crop_to_cards(path):
         top = divider + np.argmax(across[divider:] > 0.9)
         margin = white[top:, left + 4]  # the box's left margin, white down to its bottom border
         cards = image.crop((left, top, right, top + (np.argmax(~margin) if not margin.all() else len(margin))))
+        dark = (np.asarray(cards) < 235).any(axis=2)  # text, lines, images: not the page's grey (245)
+        ink, rows = np.flatnonzero(dark.any(axis=0)), np.flatnonzero(dark.any(axis=1))
+        if len(ink) == 0:
+            raise ValueError("its card box is empty")
     except (OSError, ValueError) as e:  # PIL's UnidentifiedImageError is an OSError
         return f"{path.name} left uncropped: {e}"
-    dark = (np.asarray(cards) < 235).any(axis=2)  # text, lines, images: not the page's grey (245)
-    ink, rows = np.flatnonzero(dark.any(axis=0)), np.flatnonzero(dark.any(axis=1))
-    if len(ink) == 0:
-        return f"{path.name} left uncropped: its card box is empty"
     cards.crop((max(0, ink[0] - 12), max(0, rows[0] - 12), min(cards.width, ink[-1] + 12),
                 min(cards.height, rows[-1] + 12))).save(path)
     return None
@@ -150,10 +163,10 @@ def tensorboard_screenshots(runs, out, problems):
                         problems.append(f"TensorBoard on {run.events_source} did not answer; no screenshots of it")
                         continue
                     for file, page, height in SHOTS.get(run.kind, []):
-                        path, target = folder / file, urllib.parse.quote(f"/?darkMode=false#{page}", safe="")
+                        path = folder / file
                         browser(folder, f"--window-size={SHOT_WIDTH},{height}", f"--screenshot={path}",
                                 f"--force-device-scale-factor={SHOT_SCALE}", "--virtual-time-budget=10000",
-                                f"{base}/lab5-storage?next={target}")
+                                f"{base}/lab5-storage#{page}")
                         if not is_png(path):
                             raise BrowserError(f"Chromium wrote no {'PNG' if path.is_file() else 'file'}")
                         problems.extend(filter(None, [crop_to_cards(path)]))
@@ -239,3 +252,22 @@ def inlined(html, folder):
         data = base64.b64encode(Path(path).read_bytes()).decode()
         return f'{m.group(1)}"data:{kind};base64,{data}#{m.group(2)}"'
     return re.sub(r'(<img [^>]*src=)"([^"]*)"', inline, html)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="TensorBoard on 127.0.0.1 under a secret path, until Ctrl-C")
+    parser.add_argument("--logdir", type=Path, default=Path("runs"), help="the runs to show (default: runs)")
+    logdir = parser.parse_args(argv).logdir
+    with serve_tensorboard(logdir) as url:
+        if url is None:
+            sys.exit(f"error: no TensorBoard events under {logdir} (the runs are under runs/)")
+        where = urllib.parse.urlsplit(url)
+        print(f"TensorBoard for you only: {url}/ (the path is the key; Ctrl-C stops it). On your laptop:\n"
+              f"  ssh -N -L 127.0.0.1:6006:127.0.0.1:{where.port} {getpass.getuser()}@{os.uname().nodename}\n"
+              f"then open http://127.0.0.1:6006{where.path}/", flush=True)  # (localhost: maybe another's [::1])
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()

@@ -31,12 +31,13 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, check_private, inside_another_run
+from data.files import UMASK, writers_problem
 from report import browser, facts, gpu
 from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
 from training.errors import UserError
 from training.flags import Parser, path_flag
+from training.rundir import output_problem
 
 REPORT = RESULTS.parent / "report.md"
 STUDENT = RESULTS.parent / "student.md"  # the report of a student's own runs
@@ -236,7 +237,7 @@ def check_args(args):
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs + args.files}}
     for flag, path in {"--out": out, **({"--pdf-out": pdf} if args.pdf else {})}.items():
-        if problem := inside_another_run(path, flag):  # a run's files are that run's only record
+        if problem := output_problem(path, flag):  # a run's files are that run's only record
             raise UserError(problem)
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()
@@ -254,7 +255,8 @@ def check_args(args):
                 or printed(args) in built_lines(out)):  # the repository's, in git, or one this --out printed
             raise UserError(f"--pdf-out {pdf} exists; pass --force to replace it, or give a new file name "
                             "(nothing written)")
-    check_private("--out", out)
+    if problem := writers_problem(out):  # checked, not made: a build refused later leaves no folder behind
+        raise UserError(f"--out {out} {problem}: files there could be anyone's; give a folder of your own")
     if out.exists() and (not out.is_dir() or ({p.name for p in out.iterdir()} - {LOCK}
                                               and not (out / BUILT).is_file())):
         raise UserError(f"--out {args.out} is not a folder this program wrote (no {BUILT}); give a new or empty one "

@@ -5,6 +5,8 @@ micro-batch probe's key, a resume's identity, a run's metrics.json and the stude
 example of the recipe in training/step.py's docstring: a dummy acceleration declared the way a student declares
 theirs."""
 import json
+import re
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -13,8 +15,9 @@ import torch
 
 import gpt_train
 from conftest import REPO, tiny_args
+from training import budget, checkpoints, device, sample, step
 from training.errors import UserError
-from training import budget, checkpoints, device, step
+from training.final import load_run
 from training.model import GPT, GPTConfig
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -42,10 +45,31 @@ class WithCandidate(step.Accelerations):
     dummy_boost: bool = step.declare(False, "dummy boost", "a stand-in that marks the model", model=mark)
 
 
+def sgd(groups, accelerations, **settings):
+    return torch.optim.SGD(groups, **settings)
+
+
+def use_norm(net, norm):
+    """A model change GPT-2's config cannot describe: RMSNorm (no bias) in place of each LayerNorm."""
+    if norm == "rms":
+        for block in net.h:
+            block.ln_1, block.ln_2 = torch.nn.RMSNorm(net.cfg.n_embd), torch.nn.RMSNorm(net.cfg.n_embd)
+        net.ln_f = torch.nn.RMSNorm(net.cfg.n_embd)
+
+
+@dataclass(frozen=True)
+class WithNormAndOptimizer(step.Accelerations):
+    optimizer: str = step.declare("sgd", "optimizer", "the update rule", choices=("adamw", "sgd"))
+    norm: str = step.declare("rms", "RMSNorm", "a stand-in", choices=("layernorm", "rms"), model=use_norm,
+                             gpt2_values=("layernorm",))
+
+
 @pytest.fixture(params=[WithRung])
 def declared(request, monkeypatch):
     """Accelerations with the dummy declared in it, as a student's edit of training/step.py would make it."""
     monkeypatch.setattr(step, "Accelerations", request.param)
+    monkeypatch.setitem(step.OPTIMIZERS, "sgd", step.Optimizer(sgd, lr=0.05, weight_decay=0.0,
+                                                               settings={"momentum": 0.9}))
     CHANGED.clear()
     return request.param
 
@@ -60,8 +84,8 @@ def tiny_ladder_json(out, *names):
     numbers = [i for i, (name, _) in enumerate(rows, 1) if name in names]
     assert len(numbers) == len(names), f"not in the ladder: {set(names) - {n for n, _ in rows}}"
     gpt_bench.main(["--preset", "tiny", "--seq-len", "16", "--micro-batch", "2", "--vocab-size", "256", "--repeats",
-                    "1", "--steps", "1", "--warmup", "0", "--only", ",".join(map(str, numbers)), "--metrics-out",
-                    str(out)])
+                    "1", "--max-pairs", "1", "--steps", "1", "--warmup", "0", "--only", ",".join(map(str, numbers)),
+                    "--metrics-out", str(out)])
     return json.loads(out.read_text())
 
 
@@ -86,8 +110,8 @@ def test_a_declared_rung_has_its_row_and_its_default_without_row(declared, capsy
     assert by_name[rungs[-1]] == {**by_name[rungs[-2]], "dummy_boost": True}
     assert by_name["  default without dummy boost"] == {**by_name[rungs[-1]], "dummy_boost": False}
     assert by_name["  default without fused AdamW"]["dummy_boost"] is True
-    first = [rows[i - 1][0] for i in ladder_rows.unmeasured_first(rows)[0]]
-    assert "  default without dummy boost" in first
+    order = [rows[i - 1][0] for i in ladder_rows.unmeasured_first(rows)]
+    assert order.index("  default without dummy boost") < order.index(rungs[1])
     listed = gpt_bench.main(["--list"])
     printed = capsys.readouterr().out.splitlines()
     number = next(i for i, (name, _) in enumerate(listed, 1) if name == "  default without dummy boost")
@@ -104,20 +128,22 @@ def test_a_declared_candidate_has_its_row_on_top_of_the_default(declared):
     assert "  default without dummy boost" not in by_name
 
 
-def test_a_measured_ladder_holds_the_declared_rows_and_their_peak_memory(declared, tmp_path):
-    """The dummy's rows measured by gpt_bench.py (tiny preset): built as declared, each with its peak memory."""
+def test_a_measured_ladder_holds_the_declared_rows_and_their_peak_memory(declared, tmp_path, monkeypatch):
+    """The dummy's rows measured by gpt_bench.py (tiny preset): built as declared, each with its peak memory (here
+    in this process: a fresh one would not see the patched declaration)."""
+    monkeypatch.setattr(gpt_bench, "cpu_peak", gpt_bench.fresh_process_peak)
     out = tiny_ladder_json(tmp_path / "ladder.json", "+ dummy boost (= gpt_train.py default)",
                            "  default without dummy boost")
-    on, off = out["rungs"]
+    _, on, off = out["rungs"]  # the rung before the default: its reference
     assert (on["settings"]["dummy_boost"], off["settings"]["dummy_boost"]) == (True, False)
     assert on["built"]["dummy_boost"] is True and off["built"]["dummy_boost"] is False
-    assert CHANGED == [("GPT", True), ("GPT", False)]  # each row's model, changed by the declaration
+    assert set(CHANGED) == {("GPT", True), ("GPT", False)}  # each row's model, changed by the declaration
     assert on["tokens_per_second"] > 0 and (out["n_layer"], out["n_embd"]) == (2, 64)
-    assert 0 < on["peak_memory_GiB"] < 64 and "resident" in out["peak_memory_GiB_measures"]
+    assert 0 < on["peak_memory_gib"] < 64 and off["verdict"]["against"] == on["name"]
     make_report.main([str(tmp_path / "ladder.json"), "--out", str(tmp_path / "report"), "--no-screenshots"])
     table = [line for line in (tmp_path / "report" / "report_filled.md").read_text().splitlines()
-             if "dummy boost" in line]  # the student's report: the ladder named is tabled whole
-    assert len(table) == 2 and table[0].startswith("| ") and "default without dummy boost" in table[1], table
+             if "dummy boost" in line and line.startswith("| ")]  # the student's report: the ladder tabled whole
+    assert len(table) == 2 and table[0].startswith("| ") and "默认配置去掉 + dummy boost" in table[1], table
 
 
 def test_the_probe_key_and_a_resumes_identity_hold_the_declared_acceleration(declared, tmp_path, monkeypatch):
@@ -147,3 +173,37 @@ def test_a_runs_metrics_record_the_declared_acceleration(declared, corpus, tmp_p
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert saved["accelerations"]["dummy_boost"] is False and saved["accelerations"] == metrics["accelerations"]
     assert saved["accelerations"]["fused_adamw"] is True and saved["accelerations"]["loss"] == "plain"
+    assert saved["optimizer"] == "AdamW" and saved["optimizer_settings"]["betas"] == [0.9, 0.95]
+
+
+@pytest.mark.parametrize("declared", [WithNormAndOptimizer], indirect=True)
+def test_a_declared_model_change_and_optimizer_reach_final_sampling_and_a_resume(declared, corpus, tmp_path, capsys):
+    """A model GPT-2's config cannot describe (RMSNorm) trained by a declared optimizer (SGD, its own lr):
+    metrics.json names the optimizer as built; final/ records the change and, holding no config.json, transformers
+    refuses it; sampling rebuilds the model from final/ and from a checkpoint; a resume with another value or
+    another optimizer is refused in one line."""
+    run = tmp_path / "run"
+    common = ["--tokens", "1024", "--ckpt-every", "2", "--keep-checkpoints", "--sample-tokens", "4"]
+    metrics = gpt_train.main(tiny_args(corpus, run, *common))
+    assert metrics["optimizer"] == "SGD" and metrics["optimizer_settings"]["momentum"] == 0.9
+    assert metrics["optimizer_settings"]["lr"] == pytest.approx(0.05 * 3)  # its own lr, x the tiny preset's scale
+    assert metrics["accelerations"]["fused_adamw"] is None and metrics["accelerations"]["norm"] == "rms"
+    assert "final/ is no transformers model: GPT-2's config cannot describe --norm rms" in capsys.readouterr().out
+    final = run / "final"
+    assert not (final / "config.json").exists() and not (final / "model.safetensors").exists()
+    own = json.loads((final / "lab5.json").read_text())
+    assert own["lab5"] == {"norm": "rms", "loss": "plain"} and own["transformers"].startswith("declined")
+    from transformers import GPT2LMHeadModel
+    with pytest.raises(OSError, match="model.safetensors"):
+        GPT2LMHeadModel.from_pretrained(final, local_files_only=True)
+    model, _ = load_run(run, None, torch.device("cpu"))
+    assert isinstance(model.ln_f, torch.nn.RMSNorm) and model.changes["norm"] == "rms"
+    assert sample.main([str(run), "--prompt", "The", "--tokens", "3", "--temperature", "0"])
+    (run / "metrics.json").unlink()  # unfinished: resumed from its checkpoint, sampled from it
+    shutil.rmtree(final)
+    assert isinstance(load_run(run, None, torch.device("cpu"))[0].ln_f, torch.nn.RMSNorm)
+    for change, message in [(["--norm", "layernorm"], "norm = rms; this run has norm = layernorm (--norm)"),
+                            (["--optimizer", "adamw"], "this run has lr = 0.003, weight_decay = 0.1, optimizer = "
+                                                       "adamw (--lr, --weight-decay, --optimizer)")]:
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            gpt_train.main(tiny_args(corpus, run, *common, *change))

@@ -14,20 +14,19 @@ from data import blocks, files, wos
 from data.tokenizer import open_tokenizer
 
 
-def make(corpus, cache, block_size=33, **kw):
+def make(corpus, cache, block_size=33):
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    sha = wos.corpus_identity(corpus / "X.txt")["sha256"]
-    return blocks.token_blocks(corpus / "X.txt", sha, tok, block_size, 0.05, 0, cache, **kw)
+    return blocks.token_blocks(wos.read_corpus(corpus / "X.txt"), tok, blocks.Packing(block_size, 0.05, 0, cache))
 
 
-def test_the_packed_blocks_are_the_datasets_blocks_and_a_second_run_reads_them(corpus, tmp_path):
+def test_the_cached_blocks_are_the_tokenised_blocks_and_a_second_run_reads_them(corpus, tmp_path):
     packed, stats = make(corpus, tmp_path / "cache")
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    splits = wos.load_splits(corpus / "X.txt", 0.05, 0, tmp_path / "cache")
+    splits = wos.load_splits(wos.read_corpus(corpus / "X.txt"), 0.05, 0)
     table, _ = wos.tokenize_blocks(splits, tok, 33)
     for name in ("train", "validation"):
         assert packed[name].dtype == torch.int32 and packed[name].shape[1] == 33
-        assert packed[name].tolist() == table[name]["input_ids"]
+        assert torch.equal(packed[name], table[name])
     again, stats2 = make(corpus, tmp_path / "cache")
     assert all(torch.equal(again[n], packed[n]) for n in packed) and stats2["train"]["from_cache"]
     assert {k: v for k, v in stats2["train"].items() if k != "from_cache"} == \
@@ -38,8 +37,8 @@ def test_a_warm_start_never_imports_datasets(corpus, tmp_path):
     make(corpus, tmp_path / "cache")
     code = ("import sys; from pathlib import Path; from data import blocks, wos; "
             "from data.tokenizer import open_tokenizer; c = Path(sys.argv[1]); "
-            "tok = open_tokenizer(c / 'tok.json').tokenizer; sha = wos.corpus_identity(c / 'X.txt')['sha256']; "
-            "b, s = blocks.token_blocks(c / 'X.txt', sha, tok, 33, 0.05, 0, sys.argv[2]); "
+            "tok = open_tokenizer(c / 'tok.json').tokenizer; text = wos.read_corpus(c / 'X.txt'); "
+            "b, s = blocks.token_blocks(text, tok, blocks.Packing(33, 0.05, 0, sys.argv[2])); "
             "print(s['train']['from_cache'], 'datasets' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code, str(corpus), str(tmp_path / "cache")], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
@@ -59,8 +58,8 @@ def test_a_packed_file_rewritten_in_place_is_packed_again(corpus, tmp_path, caps
 
 
 def packed(text_file, tokenizer, tmp_path, block_size=64):
-    sha = wos.corpus_identity(text_file)["sha256"]
-    return blocks.token_blocks(text_file, sha, tokenizer, block_size, 0.005, 0, tmp_path / "cache")
+    packing = blocks.Packing(block_size, cache_dir=tmp_path / "cache")
+    return blocks.token_blocks(wos.read_corpus(text_file), tokenizer, packing)
 
 
 def test_the_cache_is_reused_and_keyed_on_the_text_the_tokenizer_and_the_block_size(text_file, small_tokenizer,

@@ -89,6 +89,17 @@ def test_mnist_found_as_lenet5_finds_it(tiny_mnist):
     assert missing.status == "todo" and "MNIST files missing" in missing.detail
 
 
+def test_data_that_others_may_replace_is_not_ok(tiny_mnist, tmp_path):
+    """A world-writable data folder (a LAB5_DATA anyone may write): a todo naming it, exit 1 for the job."""
+    tiny_mnist.chmod(0o777)
+    try:
+        shared, = check_env.check_data(SimpleNamespace(data_dir=tiny_mnist), {"mnist"})
+    finally:
+        tiny_mnist.chmod(0o755)
+    assert shared.status == "todo" and shared.detail.startswith(
+        f"{tiny_mnist}, but {tiny_mnist} is writable by others (mode 777: chmod go-w): anyone could replace the data")
+
+
 @torch_cuda
 def test_a_driver_older_than_torchs_cuda_is_a_todo(tmp_path, monkeypatch):
     major, minor = check_env.release(torch.version.cuda)[:2]

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 import gpt_train
 from conftest import REPO, free_port, run_script, start_script, tiny_args, wait_for
 from conftest import in_process as main_in_process
-from training import watch
+from training import metrics as instruments
 from training.checkpoints import latest_checkpoint
 from training.metrics import STOP_EXIT_CODE
 
@@ -113,7 +113,7 @@ def test_a_skipped_fp16_step_does_not_advance_the_lr_schedule(corpus, tmp_path, 
     not count it. Here the loop is told of three skipped steps; that the scale tells them, with a real
     GradScaler and a fused AdamW, is test_training's test_a_step_skipped_by_a_real_grad_scaler..."""
     reports = iter([True] * 3)
-    monkeypatch.setattr(watch.SkippedSteps, "last_skipped", lambda self: next(reports, False))
+    monkeypatch.setattr(instruments.SkippedSteps, "last_skipped", lambda self: next(reports, False))
     metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", str(10 * 8 * 32), "--keep-checkpoints"))
     state = json.loads((latest_checkpoint(tmp_path / "run")[0] / "trainer_state.json").read_text())
     assert state["step"] == 10 and state["lr_step"] == 7 and metrics["skipped_steps"] == 3  # counted in the metrics
@@ -175,7 +175,7 @@ def test_cpu_micro_batch_auto_takes_the_preset_within_the_share(corpus, tmp_path
 
 def test_batches_come_without_worker_processes(corpus, tmp_path, monkeypatch):
     seen = []
-    from training import batches
+    from training import budget as batches
     original = batches.epoch_loader
 
     def spy(*args, **kwargs):
@@ -345,7 +345,7 @@ def test_the_own_tokenizer_as_a_file_or_its_folder_is_the_same_run(corpus, tmp_p
 
 
 def test_a_second_run_on_the_same_directory_is_refused(corpus, tmp_path, capsys):
-    from training.runfiles import RunLock
+    from training.rundir import RunLock
     with RunLock(tmp_path / "run"):  # the first run, still going (flock: another open file is another holder)
         result = in_process(capsys, *tiny_args(corpus, tmp_path / "run"))
     assert result.returncode == 1
@@ -538,7 +538,7 @@ def test_the_loss_window_a_checkpoint_saves_is_every_processs_mean():
     must be their mean (the first log point after a resume then averages as an uninterrupted run's)."""
     import torch
 
-    from training.watch import LossWindow
+    from training.metrics import LossWindow
 
     class TwoRanks:  # this rank's sum is 1.0, the other's 3.0
         def reduce(self, tensor, reduction):
@@ -553,15 +553,15 @@ def test_the_loss_window_a_checkpoint_saves_is_every_processs_mean():
 def test_final_weights_are_written_before_the_samples_and_a_stop_ends_the_samples(corpus, tmp_path, monkeypatch):
     """The final samples come after final/ (a job cut short while sampling has its weights), and a stop
     signal ends them early, keeping what was generated."""
-    from training import sample
+    from training import final
     seen = {}
-    real = sample.greedy_and_sampled
+    real = final.greedy_and_sampled
 
     def stopping(model, idx, new_tokens, generator, vocab_size, stop=None):
         seen["final"] = (tmp_path / "run" / "final" / "model.safetensors").is_file()
         stop.signal = "SIGUSR1"  # Slurm's warning arrives as sampling starts
         return real(model, idx, new_tokens, generator, vocab_size, stop)
-    monkeypatch.setattr(sample, "greedy_and_sampled", stopping)
+    monkeypatch.setattr(final, "greedy_and_sampled", stopping)
     metrics = gpt_train.main(tiny_args(corpus, tmp_path / "run", "--tokens", "2048", "--sample-tokens", "1024"))
     assert seen["final"] and metrics["samples"]["new_tokens"] == 0
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["samples"]["new_tokens"] == 0

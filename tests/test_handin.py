@@ -3,6 +3,7 @@
 accepts, and the tarball written by temp-and-rename (never half a tarball, never through a link, replaced only
 with --force). Bash and tar only: no Slurm, no Python of the project."""
 import fcntl
+import json
 import os
 import pwd
 import signal
@@ -197,11 +198,11 @@ def test_a_pack_interrupted_while_writing_leaves_the_old_tarball_and_no_temporar
                              "runs/gpt/gpt-7"], cwd=repo, start_new_session=True, stderr=subprocess.PIPE)
 
     def writing():
-        return [p for p in repo.glob(PACK + ".tmp-*") if p.stat().st_size > 1 << 20]
+        return [p for p in repo.glob(".lab5-handin-*.part") if p.stat().st_size > 1 << 20]
     assert wait_for(writing, timeout=60, proc=proc), "the pack never started writing"
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) != 0
-    assert pack.read_bytes() == before and not list(repo.glob(PACK + ".tmp-*"))
+    assert pack.read_bytes() == before and not list(repo.glob(".lab5-handin-*.part"))
 
 
 def test_a_run_folder_whose_name_is_not_a_pattern_keeps_its_log(tmp_path):
@@ -230,3 +231,100 @@ def test_a_read_only_repository_is_one_line(tmp_path):
             f"error: cannot write in {repo} (read-only?): the tarball is written there")
     finally:
         subprocess.run(["umount", "--lazy", str(repo)], check=True)
+
+
+def sources(repo, pdf, inputs, markdown="runs/myreport/report_filled.md"):
+    """The sources.json make_report.py writes into its --out folder (beside the PDF it printed)."""
+    (repo / markdown).write_text("# 报告\n")
+    (repo / "runs/myreport/sources.json").write_text(json.dumps(
+        {"inputs": [str(path) for path in inputs], "markdown": str(repo / markdown), "pdf": str(pdf)}))
+
+
+def test_the_report_alone_packs_what_its_sources_json_lists(tmp_path):
+    """Given only the PDF: the sources.json beside it (its "pdf" that PDF), the report's Markdown, each run folder
+    it lists (no weights, no run.lock) with its jobs' logs, each file it lists inside the repository (the
+    student's report source, a ladder JSON). Inputs outside the repository or gone are said, not packed."""
+    repo, lenet, gpt = handin_repo(tmp_path)
+    (gpt / "run.lock").write_text("")
+    (repo / "runs/my_report.md").write_text("# 我的报告\n")
+    (repo / "runs/ladder.json").write_text("{}")
+    outside = tmp_path / "data.json"
+    outside.write_text("{}")
+    sources(repo, repo / "runs/myreport/lab5-report-student.pdf",
+            [lenet, gpt, repo / "runs/my_report.md", repo / "runs/ladder.json", outside, repo / "runs/gone"])
+    done = handin(repo, "runs/myreport/lab5-report-student.pdf")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert {m for m in members(repo / PACK) if m.startswith("runs/")} == {
+        "runs/myreport/lab5-report-student.pdf", "runs/myreport/sources.json", "runs/myreport/report_filled.md",
+        "runs/my_report.md", "runs/ladder.json", f"runs/lenet5/{lenet.name}/metrics.json",
+        f"runs/lenet5/{lenet.name}/events.out.tfevents.1.n1", "runs/gpt/gpt-7/metrics.json",
+        "runs/gpt/gpt-7/events.out.tfevents.1.n1", "runs/slurm/lenet5-3.out", "runs/slurm/gpt-7.out"}
+    assert f"not packed (outside the repository, or gone): {outside}\n" in done.stdout
+    assert f"not packed (outside the repository, or gone): {repo / 'runs/gone'}\n" in done.stdout
+    assert "not packed: 2 weight and checkpoint files" in done.stdout
+
+
+def test_a_sources_json_of_another_pdf_is_not_packed(tmp_path):
+    """A sources.json from a build that printed another PDF (or none) does not describe this one: without runs
+    named the pack is refused in one line; with runs named only those go in."""
+    repo, lenet, gpt = handin_repo(tmp_path)
+    sources(repo, repo / "runs/myreport/older.pdf", [gpt])
+    assert refused(handin(repo, "runs/myreport/lab5-report-student.pdf")) == (
+        "error: no sources.json beside runs/myreport/lab5-report-student.pdf names it: name the runs it reports")
+    done = handin(repo, "runs/myreport/lab5-report-student.pdf", lenet)
+    assert done.returncode == 0, done.stderr
+    packed = {m for m in members(repo / PACK) if m.startswith("runs/")}
+    assert "runs/myreport/sources.json" not in packed and "runs/gpt/gpt-7/metrics.json" not in packed
+
+
+def test_a_lock_file_is_never_packed_even_named(tmp_path):
+    """A run's run.lock (a live run holds it; a copy is meaningless) stays out, from a run folder or named."""
+    repo, lenet, _ = handin_repo(tmp_path)
+    (lenet / "run.lock").write_text("")
+    (repo / "mine.lock").write_text("")
+    done = handin(repo, "runs/myreport/lab5-report-student.pdf", lenet, "mine.lock")
+    assert done.returncode == 0, done.stderr
+    assert not [m for m in members(repo / PACK) if m.endswith(".lock")]
+    assert "mine.lock" not in done.stdout
+
+
+def test_a_full_disk_is_one_line_naming_it_and_leaves_no_temporary(tmp_path):
+    """The repository on a small file system that the tarball cannot fit: `packing failed:` and the reason (not
+    an empty one, nor tar's closing `Error is not recoverable`); no .part left. Skipped where mount is not
+    permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mount not permitted here")
+    try:
+        repo, lenet, _ = handin_repo(disk)
+        free = os.statvfs(repo).f_bavail * os.statvfs(repo).f_frsize
+        (repo / "big.dat").write_bytes(os.urandom(free - (64 << 10)))  # incompressible: 64 KiB left for the pack
+        done = handin(repo, "runs/myreport/lab5-report-student.pdf", lenet, "big.dat")
+        assert refused(done) == "error: packing failed: gzip: stdout: No space left on device"
+        assert not list(repo.glob(".lab5-handin-*")) and not (repo / PACK).exists()
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def test_a_killed_pack_leaves_a_part_that_the_next_pack_removes(packed):
+    """SIGKILL (no trap runs) to the pack and its tar in the middle of writing: its .part is left beside the
+    tarball, the old tarball whole; the next pack removes it under the lock and packs."""
+    repo, pack = packed
+    before = pack.read_bytes()
+    (repo / "big.dat").write_bytes(os.urandom(64 << 20))  # seconds of gzip
+    subprocess.run(["git", "add", "big.dat"], cwd=repo, check=True)
+    proc = subprocess.Popen(["bash", "slurm/handin.sh", "--force", "runs/myreport/lab5-report-student.pdf",
+                             "runs/gpt/gpt-7"], cwd=repo, start_new_session=True)
+
+    def parts():
+        return [p for p in repo.glob(".lab5-handin-*.part") if p.stat().st_size > 1 << 20]
+    assert wait_for(parts, timeout=60, proc=proc), "the pack never started writing"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert pack.read_bytes() == before and parts()
+    (repo / "big.dat").unlink()
+    subprocess.run(["git", "rm", "-q", "--cached", "big.dat"], cwd=repo, check=True)
+    done = handin(repo, "--force", "runs/myreport/lab5-report-student.pdf", "runs/gpt/gpt-7")
+    assert done.returncode == 0 and "big.dat" not in members(pack), done.stderr
+    assert not list(repo.glob(".lab5-handin-*"))

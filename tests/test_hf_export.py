@@ -13,7 +13,7 @@ import torch
 
 import gpt_train
 from conftest import REPO, generated_docs, tiny_args
-from training import sample
+from training import final, sample
 from training.final import load_run
 
 VOCAB = 500  # not a multiple of 64: the model has 12 padding rows (512)
@@ -67,8 +67,8 @@ def test_transformers_opens_final_offline_and_computes_the_projects_loss(padded_
     prompt = ids[:1, :8]
     with torch.no_grad():  # greedy: the same next tokens as training.sample's
         hf = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=12)
-    greedy = partial(sample.pick, temperature=0.0, top_k=0, generator=None)
-    ours_ids = torch.cat(list(sample.token_stream(ours, prompt, 12, greedy, VOCAB)), dim=1)
+    greedy = partial(final.pick, temperature=0.0, top_k=0, generator=None)
+    ours_ids = torch.cat(list(final.token_stream(ours, prompt, 12, greedy, VOCAB)), dim=1)
     assert hf[0, 8:].tolist() == ours_ids[0, :hf.size(1) - 8].tolist()
 
 

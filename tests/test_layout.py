@@ -1,7 +1,8 @@
 """The repository's shape: the packages never import a top-level script (the scripts import them), no
 module imports one that imports it back (at any depth, inside functions too), and data/ (the lowest floor)
 imports nothing from training/ but its exception, training.errors. These protect a reader of any version, a
-student's too; the kit's own size budgets (lines, functions, noqa comments) are the maintainers' and live in .ci/budgets.sh, not here."""
+student's too; the kit's own size budgets (tokens, lines, functions, noqa comments) are the maintainers' and live in
+.ci/budgets.sh, not here."""
 import ast
 
 import pytest

@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from training.errors import OutputError
 from training import lifecycle
+from training.errors import OutputError
 
 
 def test_a_user_error_is_one_line_and_exit_1():

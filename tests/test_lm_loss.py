@@ -1,15 +1,15 @@
-"""training/lm_loss.py under fp16 autocast (a 2080 Ti's `--loss chunked`): its matmuls run in fp16 before any
-loss scaling, so the gradient must not be divided by the token count before them. (Its fp32 and bf16
-agreement with the plain loss: tests/test_sample.py.)"""
+"""training/model.py's chunked_cross_entropy under fp16 autocast (a 2080 Ti's `--loss chunked`): its matmuls
+run in fp16 before any loss scaling, so the gradient must not be divided by the token count before them. (Its
+fp32 and bf16 agreement with the plain loss: tests/test_sample.py.)"""
 import torch
 
-from training import lm_loss
+from training.model import chunked_cross_entropy
 
 
 def chunked_grads(hidden, weight, targets, fp16):
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
-        loss = lm_loss.chunked_cross_entropy(h, w, targets, 1024)
+        loss = chunked_cross_entropy(h, w, targets, 1024)
     (loss * 4096).backward()  # GradScaler's scale, then unscaled as it unscales
     return h.grad / 4096, w.grad / 4096
 

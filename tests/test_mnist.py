@@ -43,22 +43,22 @@ def test_dataset_rejects_count_mismatch_and_bad_labels(tmp_path):
     images, labels = synthetic_digits(10, seed=0)
     img = write_idx(tmp_path / "img", images)
     with pytest.raises(MNISTError, match="10 images but .* 9 labels"):
-        mnist.MNIST(img, write_idx(tmp_path / "lab9", labels[:9]))
+        mnist.load(img, write_idx(tmp_path / "lab9", labels[:9]))
     with pytest.raises(MNISTError, match="outside 0..9"):
-        mnist.MNIST(img, write_idx(tmp_path / "lab", labels + 5))
+        mnist.load(img, write_idx(tmp_path / "lab", labels + 5))
 
 
 def test_dataset_batches_are_normalised_gathers(tiny_mnist):
     paths = mnist.find_mnist(tiny_mnist, download=False)
-    ds = mnist.MNIST(*paths["test"])
-    x, y = ds[[3, 1, 4]]
+    ds = mnist.load(*paths["test"])
+    x, y = ds[torch.tensor([3, 1, 4])]
     assert x.shape == (3, 1, 28, 28) and x.dtype == torch.float32
-    assert torch.equal(y, ds.labels[[3, 1, 4]])
-    expected = (ds.images[1].float() / 255 - mnist.MEAN) / mnist.STD
+    assert torch.equal(y, mnist.read_idx(paths["test"][1]).long()[[3, 1, 4]])
+    expected = (mnist.read_idx(paths["test"][0])[1].float() / 255 - mnist.MEAN) / mnist.STD
     assert torch.allclose(x[1, 0], expected)
     loader = mnist.Batches(ds, 64, shuffle=True, seed=3)
     seen = torch.cat([yb for _, yb in loader])
-    assert len(seen) == len(ds) and sorted(seen.tolist()) == sorted(ds.labels.tolist())
+    assert len(seen) == len(ds) and sorted(seen.tolist()) == sorted(ds.tensors[1].tolist())
     assert [b.tolist() for _, b in mnist.Batches(ds, 64, True, 3)] == \
            [b.tolist() for _, b in mnist.Batches(ds, 64, True, 3)]  # seeded order
     first, second = ([b.tolist() for _, b in loader] for _ in range(2))
@@ -90,7 +90,7 @@ def test_a_gz_that_inflates_past_its_header_is_refused_in_bounded_memory(tmp_pat
             f.write(bytes([0, 0, 8, 3]) + struct.pack(">3I", *dims))
             for _ in range(64):
                 f.write(bytes(1 << 20))
-    for name, message in (("long", r"more bytes after its header, which says \(10, 28, 28\).*truncated or corrupt"),
+    for name, message in (("long", r"not 7,840 bytes after its header, which says \(10, 28, 28\) \(truncated"),
                           ("huge", "more than MNIST's files hold")):
         tracemalloc.start()
         try:

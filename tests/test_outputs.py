@@ -1,4 +1,4 @@
-"""Every script's outputs and flags under the shared rules of training/runfiles.py: bookkeeping
+"""Every script's outputs and flags under the shared rules of training/rundir.py: bookkeeping
 written through no planted link, no output on another run, path flags in one line, no abbreviated flags."""
 import contextlib
 import json
@@ -15,8 +15,7 @@ import lenet5
 import tokenizer_train
 from conftest import REPO, run_script, tiny_args
 from data import files
-from training import runfiles, sample
-from training import errors
+from training import errors, rundir, sample
 
 # ------------------------------------------------------------------ 36.1: bookkeeping through a planted link
 
@@ -53,12 +52,12 @@ def test_a_run_lock_that_is_not_a_plain_file_of_one_name_is_refused_and_its_targ
     """In a run folder of this program's (a resume), run.lock is the one bookkeeping file a start opens."""
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / runfiles.OWNER_FILE).write_text("gpt_train.py\n")
+    (folder / rundir.OWNER_FILE).write_text("gpt_train.py\n")
     (folder / "ckpt-0000004").mkdir()
     {"symlink": lambda p: p.symlink_to(victim), "hard link": lambda p: os.link(victim, p),
      "fifo": lambda p: os.mkfifo(p)}[plant](folder / "run.lock")
     with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="is not a run lock"):
-        runfiles.claim_run_dir(folder, "gpt_train.py", stack)
+        rundir.claim_run_dir(folder, "gpt_train.py", stack)
     assert victim.read_text() == "precious\n"
 
 
@@ -67,14 +66,14 @@ def test_the_owner_file_is_replaced_not_written_through(tmp_path, victim):
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "notes").mkdir()  # not empty: only a folder this program owns is reused
-    (folder / runfiles.OWNER_FILE).write_text("gpt_train.py\n")
+    (folder / rundir.OWNER_FILE).write_text("gpt_train.py\n")
     with contextlib.ExitStack() as stack:
-        runfiles.claim_run_dir(folder, "gpt_train.py", stack)
-        (folder / runfiles.OWNER_FILE).unlink()
-        (folder / runfiles.OWNER_FILE).symlink_to(victim)
-        assert runfiles.read_owner(folder) is None  # a link is no owner
+        rundir.claim_run_dir(folder, "gpt_train.py", stack)
+        (folder / rundir.OWNER_FILE).unlink()
+        (folder / rundir.OWNER_FILE).symlink_to(victim)
+        assert rundir.read_owner(folder) is None  # a link is no owner
     with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="not empty"):
-        runfiles.claim_run_dir(folder, "gpt_train.py", stack)
+        rundir.claim_run_dir(folder, "gpt_train.py", stack)
     assert victim.read_text() == "precious\n"
 
 
@@ -94,7 +93,7 @@ def gpt_run(tmp_path):
     """A finished GPT run's folder: its metrics and weights are its only record."""
     run = tmp_path / "gpt-run"
     (run / "final").mkdir(parents=True)
-    (run / runfiles.OWNER_FILE).write_text("gpt_train.py\n")
+    (run / rundir.OWNER_FILE).write_text("gpt_train.py\n")
     (run / "metrics.json").write_text('{"final_loss": 5.62}\n')
     (run / "final" / "model.safetensors").write_bytes(b"the only weights" * 64)
     return run
@@ -159,27 +158,27 @@ def test_force_replaces_only_a_file_of_the_kind_the_output_is(tmp_path, kind, pl
     path = tmp_path / "out"
     path.write_bytes(planted)
     with pytest.raises(errors.OutputError, match="exists and is not a"):
-        runfiles.check_output(path, "--metrics-out", force=True, kind=kind)
+        rundir.check_output(path, "--metrics-out", force=True, kind=kind)
     assert path.read_bytes() == planted
 
 
 def test_an_existing_output_is_replaced_only_with_force(tmp_path):
     path = tmp_path / "m.json"
-    runfiles.check_output(path, "--metrics-out")  # new: fine
+    rundir.check_output(path, "--metrics-out")  # new: fine
     files.write_json(path, {"accuracy": 0.99})
     with pytest.raises(errors.OutputError, match=f"^--metrics-out {path} exists; pass --force to replace it"):
-        runfiles.check_output(path, "--metrics-out")
-    runfiles.check_output(path, "--metrics-out", force=True)
+        rundir.check_output(path, "--metrics-out")
+    rundir.check_output(path, "--metrics-out", force=True)
     torch_file = tmp_path / "w.pt"
     torch.save({"w": torch.zeros(2)}, torch_file)
-    runfiles.check_output(torch_file, "--save", force=True, kind="torch.save")
+    rundir.check_output(torch_file, "--save", force=True, kind="torch.save")
     (tmp_path / "link.json").symlink_to(path)  # a link is never replaced: the file it names may be anyone's
     with pytest.raises(errors.OutputError, match="exists and is a symbolic link, not a file this program writes"):
-        runfiles.check_output(tmp_path / "link.json", "--metrics-out", force=True)
+        rundir.check_output(tmp_path / "link.json", "--metrics-out", force=True)
     assert json.loads(path.read_text()) == {"accuracy": 0.99}
 
 
-@pytest.mark.parametrize("name", sorted(runfiles.BOOKKEEPING))
+@pytest.mark.parametrize("name", sorted(rundir.BOOKKEEPING))
 def test_an_output_named_like_a_runs_bookkeeping_is_refused(tiny_mnist, tmp_path, name):
     """A new surface of the rule above: `--out-dir R --metrics-out R/run.owner` (R new, so no run above it yet)
     would have replaced the run's own owner file or lock with the metrics."""
@@ -308,6 +307,18 @@ def test_a_damaged_checkpoint_file_is_named_without_torchs_advice_to_load_it_uns
     assert "weights_only" not in message and "\n" not in message and f"delete {garbage.parent}" in message
 
 
+def test_a_training_state_with_a_key_this_version_does_not_know_is_one_line(tmp_path):
+    """A checkpoint written by another version of the kit (its manifest intact): one line, not a TypeError."""
+    from training import checkpoints
+    ckpt = tmp_path / "ckpt-0000004"
+    ckpt.mkdir()
+    (ckpt / checkpoints.STATE_FILE).write_text(json.dumps({"step": 4, "ema_decay": 0.99, "run": {}}))
+    with pytest.raises(errors.UserError) as refused:
+        checkpoints.load_state(ckpt)
+    assert str(refused.value).startswith(f"{ckpt / checkpoints.STATE_FILE} is not a training state this version reads")
+    assert "ema_decay" in str(refused.value) and "\n" not in str(refused.value)
+
+
 # ------------------------------------------------------------------ the --force rule
 
 def test_force_replaces_a_torch_archive_never_any_other_zip(tiny_mnist, tmp_path):
@@ -321,14 +332,14 @@ def test_force_replaces_a_torch_archive_never_any_other_zip(tiny_mnist, tmp_path
     assert thesis.read_bytes() == before and not (tmp_path / "run").exists()
     weights = tmp_path / "w.pt"
     torch.save({"w": torch.ones(1)}, weights)
-    runfiles.check_output(weights, "--save", force=True, kind="torch.save")  # its own kind: replaceable
+    rundir.check_output(weights, "--save", force=True, kind="torch.save")  # its own kind: replaceable
 
 
 def test_a_link_or_dotdot_never_leads_an_output_into_another_run(tmp_path, gpt_run):
     (tmp_path / "deep").symlink_to(gpt_run / "final")
     for path in (tmp_path / "deep" / "x.json", tmp_path / "deep" / ".." / "y.json"):
         with pytest.raises(errors.OutputError, match="the folder of another run"):
-            runfiles.check_output(path, "--metrics-out")
+            rundir.check_output(path, "--metrics-out")
     assert sorted(p.name for p in gpt_run.iterdir()) == ["final", "metrics.json", "run.owner"]
 
 

@@ -1,13 +1,15 @@
 """Folders whose files a run trusts, on a login node shared with other users: a --cache-dir (the token cache is
-trained on) or an --out-dir (its metrics.json is the run's record) that another user owns or may write is refused
-in one line (data/files.check_private), never read. A second user is made with useradd where the tests run as root;
-those cases skip elsewhere."""
+trained on), an --out-dir (its metrics.json is the run's record) or a --compile-cache (its kernels run) that another
+user owns or may write, or that lies inside a folder they may swap, is refused in one line (data/files.check_folder,
+also training/rundir.check_folder), never read; a folder made here is made without write for others. A second user
+is made with useradd where the tests run as root; those cases skip elsewhere."""
 import contextlib
 import grp
 import json
 import os
 import pwd
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -19,10 +21,9 @@ import pytest
 
 from conftest import REPO
 from data import blocks, files, wos
-from training.errors import OutputError
 from data.tokenizer import open_tokenizer
-from training import runfiles
-from training import errors
+from training import errors, rundir
+from training.errors import OutputError
 
 OTHER = "lab5-other"
 
@@ -43,8 +44,7 @@ def other_user():
 
 def cache_blocks(corpus, cache):
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    sha = wos.corpus_identity(corpus / "X.txt")["sha256"]
-    return blocks.token_blocks(corpus / "X.txt", sha, tok, 33, 0.05, 0, cache)
+    return blocks.token_blocks(wos.read_corpus(corpus / "X.txt"), tok, blocks.Packing(33, 0.05, 0, cache))
 
 
 def poison(cache):
@@ -70,8 +70,9 @@ def test_a_token_cache_another_user_can_write_is_refused_not_trained_on(corpus, 
     cache.chmod(0o777)
     with pytest.raises(OutputError) as refused:
         cache_blocks(corpus, cache)
-    assert str(refused.value) == (f"--cache-dir {cache} is writable by others (mode 777: chmod go-w): files there "
-                                  f"could be anyone's; give a folder of your own")
+    corpus_dir = next(cache.glob("corpus-*"))
+    assert str(refused.value) == (f"--cache-dir {corpus_dir} is inside {cache}, which is writable by others (mode 777: "
+                                  f"chmod go-w): files there could be anyone's; give a folder of your own")
     cache.chmod(0o755)
     next(cache.glob("corpus-*")).chmod(0o1777)  # the sticky bit stops no one from adding files
     with pytest.raises(OutputError, match="is writable by others .mode 1777"):
@@ -86,10 +87,8 @@ def test_a_token_cache_owned_by_another_user_is_refused(corpus, tmp_path, other_
     chown_tree(cache, other_user.pw_uid, other_user.pw_gid)
     with pytest.raises(OutputError) as refused:
         cache_blocks(corpus, cache)
-    assert str(refused.value) == (f"--cache-dir {cache} is another user's: files there could be anyone's; give a "
-                                  f"folder of your own")
-    with pytest.raises(OutputError, match="is another user's"):  # the datasets cache of the text too
-        wos.load_splits(corpus / "X.txt", cache_dir=cache)
+    assert str(refused.value) == (f"--cache-dir {next(cache.glob('corpus-*'))} is another user's: files there could "
+                                  f"be anyone's; give a folder of your own")
 
 
 def test_an_out_dir_another_user_owns_or_can_write_is_refused_and_a_private_one_used(tmp_path, other_user):
@@ -110,11 +109,11 @@ def test_an_out_dir_another_user_owns_or_can_write_is_refused_and_a_private_one_
     for folder, why in ((made, "is writable by others (mode 777"), (shared, "is writable by others (mode 775"),
                         (theirs, "is another user's")):
         with contextlib.ExitStack() as stack, pytest.raises(OutputError) as refused:
-            runfiles.open_run(folder, "gpt_train.py", stack)
+            rundir.open_run(folder, "gpt_train.py", stack)
         assert str(refused.value).startswith(f"--out-dir {folder} {why}") and "\n" not in str(refused.value)
         assert sorted(p.name for p in folder.iterdir()) == []  # nothing written there
     with contextlib.ExitStack() as stack:
-        assert runfiles.open_run(mine, "gpt_train.py", stack) is False
+        assert rundir.open_run(mine, "gpt_train.py", stack) is False
 
 
 def test_the_check_from_an_unprivileged_users_side(other_user):
@@ -129,13 +128,14 @@ def test_the_check_from_an_unprivileged_users_side(other_user):
             folder.chmod(mode)
         for folder in (own, open_):
             os.chown(folder, other_user.pw_uid, other_user.pw_gid)
-        (root / "pkg" / "data").mkdir(parents=True)  # a copy they can read, wherever the checkout lies
-        for module in (REPO / "data").glob("*.py"):
-            shutil.copy(module, root / "pkg" / "data")
+        for package in ("data", "training"):  # a copy they can read, wherever the checkout lies
+            (root / "pkg" / package).mkdir(parents=True)
+            for module in (REPO / package).glob("*.py"):
+                shutil.copy(module, root / "pkg" / package)
         code = ("import sys; sys.path.insert(0, sys.argv[1]); from data import files\n"
                 "for folder in sys.argv[2:]:\n"
-                "    try:\n        files.check_private('--out-dir', folder); print('used')\n"
-                "    except errors.OutputError as e:\n        print(e)")
+                "    try:\n        files.check_folder(folder, '--out-dir'); print('used')\n"
+                "    except files.OutputError as e:\n        print(e)")
         for python in (sys.executable, "/usr/bin/python3"):  # a Python of root's own (pyenv) may be closed to them
             with contextlib.suppress(PermissionError, FileNotFoundError):
                 done = subprocess.run([python, "-c", code, str(root / "pkg"), str(ours), str(own), str(open_)],
@@ -166,7 +166,7 @@ def test_a_folder_an_acl_opens_to_another_user_is_refused(other_user, tmp_path):
     except OSError as e:
         pytest.skip(f"no POSIX ACLs on this file system ({e.strerror})")
     with pytest.raises(OutputError, match=r"is writable by others \(mode 775: setfacl -b, chmod go-w\)"):
-        files.check_private("--cache-dir", folder)
+        files.check_folder(folder, "--cache-dir")
 
 
 def test_a_group_that_is_another_users_primary_one_is_not_private(other_user, tmp_path):
@@ -185,3 +185,92 @@ def test_a_group_that_is_another_users_primary_one_is_not_private(other_user, tm
         assert not files.own_group(os.stat(folder))
     finally:
         subprocess.run(["userdel", member], check=True)
+
+
+def test_a_folder_inside_one_another_user_may_swap_is_refused(other_user, tmp_path):
+    """Their folder (they may rename what is inside), or a folder of anyone's that others may write without the
+    sticky bit: the run folder under it could be replaced. /tmp's sticky bit is fine; so is a root-owned /home."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    open_ = tmp_path / "open"
+    open_.mkdir()
+    open_.chmod(0o777)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    for parent, why in ((theirs, "another user's"), (open_, "which is writable by others (mode 777: chmod go-w)")):
+        with pytest.raises(OutputError) as refused:
+            files.check_folder(parent / "runs" / "gpt", "--out-dir")
+        assert str(refused.value).startswith(f"--out-dir {parent / 'runs' / 'gpt'} is inside {parent}, {why}: ")
+        assert list(parent.iterdir()) == []  # nothing made there
+    files.check_folder(sticky / "runs", "--out-dir")
+    assert stat.S_IMODE((sticky / "runs").stat().st_mode) & 0o022 == 0
+
+
+def test_a_runs_link_into_another_users_folder_is_refused(other_user, tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "runs").symlink_to(theirs)
+    with contextlib.ExitStack() as stack, pytest.raises(OutputError, match=f"is inside {theirs}, another user's"):
+        rundir.open_run(tmp_path / "repo" / "runs" / "gpt" / "x", "gpt_train.py", stack)
+    assert list(theirs.iterdir()) == []
+
+
+def test_a_run_folder_is_made_without_write_for_others_whatever_the_umask(tmp_path):
+    previous = os.umask(0)
+    try:
+        with contextlib.ExitStack() as stack:
+            rundir.open_run(tmp_path / "runs" / "gpt" / "x", "gpt_train.py", stack)
+            modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "runs", tmp_path / "runs" / "gpt",
+                                                                 tmp_path / "runs" / "gpt" / "x")}
+    finally:
+        os.umask(previous)
+    assert modes == dict.fromkeys(modes, 0o755)
+
+
+def test_a_compile_cache_others_may_write_is_refused_in_one_line(tmp_path, monkeypatch):
+    from training import device
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    with pytest.raises(errors.UserError) as refused:
+        device.use_compile_cache(cache)
+    assert str(refused.value) == (f"--compile-cache {cache / 'inductor'} is inside {cache}, which is writable by "
+                                  f"others (mode 777: chmod go-w): files there could be anyone's; give a folder of "
+                                  f"your own; or --compile off")
+    assert list(cache.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_no_compile_cache_lands_in_a_tmp_folder_another_user_made_first(tmp_path):
+    """torch keeps precompiled headers in $TMPDIR/torchinductor_$USER whatever TORCHINDUCTOR_CACHE_DIR says: a
+    folder of that name planted first (0777) stays empty; headers, kernels and Triton's files go to the cache."""
+    tmp = tmp_path / "tmp"
+    planted = tmp / f"torchinductor_{pwd.getpwuid(os.geteuid()).pw_name}"
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); from training import device\n"
+            "device.use_compile_cache(sys.argv[2])\n"
+            "print(torch.compile(lambda x: torch.nn.functional.gelu(x) * 2 + 1)(torch.ones(64)).sum().item())")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    done = subprocess.run([sys.executable, "-c", code, str(REPO), str(tmp_path / "cache")], capture_output=True,
+                          text=True, timeout=600, env={**env, "TMPDIR": str(tmp)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(planted.rglob("*")) == []
+    assert any((tmp_path / "cache" / "inductor").rglob("*"))
+
+
+def test_an_output_file_in_a_folder_others_may_write_is_refused_in_a_sticky_one_written(tmp_path):
+    """Without the sticky bit anyone may replace a finished metrics file; with it (/tmp) only its owner."""
+    open_, sticky = tmp_path / "open", tmp_path / "sticky"
+    for folder, mode in ((open_, 0o777), (sticky, 0o1777)):
+        folder.mkdir()
+        folder.chmod(mode)
+    with pytest.raises(OutputError, match=f"^--metrics-out {open_ / 'm.json'} is inside {open_}, which is writable"):
+        rundir.check_output(open_ / "m.json", "--metrics-out")
+    rundir.check_output(sticky / "m.json", "--metrics-out")

@@ -1,17 +1,23 @@
 """report/browser.py on a shared login node: TensorBoard, Chromium and the PDF keep their temporaries in one private
-folder, the screenshot is of this process's own server, Chromium prints a page that reads no file, and the
-screenshots' tag filters find the loss and accuracy cards under both the current and the older tag names."""
+folder, the screenshot is of this process's own server, TensorBoard serves the runs under a secret path only (the
+screenshots' server and the student's `python -m report.browser` alike), a stopped build leaves no Chromium behind,
+Chromium prints a page that reads no file, and the screenshots' tag filters find the loss and accuracy cards under
+both the current and the older tag names."""
 import contextlib
+import getpass
 import http.server
 import json
 import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -20,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from conftest import require_or_skip
+from conftest import REPO, require_or_skip, wait_for
 from report import browser
 
 GPT_TAGS = {"loss/train", "loss/val", "perf/tokens_per_second"}  # the cards the GPT screenshot must show
@@ -72,11 +78,9 @@ def plant(uid, path, target=None):
 
 # --------------------------------------------------------------------- TensorBoard: private, and its own server
 
-def test_tensorboard_writes_nothing_into_a_shared_tmpdir_and_never_through_a_planted_link(tmp_path, monkeypatch,
-                                                                                         other_uid):
-    """A shared TMPDIR where another user made `.tensorboard-info` (0777) with a `pid-N.info` link for every pid
-    the next processes may get, each to the student's metrics.json: the `tensorboard` command writes its info file
-    there through the link; the report's TensorBoard must write nothing there at all."""
+def planted_tmpdir(tmp_path, other_uid):
+    """A shared TMPDIR (1777) where another user made `.tensorboard-info` (0777) with a `pid-N.info` link for every
+    pid the next processes may get, each to the student's metrics.json: (the TMPDIR, metrics.json, the links)."""
     shared, victim = tmp_path / "shared", tmp_path / "run" / "metrics.json"
     shared.mkdir(mode=0o777)
     shared.chmod(0o1777)
@@ -86,7 +90,15 @@ def test_tensorboard_writes_nothing_into_a_shared_tmpdir_and_never_through_a_pla
     last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
     for pid in {os.getpid(), *range(last + 1, last + 4000)}:
         plant(other_uid, shared / ".tensorboard-info" / f"pid-{pid}.info", victim)
-    before = sorted(os.listdir(shared / ".tensorboard-info"))
+    return shared, victim, sorted(os.listdir(shared / ".tensorboard-info"))
+
+
+def test_tensorboard_writes_nothing_into_a_shared_tmpdir_and_never_through_a_planted_link(tmp_path, monkeypatch,
+                                                                                         other_uid):
+    """A shared TMPDIR where another user made `.tensorboard-info` (0777) with a `pid-N.info` link for every pid
+    the next processes may get, each to the student's metrics.json: the `tensorboard` command writes its info file
+    there through the link; the report's TensorBoard must write nothing there at all."""
+    shared, victim, before = planted_tmpdir(tmp_path, other_uid)
     monkeypatch.setenv("TMPDIR", str(shared))
     monkeypatch.setattr("tempfile.tempdir", None)  # (read again from TMPDIR)
     with browser.serve_tensorboard(write_events(tmp_path / "events", LENET_TAGS)) as base:
@@ -107,20 +119,76 @@ def listening_ports_of_this_process():
     return {int(row[1].split(":")[1], 16): row[9] for row in rows if row[3] == "0A" and f"socket:[{row[9]}]" in inodes}
 
 
-def test_the_tensorboard_url_is_a_port_this_process_listens_on(tmp_path):
+def status(url):
+    """The HTTP status a GET of url gets."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def without_secret(url):
+    """Every path that reads the runs, or could, on url's port but not under its secret path."""
+    root = url.split("/")[:3]
+    return ["/".join(root) + path for path in ("/", "/data/plugin/scalars/tags", "/data/runs", "/lab5-storage")]
+
+
+def test_the_tensorboard_url_is_a_port_this_process_listens_on_and_its_runs_are_under_a_secret(tmp_path):
     """Whoever answers on the URL is this process's own server: the port is one its own socket listens on (a port
-    chosen, closed and handed to a child can be taken by anyone in between)."""
+    chosen, closed and handed to a child can be taken by anyone in between). Another user on the machine who finds
+    the port reads nothing there: without the URL's secret path every request is TensorBoard's 404."""
     with browser.serve_tensorboard(write_events(tmp_path / "events", LENET_TAGS)) as base:
         port = urllib.parse.urlsplit(base).port
         assert base.startswith("http://127.0.0.1:") and port in listening_ports_of_this_process()
+        assert len(urllib.parse.urlsplit(base).path) > 20  # a secret: 16 random bytes
         inode = listening_ports_of_this_process()[port]
         with urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=60) as answer:
             assert set(next(iter(json.loads(answer.read()).values()))) == LENET_TAGS
-        with urllib.request.urlopen(f"{base}/lab5-storage?next=" + urllib.parse.quote("/#scalars", safe=""),
-                                    timeout=60) as answer:
+        assert [status(url) for url in without_secret(base)] == [404] * 4
+        with urllib.request.urlopen(f"{base}/lab5-storage", timeout=60) as answer:
             page = answer.read().decode()
     assert page.index('localStorage.setItem("_ignoreYOutliers", "false");') < page.index("location.replace(")
     assert inode not in listening_ports_of_this_process().values()  # stopped on leaving (the port may be reused)
+
+
+def test_the_tensorboard_command_serves_only_its_printed_url_and_writes_nothing_in_a_shared_tmpdir(tmp_path,
+                                                                                               other_uid):
+    """`python -m report.browser --logdir runs` (README step 6) under a shared TMPDIR with planted links: it prints
+    a URL on 127.0.0.1 under a secret path, the `ssh -L` line that forwards a laptop's 127.0.0.1:6006 to it, and
+    the laptop's URL with the same secret; the runs answer there and nowhere else on the port (404). Nothing is written
+    in the TMPDIR nor through its links; Ctrl-C stops it cleanly, and its port is closed."""
+    shared, victim, before = planted_tmpdir(tmp_path, other_uid)
+    write_events(tmp_path / "runs" / "lenet", LENET_TAGS)
+    process = subprocess.Popen([sys.executable, "-m", "report.browser", "--logdir", str(tmp_path / "runs")],
+                               cwd=REPO, env={**os.environ, "TMPDIR": str(shared)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [process.stdout.readline() for _ in range(3)]
+        url = re.search(r"(http://127\.0\.0\.1:(\d+)(/[\w-]{20,})/) ", lines[0])
+        assert url, lines
+        assert lines[1].split() == ["ssh", "-N", "-L", f"127.0.0.1:6006:127.0.0.1:{url[2]}",
+                                    f"{getpass.getuser()}@{os.uname().nodename}"]
+        assert lines[2].strip() == f"then open http://127.0.0.1:6006{url[3]}/"
+        with urllib.request.urlopen(f"{url[1]}data/plugin/scalars/tags", timeout=60) as answer:
+            assert set(json.loads(answer.read())["lenet"]) == LENET_TAGS
+        assert [status(u) for u in without_secret(url[1])] == [404] * 4
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    assert victim.read_text() == '{"test_accuracy": 0.99}\n'
+    assert sorted(os.listdir(shared)) == [".tensorboard-info"]
+    assert sorted(os.listdir(shared / ".tensorboard-info")) == before
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"{url[1]}data/plugin/scalars/tags", timeout=10)
+
+
+def test_the_tensorboard_command_without_runs_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "report.browser", "--logdir", str(tmp_path / "nothing")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"error: no TensorBoard events under {tmp_path / 'nothing'} (the runs are under runs/)\n"
 
 
 class Squatter:
@@ -240,6 +308,45 @@ def test_the_pdf_is_printed_in_a_private_folder_and_renamed_into_place_never_thr
     profile, tmpdir, pdf, mode = record.read_text().splitlines()
     private = Path(tmpdir)
     assert Path(profile).parent == private == Path(pdf).parent and mode == "700" and not private.exists()
+
+
+def alive(pid):
+    """A process that runs (a zombie, dead but not yet reaped by init, does not)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, -signal.SIGINT)])
+def test_a_report_build_stopped_while_chromium_prints_leaves_no_chromium_and_no_temporaries(tmp_path, sig, code):
+    """A TERM (kill, scancel) or a Ctrl-C to the Python that prints the PDF: Chromium and the helpers it started
+    (its process group) are killed, the private folder removed, and Python exits (143 on a TERM; an uncaught
+    Ctrl-C: by SIGINT, as Python ends on one)."""
+    record, private = tmp_path / "record", tmp_path / "tmp"
+    private.mkdir()
+    chromium = tmp_path / "chromium"
+    chromium.write_text(f'#!/bin/sh\nsleep 600 &\necho "$$ $!" > {record}\nwait\n')
+    chromium.chmod(0o755)
+    (tmp_path / "r.md").write_text("# r\n")
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; from report import browser\n"
+              f"browser.find_browser = lambda: {str(chromium)!r}\n"
+              f"browser.write_pdf(Path({str(tmp_path / 'r.md')!r}), Path({str(tmp_path / 'r.pdf')!r}), '# r')\n")
+    process = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(private)},
+                               stderr=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        assert wait_for(lambda: record.is_file() and record.read_text().strip(), proc=process), process.stderr.read()
+        pids = [int(pid) for pid in record.read_text().split()]
+        time.sleep(1)  # Python back from starting it, waiting on it
+        process.send_signal(sig)
+        assert process.wait(timeout=60) == code, process.stderr.read()
+    finally:
+        process.kill()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), timeout=10), "Chromium outlived the build"
+    assert os.listdir(private) == [] and not (tmp_path / "r.pdf").exists()
 
 
 def poppler(*args):

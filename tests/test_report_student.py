@@ -22,17 +22,17 @@ NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 LADDER = {"device_name": "Test CPU, CPU (3 threads)", "micro_batch": 3, "seq_len": 48, "vocab_size": 300,
           "repeats": 3, "warmup": 1, "steps": 2, "rungs": [
               {"name": "naive: GPT2LMHeadModel, fp32", "tokens_per_second": 101.0,
-               "tokens_per_second_range": [96.0, 104.0], "peak_memory_GiB": 1.53},
+               "tokens_per_second_range": [96.0, 104.0], "peak_memory_gib": 1.53},
               {"name": "+ dropout 0 (no masks)", "tokens_per_second": 183.0,
-               "tokens_per_second_range": [171.0, 191.0], "peak_memory_GiB": 1.47,
+               "tokens_per_second_range": [171.0, 191.0], "peak_memory_gib": 1.47,
                "verdict": {"against": "naive: GPT2LMHeadModel, fp32", "ratio": 1.8, "low": 1.7, "high": 1.9,
                            "pairs": 3, "word": "faster"}},
               {"name": "+ fused AdamW (= gpt_train.py default)", "tokens_per_second": 187.0,
-               "tokens_per_second_range": [176.0, 203.0], "peak_memory_GiB": None,
+               "tokens_per_second_range": [176.0, 203.0], "peak_memory_gib": None,
                "verdict": {"against": "+ dropout 0 (no masks)", "ratio": 1.02, "low": 0.97, "high": 1.08,
                            "pairs": 3, "word": "within noise"}},
               {"name": "  default without dropout 0", "tokens_per_second": 113.0,
-               "tokens_per_second_range": [103.0, 119.0], "peak_memory_GiB": 1.52},
+               "tokens_per_second_range": [103.0, 119.0], "peak_memory_gib": 1.52},
               {"name": "  candidate: activation checkpointing (--act-ckpt)", "tokens_per_second": 151.0,
                "tokens_per_second_range": [141.0, 166.0], "peak_memory_gib": 0.91},
               {"name": "  candidate: chunked loss (--loss chunked)", "error": "out of memory"}]}
@@ -115,7 +115,7 @@ def test_their_ladder_fills_the_table_every_row_in_chinese_with_its_verdict_memo
             "| — |") in filled
     assert f"| ↳ 默认配置去掉 dropout 0 | 113 [103–119]（默认的 ×{113 / default:.2f}） | — | 1.52 |" in filled
     assert (f"| ↳ 候选：activation checkpointing (--act-ckpt) | 151 [141–166]（默认的 ×{151 / default:.2f}） "
-            "| — | 0.91 |") in filled  # gpt_bench.py's peak_memory_gib as its older peak_memory_GiB
+            "| — | 0.91 |") in filled
     assert "| ↳ 候选：chunked loss (--loss chunked) | 失败：out of memory | — | — |" in filled
     assert "Test CPU 处理器（3 线程）：每步 3 × 48 个 token，词表 300；每行 3 次交替重复" in filled
 

@@ -1,4 +1,4 @@
-"""training/runfiles.py and data/files.py: what the scripts share about run folders, outputs and flags."""
+"""training/rundir.py and data/files.py: what the scripts share about run folders, outputs and flags."""
 import argparse
 import contextlib
 import errno
@@ -12,8 +12,7 @@ import pytest
 
 from conftest import REPO
 from data import files
-from training import flags, runfiles
-from training import errors
+from training import errors, flags, rundir
 
 
 def test_concurrent_writers_of_one_json_file_never_fail_or_leave_half_a_file(tmp_path):
@@ -54,17 +53,17 @@ def an_input(tmp_path):
 ])
 def test_an_output_that_is_an_input_is_refused(an_input, spell):
     with pytest.raises(errors.OutputError, match=r"^--metrics-out .* would overwrite --tokenizer .* \(an input\)"):
-        runfiles.check_outputs_not_inputs({"--metrics-out": spell(an_input)}, {"--tokenizer": an_input, "--x": None})
+        rundir.check_outputs_not_inputs({"--metrics-out": spell(an_input)}, {"--tokenizer": an_input, "--x": None})
 
 
 def test_outputs_inside_an_input_folder_and_two_equal_outputs(an_input, tmp_path):
     folder = {"--tokenizer": an_input.parent}
     with pytest.raises(errors.OutputError, match="would overwrite --tokenizer"):
-        runfiles.check_outputs_not_inputs({"--out": an_input}, folder)  # a file of the input folder
-    runfiles.check_outputs_not_inputs({"--out": an_input.parent / "new.json"}, folder)  # a new file there: fine
+        rundir.check_outputs_not_inputs({"--out": an_input}, folder)  # a file of the input folder
+    rundir.check_outputs_not_inputs({"--out": an_input.parent / "new.json"}, folder)  # a new file there: fine
     with pytest.raises(errors.OutputError, match=r"would overwrite --out .* \(an output too\)"):
-        runfiles.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "a.json"}, {})
-    runfiles.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "b.json"}, folder)
+        rundir.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "a.json"}, {})
+    rundir.check_outputs_not_inputs({"--out": tmp_path / "a.json", "--metrics-out": tmp_path / "b.json"}, folder)
     assert an_input.read_text() == "the input"
 
 
@@ -129,44 +128,44 @@ def test_a_run_folder_is_new_empty_or_the_programs_own(tmp_path):
     (stranger / "notes.txt").write_text("mine")
     lenet = tmp_path / "lenet"
     lenet.mkdir()
-    (lenet / runfiles.OWNER_FILE).write_text("lenet5.py\n")
+    (lenet / rundir.OWNER_FILE).write_text("lenet5.py\n")
     (lenet / "args.json").write_text("{}")
     leftover = tmp_path / "leftover"  # what an older failed start left: only the lock
     leftover.mkdir()
     (leftover / "run.lock").write_text("123")
-    assert runfiles.run_dir_problem(tmp_path / "new", "gpt_train.py") is None
-    assert runfiles.run_dir_problem(leftover, "gpt_train.py") is None
-    assert "files that are not a run of gpt_train.py" in runfiles.run_dir_problem(stranger, "gpt_train.py")
-    assert "holds a run of lenet5.py" in runfiles.run_dir_problem(lenet, "gpt_train.py")
-    assert "not a run of gpt_train.py" in runfiles.run_dir_problem(REPO, "gpt_train.py")  # the repository root
-    assert runfiles.run_dir_problem(lenet, "lenet5.py") is None  # its own, to resume
-    assert "never overwritten" in runfiles.run_dir_problem(lenet, "lenet5.py", reuse=False)
+    assert rundir.run_dir_problem(tmp_path / "new", "gpt_train.py") is None
+    assert rundir.run_dir_problem(leftover, "gpt_train.py") is None
+    assert "files that are not a run of gpt_train.py" in rundir.run_dir_problem(stranger, "gpt_train.py")
+    assert "holds a run of lenet5.py" in rundir.run_dir_problem(lenet, "gpt_train.py")
+    assert "not a run of gpt_train.py" in rundir.run_dir_problem(REPO, "gpt_train.py")  # the repository root
+    assert rundir.run_dir_problem(lenet, "lenet5.py") is None  # its own, to resume
+    assert "never overwritten" in rundir.run_dir_problem(lenet, "lenet5.py", reuse=False)
     before = sorted(p.name for p in stranger.iterdir())
     with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="not empty"):
-        runfiles.claim_run_dir(stranger, "gpt_train.py", stack)
+        rundir.claim_run_dir(stranger, "gpt_train.py", stack)
     assert sorted(p.name for p in stranger.iterdir()) == before  # nothing written
 
 
 def test_a_failed_start_leaves_no_run_folder_and_a_used_one_stays(tmp_path):
     with pytest.raises(RuntimeError), contextlib.ExitStack() as stack:
-        runfiles.claim_run_dir(tmp_path / "failed", "gpt_train.py", stack)
-        assert (tmp_path / "failed" / runfiles.OWNER_FILE).read_text() == "gpt_train.py\n"
+        rundir.claim_run_dir(tmp_path / "failed", "gpt_train.py", stack)
+        assert (tmp_path / "failed" / rundir.OWNER_FILE).read_text() == "gpt_train.py\n"
         raise RuntimeError("the start failed")
     assert not (tmp_path / "failed").exists()
     (tmp_path / "empty").mkdir()  # given empty: it stays, empty
     with contextlib.ExitStack() as stack:
-        runfiles.claim_run_dir(tmp_path / "empty", "gpt_train.py", stack)
+        rundir.claim_run_dir(tmp_path / "empty", "gpt_train.py", stack)
     assert list((tmp_path / "empty").iterdir()) == []
     with contextlib.ExitStack() as stack:
-        runfiles.claim_run_dir(tmp_path / "used", "gpt_train.py", stack)
+        rundir.claim_run_dir(tmp_path / "used", "gpt_train.py", stack)
         (tmp_path / "used" / "metrics.json").write_text("{}")
-    assert {p.name for p in (tmp_path / "used").iterdir()} == {"metrics.json", runfiles.OWNER_FILE, "run.lock"}
+    assert {p.name for p in (tmp_path / "used").iterdir()} == {"metrics.json", rundir.OWNER_FILE, "run.lock"}
 
 
 def test_a_run_folder_locked_by_another_run_keeps_its_lock(tmp_path):
-    with runfiles.RunLock(tmp_path / "run"), contextlib.ExitStack() as stack:
+    with rundir.RunLock(tmp_path / "run"), contextlib.ExitStack() as stack:
         with pytest.raises(errors.OutputError, match="in use by another run"):
-            runfiles.claim_run_dir(tmp_path / "run", "gpt_train.py", stack)
+            rundir.claim_run_dir(tmp_path / "run", "gpt_train.py", stack)
         assert (tmp_path / "run" / "run.lock").read_text() == str(os.getpid())
 
 
@@ -180,18 +179,18 @@ def test_an_empty_path_flag_and_a_seed_out_of_range_are_refused():
 
 
 def test_default_run_names_of_one_second_differ():
-    names = {runfiles.new_run_name() for _ in range(20)}
+    names = {rundir.new_run_name() for _ in range(20)}
     assert len(names) == 20
 
 
 def test_open_run_says_whether_an_attempt_is_there_and_never_reopens_a_finished_run(tmp_path):
     run = tmp_path / "run"
     with contextlib.ExitStack() as stack:
-        assert runfiles.open_run(run, "lenet5.py", stack) is False  # new
+        assert rundir.open_run(run, "lenet5.py", stack) is False  # new
         (run / "args.json").write_text("{}")
     with contextlib.ExitStack() as stack:
-        assert runfiles.open_run(run, "lenet5.py", stack) is True  # an unfinished attempt: resume or set aside
+        assert rundir.open_run(run, "lenet5.py", stack) is True  # an unfinished attempt: resume or set aside
         (run / "metrics.json").write_text("{}")
     with contextlib.ExitStack() as stack, pytest.raises(errors.OutputError, match="holds a finished run of lenet5"):
-        runfiles.open_run(run, "lenet5.py", stack)
+        rundir.open_run(run, "lenet5.py", stack)
     assert sorted(p.name for p in run.iterdir()) == ["args.json", "metrics.json", "run.lock", "run.owner"]

@@ -1,5 +1,5 @@
 """What the model writes (training/sample.py: TensorBoard text, the metrics' samples, the command line)
-and the chunked loss (training/lm_loss.py: `gpt_train.py --loss chunked`)."""
+and the chunked loss (training/model.py's chunked_cross_entropy: `gpt_train.py --loss chunked`)."""
 import json
 import os
 import subprocess
@@ -13,8 +13,9 @@ import torch.nn.functional as F
 
 import gpt_train
 from conftest import REPO, tiny_args
-from training import lm_loss, sample
+from training import final, sample
 from training.final import load_run
+from training.model import chunked_cross_entropy
 
 # ------------------------------------------------------------------ the chunked loss
 
@@ -36,11 +37,11 @@ def test_chunked_loss_equals_the_plain_loss_and_its_gradients(chunk):
     hidden, weight = torch.randn(4, 16, 32) * 2, torch.randn(96, 32) * 0.5
     targets = torch.randint(0, 96, (4, 16))
     expected = loss_and_grads(plain_loss, hidden, weight, targets)
-    got = loss_and_grads(lambda h, w, t: lm_loss.chunked_cross_entropy(h, w, t, chunk), hidden, weight, targets)
+    got = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, chunk), hidden, weight, targets)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
     with torch.no_grad():  # evaluation: the loss alone, the same
-        torch.testing.assert_close(lm_loss.chunked_cross_entropy(hidden, weight, targets, chunk), expected[0])
+        torch.testing.assert_close(chunked_cross_entropy(hidden, weight, targets, chunk), expected[0])
 
 
 def test_chunked_loss_under_bf16_autocast_is_close_to_the_plain_one():
@@ -49,7 +50,7 @@ def test_chunked_loss_under_bf16_autocast_is_close_to_the_plain_one():
     targets = torch.randint(0, 128, (2, 64))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected = loss_and_grads(plain_loss, hidden, weight, targets)
-        got = loss_and_grads(lambda h, w, t: lm_loss.chunked_cross_entropy(h, w, t, 40), hidden, weight, targets)
+        got = loss_and_grads(lambda h, w, t: chunked_cross_entropy(h, w, t, 40), hidden, weight, targets)
     assert got[0].dtype == torch.float32 and got[2].dtype == torch.float32
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-3)
@@ -60,7 +61,7 @@ def test_the_chunked_loss_traces_under_torch_compile():
     torch.manual_seed(0)
     hidden, weight = torch.randn(2, 8, 16), torch.randn(64, 16)
     targets = torch.randint(0, 64, (2, 8))
-    compiled = torch.compile(lambda h, w, t: lm_loss.chunked_cross_entropy(h, w, t, 5), backend="aot_eager",
+    compiled = torch.compile(lambda h, w, t: chunked_cross_entropy(h, w, t, 5), backend="aot_eager",
                              fullgraph=True)
     expected = loss_and_grads(plain_loss, hidden, weight, targets)
     for g, e in zip(loss_and_grads(compiled, hidden, weight, targets), expected):
@@ -80,13 +81,13 @@ def test_a_chunked_loss_run_follows_the_plain_one(corpus, tmp_path):
 
 def test_fixed_prompts_start_after_an_end_of_text_and_have_one_length():
     blocks = torch.tensor([[5, 6, 0, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 5, 6, 7, 0, 9]], dtype=torch.int32)
-    assert sample.fixed_prompts(blocks, eot=0, length=4) == [[7, 8, 9, 10], [1, 2, 3, 4]]  # 2nd: no room after eot
+    assert final.fixed_prompts(blocks, eot=0, length=4) == [[7, 8, 9, 10], [1, 2, 3, 4]]  # 2nd: no room after eot
 
 
 def generate(model, idx, new_tokens, temperature=0.0, top_k=0, generator=None, vocab_size=None):
     """(B, T) prompt ids -> (B, new_tokens) continuation ids, as training.sample's main() chooses them."""
-    choose = partial(sample.pick, temperature=temperature, top_k=top_k, generator=generator)
-    return torch.cat(list(sample.token_stream(model, idx, new_tokens, choose, vocab_size)), dim=1)
+    choose = partial(final.pick, temperature=temperature, top_k=top_k, generator=generator)
+    return torch.cat(list(final.token_stream(model, idx, new_tokens, choose, vocab_size)), dim=1)
 
 
 def test_greedy_generation_takes_the_most_likely_token_and_skips_padding_rows():
@@ -119,7 +120,7 @@ def test_a_tiny_run_writes_samples_to_tensorboard_and_its_metrics(corpus, tmp_pa
         assert [step for step, _ in events] == [8]  # once, at the end (not at the evaluation of step 4)
         assert all("**→**" in text for _, text in events)
     samples = metrics["samples"]
-    assert samples["step"] == 8 and samples["val_loss"] == metrics["final_val_loss"] and samples["new_tokens"] == 12
+    assert samples["new_tokens"] == 12  # after the last step (metrics' steps), beside its final_val_loss
     assert len(samples["continuations"]) == 2
     for c in samples["continuations"]:
         assert c["prompt"] and c["greedy"] and c["sampled"]
@@ -187,7 +188,7 @@ def test_the_printed_text_is_the_prompt_and_its_whole_decoded_continuation(finis
     model, tok = load_run(finished_run, None, torch.device("cpu"))
     assert model.cfg.vocab_size == tok.padded_vocab_size == 512
     ids = torch.tensor([tok.tokenizer.encode("Kalo mi", add_special_tokens=False).ids])
-    whole = generate(model, ids, 30, sample.TEMPERATURE, sample.TOP_K, torch.Generator().manual_seed(3),
+    whole = generate(model, ids, 30, final.TEMPERATURE, final.TOP_K, torch.Generator().manual_seed(3),
                      tok.vocab_size)
     assert code == 0 and out == "Kalo mi" + tok.tokenizer.decode(whole[0].tolist()) + "\n"
 

@@ -53,7 +53,8 @@ def test_the_ladders_default_row_builds_exactly_the_step_gpt_train_builds(corpus
     default = next(s for name, s in rows.items() if name.endswith("(= gpt_train.py default)"))
     _, row = gpt_bench.build(default, 512, 32, ladder_rows.default_step(cuda, capability)[1])
     assert row.describe() == trained
-    assert trained["recipe"] == {"lr": 1e-3, "weight_decay": 0.1, "grad_clip": 1.0, "betas": (0.9, 0.95), "eps": 1e-8}
+    assert trained["recipe"] == {"lr": 1e-3, "weight_decay": 0.1, "grad_clip": 1.0}
+    assert trained["optimizer"] == "AdamW" and trained["param_groups"][0]["betas"] == (0.9, 0.95)
     assert [g["weight_decay"] for g in trained["param_groups"]] == [0.1, 0.0]  # matrices decay, the rest not
 
 
@@ -104,7 +105,8 @@ def test_the_ladder_runs_the_same_step_function_as_gpt_train():
         m.setattr(step.TrainStep, "__call__", spy)
         settings = dict(ladder_rows.ladder(False, (0, 0)))
         row = next(s for name, s in settings.items() if name.startswith("naive"))
-        args = type("A", (), {"micro_batch": 1, "seq_len": 8, "warmup": 0, "steps": 1})
-        _, run = gpt_bench.build(row, 64, 8, step.Recipe(lr=1e-3, weight_decay=0.1, grad_clip=1.0))
-        gpt_bench.timed_steps(args, run, 64)
+        args = type("A", (), {"micro_batch": 1, "seq_len": 8, "warmup": 1, "vocab_size": 64, "shape": {},
+                              "device": torch.device("cpu"), "recipe": step.Recipe(lr=1e-3, weight_decay=0.1,
+                                                                                   grad_clip=1.0)})
+        gpt_bench.Row({"settings": row}, args)  # built and warmed up: one step
     assert calls == [ladder_rows.accelerations(row)]

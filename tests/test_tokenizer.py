@@ -145,3 +145,24 @@ def test_a_tokenizer_with_ids_past_its_vocabulary_is_named_not_the_token_cache(s
     assert str(stop.value.code).startswith(f"error: tokenizer {path} has ids up to 5,000") and \
         "token cache" not in str(stop.value.code)
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("part", ["pre_tokenizer", "normalizer"])
+def test_a_tokenizer_that_runs_its_own_regular_expression_is_refused_before_it_encodes(tmp_path, part):
+    """A pre-tokenizer (or normalizer) whose regular expression backtracks catastrophically: encoding a short text
+    ran 88 s, then panicked in Rust. Only byte-level BPE, whose splitting is built in, is read."""
+    from tokenizers import Regex, normalizers, pre_tokenizers
+    crafted = tokenizer_train.train_bpe(generated_docs(50), vocab_size=512)
+    if part == "pre_tokenizer":
+        crafted.pre_tokenizer = pre_tokenizers.Split(Regex("(a+)+$"), "isolated")
+    else:
+        crafted.normalizer = normalizers.Replace(Regex("(a+)+$"), "")
+    path = tmp_path / "tokenizer.json"
+    crafted.save(str(path))
+    started = time.perf_counter()
+    with pytest.raises(tokenizer.TokenizerError) as refused:
+        tokenizer.open_tokenizer(path)
+    kind = "Split" if part == "pre_tokenizer" else "Replace"
+    assert str(refused.value) == (f"tokenizer {path}: its {part} is {kind}; only byte-level BPE tokenizers (as "
+                                  f"GPT-2's and tokenizer_train.py's) are read, whose work is bounded")
+    assert time.perf_counter() - started < 5

@@ -1,5 +1,6 @@
 """training/: device decisions and MFU, the token budget and micro-batch, throughput, the stop flag,
 evaluation without recompiles: the machinery gpt_train.py calls, tested on its own."""
+import argparse
 import json
 import math
 import os
@@ -16,11 +17,10 @@ from transformers import GPT2Config
 import gpt_train
 from conftest import REPO, free_port, tmpfs
 from data import wos
-from data.blocks import pack
-from training.errors import UserError
 from data.tokenizer import open_tokenizer
-from training import batches, budget, device, lifecycle, metrics, watch
+from training import budget, device, lifecycle, metrics
 from training.checkpoints import STOP_CLOCK, TrainState, earlier_seconds, record_stop_clock
+from training.errors import UserError
 from training.model import GPT, model_config
 from training.step import Accelerations
 
@@ -180,7 +180,7 @@ def test_the_probe_ballast_counts_ddp_buckets(fake_gpu, monkeypatch):
 
 def test_tokens_per_second_and_mfu_exclude_the_compiling_first_step():
     state = TrainState()
-    perf = watch.Throughput(state)
+    perf = metrics.Throughput(state)
     perf.step_done(31.0, 1000)  # the first step: compilation
     for _ in range(4):
         perf.step_done(1.0, 1000)
@@ -275,9 +275,9 @@ def test_evaluation_does_not_recompile_the_regionally_compiled_model(corpus):
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 1
     tok = open_tokenizer(corpus / "tok.json").tokenizer
-    splits = wos.load_splits(corpus / "X.txt", 0.2, 0, corpus / "cache")
+    splits = wos.load_splits(wos.read_corpus(corpus / "X.txt"), 0.2, 0)
     blocks, _ = wos.tokenize_blocks(splits, tok, 33)
-    val = batches.evaluate(model, pack(blocks["validation"]), Accelerator(cpu=True), 3, 10)  # partial last batch
+    val = budget.evaluate(model, blocks["validation"], Accelerator(cpu=True), 3, 10)  # partial last batch
     assert math.isfinite(val) and counters["stats"]["unique_graphs"] == graphs
 
 
@@ -322,7 +322,7 @@ def test_a_step_skipped_by_a_real_grad_scaler_with_fused_adamw_is_seen():
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     optimizer = AcceleratedOptimizer(torch.optim.AdamW([weight], lr=0.1, fused=True), device_placement=False,
                                      scaler=scaler)
-    skips = watch.SkippedSteps(scaler)
+    skips = metrics.SkippedSteps(scaler)
     for grad_is_inf in (True, False, True):
         scaler.scale(weight.sum()).backward()
         if grad_is_inf:
@@ -332,7 +332,7 @@ def test_a_step_skipped_by_a_real_grad_scaler_with_fused_adamw_is_seen():
         optimizer.zero_grad()
         assert skips.last_skipped() == grad_is_inf and torch.equal(weight, before) == grad_is_inf
     assert scaler.get_scale() == 2.0**10
-    assert not watch.SkippedSteps(None).last_skipped()  # bf16/fp32: no scaler, nothing skipped
+    assert not metrics.SkippedSteps(None).last_skipped()  # bf16/fp32: no scaler, nothing skipped
 
 
 # ------------------------------------------------------------------ several processes
@@ -550,11 +550,13 @@ def test_a_budget_planned_in_the_first_micro_batch_is_the_same_steps_in_another(
 def test_the_micro_batch_flag_wins_on_a_resume_and_says_so():
     class OneProcess:
         num_processes = 1
-    choose = budget.choose_micro_batch
-    assert choose(2, None, OneProcess, "fp32", 8, 8, resumed_micro=4) == (2, "flag; the checkpoint had 4: same "
-                                                                             "global batch")
-    assert choose("auto", None, OneProcess, "fp32", 8, 8, resumed_micro=4) == (4, "as the checkpoint")
-    assert choose(4, None, OneProcess, "fp32", 8, 8, resumed_micro=4) == (4, "flag")
+
+    def choose(flag, resumed_micro):
+        args = argparse.Namespace(micro_batch=flag, global_batch=8)
+        return budget.choose_micro_batch(args, None, OneProcess, "fp32", 8, resumed_micro)
+    assert choose(2, resumed_micro=4) == (2, "flag; the checkpoint had 4: same global batch")
+    assert choose("auto", resumed_micro=4) == (4, "as the checkpoint")
+    assert choose(4, resumed_micro=4) == (4, "flag")
 
 
 def test_the_data_position_is_recounted_in_the_new_micro_batch():
@@ -582,8 +584,10 @@ def test_the_summary_puts_bits_per_byte_beside_the_verdict():
     m = {"tokens_seen": 1000, "train_seconds": 2.0, "process_seconds": 9.5, "tokens_per_second": 500.0, "mfu": None,
          "compile": "off",
          "compile_seconds": None, "final_train_loss": 4.35, "final_val_loss": 4.4, "val_bits_per_byte": 1.8,
-         "success": True}
+         "success": True, "loss_curve": [[i, 5.0] for i in range(9)]}
     assert metrics.summary_line(m).startswith("1,000 tokens in 2.0 s of training loop, 9.5 s end to end (500 tokens/s")
+    # the last log line shows one point's loss: the summary's is labelled as the mean it is
+    assert "train loss 4.350 (the mean of the last 5 logged points)" in metrics.summary_line(m)
     assert metrics.summary_line(m).endswith("val loss 4.400 -> success: train loss < 7 (val 1.800 bits/byte, "
                                             "comparable across vocabularies; the loss is not)")
     assert "-> NOT a success: train loss >= 7 (val 2.610 bits/byte" in metrics.summary_line(

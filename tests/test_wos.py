@@ -2,33 +2,39 @@
 import functools
 import hashlib
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader, skip_first_batches
+from tokenizers import Tokenizer
 
-from conftest import REPO, generated_docs, tmpfs
+from conftest import REPO, generated_docs
 from data import wos
-from data.blocks import epoch_loader, pack, token_blocks
-from training.errors import OutputError
+from data.blocks import Packing, epoch_loader, token_blocks
 from data.tokenizer import EOT
-from data.wos import corpus_identity
 
 
-def splits_of(path, tmp_path, **kw):
-    return wos.load_splits(path, cache_dir=tmp_path / "cache", **kw)
+def splits_of(path, **kw):
+    return wos.load_splits(wos.read_corpus(path), **kw)
 
 
 def test_split_is_by_document_disjoint_and_stable(text_file, tmp_path):
-    a = splits_of(text_file, tmp_path, val_fraction=0.05, seed=1)
-    b = splits_of(text_file, tmp_path / "other", val_fraction=0.05, seed=1)
-    train, val = list(a["train"]["text"]), list(a["validation"]["text"])
+    a = splits_of(text_file, val_fraction=0.05, seed=1)
+    b = splits_of(text_file, val_fraction=0.05, seed=1)
+    train, val = a["train"], a["validation"]
     assert len(val) == 20 and len(train) == 380
     assert set(train).isdisjoint(val) and sorted(train + val) == sorted(generated_docs(400))
-    assert list(b["validation"]["text"]) == val  # same file, same seed: the same documents, in a new cache
-    assert list(splits_of(text_file, tmp_path, val_fraction=0.05, seed=2)["validation"]["text"]) != val
+    assert b["validation"] == val  # same file, same seed: the same documents, in a new cache
+    assert splits_of(text_file, val_fraction=0.05, seed=2)["validation"] != val
+
+
+def test_the_split_is_datasets_train_test_split(text_file):
+    """The split of HF datasets' train_test_split(shuffle=True, seed): the documents earlier runs trained on."""
+    datasets = pytest.importorskip("datasets")
+    docs = wos.read_corpus(text_file).documents
+    theirs = datasets.Dataset.from_dict({"text": docs}).train_test_split(test_size=20, shuffle=True, seed=3)
+    ours = splits_of(text_file, val_fraction=0.05, seed=3)
+    assert ours == {"train": theirs["train"]["text"], "validation": theirs["test"]["text"]}
 
 
 def test_blank_lines_skipped_and_a_few_invalid_utf8_lines_replaced_with_warning(tmp_path, capsys):
@@ -36,8 +42,8 @@ def test_blank_lines_skipped_and_a_few_invalid_utf8_lines_replaced_with_warning(
     path = tmp_path / "X.txt"
     others = "\n".join(generated_docs(100)).encode()
     path.write_bytes(b"first doc\n\n   \nsecond \xff\xfe doc\r\nthird doc\n\n" + others)
-    splits = splits_of(path, tmp_path, val_fraction=0.34)
-    docs = sorted(list(splits["train"]["text"]) + list(splits["validation"]["text"]))
+    splits = splits_of(path, val_fraction=0.34)
+    docs = sorted(splits["train"] + splits["validation"])
     assert docs == sorted(["first doc", "second \ufffd\ufffd doc", "third doc"] + generated_docs(100))
     assert "warning: 1 lines of" in capsys.readouterr().err
 
@@ -48,7 +54,7 @@ def test_unusable_files_are_rejected(tmp_path, content, message):
     path = tmp_path / "X.txt"
     path.write_bytes(content)
     with pytest.raises(wos.TextError, match=message):
-        splits_of(path, tmp_path)
+        splits_of(path)
 
 
 def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
@@ -64,22 +70,22 @@ def test_missing_text_names_what_to_download(tmp_path, monkeypatch):
 
 
 def test_blocks_have_the_right_length_and_content(text_file, small_tokenizer, tmp_path):
-    splits = splits_of(text_file, tmp_path, val_fraction=0.1)
+    splits = splits_of(text_file, val_fraction=0.1)
     blocks, stats = wos.tokenize_blocks(splits, small_tokenizer, block_size=64)
-    joined = "".join(d + EOT for d in list(splits["train"]["text"]))
-    for row in blocks["train"].select(range(0, len(blocks["train"]), 7)):
-        assert len(row["input_ids"]) == 64
-        assert small_tokenizer.decode(row["input_ids"], skip_special_tokens=False) in joined
-    first = small_tokenizer.decode(blocks["train"][0]["input_ids"], skip_special_tokens=False)
+    joined = "".join(d + EOT for d in splits["train"])
+    assert blocks["train"].dtype == torch.int32 and blocks["train"].shape[1] == 64
+    for row in blocks["train"][::7].tolist():
+        assert small_tokenizer.decode(row, skip_special_tokens=False) in joined
+    first = small_tokenizer.decode(blocks["train"][0].tolist(), skip_special_tokens=False)
     assert joined.startswith(first)  # block 0 is the start of the first document
     total = stats["train"]["tokens"] + stats["train"]["docs"]  # + one end-of-text per document
     assert total - 64 * len(blocks["train"]) < 64 * ((stats["train"]["docs"] + 999) // 1000)
-    assert stats["train"]["bytes"] == sum(len(d.encode()) for d in list(splits["train"]["text"]))
+    assert stats["train"]["bytes"] == sum(len(d.encode()) for d in splits["train"])
 
 
 @pytest.fixture
 def blocks(text_file, small_tokenizer, tmp_path):
-    return pack(wos.tokenize_blocks(splits_of(text_file, tmp_path), small_tokenizer, 32)[0]["train"])
+    return wos.tokenize_blocks(splits_of(text_file), small_tokenizer, 32)[0]["train"]
 
 
 def batches(loader):
@@ -152,15 +158,6 @@ def test_failed_wos_download_says_what_to_do(tmp_path, monkeypatch, capsys):
     assert "warning: WOS download failed" in capsys.readouterr().err
 
 
-def test_without_datasets_the_module_imports_and_the_corpus_functions_say_what_is_missing(text_file):
-    code = ("import sys; sys.modules['datasets'] = None; sys.path.insert(0, sys.argv[1]); from data import wos\n"
-            "try:\n    wos.load_splits(sys.argv[2])\nexcept wos.TextError as e:\n    print('refused:', e)")
-    result = subprocess.run([sys.executable, "-c", code, str(REPO), str(text_file)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-800:]
-    assert result.stdout.startswith("refused: reading the corpus needs the Python package 'datasets'")
-    assert result.stdout.count("\n") == 1
-
-
 # ------------------------------------------------------------------ what a corpus is, from its content
 
 def test_the_standin_is_named_by_its_content_wherever_it_lies(shared_data, tmp_path):
@@ -168,10 +165,10 @@ def test_the_standin_is_named_by_its_content_wherever_it_lies(shared_data, tmp_p
     disguised = tmp_path / "WebOfScience" / "WOS46985" / "X.txt"
     disguised.parent.mkdir(parents=True)
     disguised.write_bytes((shared_data / "wos-standin" / "X.txt").read_bytes())
-    identity = wos.corpus_identity(disguised)
+    identity = wos.read_corpus(disguised).identity
     assert identity["name"] == "stand-in" and identity["documents"] == 6925 and identity["bytes"] == 7260668
     disguised.write_bytes(disguised.read_bytes() + b"One more paragraph.\n")
-    assert wos.corpus_identity(disguised)["name"] == "other"  # no longer the known content
+    assert wos.read_corpus(disguised).identity["name"] == "other"  # no longer the known content
 
 
 @pytest.mark.parametrize("documents, words, name", [(46_985, 150, "WOS46985"), (46_984, 150, "other"),
@@ -180,58 +177,20 @@ def test_wos_only_for_its_count_of_abstract_sized_documents(tmp_path, documents,
     path = tmp_path / "X.txt"
     # blank lines between some documents: not counted
     path.write_text("".join(f"doc{i} " + "word " * words + "\n" + "\n" * (i % 2) for i in range(documents)))
-    identity = wos.corpus_identity(path)
+    identity = wos.read_corpus(path).identity
     assert identity["name"] == name and identity["documents"] == documents
     assert identity["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert ("not checked" in identity["basis"]) == (name == "WOS46985")  # it says what the name rests on
 
 
-@pytest.mark.parametrize("encoding, message", [("utf-16", r"is UTF-16 or UTF-32 \(byte-order mark ff fe\)"),
+@pytest.mark.parametrize("encoding, message", [("utf-16", r"line 1 is \d+% NUL bytes: UTF-16"),
                                                ("utf-16-be", r"line 1 is \d+% NUL bytes: UTF-16")])
 def test_a_utf16_corpus_is_refused(tmp_path, encoding, message):
     """UTF-16 must not pass as UTF-8 with a few bad lines (and ten times the blocks)."""
     path = tmp_path / "X.txt"
     path.write_bytes("\n".join(generated_docs(50)).encode(encoding))
     with pytest.raises(wos.TextError, match=message):
-        wos.check_text(path)
-
-
-# ------------------------------------------------------------------ a damaged datasets cache of the text
-
-def truncate(path):
-    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
-
-
-def test_a_cache_that_stays_damaged_is_refused_in_one_line_naming_the_folder(text_file, tmp_path, monkeypatch):
-    def always_damaged(*args, **kwargs):
-        raise wos.DamagedCache("documents: truncated")
-    monkeypatch.setattr(wos, "read_splits", always_damaged)
-    with pytest.raises(wos.TextError) as error:
-        splits_of(text_file, tmp_path)
-    folder = wos.corpus_cache(tmp_path / "cache", hashlib.sha256(text_file.read_bytes()).hexdigest())
-    assert str(error.value).endswith(f"delete {folder} and run again") and "\n" not in str(error.value)
-
-
-@pytest.mark.parametrize("name", ["text-documents.arrow", "cache-*.arrow"])
-def test_a_damaged_datasets_cache_of_the_text_is_rebuilt_with_a_warning(text_file, tmp_path, capsys, name):
-    first = splits_of(text_file, tmp_path)
-    expected = {part: list(first[part]["text"]) for part in first}
-    for path in (tmp_path / "cache").glob(f"corpus-*/text/**/{name}"):
-        truncate(path)
-    again = splits_of(text_file, tmp_path)
-    assert {part: list(again[part]["text"]) for part in again} == expected
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1
-    assert f"the datasets cache of {text_file} under {tmp_path / 'cache'} is damaged" in warnings[0]
-
-
-def test_a_read_only_cache_dir_is_one_line_before_reading(text_file, tmp_path):
-    """datasets' filelock must not fail with a traceback (root ignores file modes: a read-only mount)."""
-    cache = tmp_path / "ro"
-    cache.mkdir()
-    with tmpfs(cache, "64k", read_only=True), \
-            pytest.raises(OutputError, match=f"^--cache-dir {cache} cannot be written"):
-        wos.load_splits(text_file, cache_dir=cache)
+        wos.read_corpus(path)
 
 
 def test_with_lab5_data_the_cache_is_the_repositorys_and_a_failed_download_writes_nothing(tmp_path, monkeypatch):
@@ -250,22 +209,57 @@ def test_with_lab5_data_the_cache_is_the_repositorys_and_a_failed_download_write
 # ------------------------------------------------------------------ caches that lie
 
 def test_a_corpus_rewritten_with_the_same_size_and_mtime_is_read_afresh(text_file, small_tokenizer, tmp_path):
-    """`cp -p` or `rsync -t` over the corpus keeps datasets' key (path, size, mtime): keyed on the content, the
-    cache never trains the old text while the metrics record the new one's sha256."""
-    old_blocks, _ = token_blocks(text_file, corpus_identity(text_file)["sha256"], small_tokenizer, 64,
-                                 cache_dir=tmp_path / "cache")
+    """`cp -p` or `rsync -t` over the corpus keeps its size and mtime: keyed on the content, the cache never trains
+    the old text while the metrics record the new one's sha256."""
+    packing = Packing(64, cache_dir=tmp_path / "cache")
+    old_blocks, _ = token_blocks(wos.read_corpus(text_file), small_tokenizer, packing)
     before = text_file.stat()
     new = text_file.read_bytes().replace(b"ka", b"zu")  # the same size, another text
     text_file.write_bytes(new)
     os.utime(text_file, ns=(before.st_atime_ns, before.st_mtime_ns))
-    again = splits_of(text_file, tmp_path)
-    docs = sorted(list(again["train"]["text"]) + list(again["validation"]["text"]))
+    again = splits_of(text_file)
+    docs = sorted(again["train"] + again["validation"])
     assert docs == sorted(line.strip() for line in new.decode().splitlines() if line.strip())
-    blocks, stats = token_blocks(text_file, corpus_identity(text_file)["sha256"], small_tokenizer, 64,
-                                 cache_dir=tmp_path / "cache")
+    blocks, stats = token_blocks(wos.read_corpus(text_file), small_tokenizer, packing)
     assert not stats["train"]["from_cache"] and not torch.equal(blocks["train"], old_blocks["train"])
-    given = splits_of(text_file, tmp_path, sha256=hashlib.sha256(new).hexdigest())  # as gpt_train passes it
-    assert given["train"]["text"] == again["train"]["text"]  # the same key as the hash made here
+
+
+def test_a_corpus_replaced_after_it_was_read_cannot_enter_the_cache_under_its_name(text_file, tmp_path, monkeypatch):
+    """Another user's --text swapped for their own text right after it was hashed: the documents tokenised are the
+    bytes hashed, so the token cache under the genuine content's name holds the genuine text."""
+    genuine = wos.read_corpus(text_file)
+    read_corpus = wos.read_corpus
+
+    def read_then_swap(path, accept_invalid=False):
+        corpus = read_corpus(path, accept_invalid)
+        theirs = tmp_path / "theirs.txt"
+        theirs.write_text("attacker text\n" * 400)
+        os.replace(theirs, path)  # as the file's owner may, at any time
+        return corpus
+    monkeypatch.setattr(wos, "read_corpus", read_then_swap)
+    import tokenizer_train
+    out = tmp_path / "tok.json"
+    metrics = tokenizer_train.main(["--text", str(text_file), "--compare", "none", "--vocab-size", "512", "--seq-len",
+                                    "63", "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert text_file.read_text().startswith("attacker text")  # swapped after the hash
+    assert metrics["corpus"] == genuine.identity
+    tokenizer = Tokenizer.from_file(str(out))
+    blocks, stats = token_blocks(genuine, tokenizer, Packing(64, cache_dir=tmp_path / "cache"))
+    assert stats["train"]["from_cache"]  # the cache tokenizer_train.py wrote under the genuine content's name
+    cached = tokenizer.decode(blocks["train"].flatten().tolist(), skip_special_tokens=False)
+    assert "attacker" not in cached and cached.split(EOT)[0] in genuine.documents
+
+
+def test_a_word_too_long_for_bpe_is_refused_in_one_line_at_once(tmp_path):
+    """8 lines of a million letters: BPE training ran for minutes at a gigabyte and printed nothing."""
+    path = tmp_path / "X.txt"
+    path.write_text(("x" * 1_000_000 + "\n") * 8)
+    with pytest.raises(wos.TextError) as refused:
+        wos.read_corpus(path)
+    assert str(refused.value) == (f"{path}: line 1 has a word of over 1,000 characters (no space in it): BPE's work "
+                                  f"grows with a word's length; split it or remove the line")
+    path.write_text(" ".join(["y" * 1000] * 8) + "\nsecond document\n")  # at the limit: read
+    assert wos.read_corpus(path).identity["documents"] == 2
 
 
 def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
@@ -276,4 +270,4 @@ def test_utf16_after_the_first_mib_is_refused_naming_its_line(tmp_path):
     path.write_bytes(head.encode() + "\n".join(generated_docs(20, seed=1)).encode("utf-16-le"))
     line = head.count("\n") + 1
     with pytest.raises(wos.TextError, match=rf"X.txt: line {line} is \d+% NUL bytes: UTF-16 or binary, not UTF-8"):
-        wos.check_text(path)
+        wos.read_corpus(path)

@@ -16,8 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from data import REPO, data_root, files
+from training import lifecycle, rundir
 from training.errors import UserError
-from training import lifecycle, runfiles
 from training.flags import Parser, add_output_flags
 
 PYTHON_FLOOR = (3, 9)  # transformers 4.49's own floor (CI runs 3.11)
@@ -117,14 +117,14 @@ def check_data(args, needed):
     checks = []
     if "mnist" in needed:
         try:
-            checks.append(ok("mnist", str(find_mnist(Path(args.data_dir), download=False)["train"][0].parent)))
+            checks.append(unshared("mnist", find_mnist(Path(args.data_dir), download=False)["train"][0].parent))
         except UserError as e:
             checks.append(todo("mnist", f"{e} (lenet5.py downloads them itself where the node has internet)"))
     if "corpus" not in needed:
         return checks
     try:
         text = wos.resolve_text(args.text, download=False)
-        checks.append(ok("corpus", f"{text} ({text.stat().st_size / 1e6:.1f} MB)"))
+        checks.append(unshared("corpus", text.parent, f"{text} ({text.stat().st_size / 1e6:.1f} MB)"))
     except UserError as e:
         checks.append(todo("corpus", str(e)))
     spec, local = args.tokenizer, tokenizer.data_copy(args.tokenizer)
@@ -138,6 +138,17 @@ def check_data(args, needed):
         problem = str(e)
     return checks + [todo("tokenizer", f"{problem} (or python tokenizer_train.py to make "
                                        f"{tokenizer.OWN_TOKENIZER.relative_to(REPO)})")]
+
+
+def unshared(name, folder, found=None):
+    """ok, found in `folder`, unless others may write there (files.check_folder's rule): anyone could swap the data,
+    a todo; another user's folder (a lab's shared copy): a note, its owner could."""
+    found = found or str(folder)
+    if (problem := files.writers_problem(folder)) is None:
+        return ok(name, found)
+    if "writable by others" in problem:
+        return todo(name, f"{found}, but {folder} {problem}: anyone could replace the data; use a copy of your own")
+    return note(name, f"{found}; {folder} {problem}: its owner could replace the data (fine if you trust them)")
 
 
 def main(argv=None):
@@ -156,7 +167,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     with lifecycle.one_line_errors(lambda: "nothing was written"):  # the checks only read
         if args.metrics_out:
-            runfiles.check_output(args.metrics_out, "--metrics-out", args.force)
+            rundir.check_output(args.metrics_out, "--metrics-out", args.force)
         phases.switch("checks")
         checks = check_python_and_packages()  # first: a torch too old or broken says so there
         try:

@@ -9,12 +9,11 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accelerate.utils import broadcast_object_list
 from safetensors import SafetensorError
 
 from data import files
-from training import runfiles, step
-from training import errors
+from training import step
+from training.errors import OutputError, UserError, reason
 
 STATE_FILE = "trainer_state.json"
 STOP_CLOCK = "stop_clock.json"  # written last by a process a signal stopped: {"step", "process_seconds_total"}
@@ -43,7 +42,7 @@ def record_stop_clock(out_dir, step, total_seconds):
     """A stopped process's seconds up to its end; a failure is a warning (exit 3, requeue, must not become 1)."""
     try:
         files.write_json(out_dir / STOP_CLOCK, {"step": step, "process_seconds_total": round(total_seconds, 3)})
-    except errors.OutputError as e:
+    except OutputError as e:
         print(f"warning: {e}; the next process counts this one's seconds up to its checkpoint", file=sys.stderr)
 
 
@@ -61,10 +60,15 @@ def earlier_seconds(out_dir, state):
 
 
 def load_state(ckpt):
-    """(TrainState, the identity of the run that saved it) from a verified checkpoint."""
+    """(TrainState, the identity of the run that saved it) from a verified checkpoint; one written by another
+    version of this file (keys it does not know) is one line."""
     saved = json.loads((ckpt / STATE_FILE).read_text())
-    identity = saved.pop("run")
-    return TrainState(**{**saved, "resumed": True}), identity
+    try:
+        identity = saved.pop("run")
+        return TrainState(**{**saved, "resumed": True}), identity
+    except (KeyError, TypeError) as e:  # TrainState(unknown=...): TypeError
+        raise UserError(f"{ckpt / STATE_FILE} is not a training state this version reads ({reason(e)}); "
+                               f"resume with the version that wrote it, or pick a new --out-dir") from None
 
 
 def save_checkpoint(accelerator, out_dir, state, identity):
@@ -95,9 +99,9 @@ def failed_write_explained(tmp, what, remains=None):
     """A failed write into `tmp`: the partial folder goes, the run stops in one line saying what remains."""
     try:
         yield
-    except (OSError, RuntimeError, errors.OutputError, SafetensorError) as e:  # safetensors: a full disk too
+    except (OSError, RuntimeError, OutputError, SafetensorError) as e:  # safetensors: a full disk too
         shutil.rmtree(tmp, ignore_errors=True)
-        raise errors.UserError(f"writing {what} into {tmp} failed ({errors.reason(e)}); "
+        raise UserError(f"writing {what} into {tmp} failed ({reason(e)}); "
                               f"{(remains or resume_advice)(tmp.parent)}") from None
 
 
@@ -131,11 +135,11 @@ def damaged(ckpt, path):
             load(path, map_location="cpu")
         return None
     except Exception as error:
-        why = errors.reason(error)
+        why = reason(error)
         if "weights_only" in str(error) or "WeightsUnpickler" in str(error):  # torch's refusal: its first sentence
             detail = str(error).partition("WeightsUnpickler error:")[2].strip().split(". ")[0].split("\n")[0][:160]
             why = f"not plain tensors and numbers: {detail}".rstrip(": ")
-        return errors.UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
+        return UserError(f"checkpoint file {path} is damaged ({type(error).__name__}: {why}); delete {ckpt} to "
                                f"resume from the checkpoint before it, or pick a new --out-dir")
 
 
@@ -186,7 +190,7 @@ def run_identity(args, tok, corpus_sha256, precision, world):
 def check_same_run(saved, current):
     """Refuse a resume that would change the run, in one line."""
     if differ := [key for key, value in current.items() if key in saved and saved[key] != value]:
-        raise errors.UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
+        raise UserError("the checkpoint was made with " + ", ".join(f"{k} = {saved[k]}" for k in differ) +
                               "; this run has " + ", ".join(f"{k} = {current[k]}" for k in differ) +
                               f" ({', '.join(dict.fromkeys(identity_flags().get(k, k) for k in differ))}): resume with "
                               f"the same settings or pick a new --out-dir")
@@ -198,28 +202,3 @@ def continue_position(state, saved, micro):
     if (old := saved.get("micro_batch")) and old != micro:
         state.micro_batches = -(-state.micro_batches * old // micro)  # ceil: exact after a whole step
     return saved.get("budget_micro_batch") or old or micro
-
-
-def open_run_dir(out_dir, metrics_out, accelerator, stack, inputs, force):
-    """(out_dir, checkpoint or None): the outputs checked, the folder opened (runfiles.open_run), an attempt
-    without a checkpoint set aside; the main process's answer."""
-    ckpt = None
-    if accelerator.is_main_process:
-        outputs = {"--out-dir": out_dir}
-        for name in ("metrics.json", "args.json", "final", "final.tmp", "final/model.safetensors", "final/config.json"):
-            # --metrics-out may be the run's own metrics.json: counted once
-            if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
-                outputs[f"--out-dir's {name}"] = out_dir / name
-        runfiles.check_outputs_not_inputs({**outputs, "--metrics-out": metrics_out},  # last: a clash names it first
-                                          {k: v for k, v in inputs.items() if v and Path(v).exists()})
-        if metrics_out:
-            runfiles.check_output(metrics_out, "--metrics-out", force, own_run=out_dir)
-        if runfiles.open_run(out_dir, "gpt_train.py", stack):
-            ckpt, skipped = latest_checkpoint(out_dir)
-            for name, why in skipped:
-                print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)
-            if ckpt is None:
-                runfiles.set_aside_earlier_attempt(out_dir, "no checkpoint to resume from")
-    if accelerator.num_processes > 1:  # the main process's choice (its clock named the default folder)
-        ckpt, out_dir = broadcast_object_list([ckpt, out_dir])
-    return out_dir, ckpt

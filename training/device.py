@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 
 from data import files
-from training.errors import UserError
-from training import errors
+from training.errors import OutputError, UserError
 
 PEAK_TFLOPS = {  # dense datasheet peak per GPU, for MFU: 16-bit tensor cores (fp32 accumulate), TF32, plain fp32
     "H200 NVL": (835, 418, 60), "H200": (989, 494, 67), "H100 NVL": (835, 418, 60), "H100 SXM": (989, 494, 67),
@@ -33,11 +32,12 @@ class Device:
 
 def decide(precision_flag, compile_flag):
     """Set this process's GPU (before any CUDA context exists on GPU 0), then decide."""
-    if not torch.cuda.is_available():
-        return decisions_for("cpu", (0, 0), precision_flag, compile_flag, device_name(torch.device("cpu")))
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    return decisions_for("cuda", torch.cuda.get_device_capability(), precision_flag, compile_flag,
-                         device_name(torch.device("cuda")))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    device = torch.device("cuda" if cuda else "cpu")
+    capability = torch.cuda.get_device_capability() if cuda else (0, 0)
+    return decisions_for(device.type, capability, precision_flag, compile_flag, device_name(device))
 
 
 def decisions_for(device_type, capability, precision_flag, compile_flag, name=""):
@@ -91,7 +91,8 @@ def cpu_has_bf16():
 def resolve_compile(requested, device_type, capability):
     """auto: off, as in 12M tokens the faster steps do not win a cold compile back (report/results/README.md)."""
     if requested == "auto":
-        return "off", "torch.compile off (a 12M-token run does not repay a cold compile; --compile regional)"
+        return "off", "torch.compile off (measured: 12M tokens did not repay a cold compile, fewer repay it less; " \
+                      "--compile regional)"
     if requested != "off" and not compile_supported(device_type, capability):
         raise UserError(f"--compile {requested}: inductor needs sm70+, this GPU is sm{capability[0]}{capability[1]}")
     return requested, ""
@@ -111,14 +112,22 @@ def compile_model(model, mode, backend="inductor"):
 
 
 def use_compile_cache(directory):
-    """Compile caches on the home file system, shared by the nodes (a requeued job finds its kernels)."""
+    """Every compile cache in `directory`, on the home file system shared by the nodes (a requeued job finds its
+    kernels), each folder the user's and writable by no one else (data/files.check_folder): a kernel or header
+    planted there would run as the user. Set before inductor compiles (it reads the variables then)."""
     for variable, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
         os.environ.setdefault(variable, str(Path(directory) / sub))  # the user's setting wins
         named = "--compile-cache" if os.environ[variable].startswith(str(directory)) else variable
         try:
-            files.check_output_dir(os.environ[variable], named)
-        except errors.OutputError as e:
-            raise UserError(f"{e}; give a writable --compile-cache or --compile off") from None
+            files.check_folder(os.environ[variable], named)
+        except OutputError as e:
+            raise UserError(f"{e}; or --compile off") from None
+    # precompiled headers: not under TORCHINDUCTOR_CACHE_DIR but in $TMPDIR/torchinductor_$USER, fixed at this
+    # module's import; a folder of that name another user made first would be theirs to fill
+    from torch._inductor import codecache
+    if hasattr(codecache, "_HEADER_DIR"):  # torch >= 2.6 (before: no precompiled headers)
+        codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
 
 
 def ddp_handlers(precision):

@@ -1,6 +1,15 @@
 """final/: a finished run's weights as a transformers model folder, written once after a successful run and read
 back (load_run: an unfinished run's newest verified checkpoint stands in) with nothing trusted unchecked: config.json
-against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape."""
+against the hash the weights record, the tokenizer against config.json's, every tensor's name and shape.
+
+The declared changes to the model (training/step.py) are its "lab5"
+section; where GPT-2's config cannot describe them, final/ holds
+lab5.json and lab5.safetensors instead: transformers finds no model
+there (it would load one missing or mismatching tensors into a GPT-2)
+and refuses the folder.
+
+At the end, what the model writes: the KV-cached token stream
+(training/sample.py's command line prints it), a finished run's samples."""
 import hashlib
 import json
 import os
@@ -10,13 +19,15 @@ from pathlib import Path
 import torch
 
 from data.files import UMASK, read_small, strict, write_json
-from training.errors import UserError
 from data.tokenizer import EOT, TokenizerError, open_tokenizer, tokenizer_sha256
-from training import checkpoints
+from training import checkpoints, step
 from training.checkpoints import failed_write_explained
+from training.device import eager_mode
+from training.errors import UserError
 from training.model import GPT, from_transformers, model_config, to_transformers
 
 HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"  # in final/
+NAMES = {True: (HF_CONFIG, HF_WEIGHTS), False: ("lab5.json", "lab5.safetensors")}  # by: is it a GPT-2?
 SHAPE = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # of a GPT2Config
 
 
@@ -54,12 +65,17 @@ def write_final(net, tokenizer, folder):
     written here, not by save_pretrained: transformers 5 names a tokenizer class that 4.x cannot open."""
     from safetensors.torch import save_file
     cfg, vocab, eot = net.cfg, tokenizer.get_vocab_size(), tokenizer.token_to_id(EOT)
-    config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot,
+    config = {**cfg.to_transformers(), "eos_token_id": eot, "bos_token_id": eot, "lab5": net.changes,
               "tokenizer_sha256": tokenizer_sha256(tokenizer)}  # training.sample refuses another tokenizer.json
+    if foreign := step.not_gpt2(net.changes):
+        config["transformers"] = f"declined: GPT-2's config cannot describe {' '.join(foreign)}"
+        print(f"final/ is no transformers model: GPT-2's config cannot describe {' '.join(foreign)} "
+              f"(python -m training.sample loads it)")
+    config_name, weights_name = NAMES[not foreign]
     metadata = {"format": "pt", "config_sha256": config_sha256(config)}
-    save_file(to_transformers(net.state_dict()), folder / HF_WEIGHTS, metadata=metadata)  # streamed: no copy in memory
-    os.chmod(folder / HF_WEIGHTS, 0o666 & ~UMASK)  # save_file makes it 0600: the group may read it
-    write_json(folder / HF_CONFIG, config)
+    save_file(to_transformers(net.state_dict()), folder / weights_name, metadata=metadata)  # streamed: no copy
+    os.chmod(folder / weights_name, 0o666 & ~UMASK)  # save_file makes it 0600: the group may read it
+    write_json(folder / config_name, config)
     # the padding rows (vocab up to cfg.vocab_size, whole tiles for the matmuls) are no token: generate()
     # must never pick one; at most 63 ids, masked once per step
     write_json(folder / "generation_config.json", {
@@ -76,11 +92,13 @@ def load_run(run_dir, tokenizer_spec, device):
     run_dir, final = Path(run_dir), Path(run_dir) / "final"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    if (final / HF_WEIGHTS).is_file():
-        cfg, path = read_config(final / HF_CONFIG), final / HF_WEIGHTS
+    config, path = NAMES[(final / HF_WEIGHTS).is_file()]
+    config, path = final / config, final / path
+    if path.is_file():
+        cfg = read_config(config)
         state, recorded = read_weights(path)
         if recorded and recorded != cfg.config_sha256:  # a final/ from before the hash: not checked
-            raise UserError(f"{final / HF_CONFIG} was changed after the run wrote it (its content hash "
+            raise UserError(f"{config} was changed after the run wrote it (its content hash "
                             f"{cfg.config_sha256[:16]} is not the {recorded[:16]} {path} records); restore it, or "
                             f"train again")
         tok = own_tokenizer(final, cfg, tokenizer_spec)
@@ -89,8 +107,9 @@ def load_run(run_dir, tokenizer_spec, device):
         path = ckpt and ckpt / "pytorch_model.bin"
         if not path or not path.is_file():
             raise UserError(f"{run_dir}: no weights (neither final/ nor a complete checkpoint)")
-        tok, shape = checkpoint_tokenizer(ckpt, tokenizer_spec)
+        tok, shape, changes = checkpoint_tokenizer(ckpt, tokenizer_spec)
         cfg, (state, _) = model_config(tok.vocab_size, tok.eot, **shape), read_weights(path)
+        cfg.changes = changes
     return build_model(cfg, state, path).to(device), tok
 
 
@@ -107,6 +126,10 @@ def read_config(path):
                         f"eos_token_id {eot!r})")
     cfg = model_config(shape.pop("vocab_size"), eot, **shape)
     cfg.tokenizer_sha256, cfg.config_sha256 = raw.get("tokenizer_sha256"), config_sha256(raw)
+    cfg.changes = raw.get("lab5", {})
+    model_values = {a.name: list(a.values().values()) for a in step.declared() if a.model}
+    if not isinstance(cfg.changes, dict) or any(v not in model_values.get(k, []) for k, v in cfg.changes.items()):
+        raise UserError(f"{path}: changes to the model {cfg.changes} are not ones training/step.py declares")
     return cfg
 
 
@@ -130,7 +153,7 @@ def read_weights(path):
 def build_model(cfg, state, path):
     """GPT(cfg) holding `state`, once every name and shape fits and every value is finite."""
     with torch.device("meta"):  # the expected names and shapes, nothing allocated
-        model = GPT(cfg)
+        model = step.change_model(GPT(cfg), step.Accelerations(**cfg.changes))
     have, want = ({k: tuple(v.shape) for k, v in d.items()} for d in (state, model.state_dict()))
     if have != want:
         name = min(set(have) ^ set(want) or {k for k in want if have[k] != want[k]})
@@ -162,6 +185,7 @@ def checkpoint_tokenizer(ckpt, spec):
         run = checkpoints.load_state(ckpt)[1]
         shape = dict(n_layer=run["n_layer"], n_head=run["n_head"], n_embd=run["n_embd"], n_positions=run["seq_len"])
         expect = run["tokenizer"]
+        changes = {a.name: a.values()[run[a.name]] for a in step.declared() if a.model and a.name in run}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{ckpt}: no readable run identity ({type(e).__name__}: {e})") from None
     if not spec:
@@ -177,4 +201,77 @@ def checkpoint_tokenizer(ckpt, spec):
     if tok.sha256[:16] != expect:
         raise UserError(f"tokenizer {spec} ({tok.vocab_size:,} tokens, sha256 {tok.sha256[:16]}) is not the one "
                         f"the run trained with (sha256 {expect}); pass the run's with --tokenizer")
-    return tok, shape
+    return tok, shape, changes
+
+
+# ----------------------------------------------------------------------------- what the model writes
+
+TEMPERATURE, TOP_K, SEED = 0.8, 50, 0  # the sampled continuations at the end of training
+GREEDY_BELOW = 1e-3  # a temperature under it is greedy: nearly so anyway, and dividing by less can overflow
+
+
+@torch.no_grad()
+def token_stream(model, idx, new_tokens, choose, vocab_size=None, stop=None):
+    """Each next token (B, 1) after the (B, T) prompt ids, `choose`n from the logits cut to vocab_size (no padding
+    row), until a stop signal. The KV cache runs only new tokens; past n_positions the window slides: all run again."""
+    cache, n = [[] for _ in range(model.cfg.n_layer)], model.cfg.n_positions
+    for _ in range(new_tokens):
+        if stop is not None and stop.signal:  # Slurm's warning: the job must end in time, samples or not
+            return
+        if idx.size(1) > n:
+            logits = model(idx[:, -n:])
+        else:
+            logits = model(idx[:, cache[0][0].size(2) if cache[0] else 0:], cache=cache)
+        token = choose(logits.float()[:, :vocab_size])
+        idx = torch.cat([idx, token], dim=1)
+        yield token
+
+
+def pick(logits, temperature, top_k, generator):
+    """(B, 1) next tokens from (B, V) logits: the most likely, or sampled at `temperature` among the top k."""
+    if temperature < GREEDY_BELOW:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+
+
+def greedy_and_sampled(model, idx, new_tokens, generator, vocab_size, stop=None):
+    """The greedy and the sampled (B, n <= new_tokens) continuations of the (B, T) prompts, as one batch of 2B rows."""
+    rows, b = torch.cat([idx, idx]), idx.size(0)
+
+    def both(logits):
+        return torch.cat([pick(logits[:b], 0.0, 0, None), pick(logits[b:], TEMPERATURE, TOP_K, generator)])
+    out = torch.cat([rows[:, :0], *token_stream(model, rows, new_tokens, both, vocab_size, stop)], dim=1)
+    return out[:b], out[b:]
+
+
+def fixed_prompts(blocks, eot, n=2, length=16):
+    """The same prompts every run: the first `length` tokens of a document (after the block's first end-of-text
+    where a whole prompt fits after it) in each of the first n validation blocks."""
+    prompts = []
+    for ids in (b.tolist() for b in blocks[:n]):
+        size = min(length, len(ids) // 2)
+        start = ids.index(eot) + 1 if eot in ids and ids.index(eot) + 1 + size <= len(ids) else 0
+        prompts.append(ids[start:start + size])
+    size = min(map(len, prompts), default=0)
+    return [p[:size] for p in prompts]
+
+
+def final_samples(run, tokenizer, validation_blocks, new_tokens, stop=None):
+    """After final/ (main process): the fixed prompts' continuations for TensorBoard and the metrics' `samples`;
+    eager (nothing recompiles), the model unwrapped from DDP (no collectives)."""
+    prompts = fixed_prompts(validation_blocks, tokenizer.token_to_id(EOT))
+    if not prompts or not new_tokens:
+        return None
+    accelerator, net = run.accelerator, run.accelerator.unwrap_model(run.model).eval()
+    rng = torch.Generator(accelerator.device).manual_seed(SEED)
+    with eager_mode(), accelerator.autocast():
+        greedy, sampled = greedy_and_sampled(net, torch.tensor(prompts, device=accelerator.device), new_tokens, rng,
+                                             tokenizer.get_vocab_size(), stop)
+    decode = tokenizer.decode
+    return {"new_tokens": greedy.size(1), "temperature": TEMPERATURE, "top_k": TOP_K, "seed": SEED,
+            "continuations": [{"prompt": decode(p), "greedy": decode(g), "sampled": decode(s)}
+                              for p, g, s in zip(prompts, greedy.tolist(), sampled.tolist())]}

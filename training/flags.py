@@ -19,8 +19,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
-def number(kind, low, high=None, low_open=False, high_open=False, why="", multiple=None):
-    """An int or float flag in [low, high] (an open end with `*_open`): finite, in range, a multiple of `multiple`."""
+def number(kind, low, high=None, ends="[]", why="", multiple=None):
+    """An int or float flag in `low`..`high`, `ends` saying which are open as an interval does ("(]": > low): finite,
+    in range, a multiple of `multiple`."""
     def parse(text):
         try:
             value = kind(text)
@@ -28,11 +29,11 @@ def number(kind, low, high=None, low_open=False, high_open=False, why="", multip
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
         if kind is float and not math.isfinite(value):  # nan compares False with everything: refuse it first
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-        if (value <= low if low_open else value < low) or \
-                (high is not None and (value >= high if high_open else value > high)):
+        if (value <= low if ends[0] == "(" else value < low) or \
+                (high is not None and (value >= high if ends[1] == ")" else value > high)):
             shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
-            bounds = (f"{'>' if low_open else '>='} {low}" if high is None else
-                      f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}")
+            bounds = (f"{'>' if ends[0] == '(' else '>='} {low}" if high is None else
+                      f"in {ends[0]}{low}, {high}{ends[1]}")
             raise argparse.ArgumentTypeError(f"must be {bounds}{why}, got {shown}")
         if multiple and value % multiple:
             raise argparse.ArgumentTypeError(f"must be a multiple of {multiple}{why}, got {text}")
@@ -58,7 +59,7 @@ def path_or_name_flag(text):
     return os.fspath(text)  # as typed: "./x.json" must still look like a path, not a hub name
 
 
-seed_flag = number(int, 0, 2**32, high_open=True)  # the range every generator here takes (torch, numpy, datasets)
+seed_flag = number(int, 0, 2**32, ends="[)")  # the range every generator here takes (torch, numpy, datasets)
 
 
 def int_or_auto(text):
@@ -66,7 +67,7 @@ def int_or_auto(text):
 
 
 def add_output_flags(parser, metrics_help="write the final metrics here as JSON"):
-    """--metrics-out and --force, alike in every script (training/runfiles.check_output's rule)."""
+    """--metrics-out and --force, alike in every script (training/rundir.check_output's rule)."""
     parser.add_argument("--metrics-out", type=path_flag, default=None, help=metrics_help)
     parser.add_argument("--force", action="store_true", help="replace existing output files, if they are of the kind "
                         "this script writes (a JSON object; --save: a torch.save archive): never any other file")

@@ -5,9 +5,9 @@ from data.tokenizer import default_tokenizer
 from training import CACHE_HOME, step
 from training.flags import Parser, add_output_flags, int_or_auto, number, path_flag, path_or_name_flag, seed_flag
 
-PRESETS = {  # model shape, batch and peak learning rate; everything else is a flag
-    "lab": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, micro_batch=16, global_batch=64, lr=1e-3),
-    "tiny": dict(n_layer=2, n_head=2, n_embd=64, seq_len=64, micro_batch=8, global_batch=16, lr=3e-3),
+PRESETS = {  # model shape, batch, and the optimizer's peak learning rate times lr_scale; everything else is a flag
+    "lab": dict(n_layer=12, n_head=12, n_embd=768, seq_len=1024, micro_batch=16, global_batch=64, lr_scale=1),
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, seq_len=64, micro_batch=8, global_batch=16, lr_scale=3),
 }
 
 
@@ -27,15 +27,17 @@ def build_parser():
     add("--micro-batch", type=int_or_auto, default="auto", help="sequences per process per forward pass; auto: "
         f"on a GPU the largest that fits, on CPU the preset's (lab {lab['micro_batch']}, tiny {tiny['micro_batch']})")
     add("--seed", type=seed_flag, default=0, help="weights, data order, split")
-    add("--val-fraction", type=number(float, 0, 0.5, True, True), default=0.005, help="held-out documents")
+    add("--val-fraction", type=number(float, 0, 0.5, "()"), default=0.005, help="held-out documents")
     add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--accept-invalid-utf8", action="store_true", help="train on a text mostly not UTF-8 (bad bytes as U+FFFD)")
     add = p.add_argument_group("optimisation and accelerations").add_argument
-    add("--lr", type=number(float, 0, low_open=True), default=lab["lr"], help=f"peak learning rate (tiny {tiny['lr']})")
-    add("--warmup", type=number(float, 0, 1, high_open=True), default=0.1, help="warm-up, fraction of the steps")
-    add("--weight-decay", type=number(float, 0), default=0.1, help="on matrices only")
-    add("--grad-clip", type=number(float, 0, low_open=True, why=" (0 clips every gradient to nothing)"), default=1.0,
+    add("--lr", type=number(float, 0, ends="(]"), default=None, help="peak learning rate; None: the optimizer's "
+        f"(training/step.py) x the preset's lr_scale (AdamW: {step.OPTIMIZERS['adamw'].lr:g}, tiny "
+        f"x{tiny['lr_scale']})")
+    add("--warmup", type=number(float, 0, 1, ends="[)"), default=0.1, help="warm-up, fraction of the steps")
+    add("--weight-decay", type=number(float, 0), default=None, help="on matrices only; None: the optimizer's")
+    add("--grad-clip", type=number(float, 0, ends="(]", why=" (0 clips every gradient to nothing)"), default=1.0,
         help="gradient norm clipped to this")
     add("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto", help="auto: see training/device.py")
     add("--compile", choices=["auto", "regional", "whole", "off"], default="auto",
@@ -57,7 +59,6 @@ def build_parser():
         help="steps between checkpoints; 0: only on signals")
     add("--keep-checkpoints", action="store_true",
         help="keep a finished run's checkpoints, one after its last step too (else only final/ stays)")
-    add("--profile", action="store_true", help="one steady step under torch.profiler: profile.json, TensorBoard")
     add_output_flags(outputs)
     return p
 
@@ -66,8 +67,11 @@ def parse_args(argv):
     """The flags, defaults from the chosen preset (a first pass reads --preset)."""
     p = build_parser()
     preset = PRESETS[p.parse_known_args(argv)[0].preset]
-    p.set_defaults(**{k: v for k, v in preset.items() if k != "micro_batch"})
+    p.set_defaults(**{k: v for k, v in preset.items() if k not in ("micro_batch", "lr_scale")})
     args = p.parse_args(argv)
+    optimizer = step.OPTIMIZERS[args.optimizer]  # its own defaults
+    args.lr = args.lr or optimizer.lr * preset["lr_scale"]
+    args.weight_decay = optimizer.weight_decay if args.weight_decay is None else args.weight_decay
     if args.n_embd % args.n_head:
         p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     if args.preset == "lab" and args.seq_len > 1024:

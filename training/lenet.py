@@ -1,4 +1,5 @@
 """What lenet5.py's two engines share: the run they fill in, the schedule, the logging after steps and epochs."""
+import functools
 import math
 import time
 import warnings
@@ -9,31 +10,25 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.errors import UserError
 from training.device import gpu_stats
+from training.errors import UserError
 from training.lifecycle import log_line
-
-TESTS_BETWEEN_EPOCHS = {"cuda"}  # a test pass at every log point: 10 batches against 50 steps (CPU: 60 steps')
 
 
 @dataclass
 class LeNetRun:
-    """What an engine is handed (args ... phases) and records as it goes: a failed run reports its epochs."""
+    """What an engine is handed (args ... phases) and records as it goes."""
     args: object  # the parsed flags
     model: nn.Module
     train_loader: object  # data.mnist.Batches of the images on the device
     test_loader: object
-    digits: torch.Tensor  # a fixed set of test digits for the feature-map images
     out_dir: Path
     device: torch.device
     phases: object  # training.lifecycle.Phases: where the process's seconds go (loop, evaluation, logging)
     writer: object = None  # TensorBoard's SummaryWriter (open_writer)
     history: list = field(default_factory=list)  # per epoch: test loss and accuracy
     curve: list = field(default_factory=list)  # [step, training loss] every --log-every steps
-    train_accuracy: list = field(default_factory=list)  # [step, accuracy of the batches since the last point]
-    test_accuracy: list = field(default_factory=list)  # [step, test accuracy] at every test pass
-    correct: torch.Tensor = None  # the training batches' right predictions since the last log point, on the device
-    seen: int = 0  # and how many images they were
+    train_accuracy: list = field(default_factory=list)  # [step, accuracy of the step's batch]
     steps: int = 0
     train_seconds: float = 0.0  # the training part of the epochs (no test passes, no logging)
     t0: float = 0.0  # the epoch's start (perf_counter)
@@ -59,7 +54,7 @@ def open_writer(run):
     run.writer = SummaryWriter(run.out_dir)
     with warnings.catch_warnings():  # add_graph traces with torch.jit, which warns it is deprecated
         warnings.simplefilter("ignore")
-        run.writer.add_graph(run.model, run.digits)
+        run.writer.add_graph(run.model, run.test_loader.dataset[:8][0])
 
 
 def close_writer(run):
@@ -75,14 +70,13 @@ def check_finite(value, what):  # a diverged run stops with one line, not with 1
 
 @torch.no_grad()
 def test_pass(run, step):
-    """Mean test loss and accuracy, into TensorBoard and the accuracy curve; the model is left in eval mode."""
+    """Mean test loss and accuracy, also into TensorBoard; the model is left in eval mode."""
     run.model.eval()
     sums = torch.zeros(2, device=run.device)  # summed loss, right predictions
     for x, y in run.test_loader:
         logits = run.model(x)
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum()])
     test_loss, test_acc = (v / len(run.test_loader.dataset) for v in sums.tolist())
-    run.test_accuracy.append([step, test_acc])
     run.writer.add_scalar("loss/test", test_loss, step)
     run.writer.add_scalar("accuracy/test", test_acc, step)
     return test_loss, test_acc
@@ -95,26 +89,19 @@ def start_epoch(run):
 
 
 def log_point(run, step, logits, y, loss, lr):
-    """After every optimizer step; every --log-every steps the curves (.tolist(): the one CPU-GPU sync)."""
-    hits = (logits.detach().argmax(1) == y).sum()
-    run.correct, run.seen = hits if run.correct is None else run.correct + hits, run.seen + len(y)
+    """After every optimizer step; every --log-every steps the batch's loss and accuracy (.tolist(): the one CPU-GPU
+    sync)."""
     if step % run.args.log_every:
         return
-    value, correct = torch.stack([loss.detach().float(), run.correct.float()]).tolist()
+    value, correct = torch.stack([loss.detach().float(), (logits.detach().argmax(1) == y).sum().float()]).tolist()
     check_finite(value, f"training loss at step {step}")
-    accuracy, run.correct, run.seen = correct / run.seen, None, 0
+    accuracy = correct / len(y)
     run.curve.append([step, value])
     run.train_accuracy.append([step, accuracy])
     for tag, number in (("loss/train", value), ("accuracy/train", accuracy), ("train/lr", lr)):
         run.writer.add_scalar(tag, number, step)
     total, seconds = run.args.epochs * len(run.train_loader), run.train_seconds + time.perf_counter() - run.t0
     log_line(None, step, total, [f"loss {value:.4f}", f"accuracy {accuracy:.2%}"], seconds / step * (total - step))
-    if run.device.type in TESTS_BETWEEN_EPOCHS and step % len(run.train_loader):  # (the last step has its own)
-        t0 = time.perf_counter()
-        with run.phases.of("evaluation"):
-            test_pass(run, step)
-        run.model.train()
-        run.train_seconds -= time.perf_counter() - t0  # the epoch's timer runs on: this pass is not training
 
 
 def end_epoch(run, epoch, step):
@@ -128,31 +115,23 @@ def end_epoch(run, epoch, step):
     check_finite(test_loss, f"test loss after epoch {epoch}")
     run.history.append({"epoch": epoch, "test_loss": test_loss, "test_accuracy": test_acc})
     run.steps = step
-    log_images(run.writer, run.model, run.digits, epoch)
+    log_images(run.writer, run.model, run.test_loader.dataset[:8][0], epoch)  # 8 fixed digits
     for tag, value in (gpu_stats(run.device) if run.device.type == "cuda" else {}).items():  # NVML, where installed
         run.writer.add_scalar(tag, value, step)
     print(f"epoch {epoch}: test loss {test_loss:.4f}, accuracy {test_acc:.2%} ({run.train_seconds:.1f} s training)")
 
 
 def log_images(writer, model, digits, epoch):
-    """The first conv layer's filters, the input digits and both conv layers' feature maps, as image grids."""
+    """The first conv layer's filters, the input digits and both conv layers' feature maps, as grids on white, each
+    image scaled to [0, 1]."""
+    from torchvision.utils import make_grid  # imported here: it takes a second
+    grid = functools.partial(make_grid, normalize=True, scale_each=True, pad_value=1.0)
     model.eval()
     with torch.no_grad():
         c1, c2 = model.features(digits)
     filters = model.conv1.weight.detach().cpu()
     writer.add_image("layers/conv1_filters", grid(F.interpolate(filters, scale_factor=8), nrow=6), epoch)
-    writer.add_image("layers/input_digits", grid(digits.cpu(), nrow=len(digits), scale_each=False), epoch)
+    writer.add_image("layers/input_digits", grid(digits.cpu(), nrow=len(digits)), epoch)
     for name, maps in (("conv1", c1), ("conv2", c2)):  # one row per digit, one tile per channel
         tiles = maps.detach().cpu().flatten(0, 1).unsqueeze(1)
         writer.add_image(f"layers/{name}_feature_maps", grid(tiles, nrow=maps.shape[1]), epoch)
-
-
-def grid(images, nrow, scale_each=True, pad=2):
-    """(N, 1, H, W) images, `nrow` a row on white: torchvision's make_grid without its second of import."""
-    x = images.float()
-    dims = (1, 2, 3) if scale_each else (0, 1, 2, 3)
-    low, high = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
-    x = F.pad((x - low) / (high - low).clamp_min(1e-5), (pad, 0, pad, 0), value=1.0)  # white above and left
-    n, _, h, w = x.shape
-    x = x.view(n // nrow, nrow, h, w).transpose(1, 2).reshape(1, n // nrow * h, nrow * w)
-    return F.pad(x, (0, pad, 0, pad), value=1.0)  # and below and right of the last row and column

@@ -15,7 +15,7 @@ except ImportError as e:  # checked before the run folder is made
 
 
 def fit_lightning(run):
-    """Train `run` (training.lenet.LeNetRun) as lenet5.fit_plain does."""
+    """Train `run` (training.lenet.LeNetRun) as lenet5.train does."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # "TPU available: ..."
     warnings.filterwarnings("ignore", message=".*(srun. command is available|LeafSpec)")  # hints not for us
     trainer = L.Trainer(accelerator=run.device.type, devices=1, max_epochs=run.args.epochs, logger=False,

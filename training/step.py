@@ -5,12 +5,35 @@ measures the step that trains. Why each acceleration (where `auto` decides: trai
   SDPA           attention in one fused kernel, no T x T matrix in memory (the metrics name the kernel)
   torch.compile  fuses the elementwise work around the matmuls; off by default: 12M tokens do not repay it
   accumulation   micro-batches as large as fit, gradients all-reduced once per optimizer step (no_sync)
-  fused AdamW, chunked loss: flags of their own, each declared once (with its why) in Accelerations below.
+  optimizer, fused AdamW, chunked loss: flags of their own, each declared once (with its why) in Accelerations.
 
-To add an acceleration, declare it in Accelerations: `name: type = declare(default, label, why, ...)` (see
-Acceleration); its --name flag, the model's change, metrics.json, the probe's key, a resume's identity and the
-ladder's rows follow. `python benchmarks/gpt_bench.py --list` numbers the rows, `--only 1,N --metrics-out mine.json`
-measures them; name mine.json to report/make_report.py. A worked example: benchmarks/README.md."""
+To add an acceleration, declare it in Accelerations:
+`name: type = declare(default, label, why, ...)` (see Acceleration);
+its --name flag, the model's change, metrics.json, the probe's key,
+a resume's identity, final/ and the ladder's rows follow.
+A change to the model, e.g. RMSNorm in place of LayerNorm:
+
+    norm: str = declare("layernorm", "RMSNorm", "one statistic fewer",
+                        choices=("layernorm", "rms"), model=use_norm,
+                        gpt2_values=("layernorm",))
+
+(use_norm(net, value) swaps the modules). final/ records it; sampling
+and a resume rebuild it; with "rms" final/ holds no transformers model
+(GPT-2's config cannot describe it) and the run says so.
+An optimizer, e.g. Lion, is one more entry of OPTIMIZERS, with its own
+defaults:
+
+    "lion": Optimizer(make_lion, lr=1e-4, weight_decay=1.0,
+                      settings={"betas": (0.9, 0.99)}),
+
+--optimizer lion builds it, --lr and --weight-decay default to its
+values, metrics.json names it with its settings.
+
+A declaration changes the numbers (a resume must keep it) unless it
+says changes_numbers=False. `python benchmarks/gpt_bench.py --list`
+numbers the ladder's rows, `--only 1,N --metrics-out mine.json`
+measures them; name mine.json to report/make_report.py.
+A worked example: benchmarks/README.md."""
 import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -18,7 +41,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import torch
 
 from training import device
-from training.watch import scope
+from training.metrics import scope
 
 SCALER_INIT = 2.0**12  # fp16's first loss scale: GradScaler's own 2^16 overflows in the first steps
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -34,7 +57,8 @@ class Acceleration:
     choices: tuple = ()  # its values (True/False: on/off)
     naive: object = None  # the ladder's naive value: then a rung of its own and a "default without" row
     model: Callable | None = None  # model(net, value): its change to the model built (training/model.py's GPT)
-    changes_numbers: bool = False  # a resume must keep it (training/checkpoints.py's identity); else the same math
+    gpt2_values: tuple = ()  # the values with which the changed model is still GPT-2's (transformers loads final/)
+    changes_numbers: bool = True  # a resume must keep it (training/checkpoints.py's identity); False: the same math
     name: str = ""  # the field's (declared() fills it in): metrics.json's, the ladder's rows'
     flag: str = ""  # gpt_train.py's: --name, dashes for underscores
 
@@ -47,6 +71,24 @@ def declare(default, label, why, **more):
 
 
 @dataclass(frozen=True)
+class Optimizer:
+    """An optimizer --optimizer names, with its own defaults: --lr and --weight-decay default to them."""
+    make: Callable  # make(param_groups, accelerations, lr=, **settings) -> a torch.optim.Optimizer
+    lr: float  # the peak learning rate at the lab preset (a preset's lr_scale multiplies it)
+    weight_decay: float  # of the matrices and embeddings (biases and norms: none)
+    settings: dict = field(default_factory=dict)  # its other hyper-parameters: betas, eps...
+
+
+def adamw(groups, accelerations, **settings):
+    return torch.optim.AdamW(groups, **settings, fused=accelerations.fused_adamw or None)  # None: foreach
+
+
+OPTIMIZERS = {  # --optimizer's choices
+    "adamw": Optimizer(adamw, lr=1e-3, weight_decay=0.1, settings={"betas": (0.9, 0.95), "eps": 1e-8}),
+}
+
+
+@dataclass(frozen=True)
 class Accelerations:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)
     tf32: bool = False  # fp32 matmuls on TF32 tensor cores (GPUs only)
@@ -54,10 +96,12 @@ class Accelerations:
     sdpa_backend: str | None = None  # a forced SDPA kernel (SDPA_BACKENDS; the ladder's rows); None: torch's choice
     compile: str = "off"  # off | regional | whole
     # with a flag of their own: declare(default, label, why, ...), see Acceleration; the ladder's rungs in this order
+    optimizer: str = declare("adamw", "optimizer", "the update rule (OPTIMIZERS)", choices=tuple(OPTIMIZERS))
     fused_adamw: bool = declare(True, "fused AdamW", "the whole AdamW update in one kernel reading each parameter "
-                                "once (foreach makes several passes)", naive=False)
+                                "once (foreach makes several passes)", naive=False, changes_numbers=False)
     loss: str = declare("plain", "chunked loss", "no full fp32 logits", choices=("plain", "chunked"),
-                        model=lambda net, loss: setattr(net, "loss", loss))  # training/lm_loss.py
+                        model=lambda net, loss: setattr(net, "loss", loss), gpt2_values=("plain", "chunked"),
+                        changes_numbers=False)  # training/model.py's chunked_cross_entropy: the same math
 
 
 def declared():
@@ -66,14 +110,18 @@ def declared():
             for f in fields(Accelerations) if "acceleration" in f.metadata]
 
 
+def not_gpt2(changes):
+    """The flags of those `changes` (a model's, change_model's record) that GPT-2's config cannot describe."""
+    return [f"{a.flag} {text}" for a in declared() if a.name in changes for text, value in a.values().items()
+            if value == changes[a.name] and value not in a.gpt2_values]
+
+
 @dataclass(frozen=True)
 class Recipe:
-    """The optimizer's hyper-parameters: they change the numbers, so every ladder row uses gpt_train's."""
+    """The schedule's peak and the clip: they change the numbers, so every ladder row uses gpt_train's."""
     lr: float
     weight_decay: float
     grad_clip: float
-    betas: tuple = (0.9, 0.95)
-    eps: float = 1e-8
 
 
 def resolve(args, decisions):
@@ -84,9 +132,11 @@ def resolve(args, decisions):
 
 
 def change_model(net, accelerations):
-    """`net` with each declared acceleration's change, before the micro-batch probe and the optimizer see it."""
+    """`net` with each declared acceleration's change, before the micro-batch probe and the optimizer see it;
+    net.changes records them (final/ keeps them: training/final.py rebuilds the same model)."""
+    net.changes = {a.name: getattr(accelerations, a.name) for a in declared() if a.model}
     for a in filter(lambda a: a.model, declared()):
-        a.model(net, getattr(accelerations, a.name))
+        a.model(net, net.changes[a.name])
     return net
 
 
@@ -109,12 +159,13 @@ def make_accelerator(accelerations, fresh=False):
 
 
 def build(model, accelerations, recipe, accelerator):
-    """The TrainStep for `model` (on the accelerator's device): AdamW, accelerate's prepare (DDP), compile."""
+    """The TrainStep for `model` (on the accelerator's device): the optimizer, accelerate's prepare (DDP), compile."""
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and embeddings; biases and norms do not
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=recipe.betas,
-                                  eps=recipe.eps, fused=accelerations.fused_adamw or None)  # None: foreach
+    declared_one = OPTIMIZERS[accelerations.optimizer]
+    optimizer = declared_one.make([{"params": decay, "weight_decay": recipe.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], accelerations, lr=recipe.lr,
+                                  **declared_one.settings)
     model, optimizer = accelerator.prepare(model, optimizer)
     compiled = device.compile_model(model, accelerations.compile)
     return TrainStep(accelerator, model, compiled, optimizer, accelerations, recipe)
@@ -148,9 +199,15 @@ class TrainStep:
             self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
+    def optimizer_settings(self):
+        """{"name": its class, the decaying group's settings as built, "lr": the peak}: metrics.json's optimizer."""
+        opt = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's AcceleratedOptimizer holds it
+        group = {k: v for k, v in opt.param_groups[0].items() if k != "params" and not torch.is_tensor(v)}
+        return {"name": type(opt).__name__, **group, "lr": self.recipe.lr}
+
     def describe(self):
         """What was built, read back from the objects themselves (not what was asked for)."""
-        opt = self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer
+        opt = getattr(self.optimizer, "optimizer", self.optimizer)
         keys = ("lr", "betas", "eps", "weight_decay", "fused", "foreach", "amsgrad", "maximize")
         scaler = self.accelerator.scaler
         return {**asdict(self.accelerations), "recipe": asdict(self.recipe), "optimizer": type(opt).__name__,

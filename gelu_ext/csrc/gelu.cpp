@@ -112,8 +112,8 @@ at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
 
 }  // namespace
 
-// The schema is defined once, here; CPU (below), CUDA (cuda/gelu.cu) and Autograd (autograd.cpp)
-// each register their kernels.
+// The schema is defined once, here; CPU (below) and CUDA (cuda/gelu.cu) register their kernels,
+// ops.py the rest (fake kernels for torch.compile, autograd) through torch.library.
 TORCH_LIBRARY(gelu_ext, m) {
   m.def("gelu_forward(Tensor x) -> Tensor");
   m.def("gelu_backward(Tensor grad, Tensor x) -> Tensor");

@@ -1,7 +1,14 @@
-"""Run folders and output files, the same rules for every script (the file basics: data/files.py). A run folder
-is new, empty or an unfinished run of the same program's: flock'd (run.lock) and marked (run.owner) while the run
-lives, finished once it holds metrics.json and never written again. An existing output file is replaced only with
---force, and only if it is of the kind the scripts write."""
+"""Run folders and output files, one home, the same rules for every script. A run folder is new, empty or an
+unfinished run of the same program's: checked for who else may write it (data/files.check_folder, the one folder
+check), flock'd (run.lock) and marked (run.owner) while the run lives, finished once it holds metrics.json and never
+written again. An existing output file is replaced only with --force, and only if it is of the kind the scripts
+write; no output lands inside another run's folder.
+
+    check_output, check_outputs_not_inputs   an output file, before any work
+    open_run (claim_run_dir, RunLock)        a run folder made or reopened, locked and marked
+    set_aside_earlier_attempt                an unfinished attempt's files moved apart
+    open_run_dir                             gpt_train's: its outputs, its folder, the checkpoint to resume from
+"""
 import contextlib
 import fcntl
 import io
@@ -14,14 +21,26 @@ import time
 import zipfile
 from pathlib import Path
 
-from data import files
-from data.files import OWNER_FILE, output_problem, read_small
+from data.files import check_folder, make_folder, path_problem, read_small, write_atomic, writers_problem
 from training.errors import OutputError, reason
 
 LOCK_FILE = "run.lock"
+OWNER_FILE = "run.owner"  # names the program whose run the folder holds
 BOOKKEEPING = {LOCK_FILE, OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
 FINISHED = "metrics.json"
 WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}
+
+
+def output_problem(path, what, own_run=None):
+    """Why `path` may not be written, or None: path_problem(), or a folder above it (links, `..` resolved) holds a
+    run not `own_run`."""
+    if problem := path_problem(path):
+        return f"{what} {path}: {problem}"
+    run = next((f for f in Path(os.path.realpath(path)).parents if os.path.lexists(f / OWNER_FILE)), None)
+    if run and not (own_run and os.path.realpath(run) == os.path.realpath(own_run)):
+        return (f"{what} {path} is inside {run}, the folder of another run ({OWNER_FILE}): its files are that "
+                f"run's only record; give a path outside it (nothing was written)")
+    return None
 
 
 def check_output(path, what, force=False, own_run=None, kind="JSON"):
@@ -41,7 +60,9 @@ def check_output(path, what, force=False, own_run=None, kind="JSON"):
                               f"as it is)")
         if not force:
             raise OutputError(f"{what} {path} exists; pass --force to replace it, or give a new file name")
-    files.probe_folder(path.parent, f"{what} {path}")
+    if problem := writers_problem(path):  # a file in /tmp is safe from others (its sticky bit); a folder is not
+        raise OutputError(f"{what} {path} {problem}: they could replace it; give a folder of your own")
+    make_folder(path.parent, what)
 
 
 def written_kind(path):
@@ -75,7 +96,7 @@ def RunLock(directory):
     path = Path(directory) / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:  # ELOOP: a link
         raise OutputError(f"{path} is not a run lock ({reason(e)}): remove it, or pick another --out-dir") from None
     try:
@@ -130,17 +151,17 @@ def read_owner(path):
 
 
 def claim_run_dir(path, program, stack, reuse=True):
-    """Take `path` for a run of `program` until `stack` closes, if run_dir_problem() allows it: created, probed,
-    locked and marked. A start that fails before any work leaves the folder as it found it."""
+    """Take `path` for a run of `program` until `stack` closes, if run_dir_problem() allows it: checked (no one
+    else may write it: its metrics.json could be theirs), made, locked and marked. A start that fails before any
+    work leaves the folder as it found it."""
     if problem := run_dir_problem(path, program, reuse):
         raise OutputError(problem)
-    files.check_private("--out-dir", path)  # one another user can write: its metrics.json could be theirs
     fresh = not path.exists()
-    files.probe_folder(path, f"--out-dir {path}")
+    check_folder(path, "--out-dir")
     stack.enter_context(RunLock(path))
     stack.callback(remove_if_unused, path, fresh)  # only once locked: another run's lock file is never touched
     if read_owner(path) != program:
-        files.write_atomic(path / OWNER_FILE, f"{program}\n".encode())
+        write_atomic(path / OWNER_FILE, f"{program}\n".encode())
 
 
 def remove_if_unused(path, made_here):
@@ -171,3 +192,33 @@ def set_aside_earlier_attempt(out_dir, why):
         for path in left:
             os.replace(path, aside / path.name)
         print(f"note: {out_dir} held an earlier attempt ({why}); its files are kept in {aside.name}/", file=sys.stderr)
+
+
+def open_run_dir(out_dir, args, accelerator, stack):
+    """gpt_train's run folder -> (out_dir, checkpoint or None): it and --metrics-out checked, the folder opened
+    (open_run), the newest checkpoint that verifies found, an attempt without one set aside; the main process's
+    answer."""
+    from accelerate.utils import broadcast_object_list  # here: lenet5.py and check_env never load accelerate
+
+    from training.checkpoints import latest_checkpoint
+    ckpt, metrics_out = None, args.metrics_out
+    if accelerator.is_main_process:
+        outputs = {"--out-dir": out_dir}
+        for name in ("metrics.json", "args.json", "final", "final.tmp", "final/model.safetensors", "final/config.json"):
+            # --metrics-out may be the run's own metrics.json: counted once
+            if name != "metrics.json" or not metrics_out or (out_dir / name).resolve() != Path(metrics_out).resolve():
+                outputs[f"--out-dir's {name}"] = out_dir / name
+        check_outputs_not_inputs({**outputs, "--metrics-out": metrics_out},  # last: a clash names it first
+                                 {k: v for k, v in {"--text": args.text, "--tokenizer": args.tokenizer}.items()
+                                  if v and Path(v).exists()})
+        if metrics_out:
+            check_output(metrics_out, "--metrics-out", args.force, own_run=out_dir)
+        if open_run(out_dir, "gpt_train.py", stack):
+            ckpt, skipped = latest_checkpoint(out_dir)
+            for name, why in skipped:
+                print(f"warning: skipping checkpoint {name}: {why}", file=sys.stderr)
+            if ckpt is None:
+                set_aside_earlier_attempt(out_dir, "no checkpoint to resume from")
+    if accelerator.num_processes > 1:  # the main process's choice (its clock named the default folder)
+        ckpt, out_dir = broadcast_object_list([ckpt, out_dir])
+    return out_dir, ckpt
