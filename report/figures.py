@@ -224,10 +224,6 @@ def verdict(row):
             f"{rung_label(v.get('against', '—'))}")
 
 
-def peak(row):
-    return row.get("peak_memory_gib", row.get("peak_memory_GiB"))
-
-
 def ladder_cells(bench):
     """[(row, cell)] of every row measured: tokens/s [range]（× the rung above, an indented row's × the default
     (the last rung)；its paired verdict's word, where gpt_bench.py judged it）."""
@@ -267,7 +263,8 @@ def ladder_report(bench, source):
     try:
         rungs, cells = bench["rungs"][:MAX_ROWS], {id(r): cell for r, cell in ladder_cells(bench)}
         extra = [("判定（配对比值）", verdict)] * any("verdict" in r for r in rungs) + [
-            ("峰值内存 GiB", lambda r: fmt(peak(r), ".2f"))] * any(peak(r) is not None for r in rungs)
+            ("峰值内存 GiB", lambda r: fmt(r["peak_memory_gib"], ".2f") if "peak_memory_gib" in r else "—")
+        ] * any("peak_memory_gib" in r for r in rungs)
         rows = [[f"{'↳ ' * r['name'].startswith(' ')}{rung_label(r['name'])}",
                  cells.get(id(r), f"失败：{escape(r.get('error'))}"), *(cell(r) for _, cell in extra)] for r in rungs]
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)

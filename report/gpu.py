@@ -94,8 +94,7 @@ def gpu_folders(gpu, results_dir, problems):
     folders = [d for d in sorted(results_dir.rglob("*")) if d.is_dir() and (not gpu or d.resolve() != gpu.resolve())
                and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "results.json").is_file())
                ] if results_dir and results_dir.is_dir() else []
-    found += sorted(map(read_gpu_folder, folders), reverse=True, key=lambda f: (1, s) if isinstance(
-        s := f.facts.get("started_utc"), str) else (0, f.folder.name))
+    found += sorted(map(read_gpu_folder, folders), reverse=True, key=lambda f: str(f.facts.get("started_utc", "")))
     problems += [f"GPU results folder {rel(f.folder)}: {f.damage}; its figures are left out" for f in found if f.damage]
     return found
 

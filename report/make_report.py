@@ -31,7 +31,7 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, writers_problem
+from data.files import UMASK, make_folder, writers_problem
 from report import browser, facts, gpu
 from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
@@ -118,15 +118,6 @@ def gpu_lines(r, screenshots):
 def built_lines(out):
     marker = out / BUILT
     return marker.read_text().splitlines() if marker.is_file() and not marker.is_symlink() else []
-
-
-def writable(path, flag):
-    """Its nearest existing folder is a writable folder, said in one line before any work."""
-    parent = next(p for p in path.resolve().parents if p.exists())
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK) or os.statvfs(parent).f_flag & os.ST_RDONLY:
-        raise UserError(f"{flag} {path}: {parent} is read-only")
 
 
 @contextlib.contextmanager
@@ -233,7 +224,7 @@ def check_args(args):
                 raise UserError(f"{flag} {path} and {name} overlap: the report never writes its inputs")
     if problem := output_problem(out, "--out"):  # a run's files are that run's only record
         raise UserError(problem)
-    writable(out, "--out")
+    make_folder(out.parent, "--out")  # writable, before any work (--out itself made only to write)
     if args.pdf:  # the repository's report.pdf (in git) is rebuilt without --force
         check_output(pdf, "--pdf-out", args.force or pdf.resolve() == REPORT.with_suffix(".pdf").resolve(), kind="PDF")
     if problem := writers_problem(out):  # checked, not made: a build refused later leaves no folder behind

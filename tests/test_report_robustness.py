@@ -119,7 +119,7 @@ def test_out_under_a_file_is_one_line_and_nothing_is_written(tmp_path, inputs):
     for flag, argv in (("--out", ["--out", str(target)]), ("--pdf-out", ["--out", str(tmp_path / "o"), "--pdf",
                                                                           "--pdf-out", str(target)])):
         message = one_error(common + argv)
-        assert message.startswith(f"error: {flag} {target if flag == '--out' else target.parent}") and "file" in message
+        assert message == f"error: {flag} {target.parent} cannot be written (Not a directory)"
     assert snapshot(tmp_path) == before and not (tmp_path / "o").exists()
 
 
@@ -145,7 +145,7 @@ def test_out_on_a_read_only_disk_is_one_line(inputs, small_disk):
     results, report = inputs
     disk = small_disk("ro,size=1m")
     message = one_error(["--results", str(results), "--report", str(report), "--out", str(disk / "gen")])
-    assert message == f"error: --out {disk / 'gen'}: {disk} is read-only"
+    assert message == f"error: --out {disk} cannot be written (Read-only file system)"
 
 
 def test_a_disk_filling_during_the_build_leaves_the_old_out(inputs, small_disk):
