@@ -78,22 +78,16 @@ def shown_runs(by_kind, results, roles):
 
 
 def process_seconds(metrics):
-    """(seconds, how) of a run's whole process, or (None, why not); a resumed run's: process_seconds_total."""
-    here, total = metrics.get("process_seconds"), metrics.get("process_seconds_total")
-    if not isinstance(here, NUMBER):
-        return None, "未记录（早于 process_seconds 的代码）"
-    if isinstance(total, NUMBER) and total > here + 0.05:
-        return total, "process_seconds_total"
-    if metrics.get("resumed") and not isinstance(total, NUMBER):
-        return None, "未记录（续跑的运行没有可用的 process_seconds_total）"
-    return here, "process_seconds"
+    """A run's whole process in seconds (a resumed run's: all its processes, process_seconds_total), or None."""
+    seconds = metrics.get("process_seconds_total", metrics.get("process_seconds"))
+    return seconds if isinstance(seconds, NUMBER) else None
 
 
 def clock_facts(run):
-    """`{{<alias>_clock.…}}`: process_text always (the time, or why there is none), process_seconds if measured."""
-    seconds, how = process_seconds(run.metrics)
-    facts = {"process_text": f"{seconds:.0f} s" if seconds is not None else how}
-    return facts | ({"process_seconds": seconds} if seconds is not None else {})
+    """`{{<alias>_clock.…}}`: process_text always (the time, or that there is none), process_seconds if measured."""
+    if (seconds := process_seconds(run.metrics)) is None:
+        return {"process_text": "未记录"}
+    return {"process_text": f"{seconds:.0f} s", "process_seconds": seconds}
 
 
 def gpu_sources(folders, roles):
@@ -114,7 +108,7 @@ def gpu_sources(folders, roles):
                  for f in used]
         sources["gpu_notes"] = {"text": Markdown("\n".join(notes))}, ", ".join(rel(f.folder) for f in used)
     if gpt := roles.get("gpu_gpt"):
-        runs = [(s, m, *process_seconds(m)) for s, m in sorted(gpt.gpu.results.items())
+        runs = [(s, m, process_seconds(m)) for s, m in sorted(gpt.gpu.results.items())
                 if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
         sources["gpu_runs"] = ({"table": gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label}, rel(gpt.gpu.folder))
     return sources
@@ -182,7 +176,7 @@ def named_sources(runs):
     sources = {}
     for kind, table in (("gpt", compare_table), ("lenet5", lenet_table)):
         if len(group := [run for run in runs if run.kind == kind]) > 1:
-            table = table(group, [process_seconds(run.metrics)[0] for run in group])
+            table = table(group, [process_seconds(run.metrics) for run in group])
             sources[f"compare_{kind}"] = ({"table": table, "baseline": group[0].events_source, "runs": len(group)},
                                           ", ".join(run.events_source for run in group))
     if nvml := [r for r in runs if r.scalars.get("system/gpu_utilization_percent")]:

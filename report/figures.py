@@ -172,9 +172,9 @@ def fmt(value, spec=".4g"):
 # ----------------------------------------------------------------------------- tables and words
 
 def gpu_runs_table(runs, headline):
-    """A GPU folder's GPT runs [(stem, metrics, seconds, how)], the headline bold, rounded as the text quotes."""
+    """A GPU folder's GPT runs [(stem, metrics, seconds)], the headline bold, rounded as the text quotes."""
     rows = []
-    for stem, m, process, _ in runs:
+    for stem, m, process in runs:
         tag = stem.split("_")[2] if stem.count("_") >= 2 else stem
         cache = "，冷缓存" if "cold" in tag else "，热缓存" if "warm" in tag else ""
         compiling = escape(m.get("compile", "off"))

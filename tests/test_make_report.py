@@ -510,9 +510,9 @@ def test_a_resumed_runs_job_time_is_all_its_processes():
     process_seconds_total (never this process's alone), and none at all where that total was lost."""
     from report import facts
     m = {"process_seconds": 13.1, "process_seconds_total": 23.1, "train_seconds": 16.1}
-    assert facts.process_seconds(m) == (23.1, "process_seconds_total")
-    assert facts.process_seconds({**m, "process_seconds_total": 13.1})[0] == 13.1
+    assert facts.process_seconds(m) == 23.1
+    assert facts.process_seconds({"process_seconds": 13.1}) == 13.1  # a run of one process, from before the total
     lost = {**m, "resumed": True, "process_seconds_total": None}  # an edited stop_clock.json gave inf: null
-    assert facts.process_seconds(lost)[0] is None
+    assert facts.process_seconds(lost) is None
     run = make_report.facts.Run("gpt", "gpt", lost, "x.json")
     assert "process_seconds" not in facts.clock_facts(run) and "未记录" in facts.clock_facts(run)["process_text"]
