@@ -61,7 +61,7 @@ DEEP = "[" * 5000 + "]" * 5000  # RecursionError in the parser (or in any walk o
 
 @pytest.mark.parametrize("text, why", [
     (json.dumps(lenet_metrics(train_seconds=0)).replace('"train_seconds": 0', f'"train_seconds": {HUGE}'),
-     "(401 digits) does not fit a float"),
+     "(401 digits) is not a number a table can print"),
     (json.dumps(lenet_metrics(history=[])).replace('"history": []', f'"history": {DEEP}'), "nested too deep to read")],
     ids=["huge-int", "deep"])
 def test_a_results_file_or_a_runs_metrics_python_cannot_hold_is_one_line(tmp_path, inputs, capsys, text, why):
