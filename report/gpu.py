@@ -49,10 +49,10 @@ class GpuFolder:
 
 
 def read_gpu_folder(folder):
-    """The folder's loose files (.csv/.txt/.log/.md), results (<stem>.json), results.json's facts."""
+    """The folder's nvidia-smi files (.csv/.txt), results (<stem>.json), results.json's facts."""
     found = GpuFolder(folder)
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.suffix in (".csv", ".txt", ".log", ".md"):
+        if p.is_file() and p.suffix in (".csv", ".txt"):
             found.files[p.name] = lambda p=p: p.read_text(errors="replace")  # a log cut inside a character reads
         elif p.suffix == ".json" and p.name != "results.json":
             with contextlib.suppress(OSError, ValueError):  # inputs.load_results names it

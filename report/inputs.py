@@ -159,12 +159,12 @@ def find_runs(runs, runs_root, problems):
     return runs
 
 
-def load_results(results, problems, prefix=""):
-    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named
+def load_results(results, problems):
+    """{path: (its JSON, where from)} of each JSON file in `results` or named
     (a GPU folder's results.json: its facts, read by gpu.read_gpu_folder, not a result)."""
     out = {}
     for path in sorted(results.rglob("*.json")) if results.is_dir() else [results] if results.suffix == ".json" else []:
-        key = prefix + (path.relative_to(results).as_posix() if results.is_dir() else path.name)
+        key = path.relative_to(results).as_posix() if results.is_dir() else path.name
         try:
             if path.name != "results.json":
                 out[key] = read_json(path), path

@@ -281,8 +281,6 @@ def gather(args, gpu_folder=None):
     r.by_kind = {run.kind: run for run in reversed(r.runs)}
     for results in filter(None, [args.results, *args.files]):
         r.results |= load_results(results, r.problems)
-    if gpu_folder and not (args.results and gpu_folder.resolve().is_relative_to(args.results.resolve())):
-        r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
     r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
     roles = facts.role_runs(r.folders)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
