@@ -135,11 +135,10 @@ def goal_sources(shown):
     lenet_curve: the accuracy curve's points a TensorBoard screenshot shows."""
     sources = {}
     if gpt := shown.get("gpt"):
-        m, final = gpt.metrics, gpt.metrics.get("final_train_loss")
+        m = gpt.metrics
         per_step = m.get("tokens_seen", 0) / max(1, m.get("steps") or 1)
         first = next((step for step, loss in m.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
-        verdict = (f"< {SUCCESS_LOSS:g}，达到目标" if isinstance(final, NUMBER) and final < SUCCESS_LOSS
-                   else f"未达到 < {SUCCESS_LOSS:g} 的目标")
+        verdict = f"< {SUCCESS_LOSS:g}，达到目标" if m.get("success") is True else f"未达到 < {SUCCESS_LOSS:g} 的目标"
         text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
                 f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
         sources["gpt_goal"] = {"verdict": Markdown(verdict), "text": Markdown(text)}, gpt.source
