@@ -251,11 +251,8 @@ def imported_gpu(args):
     if not (args.gpu and committed and (args.gpu / "results.json").is_file()) \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
         return args.gpu
-    try:
-        facts = json.loads((args.gpu / "results.json").read_text())
-        name, date = str(facts["gpu"]), str(facts["started_utc"])[:10]
-    except (OSError, ValueError, KeyError, TypeError):
-        name = date = ""
+    facts = gpu.read_gpu_folder(args.gpu).facts  # ({} where results.json is damaged)
+    name, date = str(facts.get("gpu", "")), str(facts.get("started_utc", ""))[:10]
     if not GPU_NAME.fullmatch(name) or not DATE.fullmatch(date):  # never a folder a JSON field chose
         raise UserError(f"--gpu {args.gpu}: results.json's gpu {name[:40]!r} or started_utc {date!r} is not a GPU "
                         "name ([A-Za-z0-9_-]) and a YYYY-MM-DD date; nothing copied")
