@@ -41,8 +41,6 @@ from training.metrics import SUCCESS_LOSS
 ALIASES = {"lenet": ("lenet5", "lenet_run_2x128_cpu"), "gpt": ("gpt", "gpu_gpt")}
 CPU_LADDER = "gpt_bench_cpu_2x1024"  # the ladder at the lab's shape on the CPU, beside the GPU's
 LIGHTNING_BENCH = "lenet_bench_cpu"  # the interleaved Lightning / plain repeats (their median is quoted)
-# where a top-level results file answering a GPU role was measured, which its JSON cannot say (results/README.md)
-FALLBACK_WHERE = {"gelu_bench_h200": "第二个内核，提交 32d1564"}
 
 
 def json_run(alias, data, path, kind=None, gpu=None):
@@ -60,16 +58,12 @@ def results_run(alias, results, name, kind=None):
     return json_run(alias, *results[key], kind) if key else None
 
 
-def role_runs(folders, results):
-    """{role: Run} for each gpu.ROLES question the GPU folders (or its fallback results file) answer."""
+def role_runs(folders):
+    """{role: Run} for each gpu.ROLES question the GPU folders answer."""
     roles = {}
-    for role, (pattern, older, fallback) in ROLES.items():
-        found, stem = answer(folders, pattern, older, results=True)
-        if found:
-            run = json_run(role, found.results[stem], found.folder / f"{stem}.json", gpu=found)
-        else:
-            run = fallback and results_run(role, results, fallback)
-        if run:
+    for role, pattern in ROLES.items():
+        found, stem = answer(folders, pattern, results=True)
+        if found and (run := json_run(role, found.results[stem], found.folder / f"{stem}.json", gpu=found)):
             roles[role] = run
     return roles
 
@@ -84,26 +78,20 @@ def shown_runs(by_kind, results, roles):
 
 
 def process_seconds(metrics):
-    """(seconds, how) of a run's whole process, or (None, why not); a resumed run's: process_seconds_total."""
-    here, total = metrics.get("process_seconds"), metrics.get("process_seconds_total")
-    if not isinstance(here, NUMBER):
-        return None, "未记录（早于 process_seconds 的代码）"
-    if isinstance(total, NUMBER) and total > here + 0.05:
-        return total, "process_seconds_total"
-    if metrics.get("resumed") and not isinstance(total, NUMBER):
-        return None, "未记录（续跑的运行没有可用的 process_seconds_total）"
-    return here, "process_seconds"
+    """A run's whole process in seconds (a resumed run's: all its processes, process_seconds_total), or None."""
+    seconds = metrics.get("process_seconds_total", metrics.get("process_seconds"))
+    return seconds if isinstance(seconds, NUMBER) else None
 
 
 def clock_facts(run):
-    """`{{<alias>_clock.…}}`: process_text always (the time, or why there is none), process_seconds if measured."""
-    seconds, how = process_seconds(run.metrics)
-    facts = {"process_text": f"{seconds:.0f} s" if seconds is not None else how}
-    return facts | ({"process_seconds": seconds} if seconds is not None else {})
+    """`{{<alias>_clock.…}}`: process_text always (the time, or that there is none), process_seconds if measured."""
+    if (seconds := process_seconds(run.metrics)) is None:
+        return {"process_text": "未记录"}
+    return {"process_text": f"{seconds:.0f} s", "process_seconds": seconds}
 
 
 def gpu_sources(folders, roles):
-    """smi_gpt / smi_lenet (busy windows), slot_*, gpu_old / gpu_new (which kinds of folder answered), gpu_runs."""
+    """smi_gpt / smi_lenet (busy windows), slot_*, gpu_notes (each folder that answered, with its note), gpu_runs."""
     sources, used = {}, [r.gpu for r in roles.values() if r.gpu]
     for name, pattern in (("smi_gpt", SLOTS["gpu_utilization.png"][1]), ("smi_lenet", LENET_CSV)):
         found, csv = answer(folders, pattern)
@@ -114,11 +102,13 @@ def gpu_sources(folders, roles):
         if found:
             used.append(found)
             sources[f"slot_{slot.removesuffix('.png')}"] = {"file": name, "where": found.label}, rel(found.folder)
-    for name, older in (("gpu_old", True), ("gpu_new", False)):
-        if f := next((f for f in used if f.older == older), None):
-            sources[name] = ({"where": f.label, "folder": rel(f.folder)}, rel(f.folder))
+    if used := list({f.folder: f for f in used}.values()):
+        notes = [f"> - **GPU（{f.label}）**：标注此项的数字测自 `{escape(rel(f.folder), code=True)}`，" + (
+            escape(f.facts["note"]) if "note" in f.facts else "当前代码由 `benchmarks/gpu_check.sh` 一次测得") + "。"
+                 for f in used]
+        sources["gpu_notes"] = {"text": Markdown("\n".join(notes))}, ", ".join(rel(f.folder) for f in used)
     if gpt := roles.get("gpu_gpt"):
-        runs = [(s, m, *process_seconds(m)) for s, m in sorted(gpt.gpu.results.items())
+        runs = [(s, m, process_seconds(m)) for s, m in sorted(gpt.gpu.results.items())
                 if s.startswith("gpt_run_") and not re.search(r"_call\d+$", s) and isinstance(m, dict)]
         sources["gpu_runs"] = ({"table": gpu_runs_table(runs, gpt.stem), "where": gpt.gpu.label}, rel(gpt.gpu.folder))
     return sources
@@ -129,7 +119,6 @@ def run_sources(results, shown, roles):
     sources = {figure_name(key, results): (data, rel(path)) for key, (data, path) in results.items()}
     for run in [*roles.values(), *shown.values()]:
         where = run.gpu.label if run.gpu else device_words(run.metrics.get("device_name") or run.metrics.get("device"))
-        where = f"{where}，{FALLBACK_WHERE[run.stem]}" if not run.gpu and run.stem in FALLBACK_WHERE else where
         data = run.metrics | {"where": where} if isinstance(run.metrics, dict) else run.metrics
         sources[run.alias] = data, run.source
         if run.kind:
@@ -146,11 +135,10 @@ def goal_sources(shown):
     lenet_curve: the accuracy curve's points a TensorBoard screenshot shows."""
     sources = {}
     if gpt := shown.get("gpt"):
-        m, final = gpt.metrics, gpt.metrics.get("final_train_loss")
+        m = gpt.metrics
         per_step = m.get("tokens_seen", 0) / max(1, m.get("steps") or 1)
         first = next((step for step, loss in m.get("loss_curve") or [] if loss < SUCCESS_LOSS), None)
-        verdict = (f"< {SUCCESS_LOSS:g}，达到目标" if isinstance(final, NUMBER) and final < SUCCESS_LOSS
-                   else f"未达到 < {SUCCESS_LOSS:g} 的目标")
+        verdict = f"< {SUCCESS_LOSS:g}，达到目标" if m.get("success") is True else f"未达到 < {SUCCESS_LOSS:g} 的目标"
         text = (f"训练损失的记录点没有一个低于 {SUCCESS_LOSS:g}" if first is None else
                 f"训练损失在约 {first * per_step / 1e6:.2g}M 个 token（第 {first} 步）时首次低于 {SUCCESS_LOSS:g}")
         sources["gpt_goal"] = {"verdict": Markdown(verdict), "text": Markdown(text)}, gpt.source
@@ -166,9 +154,8 @@ def bench_sources(results, roles):
     """ladder (the GPU's beside the CPU's), lenet_lightning (its repeats' median), bench (each ladder whole), gelu."""
     sources, named = {}, {result_name(key): entry for key, entry in results.items()}
     cpu, gpu = named.get(CPU_LADDER, (None,))[0], roles.get("gpu_ladder")
-    if cpu or gpu:  # an older folder's last rung had regional compile on: that code's default, not today's
-        then = f"{gpu.gpu.label.split('，')[-1]} 当时的默认，含按块编译" if gpu and gpu.gpu and gpu.gpu.older else None
-        table = ladder_compare(gpu and gpu.metrics, cpu, gpu.gpu.label if gpu else None, then)
+    if cpu or gpu:
+        table = ladder_compare(gpu and gpu.metrics, cpu, gpu.gpu.label if gpu else None)
         sources["ladder"] = {"table": table}, "ladder"
     if (bench := named.get(LIGHTNING_BENCH, (None, None)))[0] and bench[0].get("all_lightning_to_plain"):
         ratios = sorted(bench[0]["all_lightning_to_plain"])  # one ratio per interleaved repeat
@@ -188,7 +175,7 @@ def named_sources(runs):
     sources = {}
     for kind, table in (("gpt", compare_table), ("lenet5", lenet_table)):
         if len(group := [run for run in runs if run.kind == kind]) > 1:
-            table = table(group, [process_seconds(run.metrics)[0] for run in group])
+            table = table(group, [process_seconds(run.metrics) for run in group])
             sources[f"compare_{kind}"] = ({"table": table, "baseline": group[0].events_source, "runs": len(group)},
                                           ", ".join(run.events_source for run in group))
     if nvml := [r for r in runs if r.scalars.get("system/gpu_utilization_percent")]:

@@ -172,9 +172,9 @@ def fmt(value, spec=".4g"):
 # ----------------------------------------------------------------------------- tables and words
 
 def gpu_runs_table(runs, headline):
-    """A GPU folder's GPT runs [(stem, metrics, seconds, how)], the headline bold, rounded as the text quotes."""
+    """A GPU folder's GPT runs [(stem, metrics, seconds)], the headline bold, rounded as the text quotes."""
     rows = []
-    for stem, m, process, _ in runs:
+    for stem, m, process in runs:
         tag = stem.split("_")[2] if stem.count("_") >= 2 else stem
         cache = "，冷缓存" if "cold" in tag else "，热缓存" if "warm" in tag else ""
         compiling = escape(m.get("compile", "off"))
@@ -215,49 +215,42 @@ def rung_label(name):
 
 
 def verdict(row):
-    """The row's paired verdict against its reference row (gpt_bench.py's): word, ratio [low–high], pairs."""
+    """The evidence of the row's paired verdict (its word: in the row's cell): ratio [low–high], pairs, against."""
     v = row.get("verdict")
     if not isinstance(v, dict):
         return "—"
-    return (f"{VERDICTS.get(v.get('word'), escape(v.get('word')))} ×{fmt(v.get('ratio'), '.2f')} "
+    return (f"×{fmt(v.get('ratio'), '.2f')} "
             f"[{fmt(v.get('low'), '.2f')}–{fmt(v.get('high'), '.2f')}]，{fmt(v.get('pairs'))} 对，比 "
             f"{rung_label(v.get('against', '—'))}")
 
 
-def peak(row):
-    return row.get("peak_memory_gib", row.get("peak_memory_GiB"))
-
-
 def ladder_cells(bench):
-    """[(row, cell, ×, noisy)] of every row measured: tokens/s [range]（× the rung above, an indented row's × the
-    default (the last rung)；噪声内 where the two's repeats overlap）."""
+    """[(row, cell)] of every row measured: tokens/s [range]（× the rung above, an indented row's × the default
+    (the last rung)；its paired verdict's word, where gpt_bench.py judged it）."""
     rows = [r for r in bench["rungs"][:MAX_ROWS] if isinstance(r.get("tokens_per_second"), NUMBER)]
     rungs, out, previous = [r for r in rows if not r["name"].startswith(" ")], [], None
     for r in rows:
         base = previous if r in rungs else rungs[-1] if rungs else None
         span = r.get("tokens_per_second_range") if bench.get("repeats", 1) > 1 else None
-        b = base and base.get("tokens_per_second_range")
         cell = f"{r['tokens_per_second']:,.0f}" + (" [{:,.0f}–{:,.0f}]".format(*span) if span else "")
         ratio = base and base["tokens_per_second"] and r["tokens_per_second"] / base["tokens_per_second"]
-        noisy = bool(span and b and span[0] <= b[1] and b[0] <= span[1])
+        word = VERDICTS.get((r.get("verdict") or {}).get("word"))
         if isinstance(ratio, float):  # (none against a row of 0 token/s)
-            cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{'，噪声内' * noisy}）"
-        out.append((r, cell, ratio, noisy))
+            cell += f"（{'默认的 ' * (r not in rungs)}×{ratio:.2f}{f'，{word}' if word else ''}）"
+        out.append((r, cell))
         previous = r if r in rungs else previous
     return out
 
 
 def compared_cells(bench):
     """{row: cell} of the rungs and the leave-one-out rows, keyed as every device names the row."""
-    return {rung_key(r["name"]): cell for r, cell, _, _ in ladder_cells(bench)
+    return {rung_key(r["name"]): cell for r, cell in ladder_cells(bench)
             if not r["name"].startswith(" ") or rung_key(r["name"]).startswith("default without")}
 
 
-def ladder_compare(gpu, cpu, where, then=None):
-    """The ladder on the GPU (measured `where`: Markdown) beside the CPU's; `then`: what older code's last rung was."""
+def ladder_compare(gpu, cpu, where):
+    """The ladder on the GPU (measured `where`: Markdown) beside the CPU's."""
     columns = [(f"{where}，{escape(gpu.get('repeats', 1))} 次", compared_cells(gpu))] if gpu else []
-    if then and columns and (last := rung_key(gpu["rungs"][-1]["name"])) in columns[0][1]:
-        columns[0][1][last] += f"：{then}"
     columns += [(f"CPU，{escape(cpu.get('repeats', 1))} 次的中位数 [范围]", compared_cells(cpu))] if cpu else []
     keys = sorted(dict.fromkeys(k for _, c in columns for k in c), key=lambda k: k.startswith("default without"))
     rows = [[rung_label(k), *(cells.get(k, "—") for _, cells in columns)] for k in keys]
@@ -268,9 +261,10 @@ def ladder_report(bench, source):
     """A ladder JSON whole (report/student.md): a caption from its own fields, every row (candidates and failures
     too, up to MAX_ROWS) with its paired verdict and peak memory where recorded."""
     try:
-        rungs, cells = bench["rungs"][:MAX_ROWS], {id(r): cell for r, cell, _, _ in ladder_cells(bench)}
+        rungs, cells = bench["rungs"][:MAX_ROWS], {id(r): cell for r, cell in ladder_cells(bench)}
         extra = [("判定（配对比值）", verdict)] * any("verdict" in r for r in rungs) + [
-            ("峰值内存 GiB", lambda r: fmt(peak(r), ".2f"))] * any(peak(r) is not None for r in rungs)
+            ("峰值内存 GiB", lambda r: fmt(r["peak_memory_gib"], ".2f") if "peak_memory_gib" in r else "—")
+        ] * any("peak_memory_gib" in r for r in rungs)
         rows = [[f"{'↳ ' * r['name'].startswith(' ')}{rung_label(r['name'])}",
                  cells.get(id(r), f"失败：{escape(r.get('error'))}"), *(cell(r) for _, cell in extra)] for r in rungs]
         shape = "".join(f"，{k} {escape(bench[k])}" for k in ("preset", "n_layer", "n_head", "n_embd") if k in bench)

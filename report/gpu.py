@@ -15,17 +15,15 @@ from pathlib import Path
 from report.figures import gpu_name, terminal_figure, utilization_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, Markdown, escape, read_json, rel
 
-# role -> (its results stem, may a folder older than gpu_check.sh's layout answer, the results file if none does)
-ROLES = {"gpu_gpt": (r"gpt_run_\d+[KM]-(own-vocab-)?cold_.+", True, None),
-         "gpu_lenet": (r"lenet_run_torch_.+", True, None),
-         "gpu_ladder": (r"gpt_bench_.+", True, None),
-         "gpu_gelu": (r"gelu_bench_.+", False, "gelu_bench_h200")}  # the first folder's: the first kernel, replaced
+ROLES = {"gpu_gpt": r"gpt_run_\d+[KM]-(own-vocab-)?cold_.+",  # role -> its results stem
+         "gpu_lenet": r"lenet_run_torch_.+",
+         "gpu_ladder": r"gpt_bench_.+",
+         "gpu_gelu": r"gelu_bench_.+"}
 SLOTS = {  # figure -> (what it shows, the files it is drawn from, gpu_check.sh steps that write them)
     "gpu_utilization.png": ("GPU utilisation and power during GPT and LeNet-5 training",
                             r"(nvidia-)?smi-gpt.*\.csv", "tokenizer,gpt-own-vocab,lenet-torch"),
-    # the first folder's warm-run snapshot first: its cold one caught the ramp's first second (311 W)
-    "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*warm.*\.txt|"
-                           r"nvidia-smi-during-gpt.*\.txt", "tokenizer,gpt-own-vocab"),
+    "nvidia_smi_gpt.png": ("nvidia-smi during GPT training", r"nvidia-smi-during-gpt.*\.txt",
+                           "tokenizer,gpt-own-vocab"),
     # gpu_check.sh's snapshot, taken during training (the first folder's nvidia-smi-during-lenet.txt was before it)
     "nvidia_smi_lenet.png": ("nvidia-smi during LeNet-5 training", r"nvidia-smi-during-lenet-torch.*\.txt",
                              "lenet-torch"),
@@ -44,23 +42,17 @@ class GpuFolder:
     facts: dict = field(default_factory=dict)  # results.json's own fields (gpu, started_utc, steps, ...)
     damage: str | None = None
 
-    @property
-    def older(self):  # from before gpu_check.sh's layout (report/results/h200-2026-11-30)
-        return not (self.folder / "results.json").is_file()
-
     @cached_property
-    def label(self):  # where a caption says a number was measured: the device and the code's commit or date
-        readme = self.files.get("README.md")
-        commit = re.search(r"at commit ([0-9a-f]{7})", readme()) if readme else None
-        when = commit.group(1) if commit else f"gpu_check {escape(str(self.facts.get('started_utc'))[:10])}"
+    def label(self):  # where a caption says a number was measured: the device and the day
+        when = escape(str(self.facts.get("started_utc"))[:10])
         return Markdown(f"{gpu_name(self.files)}，{when}")  # (gpu_name: letters, digits, spaces and dashes)
 
 
 def read_gpu_folder(folder):
-    """The folder's loose files (.csv/.txt/.log/.md), results (<stem>.json), results.json's facts."""
+    """The folder's nvidia-smi files (.csv/.txt), results (<stem>.json), results.json's facts."""
     found = GpuFolder(folder)
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.suffix in (".csv", ".txt", ".log", ".md"):
+        if p.is_file() and p.suffix in (".csv", ".txt"):
             found.files[p.name] = lambda p=p: p.read_text(errors="replace")  # a log cut inside a character reads
         elif p.suffix == ".json" and p.name != "results.json":
             with contextlib.suppress(OSError, ValueError):  # inputs.load_results names it
@@ -102,24 +94,21 @@ def gpu_folders(gpu, results_dir, problems):
     folders = [d for d in sorted(results_dir.rglob("*")) if d.is_dir() and (not gpu or d.resolve() != gpu.resolve())
                and (any(d.glob("nvidia-smi*")) or any(d.glob("*smi-*.csv")) or (d / "results.json").is_file())
                ] if results_dir and results_dir.is_dir() else []
-    found += sorted(map(read_gpu_folder, folders), reverse=True, key=lambda f: (1, s) if isinstance(
-        s := f.facts.get("started_utc"), str) else (0, f.folder.name))
+    found += sorted(map(read_gpu_folder, folders), reverse=True, key=lambda f: str(f.facts.get("started_utc", "")))
     problems += [f"GPU results folder {rel(f.folder)}: {f.damage}; its figures are left out" for f in found if f.damage]
     return found
 
 
 def pick(names, pattern):
-    """The name matching pattern (alternatives joined by | tried in order), PREFERRED first, then the shortest."""
-    for alternative in pattern.split("|"):
-        if matching := [n for n in names if re.fullmatch(alternative, n)]:
-            return min(matching, key=lambda n: (-sum(p in n for p in PREFERRED), len(n), n))
-    return None
+    """The name matching pattern, PREFERRED first, then the shortest."""
+    matching = [n for n in names if re.fullmatch(pattern, n)]
+    return min(matching, key=lambda n: (-sum(p in n for p in PREFERRED), len(n), n), default=None)
 
 
-def answer(folders, pattern, older=True, results=False):
+def answer(folders, pattern, results=False):
     """(folder, name) of the first usable folder with a file (`results`: a results stem) matching pattern."""
     for f in folders:
-        name = None if f.damage or (f.older and not older) else pick(list(f.results if results else f.files), pattern)
+        name = None if f.damage else pick(list(f.results if results else f.files), pattern)
         if name:
             return f, name
     return None, None

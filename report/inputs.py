@@ -66,11 +66,9 @@ def rel(path):
 
 def number(text):
     """A JSON number a table can print: NaN, Infinity, 1e999 or a 400-digit integer is a ValueError."""
-    if text in ("NaN", "Infinity", "-Infinity"):
-        raise ValueError(f"{text} is not a number a table can print (a strict writer writes null)")
-    if not math.isfinite(float(text)):  # beyond a float's range (an int's `.1f` raises OverflowError)
+    if not math.isfinite(float(text)):  # (beyond a float's range, an int's `.1f` raises OverflowError)
         shown = text if len(text) < 20 else f"{text[:12]}… ({len(text)} digits)"
-        raise ValueError(f"the number {shown} does not fit a float")
+        raise ValueError(f"{shown} is not a number a table can print")
     return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
@@ -161,12 +159,12 @@ def find_runs(runs, runs_root, problems):
     return runs
 
 
-def load_results(results, problems, prefix=""):
-    """{prefix + path: (its JSON, where from)} of each JSON file in `results` or named
+def load_results(results, problems):
+    """{path: (its JSON, where from)} of each JSON file in `results` or named
     (a GPU folder's results.json: its facts, read by gpu.read_gpu_folder, not a result)."""
     out = {}
     for path in sorted(results.rglob("*.json")) if results.is_dir() else [results] if results.suffix == ".json" else []:
-        key = prefix + (path.relative_to(results).as_posix() if results.is_dir() else path.name)
+        key = path.relative_to(results).as_posix() if results.is_dir() else path.name
         try:
             if path.name != "results.json":
                 out[key] = read_json(path), path
@@ -187,8 +185,6 @@ def figure_name(key, results):
 
 
 def events_beside(json_path):
-    """A committed run's events: the folder named as its JSON, else tb-<kind>-<name> (tb-gpt-12M-cold) beside it."""
-    parts, candidates = json_path.stem.split("_"), [json_path.parent / json_path.stem]
-    if len(parts) >= 3:
-        candidates += sorted(d for d in json_path.parent.glob("tb-*") if f"{parts[0]}-{parts[2]}" in d.name)
-    return next((d for d in candidates if d.is_dir() and any(d.glob("events.out.tfevents.*"))), None)
+    """A committed run's events: the folder named as its JSON beside it, or None."""
+    folder = json_path.parent / json_path.stem
+    return folder if folder.is_dir() and any(folder.glob("events.out.tfevents.*")) else None

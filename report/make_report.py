@@ -31,20 +31,19 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, writers_problem
+from data.files import UMASK, make_folder, writers_problem
 from report import browser, facts, gpu
 from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
 from training.errors import UserError
 from training.flags import Parser, path_flag
-from training.rundir import output_problem
+from training.rundir import check_output, output_problem
 
 REPORT = RESULTS.parent / "report.md"
 STUDENT = RESULTS.parent / "student.md"  # the report of a student's own runs
 GPU_NAME, DATE = re.compile(r"[A-Za-z0-9_-]+"), re.compile(r"\d{4}-\d{2}-\d{2}")  # --gpu OUT's folder: <GPU>-<date>
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
-MIN_FREE = 64 << 20  # bytes: the figures and screenshots of a report take ~10 MB, a PDF ~5 MB
-BUILT = ".built-by-make_report"  # in --out: the files a build wrote, then ./<path> of each PDF it printed
+BUILT = ".built-by-make_report"  # in --out: the files a build wrote
 TMP = ".make_report-"  # the temporaries' prefix: short, whatever the output's name
 LOCK = ".make_report.lock"  # in --out: held while a build writes it, linked into each new --out (one inode)
 
@@ -121,23 +120,6 @@ def built_lines(out):
     return marker.read_text().splitlines() if marker.is_file() and not marker.is_symlink() else []
 
 
-def printed(args):
-    """--pdf-out as BUILT names it: its path from --out after ./ (a line with a slash: never a file's name)."""
-    return "./" + os.path.relpath(os.path.realpath(args.pdf_out), os.path.realpath(args.out_dir))
-
-
-def writable(path, flag):
-    """Its nearest existing folder is a writable folder on a disk with room, said in one line before any work."""
-    parent = next(p for p in path.resolve().parents if p.exists())
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK) or os.statvfs(parent).f_flag & os.ST_RDONLY:
-        raise UserError(f"{flag} {path}: {parent} is read-only")
-    if (free := shutil.disk_usage(parent).free) < MIN_FREE:
-        raise UserError(f"{flag} {path}: {free >> 20} MiB free on {parent}'s disk, under the {MIN_FREE >> 20} MiB "
-                        "a report needs")
-
-
 @contextlib.contextmanager
 def locked(out):
     """--out written by one build at a time: a second waits. The lock file keeps its inode across `building`'s
@@ -178,8 +160,7 @@ def building(out, keep):
                 shutil.copy2(out / name, tmp / name)
         yield tmp
         built = built_lines(out)
-        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir()) if p.name != LOCK)
-                                 + "".join(f"{line}\n" for line in built if "/" in line))  # the PDFs printed
+        (tmp / BUILT).write_text("".join(f"{p.name}\n" for p in sorted(tmp.iterdir()) if p.name != LOCK))
         for path in sorted(out.iterdir()) if out.is_dir() else []:
             if path.name not in built and not (tmp / path.name).exists():
                 path.rename(tmp / path.name)  # someone else's: kept
@@ -218,8 +199,7 @@ def parse_args(argv):
     p.add_argument("--pdf", action="store_true", help="also render the filled report to --pdf-out")
     p.add_argument("--pdf-out", type=path_flag, default=REPORT.with_suffix(".pdf"), help="(default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace an existing --pdf-out if it is a PDF (never a link or "
-                   "another file); without it, only the repository's report.pdf (in git) and a PDF a build of this "
-                   "--out printed are replaced")
+                   "another file); without it, only the repository's report.pdf (in git) is replaced")
     args = p.parse_intermixed_args(argv)  # runs before and after the flags: make_report.py A --pdf B
     args.files = [path for path in args.runs if path.suffix == ".json" and not path.is_dir()]  # result files
     args.runs = [path for path in args.runs if path not in args.files]
@@ -237,24 +217,16 @@ def check_args(args):
               **{f"--runs-root's {k}": args.runs_root / k for k in ("lenet5", "gpt") if args.runs_root},
               **{f"the run {d}": d for d in args.runs + args.files}}
     for flag, path in {"--out": out, **({"--pdf-out": pdf} if args.pdf else {})}.items():
-        if problem := output_problem(path, flag):  # a run's files are that run's only record
-            raise UserError(problem)
         for name, given in inputs.items():
             there, mine = Path(given or "").resolve(), path.resolve()
             if given and (there.is_relative_to(mine) or mine.is_relative_to(there)):
                 name = name if str(given) in name else f"{name} {given}"  # a run's name is its path
                 raise UserError(f"{flag} {path} and {name} overlap: the report never writes its inputs")
-        writable(path, flag)
-    if args.pdf and pdf.is_symlink():
-        raise UserError(f"--pdf-out {pdf} is a symbolic link; give the file itself or a new name (nothing written)")
-    if args.pdf and pdf.exists():
-        with open(pdf if pdf.is_file() else os.devnull, "rb") as f:  # (a folder: read as empty)
-            if f.read(5) != b"%PDF-":
-                raise UserError(f"--pdf-out {pdf} exists and is not a PDF: give a new file name (nothing written)")
-        if not (args.force or pdf.resolve() == REPORT.with_suffix(".pdf").resolve()
-                or printed(args) in built_lines(out)):  # the repository's, in git, or one this --out printed
-            raise UserError(f"--pdf-out {pdf} exists; pass --force to replace it, or give a new file name "
-                            "(nothing written)")
+    if problem := output_problem(out, "--out"):  # a run's files are that run's only record
+        raise UserError(problem)
+    make_folder(out.parent, "--out")  # writable, before any work (--out itself made only to write)
+    if args.pdf:  # the repository's report.pdf (in git) is rebuilt without --force
+        check_output(pdf, "--pdf-out", args.force or pdf.resolve() == REPORT.with_suffix(".pdf").resolve(), kind="PDF")
     if problem := writers_problem(out):  # checked, not made: a build refused later leaves no folder behind
         raise UserError(f"--out {out} {problem}: files there could be anyone's; give a folder of your own")
     if out.exists() and (not out.is_dir() or ({p.name for p in out.iterdir()} - {LOCK}
@@ -279,11 +251,8 @@ def imported_gpu(args):
     if not (args.gpu and committed and (args.gpu / "results.json").is_file()) \
             or args.gpu.resolve().is_relative_to(RESULTS.resolve()):
         return args.gpu
-    try:
-        facts = json.loads((args.gpu / "results.json").read_text())
-        name, date = str(facts["gpu"]), str(facts["started_utc"])[:10]
-    except (OSError, ValueError, KeyError, TypeError):
-        name = date = ""
+    facts = gpu.read_gpu_folder(args.gpu).facts  # ({} where results.json is damaged)
+    name, date = str(facts.get("gpu", "")), str(facts.get("started_utc", ""))[:10]
     if not GPU_NAME.fullmatch(name) or not DATE.fullmatch(date):  # never a folder a JSON field chose
         raise UserError(f"--gpu {args.gpu}: results.json's gpu {name[:40]!r} or started_utc {date!r} is not a GPU "
                         "name ([A-Za-z0-9_-]) and a YYYY-MM-DD date; nothing copied")
@@ -309,10 +278,8 @@ def gather(args, gpu_folder=None):
     r.by_kind = {run.kind: run for run in reversed(r.runs)}
     for results in filter(None, [args.results, *args.files]):
         r.results |= load_results(results, r.problems)
-    if gpu_folder and not (args.results and gpu_folder.resolve().is_relative_to(args.results.resolve())):
-        r.results |= load_results(gpu_folder, r.problems, prefix=f"{gpu_folder.name}/")
     r.folders = gpu.gpu_folders(gpu_folder, args.results, r.problems)
-    roles = facts.role_runs(r.folders, r.results)
+    roles = facts.role_runs(r.folders)
     r.shown = facts.shown_runs(r.by_kind, r.results, roles)
     r.sources = facts.derived_sources(r, roles)
     if args.no_screenshots:  # a screenshot's caption only where one is kept: taken before, or put there by hand
@@ -392,9 +359,6 @@ def write(args, r, text, used, written):
         print(f"warning: {problem}", file=sys.stderr)
     if args.pdf:
         browser.write_pdf(args.out_dir / "report_filled.md", args.pdf_out, text)  # (its images beside it)
-        if printed(args) not in built_lines(args.out_dir):
-            with open(args.out_dir / BUILT, "a") as f:  # a rebuild may replace it without --force
-                f.write(f"{printed(args)}\n")
         print(f"wrote {args.pdf_out}")
 
 

@@ -184,8 +184,9 @@ def smi_snapshot(gpu, util):
 
 def test_gpu_slots_are_filled_from_the_newest_gpu_folder(tmp_path, capsys):
     results = tmp_path / "results"
-    older = results / "h200-old"  # report/results/h200-2026-11-30's layout: loose files
+    older = results / "h200-old"
     older.mkdir(parents=True)
+    (older / "results.json").write_text(json.dumps({"started_utc": "2026-11-30"}))
     (older / "smi-gpt-12M-cold.csv").write_text(smi_csv(1, [0, 50, 97, 98]))
     (older / "nvidia-smi-during-gpt-12M-cold.txt").write_text(smi_snapshot("NVIDIA H200", 97))
     newer = results / "gpu-new"  # gpu_check.sh's OUT as --gpu unpacks it: results.json's facts beside its files
@@ -421,11 +422,11 @@ def test_the_events_shown_are_of_the_very_run_the_text_reports(runs, tmp_path):
 
 def test_the_gpt_screenshot_is_of_the_headline_runs_own_events(tmp_path):
     folder = tmp_path / "h200"
-    for name in ("tb-gpt-12M-warm", "tb-gpt-12M-cold", "tb-lenet"):
+    for name in ("gpt_run_12M-warm_standin_h200", "gpt_run_12M-cold_standin_h200", "tb-lenet"):
         (folder / name).mkdir(parents=True)
         (folder / name / "events.out.tfevents.1.x").write_bytes(b"")
-    assert inputs.events_beside(folder / "gpt_run_12M-cold_standin_h200.json") == folder / "tb-gpt-12M-cold"
-    assert inputs.events_beside(folder / "gpt_run_12M-warm_standin_h200.json") == folder / "tb-gpt-12M-warm"
+    cold = folder / "gpt_run_12M-cold_standin_h200"
+    assert inputs.events_beside(folder / "gpt_run_12M-cold_standin_h200.json") == cold
     assert inputs.events_beside(folder / "lenet_run_torch_h200.json") is None  # tb-lenet: not named as this run
 
 
@@ -453,10 +454,10 @@ def test_the_gpu_roles_take_gpu_checks_run_names_the_graded_run_first():
     from report.gpu import ROLES, SLOTS, pick
     names = [f"gpt_run_{size}-{kind}_NVIDIA_H200" for size in ("12M", "4K") for kind in
              ("own-vocab-fp16", "gpt2-vocab-cold", "own-vocab-regional-compile-cold", "own-vocab-cold")]
-    assert pick(names[:4], ROLES["gpu_gpt"][0]) == "gpt_run_12M-own-vocab-cold_NVIDIA_H200"
-    assert pick(names[4:], ROLES["gpu_gpt"][0]) == "gpt_run_4K-own-vocab-cold_NVIDIA_H200"  # the rehearsal's
+    assert pick(names[:4], ROLES["gpu_gpt"]) == "gpt_run_12M-own-vocab-cold_NVIDIA_H200"
+    assert pick(names[4:], ROLES["gpu_gpt"]) == "gpt_run_4K-own-vocab-cold_NVIDIA_H200"  # the rehearsal's
     first = ["gpt_run_12M-cold_standin_h200_call1", "gpt_run_12M-cold_standin_h200", "gpt_run_12M-warm_standin_h200"]
-    assert pick(first, ROLES["gpu_gpt"][0]) == "gpt_run_12M-cold_standin_h200"  # the first H200 folder's
+    assert pick(first, ROLES["gpu_gpt"]) == "gpt_run_12M-cold_standin_h200"  # the first H200 folder's
     csvs = ["nvidia-smi-gpt-gpt2-vocab.csv", "nvidia-smi-gpt-own-vocab-regional-compile.csv",
             "nvidia-smi-gpt-own-vocab.csv"]
     assert pick(csvs, SLOTS["gpu_utilization.png"][1]) == "nvidia-smi-gpt-own-vocab.csv"
@@ -509,9 +510,9 @@ def test_a_resumed_runs_job_time_is_all_its_processes():
     process_seconds_total (never this process's alone), and none at all where that total was lost."""
     from report import facts
     m = {"process_seconds": 13.1, "process_seconds_total": 23.1, "train_seconds": 16.1}
-    assert facts.process_seconds(m) == (23.1, "process_seconds_total")
-    assert facts.process_seconds({**m, "process_seconds_total": 13.1})[0] == 13.1
+    assert facts.process_seconds(m) == 23.1
+    assert facts.process_seconds({"process_seconds": 13.1}) == 13.1  # a run of one process, from before the total
     lost = {**m, "resumed": True, "process_seconds_total": None}  # an edited stop_clock.json gave inf: null
-    assert facts.process_seconds(lost)[0] is None
+    assert facts.process_seconds(lost) is None
     run = make_report.facts.Run("gpt", "gpt", lost, "x.json")
     assert "process_seconds" not in facts.clock_facts(run) and "未记录" in facts.clock_facts(run)["process_text"]

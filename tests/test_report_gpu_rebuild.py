@@ -36,7 +36,7 @@ def gpu_call_out(tmp_path, gpu="NVIDIA_H200", size="12M", smi=True):
             "device": "cuda", "device_name": "NVIDIA H200", "train_seconds": 3.1, "process_seconds": 9.4},
         f"gpt_bench_{gpu}": json.loads((COMMITTED / "gpt_bench_cpu_2x1024.json").read_text()) | {
             "device_name": "NVIDIA H200"},
-        f"gelu_bench_{gpu}": json.loads((COMMITTED / "gelu_bench_h200.json").read_text())}
+        f"gelu_bench_{gpu}": json.loads((FIRST / "gelu_bench_h200.json").read_text())}
     out, logs, runs = tmp_path / "OUT", tmp_path / "logs", tmp_path / "runs"
     for folder in (out, logs, runs / "gpt" / f"{gpu}-{size}-own-vocab-cold", runs / "lenet5" / f"{gpu}-torch"):
         folder.mkdir(parents=True)
@@ -82,7 +82,7 @@ def test_after_a_gpu_call_one_command_replaces_every_2026_11_30_figure_and_cavea
         line = next(line for line in listing.splitlines() if f"]({slot})" in line)
         assert line.endswith(f"in `{copied}`"), line
     assert "作业进程从启动到结束 **47 s**" in filled and "**`12M-own-vocab-cold`**" in filled
-    assert "NVIDIA H200，gpu_check 2026-12-05" in filled and "§6 的 GPT 运行" in filled
+    assert "NVIDIA H200，2026-12-05" in filled and "§6 的 GPT 运行" in filled
     assert f"`{copied / 'gpt_run_12M-own-vocab-cold_NVIDIA_H200'}`" in filled  # its screenshot: OUT's own events
     committed = (REPO / "report" / "report.md").read_text()
     assert all(f"{{{{ {role}." in committed for role in ("gpu_gpt", "gpu_lenet", "gpu_gelu", "ladder"))
@@ -93,7 +93,7 @@ def test_a_rehearsal_shaped_folder_replaces_what_it_answers_and_the_caveats_say_
     (nothing newer answers them), and the caveats name both folders, each for what it still holds."""
     out = gpu_call_out(tmp_path, gpu="rehearsal_cpu", size="4K", smi=False)
     filled, listing, results = rebuild(tmp_path, monkeypatch, out)
-    assert "**`4K-own-vocab-cold`**" in filled and "gpu_check 2026-12-05" in filled
+    assert "**`4K-own-vocab-cold`**" in filled and "，2026-12-05" in filled
     line = next(line for line in listing.splitlines() if "](gpu_utilization.png)" in line)
     assert line.endswith(f"in `{results / 'h200-2026-11-30'}`")
     assert filled.count("较早") == 1 and "f52a456" in filled.split("## 1.")[0]

@@ -111,7 +111,7 @@ def test_a_nan_accuracy_is_never_printed_as_nan_percent(tmp_path, committed):
     out, text = build(tmp_path, results, report)
     assert "nan%" not in text.lower() and "inf%" not in text.lower()
     assert f"unreadable {results / 'lenet_run_x_cpu.json'}: NaN is not a number a table can print" in text
-    assert f"unreadable {results / 'lenet_run_y_cpu.json'}: the number 1e999 does not fit a float" in text
+    assert f"unreadable {results / 'lenet_run_y_cpu.json'}: 1e999 is not a number a table can print" in text
 
 
 def test_a_null_accuracy_in_a_named_run_is_named_not_tabled(tmp_path, committed):

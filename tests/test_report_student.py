@@ -28,7 +28,9 @@ LADDER = {"device_name": "Test CPU, CPU (3 threads)", "micro_batch": 3, "seq_len
                "verdict": {"against": "naive: GPT2LMHeadModel, fp32", "ratio": 1.8, "low": 1.7, "high": 1.9,
                            "pairs": 3, "word": "faster"}},
               {"name": "+ fused AdamW (= gpt_train.py default)", "tokens_per_second": 187.0,
-               "tokens_per_second_range": [176.0, 203.0], "peak_memory_gib": None},
+               "tokens_per_second_range": [176.0, 203.0], "peak_memory_gib": None,
+               "verdict": {"against": "+ dropout 0 (no masks)", "ratio": 1.02, "low": 0.97, "high": 1.08,
+                           "pairs": 3, "word": "within noise"}},
               {"name": "  default without dropout 0", "tokens_per_second": 113.0,
                "tokens_per_second_range": [103.0, 119.0], "peak_memory_gib": 1.52},
               {"name": "  candidate: activation checkpointing (--act-ckpt)", "tokens_per_second": 151.0,
@@ -103,15 +105,17 @@ def test_a_students_report_holds_only_their_numbers_and_none_of_the_repositorys(
 
 def test_their_ladder_fills_the_table_every_row_in_chinese_with_its_verdict_memory_and_spread(mine, tmp_path):
     """Every row the JSON measured (a candidate too), its peak memory (a null as a dash), a failed row with its
-    error, a caption from the JSON's own hardware, shape and repeats, and × and 噪声内 computed from the rows."""
+    error, a caption from the JSON's own hardware, shape and repeats, × computed from the rows and each paired verdict's
+    word (噪声内, 更快) where gpt_bench.py judged the row, none where it did not."""
     filled, _ = build(tmp_path / "out", mine / "gpt_bench_mine.json")
     rungs = LADDER["rungs"]
     default = rungs[2]["tokens_per_second"]
-    assert "| dropout 0 | 183 [171–191]（×1.81） | 更快 ×1.80 [1.70–1.90]，3 对，比 朴素基线 | 1.47 |" in filled
-    assert "| fused AdamW（= 默认配置） | 187 [176–203]（×1.02，噪声内） | — | — |" in filled
+    assert "| dropout 0 | 183 [171–191]（×1.81，更快） | ×1.80 [1.70–1.90]，3 对，比 朴素基线 | 1.47 |" in filled
+    assert ("| fused AdamW（= 默认配置） | 187 [176–203]（×1.02，噪声内） | ×1.02 [0.97–1.08]，3 对，比 dropout 0 "
+            "| — |") in filled
     assert f"| ↳ 默认配置去掉 dropout 0 | 113 [103–119]（默认的 ×{113 / default:.2f}） | — | 1.52 |" in filled
     assert (f"| ↳ 候选：activation checkpointing (--act-ckpt) | 151 [141–166]（默认的 ×{151 / default:.2f}） "
-            "| — | 0.91 |") in filled  # gpt_bench.py's peak_memory_gib as its older peak_memory_GiB
+            "| — | 0.91 |") in filled
     assert "| ↳ 候选：chunked loss (--loss chunked) | 失败：out of memory | — | — |" in filled
     assert "Test CPU 处理器（3 线程）：每步 3 × 48 个 token，词表 300；每行 3 次交替重复" in filled
 

@@ -27,7 +27,7 @@ LOCK_FILE = "run.lock"
 OWNER_FILE = "run.owner"  # names the program whose run the folder holds
 BOOKKEEPING = {LOCK_FILE, OWNER_FILE}  # what a start writes before any work; alone, they hold nothing
 FINISHED = "metrics.json"
-WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive"}
+WRITTEN_KINDS = {"JSON": "a JSON object", "torch.save": "a torch.save archive", "PDF": "a PDF"}
 
 
 def output_problem(path, what, own_run=None):
@@ -66,6 +66,8 @@ def written_kind(path):
     """The kind of file the scripts write `path` is (WRITTEN_KINDS), or None (notes, a .docx, a link, a FIFO)."""
     with contextlib.suppress(OSError, ValueError):
         data = read_small(path, 256 << 20)
+        if data.startswith(b"%PDF-"):  # the report's
+            return "PDF"
         with contextlib.suppress(zipfile.BadZipFile):  # torch.save's zip holds <name>/data.pkl, a .docx does not
             if any(n.endswith("/data.pkl") for n in zipfile.ZipFile(io.BytesIO(data)).namelist()):
                 return "torch.save"
