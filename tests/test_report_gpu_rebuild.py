@@ -99,6 +99,16 @@ def test_a_rehearsal_shaped_folder_replaces_what_it_answers_and_the_caveats_say_
     assert filled.count("较早") == 1 and "f52a456" in filled.split("## 1.")[0]
 
 
+def refused_import(tmp_path, monkeypatch, out):
+    """make_report --gpu OUT into an empty results folder, refused: (its one line, the results folder)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(make_report, "RESULTS", results)
+    with pytest.raises(SystemExit) as stop:
+        make_report.main(["--gpu", str(out), "--out", str(tmp_path / "generated"), "--no-screenshots"])
+    return str(stop.value.code), results
+
+
 @pytest.mark.parametrize("gpu, started", [("/work/runs/gpt/gpt", "2026-12-05T10:00:00Z"), ("../x", "2026-12-05"),
                                           ("NVIDIA_H200", "../../../x"), ("NVIDIA_H200", None)])
 def test_gpu_out_is_copied_only_into_a_folder_the_project_names(tmp_path, monkeypatch, capsys, gpu, started):
@@ -107,12 +117,7 @@ def test_gpu_out_is_copied_only_into_a_folder_the_project_names(tmp_path, monkey
     out = tmp_path / "OUT"
     out.mkdir()
     (out / "results.json").write_text(json.dumps({"gpu": gpu, "started_utc": started, "results": {}}))
-    results = tmp_path / "results"
-    results.mkdir()
-    monkeypatch.setattr(make_report, "RESULTS", results)
-    with pytest.raises(SystemExit) as stop:
-        make_report.main(["--gpu", str(out), "--out", str(tmp_path / "generated"), "--no-screenshots"])
-    message = str(stop.value.code)
+    message, results = refused_import(tmp_path, monkeypatch, out)
     assert message.startswith(f"error: --gpu {out}: results.json's gpu") and "\n" not in message
     assert "nothing copied" in message and list(results.iterdir()) == [] and not (tmp_path / "x").exists()
 
@@ -124,11 +129,6 @@ def test_an_out_that_cannot_be_unpacked_is_one_line_and_nothing_is_copied(tmp_pa
         (out / "runs.tar.gz").write_bytes((out / "runs.tar.gz").read_bytes()[:200])  # a copy stopped part way
     else:
         (out / "results.json").write_text(json.dumps({"gpu": "NVIDIA_H200", "started_utc": "2026-12-05"}))
-    results = tmp_path / "results"
-    results.mkdir()
-    monkeypatch.setattr(make_report, "RESULTS", results)
-    with pytest.raises(SystemExit) as stop:
-        make_report.main(["--gpu", str(out), "--out", str(tmp_path / "generated"), "--no-screenshots"])
-    message = str(stop.value.code)
+    message, results = refused_import(tmp_path, monkeypatch, out)
     assert message.startswith(f"error: --gpu {out}: cannot unpack it (") and "\n" not in message
     assert message.endswith("nothing copied") and list(results.iterdir()) == []
