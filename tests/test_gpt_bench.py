@@ -236,11 +236,12 @@ def test_the_matmul_rate_is_a_plausible_flop_rate():
 def test_a_row_that_holds_more_memory_shows_more_in_its_own_process(tmp_path):
     """A fresh process per row: the row with GPT-2's vocabulary (its logits and embedding) peaks higher than the
     default at vocabulary 64, whatever ran before in this process."""
-    args, rows = gpt_bench.parse_args(["--preset", "tiny", "--seq-len", "64", "--micro-batch", "8", "--vocab-size",
+    args, rows = gpt_bench.parse_args(["--preset", "tiny", "--seq-len", "128", "--micro-batch", "16", "--vocab-size",
                                        "64", "--warmup", "1"])
     default, vocab = (s for name, s in rows if "(= gpt_train.py default)" in name or "GPT-2's vocabulary" in name)
     small, large = gpt_bench.cpu_peak(default, args), gpt_bench.cpu_peak(vocab, args)
-    assert large > small + 0.05  # 50,304 x 64 logits x 8 x 64 tokens in fp32: 0.1 GiB, its gradient as much
+    assert large > small + 0.3  # 50,304 logits x 16 x 128 tokens in fp32: 0.4 GiB, its gradient as much (a margin
+    # far above what a busy machine adds to a process's peak: malloc's arenas grow with contention)
 
 
 @pytest.mark.slow

@@ -212,9 +212,9 @@ def test_a_cut_step_a_failed_step_and_a_failed_import_leave_a_line_each_and_the_
         tmp_path, tiny_mnist, text_file):
     """A step past its cap is cut and says so; a failure's message, a tab, a carriage return and a byte that is
     not UTF-8 in it, is its status and results.json stays valid; a module that does not import fails its step
-    with the reason (the image without datasets' dependencies); the report after them is still built from the
+    with the reason (an image whose tokenizers cannot import); the report after them is still built from the
     results; OUT holds its five files; the last line is the second call for what was cut or failed."""
-    fake = tmp_path / "fake" / "datasets"
+    fake = tmp_path / "fake" / "tokenizers"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError(\"No module named 'dill'\")\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}:{fake_site(tmp_path, 'site', FAKE_LENET)}"}
