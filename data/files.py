@@ -85,11 +85,16 @@ def check_folder(path, what):
     anyone's: the folder (links resolved) another user's or writable by others, or a folder above it that another
     user owns, or that others may write without the sticky bit (they could swap it), up to the first of the user's.
     Folders made here are made without write for group and others, whatever the umask."""
+    refuse_shared(path, what)
+    make_folder(path, what)
+
+
+def refuse_shared(path, what):
+    """check_folder's refusal without making anything (make_report's --out, made only once a build writes)."""
     if problem := path_problem(path):
         raise OutputError(f"{what} {path}: {problem}")
     if problem := writers_problem(path):
         raise OutputError(f"{what} {path} {problem}: files there could be anyone's; give a folder of your own")
-    make_folder(path, what)
 
 
 def make_folder(path, what):

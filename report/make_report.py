@@ -31,7 +31,7 @@ from training import lifecycle  # first, before the slow imports (matplotlib): t
 
 lifecycle.start(__name__)  # a Ctrl-C while starting is one line, not a traceback
 
-from data.files import UMASK, make_folder, writers_problem
+from data.files import UMASK, make_folder, refuse_shared
 from report import browser, facts, gpu
 from report.figures import compare_figure, gpt_curves, gpu_figure
 from report.inputs import DISK_ERRORS, FIELD_ERRORS, RESULTS, escape, figure_name, find_runs, load_results, rel
@@ -227,8 +227,7 @@ def check_args(args):
     make_folder(out.parent, "--out")  # writable, before any work (--out itself made only to write)
     if args.pdf:  # the repository's report.pdf (in git) is rebuilt without --force
         check_output(pdf, "--pdf-out", args.force or pdf.resolve() == REPORT.with_suffix(".pdf").resolve(), kind="PDF")
-    if problem := writers_problem(out):  # checked, not made: a build refused later leaves no folder behind
-        raise UserError(f"--out {out} {problem}: files there could be anyone's; give a folder of your own")
+    refuse_shared(out, "--out")  # checked, not made: a build refused later leaves no folder behind
     if out.exists() and (not out.is_dir() or ({p.name for p in out.iterdir()} - {LOCK}
                                               and not (out / BUILT).is_file())):
         raise UserError(f"--out {args.out} is not a folder this program wrote (no {BUILT}); give a new or empty one "
