@@ -82,12 +82,20 @@ PRESETS = {  # model shape, batch, and the optimizer's peak learning rate times 
 
 
 def gpt_parser():
-    from data.tokenizer import default_tokenizer  # here: the other scripts' flags need neither tokenizers
-    from training import step  # nor torch (check_env's diagnose a broken one)
+    """gpt_train.py's flags, in the three groups its --help prints."""
     p = Parser(description="Train GPT-2 (124M structure, random init) on Web of Science abstracts for 12M tokens.",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_gpt_data_flags(p.add_argument_group("data, model and batch").add_argument)
+    add_gpt_optimisation_flags(p.add_argument_group("optimisation and accelerations").add_argument)
+    outputs = p.add_argument_group("evaluation, checkpoints and outputs")
+    add_gpt_output_flags(outputs.add_argument)
+    add_output_flags(outputs)
+    return p
+
+
+def add_gpt_data_flags(add):
+    from data.tokenizer import default_tokenizer  # here: the other scripts' flags need no tokenizers
     lab, tiny = PRESETS["lab"], PRESETS["tiny"]
-    add = p.add_argument_group("data, model and batch").add_argument
     add("--preset", choices=list(PRESETS), default="lab", help="model and batch shape")
     add("--text", type=path_flag, default=None,
         help="X.txt, one document per line; None: data/WebOfScience/WOS46985/X.txt, downloaded if missing")
@@ -103,10 +111,13 @@ def gpt_parser():
     add("--cache-dir", type=path_flag, default=None, help="tokenised-data cache; None: the repository's data/cache")
     add("--no-download", action="store_true", help="never try to download the WOS archive")
     add("--accept-invalid-utf8", action="store_true", help="train on a text mostly not UTF-8 (bad bytes as U+FFFD)")
-    add = p.add_argument_group("optimisation and accelerations").add_argument
+
+
+def add_gpt_optimisation_flags(add):
+    from training import step  # here: the other scripts' flags need no torch (check_env's diagnose a broken one)
     add("--lr", type=number(float, 0, ends="(]"), default=None, help="peak learning rate; None: the optimizer's "
         f"(training/step.py) x the preset's lr_scale (AdamW: {step.OPTIMIZERS['adamw'].lr:g}, tiny "
-        f"x{tiny['lr_scale']})")
+        f"x{PRESETS['tiny']['lr_scale']})")
     add("--warmup", type=number(float, 0, 1, ends="[)"), default=0.1, help="warm-up, fraction of the steps")
     add("--weight-decay", type=number(float, 0), default=None, help="on matrices only; None: the optimizer's")
     add("--grad-clip", type=number(float, 0, ends="(]", why=" (0 clips every gradient to nothing)"), default=1.0,
@@ -118,8 +129,9 @@ def gpt_parser():
     for a in step.declared():  # declared in training/step.py
         add(a.flag, choices=list(a.values()), default={v: k for k, v in a.values().items()}[a.default],
             help=f"{a.label}: {a.why}")
-    outputs = p.add_argument_group("evaluation, checkpoints and outputs")
-    add = outputs.add_argument
+
+
+def add_gpt_output_flags(add):
     add("--out-dir", type=path_flag, default=None, help="the run's folder: new, empty, or one of gpt_train.py's "
         "(with a checkpoint: resumed); None: a new runs/gpt/<time>-<id>/")
     add("--eval-every", type=number(int, 1), default=50, help="steps between validation losses")
@@ -131,8 +143,6 @@ def gpt_parser():
         help="steps between checkpoints; 0: only on signals")
     add("--keep-checkpoints", action="store_true",
         help="keep a finished run's checkpoints, one after its last step too (else only final/ stays)")
-    add_output_flags(outputs)
-    return p
 
 
 def parse_gpt_args(argv):
