@@ -106,9 +106,11 @@ def read_corpus(path, accept_invalid=False):
     with open(path, "rb") as f:
         for number, line in enumerate(iter(lambda: f.readline(MAX_DOC_BYTES + 1), b""), 1):
             sha.update(line)
-            doc = checked_line(path, number, line.rstrip(b"\n"))
-            invalid += doc.encode("utf-8") != line.rstrip(b"\n")  # a byte not UTF-8 became U+FFFD
-            docs += [doc.strip()] if doc.strip() else []  # blank lines dropped (and \r of \r\n)
+            raw = line.rstrip(b"\n")
+            doc = checked_line(path, number, raw)
+            invalid += doc.encode("utf-8") != raw  # a byte not UTF-8 became U+FFFD
+            if doc := doc.strip():  # blank lines dropped (and \r of \r\n)
+                docs.append(doc)
         size = f.tell()
     check_documents(path, docs, invalid, accept_invalid)
     sha, median_words = sha.hexdigest(), statistics.median_high(len(d.split()) for d in docs)
