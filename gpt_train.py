@@ -94,7 +94,7 @@ def train_loop(setup, state, stop):
                 mean_loss = losses.mean(accelerator)  # over all processes: a sync point (the loss is read)
             elif accelerator.device.type == "cuda" and untimed_follows:
                 torch.cuda.synchronize()  # sync point: the untimed work after it must not absorb the step's kernels
-            stopping = agreement()
+            stopping = agreement(at_sync_point=log_due or untimed_follows)  # else read one step late: no sync
             perf.step_done(time.perf_counter() - t0, tokens)  # the step's clock stops
             if log_due:
                 point = {"loss/train": mean_loss, "train/grad_norm": grad_norm, "train/lr": lr}

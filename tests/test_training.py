@@ -360,12 +360,12 @@ def _ddp_rank(rank, port, out_dir):
     for step in range(1, 9):
         if rank == 1 and step == 3:
             stop.signal = "SIGTERM"  # one process gets the signal during step 3
-        if agree() and "stopped" not in stopped:
-            stopped["stopped"] = step
+        if agree(at_sync_point=step == 6) and "lagged" not in stopped:
+            stopped["lagged"] = step
     stop.signal = None
     agree = lifecycle.StopAgreement(accelerator, stop)
     stop.signal = "SIGTERM" if rank == 0 else None
-    stopped["other_rank"] = agree()
+    stopped["at_sync_point"] = agree(at_sync_point=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({**report, **stopped}))
     leave_without_teardown()
 
@@ -387,13 +387,13 @@ def test_processes_agree_on_the_smallest_probed_micro_batch(two_ranks):
 
 
 @pytest.mark.slow
-def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop(two_ranks):
+def test_ddp_all_reduces_in_16_bits_fails_in_minutes_and_agrees_on_the_stop_lagged(two_ranks):
     """bf16 on two processes: the bf16 compression hook is registered and gradients stay in DDP's
     buckets; the process group times out in 5 minutes, not 30; a stop signal on one process stops
-    both after the step it arrived in, whichever process got it."""
+    both after the same step, one step later (no host sync on the running step), at once at a sync point."""
     assert two_ranks[0] == two_ranks[1]
     assert two_ranks[0] == {"hooks": 1, "bucket_view": True, "timeout_s": 300.0, "grad_finite": True,
-                            "micro_batch": 8, "stopped": 3, "other_rank": True}
+                            "micro_batch": 8, "lagged": 4, "at_sync_point": True}
     assert device.ddp_handlers("fp32")[0].comm_hook.value == "no"  # fp32 training: fp32 gradients
 
 

@@ -166,20 +166,32 @@ class StopFlag:
 
 
 class StopAgreement:
-    """Whether every process stops after this step: the flag all-reduced, all stop after the step the signal
-    reached any (one host sync a step, on several processes only)."""
+    """Whether every process stops after this step. The flag's all-reduce is read one step late (no drained
+    pipeline every step): all stop one step after the signal reached any; at a sync point, at once."""
 
     def __init__(self, accelerator, stop):
-        self.accelerator, self.stop = accelerator, stop
+        self.accelerator, self.stop, self.pending = accelerator, stop, None
 
-    def __call__(self):
+    def __call__(self, at_sync_point):
         import torch  # here, not at the top: this module is imported before torch
         flag = self.stop.signal is not None
         if self.accelerator.num_processes == 1:
             return flag
-        # torch.full: a fill kernel; torch.tensor([...], device=cuda) would copy from the host
-        flag = torch.full((1,), float(flag), device=self.accelerator.device)
-        return self.accelerator.reduce(flag, reduction="sum").item() > 0
+        device = self.accelerator.device
+        # torch.full: a fill kernel; torch.tensor([...], device=cuda) would copy from the host and sync
+        reduced = self.accelerator.reduce(torch.full((1,), float(flag), device=device), reduction="sum")
+        if at_sync_point:
+            self.pending = None
+            return reduced.item() > 0
+        previous, event = self.pending, torch.cuda.Event() if device.type == "cuda" else None
+        self.pending = (reduced.to("cpu", non_blocking=True), event)  # from a GPU: into pinned memory, no sync
+        if event:
+            event.record()
+        if previous is None:
+            return False
+        if previous[1]:
+            previous[1].synchronize()  # the previous step's work: done, or nearly
+        return previous[0].item() > 0
 
 
 @contextlib.contextmanager
