@@ -177,6 +177,10 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 def chunked_cross_entropy(hidden, weight, targets, chunk=CHUNK_TOKENS):
     """F.cross_entropy(F.linear(hidden, weight).float().view(-1, V), targets.view(-1)) and its gradients,
-    never holding more than `chunk` tokens' logits (evaluation too: one implementation, its gradients unused).
-    hidden (B, T, C), targets (B, T)."""
-    return _ChunkedCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), chunk)
+    never holding more than `chunk` tokens' logits. hidden (B, T, C), targets (B, T)."""
+    hidden, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _ChunkedCrossEntropy.apply(hidden, weight, targets, chunk)
+    total = sum(F.cross_entropy(F.linear(hidden[s:s + chunk], weight).float(), targets[s:s + chunk], reduction="sum")
+                for s in range(0, targets.numel(), chunk))  # evaluation: the loss only, no gradient matmuls
+    return total / targets.numel()
